@@ -1,0 +1,22 @@
+// Subcommands of the `pagekv` CLI. Each registers its options on a CLI11 app
+// and runs after parsing; Run* returns the process exit code: 0 success,
+// 1 the work failed, 2 bad input (the message names the problem and the fix).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace pagekv::cli {
+
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailed = 1;
+inline constexpr int kExitBadInput = 2;
+
+struct PlanArgs;
+struct DemoArgs;
+
+// `pagekv plan`: bytes a model's KV cache needs; see plan_command.cc.
+CLI::App* AddPlanCommand(CLI::App& app, int& exit_code);
+// `pagekv demo`: the core at work on random sequences; see demo_command.cc.
+CLI::App* AddDemoCommand(CLI::App& app, int& exit_code);
+
+}  // namespace pagekv::cli

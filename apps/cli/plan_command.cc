@@ -1,0 +1,307 @@
+// `pagekv plan`: how many bytes a model's KV cache needs, from a preset or
+// from flags, and what to change when it does not fit.
+#include <cstdio>
+#include <optional>
+#include <string>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "pagekv/pagekv.h"
+
+namespace pagekv::cli {
+
+struct PlanArgs {
+  std::string preset;
+  int64_t layers = 0, q_heads = 0, kv_heads = 0, head_dim = 0, block_len = 0, max_blocks = 0;
+  int64_t mla_rank = 0, rope_dim = 0, seq_len = 0, batch = 0;
+  std::string dtype, budget;
+  bool json = false, explain = false;
+};
+
+namespace {
+
+// 16374562816 -> "16,374,562,816"
+std::string Group(int64_t v) {
+  std::string digits = std::to_string(v < 0 ? -v : v);
+  std::string out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return v < 0 ? "-" + out : out;
+}
+
+int32_t Narrow(int64_t v) {
+  // Out-of-range values become a value Validate() rejects with the field name.
+  return v > INT32_MAX ? INT32_MAX : (v < INT32_MIN ? INT32_MIN : static_cast<int32_t>(v));
+}
+
+// Builds the request: preset first, then every flag the user gave.
+Result<PlanRequest> BuildRequest(const PlanArgs& a, const CLI::App& cmd, std::string& title) {
+  PlanRequest req;
+  CacheConfig& c = req.config;
+  int64_t context = 0;
+  if (!a.preset.empty()) {
+    PAGEKV_ASSIGN_OR_RETURN(ModelPreset p, FindPreset(a.preset));
+    c = p.config;
+    context = p.context_len;
+    title = fmt::format("{}: {}", p.name, p.description);
+  } else {
+    if (cmd.count("--layers") == 0) {
+      return InvalidArgumentError(
+          "no model geometry: give --preset NAME, or --layers with --kv-heads and --head-dim "
+          "(or --mla-rank for an MLA cache)");
+    }
+    title = "custom geometry";
+  }
+  if (cmd.count("--layers")) c.num_layers = Narrow(a.layers);
+  if (cmd.count("--mla-rank")) {
+    c.kind = CacheKind::kMla;
+    c.kv_lora_rank = Narrow(a.mla_rank);
+    c.num_kv_heads = 0;
+  }
+  if (cmd.count("--rope-dim")) c.rope_dim = Narrow(a.rope_dim);
+  if (cmd.count("--kv-heads")) c.num_kv_heads = Narrow(a.kv_heads);
+  if (cmd.count("--head-dim")) c.head_dim = Narrow(a.head_dim);
+  if (cmd.count("--q-heads")) {
+    c.num_q_heads = Narrow(a.q_heads);
+  } else if (a.preset.empty()) {
+    c.num_q_heads = c.kind == CacheKind::kMla ? 1 : c.num_kv_heads;  // MHA unless told
+  }
+  if (cmd.count("--block-len")) c.block_len = Narrow(a.block_len);
+  if (cmd.count("--dtype")) {
+    PAGEKV_ASSIGN_OR_RETURN(DType d, ParseDType(a.dtype));
+    if (d != DType::kF32 && d != DType::kF16 && d != DType::kBF16) {
+      return UnimplementedError("--dtype " + a.dtype +
+                                ": quantized KV formats are not stored yet; use f32, f16 or bf16");
+    }
+    c.format = KvFormat::Plain(d);
+  }
+  if (cmd.count("--max-blocks")) {
+    if (a.max_blocks <= 0) {
+      return InvalidArgumentError("--max-blocks " + std::to_string(a.max_blocks) + ": must be positive");
+    }
+    c.num_blocks = a.max_blocks;
+  }
+  if (cmd.count("--budget")) {
+    PAGEKV_ASSIGN_OR_RETURN(int64_t budget, ParseByteSize(a.budget));
+    if (budget <= 0) return InvalidArgumentError("--budget must be positive");
+    c.budget_bytes = budget;
+    if (!cmd.count("--max-blocks")) c.num_blocks = 0;  // the budget decides, not the preset
+  }
+  if (cmd.count("--seq-len")) {
+    if (a.seq_len <= 0) return InvalidArgumentError("--seq-len " + std::to_string(a.seq_len) + ": must be positive");
+    req.seq_len = a.seq_len;
+  }
+  if (cmd.count("--batch")) {
+    if (a.batch <= 0) return InvalidArgumentError("--batch " + std::to_string(a.batch) + ": must be positive");
+    req.batch = a.batch;
+    if (req.seq_len == 0) req.seq_len = context;  // a batch of full-context sequences
+  }
+  if (c.num_blocks == 0 && c.budget_bytes == 0 && req.batch == 0 && context > 0) {
+    // No pool size at all: plan the cache of one full-context sequence.
+    if (req.seq_len == 0) req.seq_len = context;
+    req.batch = 1;
+    title += fmt::format(" (pool sized for one {}-token sequence; set --budget, --max-blocks or --batch)",
+                         req.seq_len);
+  }
+  return req;
+}
+
+nlohmann::ordered_json ToJson(const Plan& p, const std::string& preset) {
+  const CacheConfig& c = p.config;
+  nlohmann::ordered_json j;
+  if (!preset.empty()) j["preset"] = preset;
+  j["attention"] = std::string(AttentionKindName(p.attention));
+  j["layers"] = c.num_layers;
+  j["q_heads"] = c.num_q_heads;
+  if (c.kind == CacheKind::kMla) {
+    j["kv_lora_rank"] = c.kv_lora_rank;
+    j["rope_dim"] = c.rope_dim;
+  } else {
+    j["kv_heads"] = c.num_kv_heads;
+  }
+  j["head_dim"] = c.head_dim;
+  j["block_len"] = c.block_len;
+  j["dtype"] = std::string(DTypeName(c.format.dtype));
+  j["row_bytes"] = p.row_bytes;
+  j["bytes_per_token_per_layer"] = p.bytes_per_token_per_layer;
+  j["bytes_per_token"] = p.bytes_per_token;
+  j["bytes_per_block"] = p.bytes_per_block;
+  j["padding_bytes_per_block"] = p.padding_bytes_per_block;
+  j["num_blocks"] = p.num_blocks;
+  j["total_bytes"] = p.total_bytes;
+  j["tokens_capacity"] = p.tokens_capacity;
+  if (p.budget_bytes > 0) {
+    j["budget_bytes"] = p.budget_bytes;
+    j["fits_budget"] = p.fits_budget;
+  }
+  if (p.seq_len > 0) {
+    j["seq_len"] = p.seq_len;
+    j["blocks_per_sequence"] = p.blocks_per_sequence;
+    j["bytes_per_sequence"] = p.bytes_per_sequence;
+    j["max_sequences"] = p.max_sequences;
+  }
+  if (p.batch > 0) {
+    j["batch"] = p.batch;
+    j["fits_batch"] = p.fits_batch;
+  }
+  if (p.per_head_bytes_per_token > 0) {
+    j["per_head_bytes_per_token"] = p.per_head_bytes_per_token;
+    j["mla_reduction"] = p.mla_reduction;
+  }
+  j["advice"] = p.advice;
+  return j;
+}
+
+void PrintRow(const std::string& name, const std::string& value) {
+  std::printf("  %-22s %s\n", name.c_str(), value.c_str());
+}
+
+std::string Bytes(int64_t b) { return fmt::format("{} B ({})", Group(b), FormatBytes(b)); }
+
+void PrintTable(const Plan& p, const std::string& title) {
+  const CacheConfig& c = p.config;
+  const int64_t elem = DTypeBits(c.format.dtype) / 8;
+  std::printf("PageKV plan: %s\n\n", title.c_str());
+  if (c.kind == CacheKind::kMla) {
+    PrintRow("attention", fmt::format("MLA: one latent row per token and layer ({} compressed kv + {} rope key)",
+                                      c.kv_lora_rank, c.rope_dim));
+  } else {
+    PrintRow("attention", fmt::format("{}: {} query heads over {} KV heads (group of {})",
+                                      AttentionKindName(p.attention), c.num_q_heads, c.num_kv_heads,
+                                      c.num_q_heads / c.num_kv_heads));
+    PrintRow("head_dim", std::to_string(c.head_dim));
+  }
+  PrintRow("layers", std::to_string(c.num_layers));
+  PrintRow("dtype", fmt::format("{} ({} bytes per element)", DTypeName(c.format.dtype), elem));
+  PrintRow("block_len", fmt::format("{} tokens", c.block_len));
+  std::printf("\n");
+  PrintRow("per token, one layer", Bytes(p.bytes_per_token_per_layer));
+  PrintRow("per token", Bytes(p.bytes_per_token));
+  PrintRow("per block", Bytes(p.bytes_per_block));
+  PrintRow("blocks", Group(p.num_blocks));
+  PrintRow("total", Bytes(p.total_bytes));
+  PrintRow("token capacity", Group(p.tokens_capacity));
+  if (p.budget_bytes > 0) {
+    PrintRow("budget", Bytes(p.budget_bytes) + (p.fits_budget ? ": fits" : ": DOES NOT FIT"));
+  }
+  if (p.seq_len > 0) {
+    PrintRow("per sequence", fmt::format("{} tokens -> {} blocks, {}", Group(p.seq_len),
+                                         p.blocks_per_sequence, FormatBytes(p.bytes_per_sequence)));
+    PrintRow("max sequences", fmt::format("{} at {} tokens{}", Group(p.max_sequences), Group(p.seq_len),
+                                          p.batch > 0 ? (p.fits_batch ? fmt::format(" (batch {} fits)", p.batch)
+                                                                      : fmt::format(" (batch {} DOES NOT FIT)", p.batch))
+                                                      : std::string()));
+  }
+  if (p.per_head_bytes_per_token > 0) {
+    std::printf("\n");
+    PrintRow("MLA vs per-head", fmt::format("{} per token instead of {} for K and V of {} query heads: {:.1f}x smaller",
+                                            FormatBytes(p.bytes_per_token), FormatBytes(p.per_head_bytes_per_token),
+                                            c.num_q_heads, p.mla_reduction));
+  }
+  for (const std::string& a : p.advice) std::printf("  to fit: %s\n", a.c_str());
+}
+
+void PrintExplain(const Plan& p, const PlanArgs& a) {
+  const CacheConfig& c = p.config;
+  const int64_t elem = DTypeBits(c.format.dtype) / 8;
+  const bool mla = c.kind == CacheKind::kMla;
+  const int64_t planes = mla ? 1 : 2, heads = mla ? 1 : c.num_kv_heads;
+  const int64_t row_elems = mla ? c.kv_lora_rank + c.rope_dim : c.head_dim;
+  std::printf("\nHow each number is derived:\n");
+  std::printf("  row_bytes        = %s x %ld bytes = %ld\n",
+              mla ? fmt::format("(kv_lora_rank {} + rope_dim {})", c.kv_lora_rank, c.rope_dim).c_str()
+                  : fmt::format("head_dim {}", c.head_dim).c_str(),
+              elem, p.row_bytes);
+  std::printf("  slab             = block_len %d x row_bytes %ld = %ld bytes, padded to a 64-byte multiple: %ld\n",
+              c.block_len, p.row_bytes, p.slab_bytes, p.slab_stride);
+  std::printf("  bytes_per_token  = layers %d x planes %ld (%s) x heads %ld x row_bytes %ld = %s\n", c.num_layers,
+              planes, mla ? "latent" : "K and V", heads, p.row_bytes, Group(p.bytes_per_token).c_str());
+  std::printf("  bytes_per_block  = layers %d x planes %ld x heads %ld x slab %ld = %s\n", c.num_layers, planes,
+              heads, p.slab_stride, Group(p.bytes_per_block).c_str());
+  if (a.max_blocks > 0) {
+    std::printf("  num_blocks       = --max-blocks = %ld\n", p.num_blocks);
+  } else if (!a.budget.empty()) {
+    std::printf("  num_blocks       = floor(budget %s / bytes_per_block %s) = %ld\n", Group(p.budget_bytes).c_str(),
+                Group(p.bytes_per_block).c_str(), p.num_blocks);
+  } else if (p.config.num_blocks > 0 && a.batch == 0) {
+    std::printf("  num_blocks       = the preset's %ld\n", p.num_blocks);
+  } else {
+    std::printf("  num_blocks       = batch %ld x ceil(seq_len %ld / block_len %d) = %ld\n", p.batch, p.seq_len,
+                c.block_len, p.num_blocks);
+  }
+  std::printf("  total_bytes      = num_blocks %ld x bytes_per_block %s = %s\n", p.num_blocks,
+              Group(p.bytes_per_block).c_str(), Group(p.total_bytes).c_str());
+  if (p.seq_len > 0) {
+    std::printf("  max_sequences    = floor(num_blocks %ld / ceil(seq_len %ld / block_len %d) = %ld) = %ld\n",
+                p.num_blocks, p.seq_len, c.block_len, p.blocks_per_sequence, p.max_sequences);
+    std::printf("  last-block slack = %ld empty slots per sequence (%s)\n", p.slack_tokens_per_sequence,
+                FormatBytes(p.slack_tokens_per_sequence * p.bytes_per_token).c_str());
+  }
+  (void)row_elems;
+  std::printf("\nWhat to change when it does not fit:\n");
+  if (!p.advice.empty()) {
+    for (const std::string& line : p.advice) std::printf("  - %s\n", line.c_str());
+  } else {
+    std::printf("  - it fits as planned; each lever below scales the bytes:\n");
+  }
+  std::printf("  - fewer blocks: total_bytes falls by %s per block\n", FormatBytes(p.bytes_per_block).c_str());
+  if (elem == 4) std::printf("  - a smaller dtype: f16 or bf16 halve every byte count\n");
+  std::printf("  - a shorter block_len: less slack in each sequence's last block, more block-table entries\n");
+  if (!mla && c.num_kv_heads == c.num_q_heads && c.num_kv_heads > 1) {
+    std::printf("  - a model with grouped-query attention stores fewer KV heads per token\n");
+  }
+}
+
+int RunPlan(const PlanArgs& a, const CLI::App& cmd) {
+  std::string title;
+  Result<PlanRequest> req = BuildRequest(a, cmd, title);
+  if (!req.ok()) {
+    std::fprintf(stderr, "error: %s\n", req.status().message().c_str());
+    return kExitBadInput;
+  }
+  Result<Plan> plan = MakePlan(*req);
+  if (!plan.ok()) {
+    std::fprintf(stderr, "error: %s\n", plan.status().message().c_str());
+    return kExitBadInput;
+  }
+  if (a.json) {
+    std::printf("%s\n", ToJson(*plan, a.preset).dump(2).c_str());
+  } else {
+    PrintTable(*plan, title);
+  }
+  if (a.explain) PrintExplain(*plan, a);
+  return kExitOk;
+}
+
+}  // namespace
+
+CLI::App* AddPlanCommand(CLI::App& app, int& exit_code) {
+  static PlanArgs storage;  // the CLI11 app, and so its bound options, lives as long as main
+  PlanArgs* args = &storage;
+  CLI::App* cmd = app.add_subcommand("plan", "How many bytes a model's KV cache needs, and what fits");
+  std::string presets;
+  for (const ModelPreset& p : ModelPresets()) presets += (presets.empty() ? "" : ", ") + std::string(p.name);
+  cmd->add_option("--preset", args->preset, "Model geometry: " + presets);
+  cmd->add_option("--layers", args->layers, "Transformer layers");
+  cmd->add_option("--q-heads", args->q_heads, "Query heads (default: = --kv-heads, i.e. MHA)");
+  cmd->add_option("--kv-heads", args->kv_heads, "KV heads");
+  cmd->add_option("--head-dim", args->head_dim, "Elements per K and V row");
+  cmd->add_option("--mla-rank", args->mla_rank, "MLA: compressed kv elements per token (makes the cache MLA)");
+  cmd->add_option("--rope-dim", args->rope_dim, "MLA: decoupled rope-key elements per token");
+  cmd->add_option("--block-len", args->block_len, "Tokens per block: a power of two in [8, 1024] (default 128)");
+  cmd->add_option("--max-blocks", args->max_blocks, "Blocks in the pool");
+  cmd->add_option("--dtype", args->dtype, "Element type: f32, f16, bf16 (default f16)");
+  cmd->add_option("--budget", args->budget, "Byte budget for the pool, e.g. 24GiB, 512MiB, 1073741824");
+  cmd->add_option("--seq-len", args->seq_len, "Tokens per sequence (default with --batch: the model's context)");
+  cmd->add_option("--batch", args->batch, "Sequences wanted at once");
+  cmd->add_flag("--json", args->json, "Print one JSON object");
+  cmd->add_flag("--explain", args->explain, "Show how each number is derived and what to change");
+  cmd->callback([args, cmd, &exit_code] { exit_code = RunPlan(*args, *cmd); });
+  return cmd;
+}
+
+}  // namespace pagekv::cli

@@ -1,0 +1,67 @@
+// Element types of cached K/V and the storage-format description that names
+// them.
+//
+// DType lists every element type PageKV knows. KvFormat describes how a row of
+// K, V or MLA latent is stored: the element type and, for the quantized types,
+// how scales are grouped. Plain f32 / f16 / bf16 have no scales. The quantized
+// formats (fp8, int8, int4 with per-group scales) can already be described, so
+// configs, the planner and files written today stay valid when their kernels
+// land; a KvCache today accepts only the plain float formats and rejects the
+// others with kUnimplemented.
+//
+// Thread safety: plain values and pure functions.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "pagekv/status.h"
+
+namespace pagekv {
+
+enum class DType : uint8_t {
+  kF32,      // IEEE binary32
+  kF16,      // IEEE binary16
+  kBF16,     // bfloat16: the top 16 bits of a binary32
+  kFP8E4M3,  // 8-bit float, 4 exponent + 3 mantissa bits (OCP FP8, "fn" variant)
+  kFP8E5M2,  // 8-bit float, 5 exponent + 2 mantissa bits
+  kInt8,     // signed 8-bit integer, used with scales
+  kInt4,     // signed 4-bit integer, two per byte, used with scales
+};
+
+// Storage bits of one element: 32, 16, 16, 8, 8, 8, 4.
+int DTypeBits(DType dtype);
+
+// Canonical name: "f32", "f16", "bf16", "fp8_e4m3", "fp8_e5m2", "int8", "int4".
+std::string_view DTypeName(DType dtype);
+
+// Parses a canonical name or an alias (float32, fp32, float16, fp16, half,
+// bfloat16, e4m3, e5m2, q8, q4; case-insensitive). The error lists the
+// accepted names.
+Result<DType> ParseDType(std::string_view name);
+
+// Which elements share one scale in a quantized format.
+enum class ScaleAxis : uint8_t {
+  kNone,        // no scales (f32, f16, bf16)
+  kPerToken,    // `group_size` consecutive elements of one token's row share a scale
+  kPerChannel,  // one channel over `group_size` consecutive tokens shares a scale
+};
+
+// How one K, V or latent row is stored.
+struct KvFormat {
+  DType dtype = DType::kF16;
+  ScaleAxis scale_axis = ScaleAxis::kNone;
+  int32_t group_size = 0;          // elements per scale; 0 when scale_axis == kNone
+  DType scale_dtype = DType::kF16;  // storage type of each scale
+
+  static constexpr KvFormat Plain(DType d) { return KvFormat{d, ScaleAxis::kNone, 0, DType::kF16}; }
+
+  // True for f32, f16 and bf16 without scales: the formats a KvCache stores today.
+  bool IsPlainFloat() const;
+
+  // "f16", or "int8 (f16 scale per 128 elements of a token)".
+  std::string ToString() const;
+};
+
+}  // namespace pagekv

@@ -1,0 +1,223 @@
+// KvCache: the paged KV cache. One preallocated arena cut into fixed-size
+// blocks, handed to sequences on demand through per-sequence block tables.
+//
+// A sequence is a growing list of token positions. Its block table maps
+// position p to (block = table[p / block_len], slot = p % block_len); the
+// rows of that token live at KvLayout::RowOffset(layer, plane, head, block,
+// slot) in the arena (docs/KV_LAYOUT.md).
+//
+//   positions   0 .. 127 | 128 .. 255 | 256 .. 300
+//   table       [ B17   ,   B3       ,  B42 (45 of 128 slots filled) ]
+//
+// The write path (Append): if the last block has room, write there; else take
+// a new block; write every row at its layout position; then update the
+// sequence's length. Fork shares every block (reference counts rise, nothing
+// is copied); the first Append to either side copies the shared, partly
+// filled last block first (copy-on-write). Full shared blocks are never
+// copied: appends go to a fresh block. Truncate returns blocks that became
+// empty; Free returns all of a sequence's blocks at once.
+//
+// Ask, then act: BlocksNeeded() tells what an Append would take and mutates
+// nothing. An Append that cannot get its blocks returns false and changes
+// nothing; running out of blocks is an ordinary outcome, not an error. Bad
+// input (unknown sequence, wrong sizes) is a Status error and changes nothing.
+//
+// Invariants (CheckInvariants): every block's reference count equals the
+// number of block tables holding it; free + used == total; a sequence of
+// length n holds exactly ceil(n / block_len) blocks; no block appears twice in
+// one table.
+//
+// Thread safety: not thread-safe; one thread (the engine loop) owns a KvCache,
+// or the caller serialises every call. Ownership: the cache owns its arena;
+// views and pointers it returns stay valid until the next call that mutates
+// the sequence they came from.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "pagekv/ids.h"
+#include "pagekv/kv_layout.h"
+#include "pagekv/status.h"
+
+namespace pagekv {
+
+struct KvCacheOptions {
+  CacheConfig config;
+  bool huge_pages = true;  // request transparent huge pages for the arena
+  bool prefault = true;    // touch every arena page at Create, not on the decode path
+  // Called from the destructor with LeakReport() when blocks are still
+  // referenced at shutdown; unset = say nothing.
+  std::function<void(const std::string&)> leak_sink;
+};
+
+// Rows of `num_tokens` consecutive tokens, in the cache's storage format.
+//   k: [num_layers][num_tokens][num_heads][row_bytes]
+//   v: same shape; must be null for an MLA cache (its latent row is in k)
+// where num_heads and row_bytes are the KvLayout's (num_kv_heads and
+// head_dim * element size for per-head caches; 1 and (rank + rope) * element
+// size for MLA).
+struct KvTokens {
+  int64_t num_tokens = 0;
+  const void* k = nullptr;
+  const void* v = nullptr;
+};
+
+// Destination for Read, same shapes as KvTokens.
+struct KvTokensOut {
+  int64_t num_tokens = 0;
+  void* k = nullptr;
+  void* v = nullptr;
+};
+
+// A sequence's block table, for kernels. Valid until the sequence is next
+// mutated or freed.
+struct SequenceView {
+  SeqId id{};
+  int64_t num_tokens = 0;
+  std::span<const BlockId> blocks;  // [ceil(num_tokens / block_len)]
+};
+
+// What an Append of n tokens would take.
+struct AppendNeed {
+  int64_t new_blocks = 0;  // blocks for positions past the current last block
+  bool copy_on_write = false;  // the shared, partly filled last block must be copied first
+  int64_t total() const { return new_blocks + (copy_on_write ? 1 : 0); }
+};
+
+struct SequenceStats {
+  SeqId id{};
+  std::string label;
+  int64_t num_tokens = 0;
+  int64_t num_blocks = 0;
+  int64_t num_shared_blocks = 0;     // blocks also held by another sequence
+  int64_t bytes_allocated = 0;       // num_blocks * bytes_per_block
+  int64_t bytes_holding_tokens = 0;  // num_tokens * bytes_per_token
+};
+
+struct CacheStats {
+  int64_t blocks_total = 0;
+  int64_t blocks_free = 0;
+  int64_t blocks_used = 0;
+  int64_t blocks_shared = 0;         // used blocks with more than one holder
+  int64_t num_sequences = 0;
+  int64_t tokens_logical = 0;        // sum of sequence lengths
+  int64_t tokens_physical = 0;       // distinct token slots holding data (shared once)
+  int64_t bytes_pool = 0;            // the whole arena
+  int64_t bytes_allocated = 0;       // blocks_used * bytes_per_block
+  int64_t bytes_holding_tokens = 0;  // tokens_physical * bytes_per_token
+  // 1 - bytes_holding_tokens / bytes_allocated: empty slots in partly filled
+  // last blocks plus slab alignment padding. 0 when nothing is allocated.
+  double internal_fragmentation = 0;
+  double utilization = 0;  // blocks_used / blocks_total
+};
+
+// The OOM doctor's view of memory: what the stored tokens need in theory,
+// what the pool holds, and what is handed out.
+struct MemoryReport {
+  int64_t bytes_per_token = 0;
+  int64_t bytes_per_block = 0;
+  int64_t need_unshared_bytes = 0;  // tokens_logical * bytes_per_token (a contiguous, unshared cache)
+  int64_t need_bytes = 0;           // tokens_physical * bytes_per_token (shared tokens once)
+  int64_t allocated_bytes = 0;      // used blocks
+  int64_t pool_bytes = 0;           // the arena
+  int64_t free_bytes = 0;           // free blocks
+  int64_t padding_bytes_per_block = 0;  // slab alignment padding inside one block
+
+  std::string ToString() const;  // a small readable table
+};
+
+// One block still referenced, and by whom (the leak report).
+struct BlockHolders {
+  BlockId block{};
+  int32_t ref_count = 0;
+  std::vector<SeqId> holders;  // sorted by id
+};
+
+class KvCache {
+ public:
+  // Validates the config, resolves the layout and maps the arena. Errors:
+  // every CacheConfig validation error; Unimplemented for a quantized format
+  // (only f32, f16 and bf16 are stored today); ResourceExhausted when the OS
+  // refuses the arena.
+  static Result<std::unique_ptr<KvCache>> Create(const KvCacheOptions& options);
+
+  ~KvCache();
+  KvCache(const KvCache&) = delete;
+  KvCache& operator=(const KvCache&) = delete;
+
+  const KvLayout& layout() const { return layout_; }
+
+  // --- sequences -----------------------------------------------------------
+
+  // A new, empty sequence holding no blocks. `label` names it in reports.
+  SeqId AddSequence(std::string label = {});
+
+  bool Contains(SeqId id) const;
+  int64_t num_sequences() const;
+
+  // Ask: what an Append of n tokens to `id` would take. Mutates nothing.
+  // Errors: unknown id, n < 0.
+  Result<AppendNeed> BlocksNeeded(SeqId id, int64_t n) const;
+
+  // Act: appends tokens.num_tokens tokens through the write path. Returns
+  // true when written, false (and nothing changed) when the pool lacks the
+  // blocks. Errors (nothing changed): unknown id, negative count, null k, a v
+  // that is null for a per-head cache or set for an MLA cache.
+  Result<bool> Append(SeqId id, const KvTokens& tokens);
+
+  // A new sequence sharing all of `parent`'s blocks. Never allocates.
+  Result<SeqId> Fork(SeqId parent, std::string label = {});
+
+  // Shortens `id` to new_len tokens (speculative-decoding rollback); blocks
+  // that hold no remaining token go back to the pool. Error: unknown id,
+  // new_len outside [0, length].
+  Status Truncate(SeqId id, int64_t new_len);
+
+  // Releases all of the sequence's blocks and forgets it. Error: unknown id
+  // (including a sequence already freed).
+  Status Free(SeqId id);
+
+  // --- reading ------------------------------------------------------------
+
+  Result<SequenceView> View(SeqId id) const;
+
+  // Copies tokens [begin, begin + out.num_tokens) of `id` out of the arena.
+  Status Read(SeqId id, int64_t begin, const KvTokensOut& out) const;
+
+  // The arena, [layout().total_bytes()], for kernels that index it with
+  // KvLayout offsets and a SequenceView.
+  const std::byte* arena() const;
+
+  // --- accounting ---------------------------------------------------------
+
+  CacheStats Stats() const;
+  Result<SequenceStats> StatsFor(SeqId id) const;
+  std::vector<SequenceStats> AllSequenceStats() const;  // sorted by id
+  MemoryReport Memory() const;
+
+  // Every block with a non-zero reference count and the sequences holding it.
+  std::vector<BlockHolders> ReferencedBlocks() const;
+  // Readable form of ReferencedBlocks(), grouped by sequence; "no blocks
+  // referenced" when clean.
+  std::string LeakReport() const;
+
+  // Aborts with a message naming the broken invariant. O(blocks + table entries).
+  void CheckInvariants() const;
+
+ private:
+  struct Sequence;
+  struct State;
+
+  KvCache(KvLayout layout, std::unique_ptr<State> state);
+
+  KvLayout layout_;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace pagekv

@@ -1,0 +1,144 @@
+// CacheConfig (what a user asks for) and KvLayout (the byte-exact placement of
+// every cached row in the arena, derived from a validated CacheConfig).
+//
+// The arena is one allocation addressed in four dimensions, K and V in
+// separate planes (docs/KV_LAYOUT.md has the full description):
+//
+//   arena [layer][plane][head][block][slot][row]
+//           |      |      |     |      |     `- row_bytes: one K, V or latent
+//           |      |      |     |      |        row (head_dim elements, or
+//           |      |      |     |      |        kv_lora_rank + rope_dim for MLA)
+//           |      |      |     |      `- block_len token slots
+//           |      |      |     `- num_blocks; a slab = one block of one
+//           |      |      |        (layer, plane, head), block_len rows, its
+//           |      |      |        start 64-byte aligned (slab_stride)
+//           |      |      `- num_kv_heads (1 for MLA)
+//           |      `- 2 planes, K then V (1 plane for MLA: the latent row)
+//           `- num_layers
+//
+//   offset(layer, plane, head, block, slot) =
+//       layer * layer_stride + plane * plane_stride + head * head_stride
+//     + block * slab_stride + slot * row_bytes
+//
+// so one block of one (layer, head) is a single contiguous run of
+// block_len * row_bytes bytes that a kernel streams linearly.
+//
+// Thread safety: CacheConfig and KvLayout are immutable values once built.
+#pragma once
+
+#include <cstdint>
+
+#include "pagekv/dtype.h"
+#include "pagekv/status.h"
+
+namespace pagekv {
+
+// What the cache stores per token and layer.
+enum class CacheKind : uint8_t {
+  kPerHead,  // K and V rows per KV head: MHA, GQA and MQA
+  kMla,      // one latent row per token (compressed kv + rope key), DeepSeek-style
+};
+
+// The attention shape a config describes, derived from the head counts.
+enum class AttentionKind : uint8_t { kMha, kGqa, kMqa, kMla };
+
+std::string_view AttentionKindName(AttentionKind kind);  // "MHA", "GQA", "MQA", "MLA"
+
+// Every alignment guarantee of the layout: slab starts are multiples of this.
+inline constexpr int64_t kSlabAlignment = 64;
+
+struct CacheConfig {
+  CacheKind kind = CacheKind::kPerHead;
+  int32_t num_layers = 0;    // > 0
+  int32_t num_q_heads = 0;   // > 0; a multiple of num_kv_heads (per-head kinds)
+  int32_t num_kv_heads = 0;  // > 0 for kPerHead; unused by the cache for kMla
+  int32_t head_dim = 0;      // > 0 for kPerHead: elements per K and V row.
+                             // For kMla, the model's per-head dim (used only to
+                             // report what a per-head cache would have cost).
+  int32_t kv_lora_rank = 0;  // kMla only: compressed kv elements per token, > 0
+  int32_t rope_dim = 0;      // kMla only: decoupled rope-key elements per token, >= 0
+  int32_t block_len = 128;   // tokens per block; a power of two in [8, 1024]
+  KvFormat format = KvFormat::Plain(DType::kF16);
+
+  // Pool size: exactly one of the two must be set (> 0).
+  int64_t num_blocks = 0;    // blocks in the pool
+  int64_t budget_bytes = 0;  // or: as many blocks as fit in this many bytes
+
+  // Checks every field and combination; the error names the field, its value
+  // and the accepted range. Does not check the format is storable by a
+  // KvCache (see KvCache::Create).
+  Status Validate() const;
+
+  AttentionKind attention_kind() const;
+};
+
+// The resolved geometry. Construct with KvLayout::Create.
+class KvLayout {
+ public:
+  // Validates `config` and derives every stride; a budget is turned into
+  // num_blocks = floor(budget / bytes_per_block). Errors: any Validate()
+  // error, a byte count that overflows 63 bits, a budget smaller than one
+  // block.
+  static Result<KvLayout> Create(const CacheConfig& config);
+
+  const CacheConfig& config() const { return config_; }
+
+  int32_t num_layers() const { return config_.num_layers; }
+  int32_t num_planes() const { return num_planes_; }  // 2 (K, V) or 1 (MLA latent)
+  int32_t num_heads() const { return num_heads_; }    // KV heads stored, 1 for MLA
+  int32_t block_len() const { return config_.block_len; }
+  int64_t num_blocks() const { return num_blocks_; }
+  int32_t row_elems() const { return row_elems_; }    // head_dim, or rank + rope_dim
+  int64_t row_bytes() const { return row_bytes_; }
+
+  int64_t slab_bytes() const { return slab_bytes_; }    // block_len * row_bytes
+  int64_t slab_stride() const { return slab_stride_; }  // slab_bytes rounded up to 64
+  int64_t head_stride() const { return head_stride_; }
+  int64_t plane_stride() const { return plane_stride_; }
+  int64_t layer_stride() const { return layer_stride_; }
+  int64_t total_bytes() const { return total_bytes_; }  // the whole arena
+
+  // Bytes one block occupies across all layers, planes and heads (with padding).
+  int64_t bytes_per_block() const { return bytes_per_block_; }
+  // Bytes one token's rows occupy across all layers, planes and heads (no padding).
+  int64_t bytes_per_token() const { return bytes_per_token_; }
+  // Number of slabs a block id names: num_layers * num_planes * num_heads.
+  int64_t slabs_per_block() const { return slabs_per_block_; }
+
+  // Byte offset of the first row of a slab. REQUIRES: all indices in range.
+  int64_t SlabOffset(int32_t layer, int32_t plane, int32_t head, int64_t block) const {
+    return layer * layer_stride_ + plane * plane_stride_ + head * head_stride_ +
+           block * slab_stride_;
+  }
+  // Byte offset of one row. REQUIRES: all indices in range.
+  int64_t RowOffset(int32_t layer, int32_t plane, int32_t head, int64_t block,
+                    int32_t slot) const {
+    return SlabOffset(layer, plane, head, block) + slot * row_bytes_;
+  }
+
+ private:
+  KvLayout() = default;
+
+  CacheConfig config_;
+  int32_t num_planes_ = 0;
+  int32_t num_heads_ = 0;
+  int32_t row_elems_ = 0;
+  int64_t num_blocks_ = 0;
+  int64_t row_bytes_ = 0;
+  int64_t slab_bytes_ = 0;
+  int64_t slab_stride_ = 0;
+  int64_t head_stride_ = 0;
+  int64_t plane_stride_ = 0;
+  int64_t layer_stride_ = 0;
+  int64_t total_bytes_ = 0;
+  int64_t bytes_per_block_ = 0;
+  int64_t bytes_per_token_ = 0;
+  int64_t slabs_per_block_ = 0;
+};
+
+// Bytes that `elems` elements of `format` occupy, including scale overhead
+// for per-token groups. Per-channel scales (shared by a group of tokens) are
+// accounted per block; see KvLayout. Returns nullopt-like -1 on overflow.
+int64_t FormatRowBytes(const KvFormat& format, int64_t elems);
+
+}  // namespace pagekv

@@ -1,0 +1,18 @@
+// The whole public API of PageKV in one include.
+//
+//   status.h     Status / Result<T>: how every fallible call reports errors
+//   ids.h        BlockId, SeqId strong ids
+//   units.h      byte sizes: "24GiB" <-> int64
+//   dtype.h      element types and KV storage formats
+//   kv_layout.h  CacheConfig and the byte-exact arena layout
+//   kv_cache.h   KvCache: block pool, block tables, the write path, reports
+//   plan.h       the planner behind `pagekv plan`, model presets
+#pragma once
+
+#include "pagekv/dtype.h"
+#include "pagekv/ids.h"
+#include "pagekv/kv_cache.h"
+#include "pagekv/kv_layout.h"
+#include "pagekv/plan.h"
+#include "pagekv/status.h"
+#include "pagekv/units.h"

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages PageKV needs to build and test.
+# Idempotent: packages already present are skipped, and `apt-get update` runs
+# only when something is missing. Runs as root (no sudo) or through sudo when
+# invoked by another user who has it.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential      # g++ 12, make
+  cmake                # >= 3.25
+  ninja-build
+  pkg-config
+  libgtest-dev         # unit tests (GoogleTest)
+  libgmock-dev
+  libbenchmark-dev     # microbenchmarks (Google Benchmark)
+  libhwy-dev           # SIMD with run-time dispatch (Highway)
+  libcli11-dev         # command-line parsing of `pagekv`
+  libfmt-dev           # formatting of reports and tables
+  nlohmann-json3-dev   # --json output and its tests
+  libssl-dev           # SHA-256 (OpenSSL)
+  libxxhash-dev        # xxh3 hashing
+)
+
+missing=()
+for pkg in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$pkg")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}"
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  if command -v sudo >/dev/null 2>&1; then
+    SUDO="sudo"
+  else
+    echo "install-deps: missing packages (${missing[*]}) and not root; run as root or install them" >&2
+    exit 1
+  fi
+fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

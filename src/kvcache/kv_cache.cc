@@ -1,0 +1,232 @@
+#include "pagekv/kv_cache.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "base/check.h"
+#include "base/checked_math.h"
+#include "kvcache/kv_cache_state.h"
+
+namespace pagekv {
+
+namespace {
+
+std::string SeqName(SeqId id) { return "sequence " + std::to_string(ToInt(id)); }
+
+}  // namespace
+
+Result<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& options) {
+  PAGEKV_ASSIGN_OR_RETURN(KvLayout layout, KvLayout::Create(options.config));
+  if (!options.config.format.IsPlainFloat()) {
+    return UnimplementedError("KV format " + options.config.format.ToString() +
+                              " is not stored by the cache yet: use f32, f16 or bf16");
+  }
+  PAGEKV_ASSIGN_OR_RETURN(auto arena, KvArena::Create({.size_bytes = layout.total_bytes(),
+                                                        .huge_pages = options.huge_pages,
+                                                        .prefault = options.prefault}));
+  auto state = std::make_unique<State>(std::move(arena), static_cast<int32_t>(layout.num_blocks()));
+  state->leak_sink = options.leak_sink;
+  return std::unique_ptr<KvCache>(new KvCache(std::move(layout), std::move(state)));
+}
+
+KvCache::KvCache(KvLayout layout, std::unique_ptr<State> state)
+    : layout_(std::move(layout)), state_(std::move(state)) {}
+
+KvCache::~KvCache() {
+  if (state_->leak_sink && state_->pool.num_used() > 0) state_->leak_sink(LeakReport());
+}
+
+SeqId KvCache::AddSequence(std::string label) {
+  const int64_t id = state_->next_seq_id++;
+  state_->sequences[id].label = std::move(label);
+  return SeqId{id};
+}
+
+bool KvCache::Contains(SeqId id) const { return state_->sequences.count(ToInt(id)) != 0; }
+
+int64_t KvCache::num_sequences() const { return static_cast<int64_t>(state_->sequences.size()); }
+
+Result<AppendNeed> KvCache::BlocksNeeded(SeqId id, int64_t n) const {
+  auto it = state_->sequences.find(ToInt(id));
+  if (it == state_->sequences.end()) return NotFoundError(SeqName(id) + " does not exist");
+  if (n < 0) return InvalidArgumentError("token count " + std::to_string(n) + " is negative");
+  const Sequence& s = it->second;
+  const int64_t bl = layout_.block_len();
+  AppendNeed need;
+  if (n == 0) return need;
+  auto end = CheckedAdd(s.num_tokens, n);
+  if (!end) return InvalidArgumentError("token count " + std::to_string(n) + " overflows");
+  need.new_blocks = CeilDiv(*end, bl) - static_cast<int64_t>(s.blocks.size());
+  need.copy_on_write =
+      s.num_tokens % bl != 0 && state_->pool.RefCount(s.blocks.back()) > 1;
+  return need;
+}
+
+Result<bool> KvCache::Append(SeqId id, const KvTokens& tokens) {
+  PAGEKV_ASSIGN_OR_RETURN(AppendNeed need, BlocksNeeded(id, tokens.num_tokens));
+  const bool per_head = layout_.num_planes() == 2;
+  if (tokens.num_tokens == 0) return true;
+  if (tokens.k == nullptr) return InvalidArgumentError("append: k is null");
+  if (per_head && tokens.v == nullptr) return InvalidArgumentError("append: v is null");
+  if (!per_head && tokens.v != nullptr) {
+    return InvalidArgumentError("append: v must be null for an MLA cache (the latent row is k)");
+  }
+  if (!state_->pool.CanAllocate(need.total())) return false;
+
+  Sequence& s = state_->sequences.at(ToInt(id));
+  std::vector<BlockId>& fresh = state_->scratch;
+  fresh.clear();
+  PAGEKV_CHECK(state_->pool.Allocate(static_cast<int32_t>(need.total()), fresh));
+  std::byte* base = state_->arena->data();
+  size_t next = 0;
+  if (need.copy_on_write) {
+    // Copy the filled slots of every slab of the shared last block, then swap
+    // it for the private copy.
+    const BlockId shared = s.blocks.back();
+    const BlockId copy = fresh[next++];
+    const int32_t fill = static_cast<int32_t>(s.num_tokens % layout_.block_len());
+    const size_t bytes = static_cast<size_t>(fill * layout_.row_bytes());
+    for (int32_t l = 0; l < layout_.num_layers(); ++l) {
+      for (int32_t p = 0; p < layout_.num_planes(); ++p) {
+        for (int32_t h = 0; h < layout_.num_heads(); ++h) {
+          std::memcpy(base + layout_.SlabOffset(l, p, h, ToInt(copy)),
+                      base + layout_.SlabOffset(l, p, h, ToInt(shared)), bytes);
+        }
+      }
+    }
+    PAGEKV_CHECK(state_->pool.Release(shared).ok());
+    s.blocks.back() = copy;
+  }
+  s.blocks.insert(s.blocks.end(), fresh.begin() + static_cast<std::ptrdiff_t>(next), fresh.end());
+
+  // Write every row: source [layer][token][head][row], destination per layout.
+  const int64_t n = tokens.num_tokens;
+  const int64_t row = layout_.row_bytes();
+  const int64_t heads = layout_.num_heads();
+  const int64_t token_stride = heads * row;
+  const int64_t layer_stride = n * token_stride;
+  const int shift = __builtin_ctz(static_cast<unsigned>(layout_.block_len()));
+  const int64_t mask = layout_.block_len() - 1;
+  const void* planes[2] = {tokens.k, tokens.v};
+  for (int32_t l = 0; l < layout_.num_layers(); ++l) {
+    for (int32_t p = 0; p < layout_.num_planes(); ++p) {
+      const auto* src = static_cast<const std::byte*>(planes[p]) + l * layer_stride;
+      for (int32_t h = 0; h < heads; ++h) {
+        const std::byte* src_h = src + h * row;
+        for (int64_t i = 0; i < n; ++i) {
+          const int64_t pos = s.num_tokens + i;
+          const BlockId b = s.blocks[static_cast<size_t>(pos >> shift)];
+          std::memcpy(base + layout_.RowOffset(l, p, h, ToInt(b), static_cast<int32_t>(pos & mask)),
+                      src_h + i * token_stride, static_cast<size_t>(row));
+        }
+      }
+    }
+  }
+  s.num_tokens += n;
+  return true;
+}
+
+Result<SeqId> KvCache::Fork(SeqId parent, std::string label) {
+  auto it = state_->sequences.find(ToInt(parent));
+  if (it == state_->sequences.end()) return NotFoundError("fork: " + SeqName(parent) + " does not exist");
+  for (BlockId b : it->second.blocks) PAGEKV_CHECK(state_->pool.IncRef(b).ok());
+  const int64_t id = state_->next_seq_id++;
+  Sequence child;
+  child.blocks = it->second.blocks;
+  child.num_tokens = it->second.num_tokens;
+  child.label = std::move(label);
+  state_->sequences.emplace(id, std::move(child));
+  return SeqId{id};
+}
+
+Status KvCache::Truncate(SeqId id, int64_t new_len) {
+  auto it = state_->sequences.find(ToInt(id));
+  if (it == state_->sequences.end()) return NotFoundError("truncate: " + SeqName(id) + " does not exist");
+  Sequence& s = it->second;
+  if (new_len < 0 || new_len > s.num_tokens) {
+    return OutOfRangeError("truncate: new length " + std::to_string(new_len) + " of " + SeqName(id) +
+                           " must be in [0, " + std::to_string(s.num_tokens) + "]");
+  }
+  const auto keep = static_cast<size_t>(CeilDiv(new_len, layout_.block_len()));
+  for (size_t i = keep; i < s.blocks.size(); ++i) PAGEKV_CHECK(state_->pool.Release(s.blocks[i]).ok());
+  s.blocks.resize(keep);
+  s.num_tokens = new_len;
+  return Status::Ok();
+}
+
+Status KvCache::Free(SeqId id) {
+  auto it = state_->sequences.find(ToInt(id));
+  if (it == state_->sequences.end()) {
+    return NotFoundError("free: " + SeqName(id) + " does not exist (never added, or already freed)");
+  }
+  for (BlockId b : it->second.blocks) PAGEKV_CHECK(state_->pool.Release(b).ok());
+  state_->sequences.erase(it);
+  return Status::Ok();
+}
+
+Result<SequenceView> KvCache::View(SeqId id) const {
+  auto it = state_->sequences.find(ToInt(id));
+  if (it == state_->sequences.end()) return NotFoundError(SeqName(id) + " does not exist");
+  return SequenceView{id, it->second.num_tokens, it->second.blocks};
+}
+
+Status KvCache::Read(SeqId id, int64_t begin, const KvTokensOut& out) const {
+  auto it = state_->sequences.find(ToInt(id));
+  if (it == state_->sequences.end()) return NotFoundError("read: " + SeqName(id) + " does not exist");
+  const Sequence& s = it->second;
+  if (begin < 0 || out.num_tokens < 0 || begin > s.num_tokens || out.num_tokens > s.num_tokens - begin) {
+    return OutOfRangeError("read: tokens [" + std::to_string(begin) + ", +" +
+                           std::to_string(out.num_tokens) + ") outside " + SeqName(id) +
+                           " of length " + std::to_string(s.num_tokens));
+  }
+  const bool per_head = layout_.num_planes() == 2;
+  if (out.num_tokens == 0) return Status::Ok();
+  if (out.k == nullptr || (per_head && out.v == nullptr)) return InvalidArgumentError("read: null output");
+  const std::byte* base = state_->arena->data();
+  const int64_t n = out.num_tokens;
+  const int64_t row = layout_.row_bytes();
+  const int64_t heads = layout_.num_heads();
+  void* planes[2] = {out.k, out.v};
+  for (int32_t l = 0; l < layout_.num_layers(); ++l) {
+    for (int32_t p = 0; p < layout_.num_planes(); ++p) {
+      auto* dst = static_cast<std::byte*>(planes[p]) + l * n * heads * row;
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t pos = begin + i;
+        const BlockId b = s.blocks[static_cast<size_t>(pos / layout_.block_len())];
+        const auto slot = static_cast<int32_t>(pos % layout_.block_len());
+        for (int32_t h = 0; h < heads; ++h) {
+          std::memcpy(dst + (i * heads + h) * row, base + layout_.RowOffset(l, p, h, ToInt(b), slot),
+                      static_cast<size_t>(row));
+        }
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+const std::byte* KvCache::arena() const { return state_->arena->data(); }
+
+void KvCache::CheckInvariants() const {
+  const BlockPool& pool = state_->pool;
+  pool.CheckInvariants();
+  std::vector<int32_t> refs(static_cast<size_t>(pool.num_blocks()), 0);
+  std::vector<int64_t> seen_in(static_cast<size_t>(pool.num_blocks()), -1);
+  for (const auto& [id, s] : state_->sequences) {
+    PAGEKV_CHECK_MSG(s.num_tokens >= 0, "negative sequence length");
+    PAGEKV_CHECK_MSG(static_cast<int64_t>(s.blocks.size()) == CeilDiv(s.num_tokens, layout_.block_len()),
+                     "a sequence holds a block count other than ceil(length / block_len)");
+    for (BlockId b : s.blocks) {
+      PAGEKV_CHECK_MSG(pool.IsValid(b), "a block table holds an id outside the pool");
+      PAGEKV_CHECK_MSG(seen_in[ToInt(b)] != id, "a block appears twice in one block table");
+      seen_in[ToInt(b)] = id;
+      ++refs[ToInt(b)];
+    }
+  }
+  for (int32_t b = 0; b < pool.num_blocks(); ++b) {
+    PAGEKV_CHECK_MSG(refs[b] == pool.RefCount(BlockId{b}),
+                     "a block's reference count differs from the number of tables holding it");
+  }
+}
+
+}  // namespace pagekv

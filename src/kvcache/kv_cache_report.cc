@@ -1,0 +1,158 @@
+// KvCache accounting: statistics, the memory report (the library side of the
+// OOM doctor) and the leak report. Read-only, computed on demand from the
+// block tables: O(blocks + table entries) per call.
+#include <algorithm>
+#include <map>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "base/checked_math.h"
+#include "kvcache/kv_cache_state.h"
+#include "pagekv/units.h"
+
+namespace pagekv {
+
+CacheStats KvCache::Stats() const {
+  const BlockPool& pool = state_->pool;
+  const int64_t bl = layout_.block_len();
+  // fill[b] = the most slots of block b that any holder has written.
+  std::vector<int32_t> fill(static_cast<size_t>(pool.num_blocks()), 0);
+  CacheStats st;
+  for (const auto& [id, s] : state_->sequences) {
+    st.tokens_logical += s.num_tokens;
+    for (size_t i = 0; i < s.blocks.size(); ++i) {
+      const auto in_block = static_cast<int32_t>(std::min<int64_t>(bl, s.num_tokens - static_cast<int64_t>(i) * bl));
+      int32_t& f = fill[ToInt(s.blocks[i])];
+      f = std::max(f, in_block);
+    }
+  }
+  for (int32_t b = 0; b < pool.num_blocks(); ++b) {
+    st.tokens_physical += fill[b];
+    if (pool.RefCount(BlockId{b}) > 1) ++st.blocks_shared;
+  }
+  st.blocks_total = pool.num_blocks();
+  st.blocks_free = pool.num_free();
+  st.blocks_used = pool.num_used();
+  st.num_sequences = static_cast<int64_t>(state_->sequences.size());
+  st.bytes_pool = layout_.total_bytes();
+  st.bytes_allocated = st.blocks_used * layout_.bytes_per_block();
+  st.bytes_holding_tokens = st.tokens_physical * layout_.bytes_per_token();
+  st.internal_fragmentation =
+      st.bytes_allocated == 0 ? 0.0
+                              : 1.0 - static_cast<double>(st.bytes_holding_tokens) /
+                                          static_cast<double>(st.bytes_allocated);
+  st.utilization = static_cast<double>(st.blocks_used) / static_cast<double>(st.blocks_total);
+  return st;
+}
+
+Result<SequenceStats> KvCache::StatsFor(SeqId id) const {
+  auto it = state_->sequences.find(ToInt(id));
+  if (it == state_->sequences.end()) {
+    return NotFoundError("sequence " + std::to_string(ToInt(id)) + " does not exist");
+  }
+  const Sequence& s = it->second;
+  SequenceStats st;
+  st.id = id;
+  st.label = s.label;
+  st.num_tokens = s.num_tokens;
+  st.num_blocks = static_cast<int64_t>(s.blocks.size());
+  for (BlockId b : s.blocks) {
+    if (state_->pool.RefCount(b) > 1) ++st.num_shared_blocks;
+  }
+  st.bytes_allocated = st.num_blocks * layout_.bytes_per_block();
+  st.bytes_holding_tokens = st.num_tokens * layout_.bytes_per_token();
+  return st;
+}
+
+std::vector<SequenceStats> KvCache::AllSequenceStats() const {
+  std::vector<SequenceStats> out;
+  out.reserve(state_->sequences.size());
+  for (const auto& entry : state_->sequences) out.push_back(*StatsFor(SeqId{entry.first}));
+  std::sort(out.begin(), out.end(),
+            [](const SequenceStats& a, const SequenceStats& b) { return ToInt(a.id) < ToInt(b.id); });
+  return out;
+}
+
+MemoryReport KvCache::Memory() const {
+  const CacheStats st = Stats();
+  MemoryReport r;
+  r.bytes_per_token = layout_.bytes_per_token();
+  r.bytes_per_block = layout_.bytes_per_block();
+  r.need_unshared_bytes = st.tokens_logical * r.bytes_per_token;
+  r.need_bytes = st.tokens_physical * r.bytes_per_token;
+  r.allocated_bytes = st.bytes_allocated;
+  r.pool_bytes = st.bytes_pool;
+  r.free_bytes = st.blocks_free * r.bytes_per_block;
+  r.padding_bytes_per_block =
+      layout_.slabs_per_block() * (layout_.slab_stride() - layout_.slab_bytes());
+  return r;
+}
+
+std::string MemoryReport::ToString() const {
+  auto pct = [&](int64_t v) {
+    return pool_bytes == 0 ? 0.0 : 100.0 * static_cast<double>(v) / static_cast<double>(pool_bytes);
+  };
+  std::string out;
+  out += fmt::format("  {:<40} {:>12} {:>7}\n", "pool (arena)", FormatBytes(pool_bytes), "100.0%");
+  out += fmt::format("  {:<40} {:>12} {:>6.1f}%\n", "allocated to sequences (whole blocks)",
+                     FormatBytes(allocated_bytes), pct(allocated_bytes));
+  out += fmt::format("  {:<40} {:>12} {:>6.1f}%\n", "needed by stored tokens (shared once)",
+                     FormatBytes(need_bytes), pct(need_bytes));
+  out += fmt::format("  {:<40} {:>12} {:>6.1f}%\n", "needed without sharing (contiguous)",
+                     FormatBytes(need_unshared_bytes), pct(need_unshared_bytes));
+  out += fmt::format("  {:<40} {:>12} {:>6.1f}%\n", "free", FormatBytes(free_bytes), pct(free_bytes));
+  out += fmt::format("  {:<40} {:>12}\n", "bytes per token", FormatBytes(bytes_per_token));
+  out += fmt::format("  {:<40} {:>12}\n", "bytes per block", FormatBytes(bytes_per_block));
+  if (padding_bytes_per_block > 0) {
+    out += fmt::format("  {:<40} {:>12}\n", "alignment padding per block",
+                       FormatBytes(padding_bytes_per_block));
+  }
+  return out;
+}
+
+std::vector<BlockHolders> KvCache::ReferencedBlocks() const {
+  std::map<int32_t, BlockHolders> by_block;
+  for (const auto& [id, s] : state_->sequences) {
+    for (BlockId b : s.blocks) {
+      BlockHolders& h = by_block[ToInt(b)];
+      h.block = b;
+      h.ref_count = state_->pool.RefCount(b);
+      h.holders.push_back(SeqId{id});
+    }
+  }
+  std::vector<BlockHolders> out;
+  out.reserve(by_block.size());
+  for (auto& [b, h] : by_block) {
+    std::sort(h.holders.begin(), h.holders.end(),
+              [](SeqId x, SeqId y) { return ToInt(x) < ToInt(y); });
+    out.push_back(std::move(h));
+  }
+  return out;
+}
+
+std::string KvCache::LeakReport() const {
+  const BlockPool& pool = state_->pool;
+  if (pool.num_used() == 0) return "no blocks referenced\n";
+  std::string out = fmt::format("{} of {} blocks ({}) still referenced by {} sequence(s):\n",
+                                pool.num_used(), pool.num_blocks(),
+                                FormatBytes(pool.num_used() * layout_.bytes_per_block()),
+                                state_->sequences.size());
+  for (const SequenceStats& s : AllSequenceStats()) {
+    if (s.num_blocks == 0) continue;
+    const Sequence& seq = state_->sequences.at(ToInt(s.id));
+    std::string ids;
+    const size_t shown = std::min<size_t>(seq.blocks.size(), 16);
+    for (size_t i = 0; i < shown; ++i) {
+      if (i) ids += ",";
+      ids += std::to_string(ToInt(seq.blocks[i]));
+    }
+    if (shown < seq.blocks.size()) ids += fmt::format(",... (+{})", seq.blocks.size() - shown);
+    out += fmt::format("  sequence {}{}: {} tokens in {} blocks ({} shared): [{}]\n", ToInt(s.id),
+                       s.label.empty() ? "" : " '" + s.label + "'", s.num_tokens, s.num_blocks,
+                       s.num_shared_blocks, ids);
+  }
+  return out;
+}
+
+}  // namespace pagekv

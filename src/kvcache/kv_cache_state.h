@@ -1,0 +1,35 @@
+// The private state behind pagekv::KvCache, shared by kv_cache.cc (the write
+// path) and kv_cache_report.cc (statistics and reports). Internal only.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "kvcache/block_pool.h"
+#include "kvcache/kv_arena.h"
+#include "pagekv/kv_cache.h"
+
+namespace pagekv {
+
+struct KvCache::Sequence {
+  std::vector<BlockId> blocks;  // [ceil(num_tokens / block_len)]
+  int64_t num_tokens = 0;
+  std::string label;
+};
+
+struct KvCache::State {
+  State(std::unique_ptr<KvArena> a, int32_t num_blocks) : arena(std::move(a)), pool(num_blocks) {}
+
+  std::unique_ptr<KvArena> arena;
+  BlockPool pool;
+  std::unordered_map<int64_t, Sequence> sequences;  // by SeqId value; ids never reused
+  int64_t next_seq_id = 0;
+  std::vector<BlockId> scratch;  // reused by Append so the hot path does not allocate
+  std::function<void(const std::string&)> leak_sink;
+};
+
+}  // namespace pagekv

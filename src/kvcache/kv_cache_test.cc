@@ -1,0 +1,422 @@
+#include "pagekv/kv_cache.h"
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace pagekv {
+namespace {
+
+CacheConfig Config(int32_t block_len, DType dtype, int64_t num_blocks, int32_t layers = 3,
+                   int32_t kv_heads = 2, int32_t head_dim = 16) {
+  CacheConfig c;
+  c.num_layers = layers;
+  c.num_q_heads = kv_heads * 2;
+  c.num_kv_heads = kv_heads;
+  c.head_dim = head_dim;
+  c.block_len = block_len;
+  c.format = KvFormat::Plain(dtype);
+  c.num_blocks = num_blocks;
+  return c;
+}
+
+std::unique_ptr<KvCache> MakeCache(const CacheConfig& c) {
+  auto cache = KvCache::Create({.config = c, .huge_pages = false, .prefault = true});
+  EXPECT_TRUE(cache.ok()) << cache.status().ToString();
+  return std::move(*cache);
+}
+
+// Random bytes for n tokens in the Append input shape [layer][n][head][row].
+struct Tokens {
+  std::vector<uint8_t> k, v;
+  int64_t n = 0;
+  KvTokens In() const { return {n, k.data(), v.empty() ? nullptr : v.data()}; }
+};
+
+Tokens RandomTokens(const KvLayout& l, int64_t n, std::mt19937& rng) {
+  Tokens t;
+  t.n = n;
+  const size_t bytes = static_cast<size_t>(l.num_layers() * n * l.num_heads() * l.row_bytes());
+  t.k.resize(bytes);
+  for (auto& b : t.k) b = static_cast<uint8_t>(rng());
+  if (l.num_planes() == 2) {
+    t.v.resize(bytes);
+    for (auto& b : t.v) b = static_cast<uint8_t>(rng());
+  }
+  return t;
+}
+
+// Tokens [begin, begin + n) of a [layer][total][head][row] buffer.
+std::vector<uint8_t> Slice(const KvLayout& l, const std::vector<uint8_t>& all, int64_t total,
+                           int64_t begin, int64_t n) {
+  const int64_t tok = l.num_heads() * l.row_bytes();
+  std::vector<uint8_t> out;
+  for (int32_t layer = 0; layer < l.num_layers(); ++layer) {
+    const auto* p = all.data() + (layer * total + begin) * tok;
+    out.insert(out.end(), p, p + n * tok);
+  }
+  return out;
+}
+
+Tokens ReadAll(const KvCache& cache, SeqId id) {
+  const KvLayout& l = cache.layout();
+  Tokens t;
+  t.n = cache.View(id)->num_tokens;
+  const size_t bytes = static_cast<size_t>(l.num_layers() * t.n * l.num_heads() * l.row_bytes());
+  t.k.assign(bytes, 0xAA);
+  if (l.num_planes() == 2) t.v.assign(bytes, 0xAA);
+  EXPECT_TRUE(cache.Read(id, 0, {t.n, t.k.data(), t.v.empty() ? nullptr : t.v.data()}).ok());
+  return t;
+}
+
+// Joins per-append token buffers into one [layer][total][head][row] buffer.
+std::vector<uint8_t> Concat(const KvLayout& l, const std::vector<Tokens>& parts,
+                            bool v_plane) {
+  int64_t total = 0;
+  for (const Tokens& t : parts) total += t.n;
+  const int64_t tok = l.num_heads() * l.row_bytes();
+  std::vector<uint8_t> out(static_cast<size_t>(l.num_layers() * total * tok));
+  int64_t at = 0;
+  for (const Tokens& t : parts) {
+    const auto& src = v_plane ? t.v : t.k;
+    for (int32_t layer = 0; layer < l.num_layers(); ++layer) {
+      std::memcpy(out.data() + (layer * total + at) * tok, src.data() + layer * t.n * tok,
+                  static_cast<size_t>(t.n * tok));
+    }
+    at += t.n;
+  }
+  return out;
+}
+
+struct ReadbackCase {
+  int32_t block_len;
+  DType dtype;
+};
+
+class KvCacheReadbackTest : public ::testing::TestWithParam<ReadbackCase> {};
+
+TEST_P(KvCacheReadbackTest, TokenByTokenAppendsReadBackBitExactAcrossBlockBoundaries) {
+  const auto [block_len, dtype] = GetParam();
+  auto cache = MakeCache(Config(block_len, dtype, 16, /*layers=*/3, /*kv_heads=*/2, /*head_dim=*/24));
+  const KvLayout& l = cache->layout();
+  std::mt19937 rng(block_len * 31 + static_cast<int>(dtype));
+  const SeqId a = cache->AddSequence("a");
+  const SeqId b = cache->AddSequence("b");
+  std::vector<Tokens> parts_a, parts_b;
+  const int64_t total = 3 * block_len + 1;  // crosses three boundaries, ends one past
+  for (int64_t i = 0; i < total; ++i) {
+    parts_a.push_back(RandomTokens(l, 1, rng));
+    ASSERT_TRUE(*cache->Append(a, parts_a.back().In()));
+    if (i % 3 == 0) {  // interleave a second sequence so block ids are not contiguous
+      parts_b.push_back(RandomTokens(l, 1, rng));
+      ASSERT_TRUE(*cache->Append(b, parts_b.back().In()));
+    }
+    cache->CheckInvariants();
+  }
+  for (auto [id, parts] : {std::pair{a, &parts_a}, std::pair{b, &parts_b}}) {
+    Tokens got = ReadAll(*cache, id);
+    EXPECT_EQ(got.k, Concat(l, *parts, false));
+    EXPECT_EQ(got.v, Concat(l, *parts, true));
+  }
+  // The rows also sit exactly where the layout says: check token `total - 1`
+  // of layer 2, V plane, head 1 straight in the arena.
+  const SequenceView view = *cache->View(a);
+  const int64_t pos = total - 1;
+  const BlockId blk = view.blocks[static_cast<size_t>(pos / block_len)];
+  const std::byte* row = cache->arena() + l.RowOffset(2, 1, 1, ToInt(blk), static_cast<int32_t>(pos % block_len));
+  const Tokens& last = parts_a.back();
+  EXPECT_EQ(std::memcmp(row, last.v.data() + (2 * 2 + 1) * l.row_bytes(), static_cast<size_t>(l.row_bytes())), 0);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(cache->arena() + l.SlabOffset(2, 1, 1, ToInt(blk))) % 64, 0u);
+}
+
+TEST_P(KvCacheReadbackTest, MultiTokenAppendsMatchTokenByToken) {
+  const auto [block_len, dtype] = GetParam();
+  auto cache = MakeCache(Config(block_len, dtype, 12));
+  const KvLayout& l = cache->layout();
+  std::mt19937 rng(5);
+  const SeqId s = cache->AddSequence();
+  std::vector<Tokens> parts;
+  for (int64_t n : {int64_t{1}, int64_t{block_len} - 1, int64_t{block_len}, int64_t{2} * block_len + 3, int64_t{5}}) {
+    parts.push_back(RandomTokens(l, n, rng));
+    ASSERT_TRUE(*cache->Append(s, parts.back().In()));
+  }
+  Tokens got = ReadAll(*cache, s);
+  EXPECT_EQ(got.k, Concat(l, parts, false));
+  EXPECT_EQ(got.v, Concat(l, parts, true));
+  // A read of a middle range.
+  const int64_t begin = block_len - 2, n = block_len + 3;
+  Tokens mid;
+  mid.k.resize(static_cast<size_t>(l.num_layers() * n * l.num_heads() * l.row_bytes()));
+  mid.v.resize(mid.k.size());
+  ASSERT_TRUE(cache->Read(s, begin, {n, mid.k.data(), mid.v.data()}).ok());
+  EXPECT_EQ(mid.k, Slice(l, got.k, got.n, begin, n));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    BlockLensAndDtypes, KvCacheReadbackTest,
+    ::testing::Values(ReadbackCase{8, DType::kF32}, ReadbackCase{8, DType::kF16}, ReadbackCase{8, DType::kBF16},
+                      ReadbackCase{16, DType::kF32}, ReadbackCase{16, DType::kF16}, ReadbackCase{16, DType::kBF16},
+                      ReadbackCase{128, DType::kF32}, ReadbackCase{128, DType::kF16}, ReadbackCase{128, DType::kBF16}),
+    [](const ::testing::TestParamInfo<ReadbackCase>& info) {
+      return "BlockLen" + std::to_string(info.param.block_len) + "_" + std::string(DTypeName(info.param.dtype));
+    });
+
+class KvCacheTest : public ::testing::Test {
+ protected:
+  void SetUp() override { cache_ = MakeCache(Config(8, DType::kF16, 6)); }
+  Tokens Random(int64_t n) { return RandomTokens(cache_->layout(), n, rng_); }
+  bool Append(SeqId s, const Tokens& t) { return *cache_->Append(s, t.In()); }
+
+  std::unique_ptr<KvCache> cache_;
+  std::mt19937 rng_{123};
+};
+
+TEST_F(KvCacheTest, FailedMultiBlockAppendChangesNothing) {
+  const SeqId a = cache_->AddSequence();
+  ASSERT_TRUE(Append(a, Random(20)));  // 3 blocks of 6
+  const Tokens before = ReadAll(*cache_, a);
+  const CacheStats st = cache_->Stats();
+  const std::vector<BlockId> table(cache_->View(a)->blocks.begin(), cache_->View(a)->blocks.end());
+  // 20 + 30 = 50 tokens would need 7 blocks; only 6 exist.
+  Result<bool> r = cache_->Append(a, Random(30).In());
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(*r);
+  EXPECT_EQ(cache_->Stats().blocks_free, st.blocks_free);
+  EXPECT_EQ(cache_->View(a)->num_tokens, 20);
+  EXPECT_EQ(std::vector<BlockId>(cache_->View(a)->blocks.begin(), cache_->View(a)->blocks.end()), table);
+  EXPECT_EQ(ReadAll(*cache_, a).k, before.k);
+  cache_->CheckInvariants();
+  // Exactly what fits still succeeds.
+  EXPECT_TRUE(Append(a, Random(28)));
+  EXPECT_EQ(cache_->Stats().blocks_free, 0);
+}
+
+TEST_F(KvCacheTest, BlocksNeededAsksWithoutChangingAnything) {
+  const SeqId a = cache_->AddSequence();
+  ASSERT_TRUE(Append(a, Random(5)));
+  AppendNeed need = *cache_->BlocksNeeded(a, 4);  // 9 tokens: one more block
+  EXPECT_EQ(need.new_blocks, 1);
+  EXPECT_FALSE(need.copy_on_write);
+  EXPECT_EQ(cache_->Stats().blocks_used, 1);
+  EXPECT_EQ(cache_->BlocksNeeded(a, 3)->total(), 0);
+  EXPECT_EQ(cache_->BlocksNeeded(SeqId{77}, 1).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(cache_->BlocksNeeded(a, -1).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(KvCacheTest, ForkSharesEveryBlockAndCopiesNothing) {
+  const SeqId a = cache_->AddSequence();
+  ASSERT_TRUE(Append(a, Random(12)));
+  const SeqId b = *cache_->Fork(a, "child");
+  EXPECT_EQ(cache_->Stats().blocks_used, 2);
+  EXPECT_EQ(cache_->Stats().blocks_shared, 2);
+  const SequenceView va = *cache_->View(a), vb = *cache_->View(b);
+  EXPECT_TRUE(std::equal(va.blocks.begin(), va.blocks.end(), vb.blocks.begin(), vb.blocks.end()));
+  EXPECT_EQ(ReadAll(*cache_, b).k, ReadAll(*cache_, a).k);
+  EXPECT_EQ(cache_->Stats().tokens_physical, 12);
+  EXPECT_EQ(cache_->Stats().tokens_logical, 24);
+  cache_->CheckInvariants();
+}
+
+TEST_F(KvCacheTest, CopyOnWriteHappensExactlyWhenASharedPartialBlockIsAppendedTo) {
+  const SeqId a = cache_->AddSequence();
+  const Tokens first = Random(12);  // blocks: [full 8][partial 4]
+  ASSERT_TRUE(Append(a, first));
+  const SeqId b = *cache_->Fork(a);
+  const BlockId shared_full = cache_->View(a)->blocks[0];
+  const BlockId shared_partial = cache_->View(a)->blocks[1];
+  EXPECT_TRUE(cache_->BlocksNeeded(b, 1)->copy_on_write);
+
+  const Tokens tail_b = Random(1);
+  ASSERT_TRUE(Append(b, tail_b));
+  // b copied the partial block; the full block is still shared.
+  EXPECT_EQ(cache_->View(b)->blocks[0], shared_full);
+  EXPECT_NE(cache_->View(b)->blocks[1], shared_partial);
+  EXPECT_EQ(cache_->View(a)->blocks[1], shared_partial);
+  EXPECT_EQ(cache_->Stats().blocks_used, 3);
+  // a's partial block is now private again: no second copy.
+  EXPECT_FALSE(cache_->BlocksNeeded(a, 1)->copy_on_write);
+  const Tokens tail_a = Random(1);
+  ASSERT_TRUE(Append(a, tail_a));
+  EXPECT_EQ(cache_->View(a)->blocks[1], shared_partial);
+  EXPECT_EQ(cache_->Stats().blocks_used, 3);
+  // Contents: both prefixes intact, each tail its own.
+  const KvLayout& l = cache_->layout();
+  EXPECT_EQ(ReadAll(*cache_, a).k, Concat(l, {first, tail_a}, false));
+  EXPECT_EQ(ReadAll(*cache_, b).k, Concat(l, {first, tail_b}, false));
+  EXPECT_EQ(ReadAll(*cache_, b).v, Concat(l, {first, tail_b}, true));
+  cache_->CheckInvariants();
+}
+
+TEST_F(KvCacheTest, NoCopyWhenTheSharedLastBlockIsFull) {
+  const SeqId a = cache_->AddSequence();
+  ASSERT_TRUE(Append(a, Random(16)));  // two full blocks
+  const SeqId b = *cache_->Fork(a);
+  EXPECT_FALSE(cache_->BlocksNeeded(b, 1)->copy_on_write);
+  ASSERT_TRUE(Append(b, Random(1)));
+  const SequenceView va = *cache_->View(a), vb = *cache_->View(b);
+  EXPECT_EQ(vb.blocks[0], va.blocks[0]);
+  EXPECT_EQ(vb.blocks[1], va.blocks[1]);
+  EXPECT_EQ(cache_->Stats().blocks_used, 3);
+  EXPECT_EQ(cache_->Stats().blocks_shared, 2);
+}
+
+TEST_F(KvCacheTest, CopyOnWriteNeedsAFreeBlockAndFailsCleanlyWithoutOne) {
+  const SeqId a = cache_->AddSequence();
+  ASSERT_TRUE(Append(a, Random(44)));  // 6 blocks, last one partial (4 of 8)
+  const SeqId b = *cache_->Fork(a);
+  const Tokens before = ReadAll(*cache_, b);
+  EXPECT_FALSE(*cache_->Append(b, Random(1).In()));
+  EXPECT_EQ(ReadAll(*cache_, b).k, before.k);
+  EXPECT_EQ(cache_->View(b)->num_tokens, 44);
+  cache_->CheckInvariants();
+}
+
+TEST_F(KvCacheTest, TruncateReturnsBlocksThatBecameEmpty) {
+  const SeqId a = cache_->AddSequence();
+  const Tokens t = Random(20);
+  ASSERT_TRUE(Append(a, t));
+  EXPECT_EQ(cache_->Stats().blocks_used, 3);
+  ASSERT_TRUE(cache_->Truncate(a, 16).ok());  // exactly two blocks
+  EXPECT_EQ(cache_->Stats().blocks_used, 2);
+  ASSERT_TRUE(cache_->Truncate(a, 9).ok());
+  EXPECT_EQ(cache_->Stats().blocks_used, 2);
+  EXPECT_EQ(ReadAll(*cache_, a).k, Slice(cache_->layout(), t.k, 20, 0, 9));
+  ASSERT_TRUE(cache_->Truncate(a, 0).ok());
+  EXPECT_EQ(cache_->Stats().blocks_used, 0);
+  EXPECT_EQ(cache_->Truncate(a, 1).code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(cache_->Truncate(SeqId{42}, 0).code(), StatusCode::kNotFound);
+  cache_->CheckInvariants();
+}
+
+TEST_F(KvCacheTest, TruncatedSharedBlockIsCopiedBeforeTheNextAppend) {
+  const SeqId a = cache_->AddSequence();
+  const Tokens t = Random(16);
+  ASSERT_TRUE(Append(a, t));
+  const SeqId b = *cache_->Fork(a);
+  ASSERT_TRUE(cache_->Truncate(b, 12).ok());  // b's view of the shared block is now partial
+  EXPECT_TRUE(cache_->BlocksNeeded(b, 1)->copy_on_write);
+  ASSERT_TRUE(Append(b, Random(2)));
+  // a's tokens 12..15 must be untouched by b's overwrite of slots 4..5.
+  EXPECT_EQ(ReadAll(*cache_, a).k, t.k);
+  cache_->CheckInvariants();
+}
+
+TEST_F(KvCacheTest, FreeReleasesEverythingAndIsRejectedTwice) {
+  const SeqId a = cache_->AddSequence();
+  ASSERT_TRUE(Append(a, Random(30)));
+  const SeqId b = *cache_->Fork(a);
+  ASSERT_TRUE(cache_->Free(a).ok());
+  EXPECT_EQ(cache_->Stats().blocks_used, 4);  // b still holds them
+  Status again = cache_->Free(a);
+  EXPECT_EQ(again.code(), StatusCode::kNotFound);
+  EXPECT_NE(again.message().find("already freed"), std::string::npos);
+  EXPECT_EQ(cache_->Stats().blocks_used, 4);
+  ASSERT_TRUE(cache_->Free(b).ok());
+  EXPECT_EQ(cache_->Stats().blocks_free, 6);
+  cache_->CheckInvariants();
+}
+
+TEST_F(KvCacheTest, BadInputIsAnErrorAndChangesNothing) {
+  const SeqId a = cache_->AddSequence();
+  const Tokens t = Random(3);
+  EXPECT_EQ(cache_->Append(SeqId{9}, t.In()).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(cache_->Append(a, {3, t.k.data(), nullptr}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(cache_->Append(a, {3, nullptr, t.v.data()}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(cache_->Append(a, {-1, t.k.data(), t.v.data()}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(cache_->Fork(SeqId{9}).status().code(), StatusCode::kNotFound);
+  std::vector<uint8_t> out(t.k.size());
+  EXPECT_EQ(cache_->Read(a, 0, {1, out.data(), out.data()}).code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(cache_->Stats().blocks_used, 0);
+  EXPECT_TRUE(*cache_->Append(a, {0, nullptr, nullptr}));  // empty append is a no-op
+  EXPECT_EQ(cache_->View(a)->num_tokens, 0);
+  cache_->CheckInvariants();
+}
+
+TEST_F(KvCacheTest, StatsCountFragmentationOfPartlyFilledBlocks) {
+  const SeqId a = cache_->AddSequence();
+  ASSERT_TRUE(Append(a, Random(10)));  // 2 blocks, 10 of 16 slots
+  const CacheStats st = cache_->Stats();
+  EXPECT_EQ(st.blocks_used, 2);
+  EXPECT_EQ(st.tokens_physical, 10);
+  EXPECT_EQ(st.bytes_allocated, 2 * cache_->layout().bytes_per_block());
+  EXPECT_EQ(st.bytes_holding_tokens, 10 * cache_->layout().bytes_per_token());
+  EXPECT_DOUBLE_EQ(st.internal_fragmentation, 1.0 - 10.0 / 16.0);
+  const SequenceStats ss = *cache_->StatsFor(a);
+  EXPECT_EQ(ss.num_blocks, 2);
+  EXPECT_EQ(ss.num_tokens, 10);
+  const MemoryReport m = cache_->Memory();
+  EXPECT_EQ(m.need_bytes, 10 * m.bytes_per_token);
+  EXPECT_EQ(m.allocated_bytes + m.free_bytes, m.pool_bytes);
+  EXPECT_NE(m.ToString().find("pool (arena)"), std::string::npos);
+}
+
+TEST_F(KvCacheTest, LeakReportNamesBlocksAndHolders) {
+  EXPECT_EQ(cache_->LeakReport(), "no blocks referenced\n");
+  const SeqId a = cache_->AddSequence("request-7");
+  ASSERT_TRUE(Append(a, Random(9)));
+  const SeqId b = *cache_->Fork(a, "beam-2");
+  const std::string report = cache_->LeakReport();
+  EXPECT_NE(report.find("2 of 6 blocks"), std::string::npos) << report;
+  EXPECT_NE(report.find("'request-7': 9 tokens in 2 blocks (2 shared)"), std::string::npos) << report;
+  EXPECT_NE(report.find("'beam-2'"), std::string::npos) << report;
+  const std::vector<BlockHolders> held = cache_->ReferencedBlocks();
+  ASSERT_EQ(held.size(), 2u);
+  EXPECT_EQ(held[0].ref_count, 2);
+  EXPECT_EQ(held[0].holders, (std::vector<SeqId>{a, b}));
+}
+
+TEST(KvCacheLeakSinkTest, DestructorReportsLeakedBlocks) {
+  std::string seen;
+  {
+    auto cache = KvCache::Create({.config = Config(8, DType::kF32, 4), .huge_pages = false,
+                                  .prefault = false,
+                                  .leak_sink = [&](const std::string& r) { seen = r; }});
+    ASSERT_TRUE(cache.ok());
+    std::mt19937 rng(1);
+    const SeqId s = (*cache)->AddSequence("leaky");
+    ASSERT_TRUE(*(*cache)->Append(s, RandomTokens((*cache)->layout(), 3, rng).In()));
+  }
+  EXPECT_NE(seen.find("'leaky'"), std::string::npos) << seen;
+}
+
+TEST(KvCacheMlaTest, StoresOneLatentRowPerTokenAndRejectsAV) {
+  CacheConfig c;
+  c.kind = CacheKind::kMla;
+  c.num_layers = 2;
+  c.num_q_heads = 4;
+  c.kv_lora_rank = 32;
+  c.rope_dim = 8;
+  c.block_len = 8;
+  c.format = KvFormat::Plain(DType::kBF16);
+  c.num_blocks = 4;
+  auto cache = MakeCache(c);
+  const KvLayout& l = cache->layout();
+  EXPECT_EQ(l.row_bytes(), 80);
+  std::mt19937 rng(3);
+  const SeqId s = cache->AddSequence();
+  const Tokens t = RandomTokens(l, 11, rng);
+  ASSERT_TRUE(t.v.empty());
+  ASSERT_TRUE(*cache->Append(s, t.In()));
+  EXPECT_EQ(ReadAll(*cache, s).k, t.k);
+  EXPECT_EQ(cache->Append(s, {1, t.k.data(), t.k.data()}).status().code(), StatusCode::kInvalidArgument);
+  cache->CheckInvariants();
+}
+
+TEST(KvCacheCreateTest, RejectsQuantizedFormatsUntilTheyAreStored) {
+  CacheConfig c = Config(8, DType::kF16, 4);
+  c.format = KvFormat{DType::kInt8, ScaleAxis::kPerToken, 16, DType::kF16};
+  auto cache = KvCache::Create({.config = c});
+  ASSERT_FALSE(cache.ok());
+  EXPECT_EQ(cache.status().code(), StatusCode::kUnimplemented);
+}
+
+TEST(KvCacheCreateTest, InvalidConfigIsRejected) {
+  auto cache = KvCache::Create({.config = Config(100, DType::kF16, 4)});
+  ASSERT_FALSE(cache.ok());
+  EXPECT_NE(cache.status().message().find("block_len = 100"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace pagekv

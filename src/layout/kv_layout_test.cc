@@ -1,0 +1,160 @@
+#include "pagekv/kv_layout.h"
+
+#include <gtest/gtest.h>
+
+namespace pagekv {
+namespace {
+
+CacheConfig Small() {
+  CacheConfig c;
+  c.num_layers = 3;
+  c.num_q_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 24;
+  c.block_len = 8;
+  c.format = KvFormat::Plain(DType::kF16);
+  c.num_blocks = 5;
+  return c;
+}
+
+TEST(KvLayoutTest, WorkedExampleTotalBytes) {
+  CacheConfig c;
+  c.num_layers = 61;
+  c.num_q_heads = 8;
+  c.num_kv_heads = 8;
+  c.head_dim = 128;
+  c.block_len = 128;
+  c.num_blocks = 512;
+  c.format = KvFormat::Plain(DType::kF16);
+  Result<KvLayout> l = KvLayout::Create(c);
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  EXPECT_EQ(l->total_bytes(), 16374562816);
+  EXPECT_EQ(l->bytes_per_token(), 61 * 8 * 128 * 2 * 2);
+  EXPECT_EQ(l->bytes_per_block(), l->bytes_per_token() * 128);
+}
+
+TEST(KvLayoutTest, OffsetsWalkTheFourDimensionsInOrderWithoutOverlap) {
+  // Walk [layer][plane][head][block][slot] in nesting order: every row must
+  // start exactly where the formula says, rows within a slab are packed, and
+  // each slab starts on a 64-byte boundary after the previous slab.
+  for (int32_t head_dim : {1, 7, 24, 128}) {
+    for (DType d : {DType::kF32, DType::kF16, DType::kBF16}) {
+      CacheConfig c = Small();
+      c.head_dim = head_dim;
+      c.format = KvFormat::Plain(d);
+      KvLayout l = *KvLayout::Create(c);
+      const int64_t row = head_dim * DTypeBits(d) / 8;
+      ASSERT_EQ(l.row_bytes(), row);
+      int64_t expected_slab_start = 0;
+      for (int32_t layer = 0; layer < 3; ++layer)
+        for (int32_t plane = 0; plane < 2; ++plane)
+          for (int32_t head = 0; head < 2; ++head)
+            for (int64_t block = 0; block < 5; ++block) {
+              const int64_t slab = l.SlabOffset(layer, plane, head, block);
+              ASSERT_EQ(slab, expected_slab_start);
+              ASSERT_EQ(slab % kSlabAlignment, 0);
+              for (int32_t slot = 0; slot < 8; ++slot) {
+                ASSERT_EQ(l.RowOffset(layer, plane, head, block, slot), slab + slot * row);
+              }
+              expected_slab_start += (8 * row + 63) / 64 * 64;
+            }
+      EXPECT_EQ(expected_slab_start, l.total_bytes());
+      EXPECT_EQ(l.bytes_per_block() * 5, l.total_bytes());
+    }
+  }
+}
+
+TEST(KvLayoutTest, MlaStoresOneLatentRowPerTokenAndLayer) {
+  CacheConfig c;
+  c.kind = CacheKind::kMla;
+  c.num_layers = 61;
+  c.num_q_heads = 128;
+  c.head_dim = 128;
+  c.kv_lora_rank = 512;
+  c.rope_dim = 64;
+  c.format = KvFormat::Plain(DType::kBF16);
+  c.num_blocks = 4;
+  KvLayout l = *KvLayout::Create(c);
+  EXPECT_EQ(l.num_planes(), 1);
+  EXPECT_EQ(l.num_heads(), 1);
+  EXPECT_EQ(l.row_elems(), 576);
+  EXPECT_EQ(l.bytes_per_token(), 70272);
+  EXPECT_EQ(c.attention_kind(), AttentionKind::kMla);
+}
+
+TEST(KvLayoutTest, BudgetGivesAsManyBlocksAsFit) {
+  CacheConfig c = Small();
+  c.num_blocks = 0;
+  const int64_t per_block = KvLayout::Create(Small())->bytes_per_block();
+  c.budget_bytes = per_block * 7 + per_block / 2;
+  KvLayout l = *KvLayout::Create(c);
+  EXPECT_EQ(l.num_blocks(), 7);
+  c.budget_bytes = per_block - 1;
+  Result<KvLayout> small = KvLayout::Create(c);
+  ASSERT_FALSE(small.ok());
+  EXPECT_NE(small.status().message().find("smaller than one block"), std::string::npos);
+}
+
+TEST(KvLayoutTest, AttentionKindFollowsHeadCounts) {
+  CacheConfig c = Small();
+  c.num_q_heads = 2;
+  EXPECT_EQ(c.attention_kind(), AttentionKind::kMha);
+  c.num_q_heads = 8;
+  EXPECT_EQ(c.attention_kind(), AttentionKind::kGqa);
+  c.num_kv_heads = 1;
+  EXPECT_EQ(c.attention_kind(), AttentionKind::kMqa);
+}
+
+struct BadConfigCase {
+  const char* name;
+  void (*mutate)(CacheConfig&);
+  const char* expected;  // a substring of the error
+};
+
+class KvLayoutValidationTest : public ::testing::TestWithParam<BadConfigCase> {};
+
+TEST_P(KvLayoutValidationTest, RejectsWithAMessageNamingTheField) {
+  CacheConfig c = Small();
+  GetParam().mutate(c);
+  Result<KvLayout> l = KvLayout::Create(c);
+  ASSERT_FALSE(l.ok());
+  EXPECT_NE(l.status().message().find(GetParam().expected), std::string::npos)
+      << l.status().message();
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fields, KvLayoutValidationTest,
+    ::testing::Values(
+        BadConfigCase{"ZeroLayers", [](CacheConfig& c) { c.num_layers = 0; }, "num_layers = 0"},
+        BadConfigCase{"NegativeHeads", [](CacheConfig& c) { c.num_kv_heads = -2; }, "num_kv_heads = -2"},
+        BadConfigCase{"ZeroHeadDim", [](CacheConfig& c) { c.head_dim = 0; }, "head_dim = 0"},
+        BadConfigCase{"ZeroQHeads", [](CacheConfig& c) { c.num_q_heads = 0; }, "num_q_heads = 0"},
+        BadConfigCase{"BlockLenNotPow2", [](CacheConfig& c) { c.block_len = 100; }, "power of two in [8, 1024]"},
+        BadConfigCase{"BlockLenTooSmall", [](CacheConfig& c) { c.block_len = 4; }, "block_len = 4"},
+        BadConfigCase{"BlockLenTooLarge", [](CacheConfig& c) { c.block_len = 2048; }, "block_len = 2048"},
+        BadConfigCase{"QHeadsNotMultiple", [](CacheConfig& c) { c.num_q_heads = 3; }, "not a multiple of num_kv_heads"},
+        BadConfigCase{"NoPoolSize", [](CacheConfig& c) { c.num_blocks = 0; }, "pool size missing"},
+        BadConfigCase{"BothPoolSizes", [](CacheConfig& c) { c.budget_bytes = 1 << 20; }, "exactly one"},
+        BadConfigCase{"NegativeBlocks", [](CacheConfig& c) { c.num_blocks = -1; }, "num_blocks = -1"},
+        BadConfigCase{"TooManyBlockIds", [](CacheConfig& c) { c.num_blocks = int64_t{1} << 32; }, "32-bit"},
+        BadConfigCase{"ArenaOverflows", [](CacheConfig& c) {
+          c.num_layers = 4096; c.num_kv_heads = 65536; c.num_q_heads = 65536; c.head_dim = 1 << 20;
+          c.num_blocks = 1 << 30; }, "overflows 63 bits"},
+        BadConfigCase{"MlaFieldsOnPerHead", [](CacheConfig& c) { c.kv_lora_rank = 512; }, "set kind = MLA"},
+        BadConfigCase{"MlaWithoutRank", [](CacheConfig& c) { c.kind = CacheKind::kMla; }, "kv_lora_rank = 0"},
+        BadConfigCase{"QuantizedWithoutScales", [](CacheConfig& c) {
+          c.format = KvFormat::Plain(DType::kInt8); }, "needs scales"}),
+    [](const ::testing::TestParamInfo<BadConfigCase>& info) { return std::string(info.param.name); });
+
+TEST(KvLayoutTest, PerTokenScalesAreCountedInRowBytes) {
+  CacheConfig c = Small();
+  c.head_dim = 128;
+  c.format = KvFormat{DType::kInt8, ScaleAxis::kPerToken, 128, DType::kF16};
+  KvLayout l = *KvLayout::Create(c);
+  EXPECT_EQ(l.row_bytes(), 128 + 2);
+  c.format = KvFormat{DType::kInt4, ScaleAxis::kPerToken, 32, DType::kF16};
+  EXPECT_EQ(KvLayout::Create(c)->row_bytes(), 64 + 4 * 2);
+}
+
+}  // namespace
+}  // namespace pagekv

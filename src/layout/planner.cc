@@ -1,0 +1,119 @@
+#include <string>
+
+#include <fmt/format.h>
+
+#include "base/checked_math.h"
+#include "pagekv/plan.h"
+#include "pagekv/units.h"
+
+namespace pagekv {
+namespace {
+
+// Advice for a plan that does not fit, each line with the numbers that would.
+void AddAdvice(const PlanRequest& req, Plan& plan) {
+  const CacheConfig& c = plan.config;
+  if (plan.budget_bytes > 0 && !plan.fits_budget) {
+    const int64_t max_blocks = plan.budget_bytes / plan.bytes_per_block;
+    plan.advice.push_back(fmt::format(
+        "fewer blocks: {} blocks x {} = {} exceed the budget of {}; at most {} blocks fit",
+        plan.num_blocks, FormatBytes(plan.bytes_per_block), FormatBytes(plan.total_bytes),
+        FormatBytes(plan.budget_bytes), max_blocks));
+  }
+  if (plan.fits_budget && plan.fits_batch) return;
+
+  if (plan.seq_len > 0 && plan.batch > 0 && !plan.fits_batch) {
+    plan.advice.push_back(fmt::format(
+        "fewer sequences: {} blocks hold {} sequences of {} tokens, not {}", plan.num_blocks,
+        plan.max_sequences, plan.seq_len, plan.batch));
+    const int64_t per_seq_blocks = plan.num_blocks / plan.batch;
+    plan.advice.push_back(fmt::format(
+        "shorter sequences: {} sequences fit at up to {} tokens each", plan.batch,
+        per_seq_blocks * c.block_len));
+    const int64_t need = CeilDiv(plan.seq_len, c.block_len) * plan.batch * plan.bytes_per_block;
+    plan.advice.push_back(fmt::format("a larger budget: {} sequences of {} tokens need {}",
+                                      plan.batch, plan.seq_len, FormatBytes(need)));
+  }
+  if (c.format.dtype == DType::kF32) {
+    plan.advice.push_back(fmt::format(
+        "a smaller dtype: f16 or bf16 halve every byte count ({} per token instead of {})",
+        FormatBytes(plan.bytes_per_token / 2), FormatBytes(plan.bytes_per_token)));
+  }
+  if (plan.seq_len > 0 && plan.slack_tokens_per_sequence > 0 && c.block_len > 16) {
+    plan.advice.push_back(fmt::format(
+        "a shorter block_len: each sequence wastes {} slots of its last block at block_len {}; "
+        "block_len 16 wastes at most 15 (smaller blocks cost more block-table entries)",
+        plan.slack_tokens_per_sequence, c.block_len));
+  }
+  (void)req;
+}
+
+}  // namespace
+
+Result<Plan> MakePlan(const PlanRequest& req) {
+  if (req.seq_len < 0) return InvalidArgumentError("seq_len = " + std::to_string(req.seq_len) + ": must be >= 0");
+  if (req.batch < 0) return InvalidArgumentError("batch = " + std::to_string(req.batch) + ": must be >= 0");
+
+  CacheConfig config = req.config;
+  const int64_t budget = config.budget_bytes;
+  if (config.num_blocks > 0) {
+    config.budget_bytes = 0;  // blocks given: the budget is only checked
+  } else if (budget <= 0) {
+    if (req.seq_len <= 0 || req.batch <= 0) {
+      return InvalidArgumentError(
+          "pool size missing: give a block count (--max-blocks), a byte budget (--budget), or "
+          "--seq-len with --batch to size the pool for that work");
+    }
+    if (config.block_len <= 0) return config.Validate();
+    auto blocks = CheckedMul(CeilDiv(req.seq_len, config.block_len), req.batch);
+    if (!blocks) return InvalidArgumentError("seq_len x batch overflows");
+    config.num_blocks = *blocks;
+  }
+  PAGEKV_ASSIGN_OR_RETURN(KvLayout layout, KvLayout::Create(config));
+
+  Plan plan;
+  plan.config = layout.config();
+  plan.config.num_blocks = layout.num_blocks();
+  plan.config.budget_bytes = 0;
+  plan.attention = config.attention_kind();
+  plan.row_bytes = layout.row_bytes();
+  plan.slab_bytes = layout.slab_bytes();
+  plan.slab_stride = layout.slab_stride();
+  plan.bytes_per_token = layout.bytes_per_token();
+  plan.bytes_per_token_per_layer = layout.bytes_per_token() / layout.num_layers();
+  plan.bytes_per_block = layout.bytes_per_block();
+  plan.padding_bytes_per_block = layout.slabs_per_block() * (layout.slab_stride() - layout.slab_bytes());
+  plan.num_blocks = layout.num_blocks();
+  plan.total_bytes = layout.total_bytes();
+  plan.tokens_capacity = layout.num_blocks() * layout.block_len();
+
+  plan.budget_bytes = budget > 0 ? budget : 0;
+  plan.fits_budget = plan.budget_bytes == 0 || plan.total_bytes <= plan.budget_bytes;
+
+  plan.seq_len = req.seq_len;
+  plan.batch = req.batch;
+  if (req.seq_len > 0) {
+    plan.blocks_per_sequence = CeilDiv(req.seq_len, layout.block_len());
+    auto bytes = CheckedMul(plan.blocks_per_sequence, plan.bytes_per_block);
+    if (!bytes) return InvalidArgumentError("seq_len " + std::to_string(req.seq_len) + " overflows");
+    plan.bytes_per_sequence = *bytes;
+    plan.slack_tokens_per_sequence = plan.blocks_per_sequence * layout.block_len() - req.seq_len;
+    plan.max_sequences = plan.num_blocks / plan.blocks_per_sequence;
+    plan.fits_batch = req.batch == 0 || plan.max_sequences >= req.batch;
+  }
+
+  if (config.kind == CacheKind::kMla && config.head_dim > 0) {
+    const int64_t elems =
+        int64_t{config.num_q_heads} * ((config.head_dim + config.rope_dim) + config.head_dim);
+    const int64_t per_layer = FormatRowBytes(config.format, elems);
+    auto per_token = CheckedMul(per_layer, config.num_layers);
+    if (per_layer > 0 && per_token) {
+      plan.per_head_bytes_per_token = *per_token;
+      plan.mla_reduction =
+          static_cast<double>(plan.per_head_bytes_per_token) / static_cast<double>(plan.bytes_per_token);
+    }
+  }
+  AddAdvice(req, plan);
+  return plan;
+}
+
+}  // namespace pagekv

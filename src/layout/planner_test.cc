@@ -1,0 +1,99 @@
+#include "pagekv/plan.h"
+
+#include <gtest/gtest.h>
+
+namespace pagekv {
+namespace {
+
+TEST(PlannerTest, ReproducesTheSeedWorkedExample) {
+  PlanRequest req;
+  req.config = FindPreset("seed-deepseek-v3")->config;
+  Result<Plan> p = MakePlan(req);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(p->total_bytes, 16374562816);
+  EXPECT_EQ(p->num_blocks, 512);
+  EXPECT_EQ(p->bytes_per_token, 61 * 8 * 128 * 2 * 2);
+  EXPECT_EQ(p->tokens_capacity, 512 * 128);
+}
+
+TEST(PlannerTest, DeepSeekV3MlaIs70272BytesPerTokenInBf16) {
+  PlanRequest req;
+  req.config = FindPreset("deepseek-v3")->config;
+  req.config.format = KvFormat::Plain(DType::kBF16);
+  req.seq_len = 4096;
+  req.batch = 1;
+  Plan p = *MakePlan(req);
+  EXPECT_EQ(p.bytes_per_token, 70272);
+  EXPECT_EQ(p.attention, AttentionKind::kMla);
+  // 128 heads x (192 + 128) x 2 bytes x 61 layers.
+  EXPECT_EQ(p.per_head_bytes_per_token, 128 * 320 * 2 * 61);
+  EXPECT_NEAR(p.mla_reduction, 4997120.0 / 70272.0, 1e-9);
+}
+
+TEST(PlannerTest, BudgetDerivesBlocksAndSequenceCapacity) {
+  PlanRequest req;
+  req.config = FindPreset("llama3-8b")->config;
+  req.config.budget_bytes = int64_t{24} << 30;
+  req.seq_len = 8192;
+  req.batch = 4;
+  Plan p = *MakePlan(req);
+  // 32 layers x 8 heads x 128 dims x 2 bytes x 2 planes = 128 KiB per token.
+  EXPECT_EQ(p.bytes_per_token, 131072);
+  EXPECT_EQ(p.num_blocks, (int64_t{24} << 30) / (131072 * 128));
+  EXPECT_EQ(p.blocks_per_sequence, 64);
+  EXPECT_EQ(p.max_sequences, p.num_blocks / 64);
+  EXPECT_TRUE(p.fits_batch);
+  EXPECT_TRUE(p.advice.empty());
+}
+
+TEST(PlannerTest, SequencesAloneSizeThePool) {
+  PlanRequest req;
+  req.config = FindPreset("mistral-7b")->config;
+  req.seq_len = 1000;
+  req.batch = 3;
+  Plan p = *MakePlan(req);
+  EXPECT_EQ(p.num_blocks, 3 * 8);
+  EXPECT_EQ(p.slack_tokens_per_sequence, 24);
+}
+
+TEST(PlannerTest, ExplainsWhatToChangeWhenBlocksExceedTheBudget) {
+  PlanRequest req;
+  req.config = FindPreset("seed-deepseek-v3")->config;
+  req.config.budget_bytes = int64_t{8} << 30;
+  req.seq_len = 16384;
+  req.batch = 8;
+  Plan p = *MakePlan(req);
+  EXPECT_FALSE(p.fits_budget);
+  EXPECT_FALSE(p.fits_batch);  // 512 blocks / 128 per sequence = 4 < 8
+  EXPECT_EQ(p.max_sequences, 4);
+  ASSERT_FALSE(p.advice.empty());
+  EXPECT_NE(p.advice[0].find("at most 268 blocks fit"), std::string::npos) << p.advice[0];
+}
+
+TEST(PlannerTest, MissingPoolSizeIsAnError) {
+  PlanRequest req;
+  req.config = FindPreset("llama3-8b")->config;
+  Result<Plan> p = MakePlan(req);
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("--budget"), std::string::npos);
+}
+
+TEST(PlannerTest, UnknownPresetListsTheKnownOnes) {
+  Result<ModelPreset> p = FindPreset("gpt-5");
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("llama3-70b"), std::string::npos);
+}
+
+TEST(PlannerTest, EveryPresetPlans) {
+  for (const ModelPreset& preset : ModelPresets()) {
+    PlanRequest req;
+    req.config = preset.config;
+    req.seq_len = preset.context_len;
+    req.batch = 1;
+    Result<Plan> p = MakePlan(req);
+    EXPECT_TRUE(p.ok()) << preset.name << ": " << p.status().ToString();
+  }
+}
+
+}  // namespace
+}  // namespace pagekv

@@ -1,0 +1,131 @@
+// End-to-end tests of the `pagekv` binary: exact planner numbers, exit codes
+// and messages for bad input, and the demo running clean.
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <string>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+namespace {
+
+struct RunResult {
+  int exit_code = -1;
+  std::string out;  // stdout and stderr together
+};
+
+RunResult RunCli(const std::string& args) {
+  const std::string cmd = std::string(PAGEKV_CLI_PATH) + " " + args + " 2>&1";
+  RunResult r;
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (pipe == nullptr) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) r.out.append(buf.data(), n);
+  const int status = pclose(pipe);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+TEST(CliPlanTest, SeedWorkedExamplePrintsTheExactTotal) {
+  RunResult r = RunCli("plan --layers 61 --kv-heads 8 --head-dim 128 --block-len 128 --max-blocks 512 --dtype f16 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("\"total_bytes\": 16374562816"), std::string::npos) << r.out;
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["bytes_per_token"], 61 * 8 * 128 * 2 * 2);
+  EXPECT_EQ(j["bytes_per_block"], 31981568);
+  EXPECT_EQ(j["num_blocks"], 512);
+  EXPECT_EQ(j["attention"], "MHA");
+}
+
+TEST(CliPlanTest, DeepSeekV3MlaPrintsTheExactBytesPerToken) {
+  RunResult r = RunCli("plan --preset deepseek-v3 --dtype bf16 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("\"bytes_per_token\": 70272"), std::string::npos) << r.out;
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["attention"], "MLA");
+  EXPECT_EQ(j["per_head_bytes_per_token"], 4997120);
+}
+
+TEST(CliPlanTest, TableSaysHowMuchSmallerMlaIs) {
+  RunResult r = RunCli("plan --preset deepseek-v3 --dtype bf16 --budget 24GiB --seq-len 32768");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("71.1x smaller"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("70,272 B"), std::string::npos) << r.out;
+}
+
+TEST(CliPlanTest, BudgetGivesCapacityAndMaxSequences) {
+  RunResult r = RunCli("plan --preset llama3-8b --budget 24GiB --seq-len 8192 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  const int64_t blocks = (int64_t{24} << 30) / (131072 * 128);
+  EXPECT_EQ(j["num_blocks"], blocks);
+  EXPECT_EQ(j["tokens_capacity"], blocks * 128);
+  EXPECT_EQ(j["max_sequences"], blocks / 64);
+}
+
+TEST(CliPlanTest, ExplainDerivesEveryNumberAndSaysWhatToChange) {
+  RunResult r = RunCli("plan --preset seed-deepseek-v3 --budget 8GiB --batch 8 --explain");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("How each number is derived"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("floor(budget"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("What to change when it does not fit"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("fewer sequences"), std::string::npos) << r.out;
+}
+
+struct BadCase {
+  const char* args;
+  const char* message;  // must appear in the output
+};
+
+class CliBadInputTest : public ::testing::TestWithParam<BadCase> {};
+
+TEST_P(CliBadInputTest, ExitsTwoWithAMessageNamingTheProblem) {
+  RunResult r = RunCli(GetParam().args);
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find(GetParam().message), std::string::npos) << r.out;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << "one-line error expected: " << r.out;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Plan, CliBadInputTest,
+    ::testing::Values(
+        BadCase{"plan --preset llama3-8b --budget 12XB", "unknown unit 'XB'"},
+        BadCase{"plan --preset llama3-8b --budget lots", "byte size 'lots'"},
+        BadCase{"plan --preset gpt-9", "unknown preset 'gpt-9': use one of deepseek-v3"},
+        BadCase{"plan --layers 4 --kv-heads 8 --head-dim 64 --block-len 100 --max-blocks 4", "block_len = 100"},
+        BadCase{"plan --layers 0 --kv-heads 8 --head-dim 64 --max-blocks 4", "num_layers = 0"},
+        BadCase{"plan --layers 4 --kv-heads 8 --q-heads 12 --head-dim 64 --max-blocks 4", "not a multiple"},
+        BadCase{"plan --layers 4 --kv-heads 8 --head-dim 64", "pool size missing"},
+        BadCase{"plan --kv-heads 8", "no model geometry"},
+        BadCase{"plan --preset llama3-8b --dtype f64 --max-blocks 4", "unknown dtype 'f64'"},
+        BadCase{"plan --preset llama3-8b --dtype int8 --max-blocks 4", "use f32, f16 or bf16"},
+        BadCase{"plan --preset llama3-8b --budget 1KiB", "smaller than one block"},
+        BadCase{"plan --preset llama3-8b --max-blocks 4 --frobnicate", "frobnicate"},
+        BadCase{"plan --preset llama3-8b --max-blocks many", "many"},
+        BadCase{"nosuchcommand", "nosuchcommand"}));
+
+TEST(CliDemoTest, RunsCleanAndReportsNoLeaks) {
+  RunResult r = RunCli("demo --sequences 40 --blocks 512 --max-len 512");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("sequences finished"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("contiguous max-length reserve"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("Leak check: no blocks referenced"), std::string::npos) << r.out;
+}
+
+TEST(CliDemoTest, PreemptsInsteadOfDeadlockingOnATinyPool) {
+  RunResult r = RunCli("demo --sequences 30 --blocks 80 --max-len 256");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("Leak check: no blocks referenced"), std::string::npos) << r.out;
+}
+
+TEST(CliTest, HelpExitsZero) {
+  RunResult r = RunCli("plan --help");
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_NE(r.out.find("--budget"), std::string::npos);
+}
+
+}  // namespace
