@@ -21,7 +21,8 @@ struct DemoArgs {
   int64_t sequences = 300;
   int64_t max_len = 2048;
   int64_t block_len = 16;
-  int64_t blocks = 1024;
+  int64_t blocks = 2048;
+  int64_t report_every = 250;
   uint32_t seed = 1;
 };
 
@@ -41,8 +42,8 @@ int RunDemo(const DemoArgs& a) {
   config.block_len = static_cast<int32_t>(a.block_len);
   config.format = KvFormat::Plain(DType::kF16);
   config.num_blocks = a.blocks;
-  if (a.sequences <= 0 || a.max_len < 32) {
-    std::fprintf(stderr, "error: --sequences must be positive and --max-len at least 32\n");
+  if (a.sequences <= 0 || a.max_len < 32 || a.report_every <= 0) {
+    std::fprintf(stderr, "error: --sequences and --report-every must be positive and --max-len at least 32\n");
     return kExitBadInput;
   }
   auto created = KvCache::Create({.config = config, .leak_sink = [](const std::string& r) {
@@ -57,9 +58,10 @@ int RunDemo(const DemoArgs& a) {
   std::printf("PageKV demo: %d layers x %d KV heads x %d dims, f16, block_len %d, %ld blocks (%s pool)\n",
               l.num_layers(), l.num_heads(), l.row_elems(), l.block_len(), l.num_blocks(),
               FormatBytes(l.total_bytes()).c_str());
-  std::printf("%ld sequences: prompts of 16-%ld tokens, each generating up to %ld; contiguous "
-              "baseline reserves %ld slots per sequence\n\n",
-              a.sequences, a.max_len / 2, a.max_len / 2, a.max_len);
+  std::printf("%ld sequences: prompts of 16-%ld tokens, each generating up to %ld; 1 in 10 forks a second "
+              "sample;\nevery 7th step drafts 4 speculative tokens and rolls back the rejected ones. The "
+              "contiguous\nbaseline reserves %ld slots (max length) per sequence up front.\n\n",
+              a.sequences, a.max_len / 2, a.max_len / 4, a.max_len);
 
   std::mt19937 rng(a.seed);
   auto uniform = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
@@ -75,6 +77,7 @@ int RunDemo(const DemoArgs& a) {
   int64_t step = 0, finished = 0, forks = 0, cows = 0, rollbacks = 0, stalls = 0, preemptions = 0;
   int64_t peak_paged = 0, peak_contig = 0, peak_live = 0;
   double frag_sum = 0, util_sum = 0;
+  std::string busiest;  // the memory report at the step with the most live sequences
   int64_t samples = 0;
 
   std::printf("  %6s %6s %8s %9s %12s %12s %8s %6s\n", "step", "live", "tokens", "blocks", "paged",
@@ -85,7 +88,8 @@ int RunDemo(const DemoArgs& a) {
       const int64_t prompt = waiting.front();
       const SeqId id = cache.AddSequence(fmt::format("request-{}", a.sequences - static_cast<int64_t>(waiting.size())));
       const AppendNeed need = *cache.BlocksNeeded(id, prompt);
-      if (need.total() + 8 > cache.Stats().blocks_free || !append(id, prompt)) {
+      // Watermark: keep a block of headroom per live sequence for its decode steps.
+      if (need.total() + static_cast<int64_t>(live.size()) + 8 > cache.Stats().blocks_free || !append(id, prompt)) {
         (void)cache.Free(id);
         if (live.empty()) {
           std::fprintf(stderr, "error: a %ld-token prompt does not fit in %ld blocks of %ld tokens: raise --blocks\n",
@@ -95,10 +99,10 @@ int RunDemo(const DemoArgs& a) {
         break;
       }
       waiting.pop_front();
-      const int64_t gen = uniform(1, a.max_len / 2);
+      const int64_t gen = uniform(1, a.max_len / 4);
       live.push_back({id, prompt + gen});
       if (uniform(0, 9) == 0) {  // parallel sampling: a second sample shares the prompt
-        live.push_back({*cache.Fork(id, "sample"), prompt + uniform(1, a.max_len / 2)});
+        live.push_back({*cache.Fork(id, "sample"), prompt + uniform(1, a.max_len / 4)});
         ++forks;
       }
     }
@@ -142,6 +146,7 @@ int RunDemo(const DemoArgs& a) {
     }
     const CacheStats st = cache.Stats();
     const int64_t contiguous = st.num_sequences * a.max_len * l.bytes_per_token();
+    if (st.num_sequences > peak_live) busiest = cache.Memory().ToString();
     peak_paged = std::max(peak_paged, st.bytes_allocated);
     peak_contig = std::max(peak_contig, contiguous);
     peak_live = std::max(peak_live, st.num_sequences);
@@ -150,7 +155,7 @@ int RunDemo(const DemoArgs& a) {
       util_sum += st.utilization;
       ++samples;
     }
-    if (step % 100 == 0) {
+    if (step % a.report_every == 0) {
       std::printf("  %6ld %6ld %8ld %4ld/%-4ld %12s %12s %7.1f%% %5.0f%%\n", step, st.num_sequences,
                   st.tokens_logical, st.blocks_used, st.blocks_total, FormatBytes(st.bytes_allocated).c_str(),
                   FormatBytes(contiguous).c_str(), 100 * st.internal_fragmentation, 100 * st.utilization);
@@ -166,10 +171,12 @@ int RunDemo(const DemoArgs& a) {
   std::printf("  contiguous max-length reserve  %s for the same live sequences (%.1fx the paged peak)\n",
               FormatBytes(peak_contig).c_str(),
               peak_paged ? static_cast<double>(peak_contig) / static_cast<double>(peak_paged) : 0.0);
+  std::printf("  contiguous, same pool          %ld sequences of %ld slots fit at once; paged held up to %ld\n",
+              l.total_bytes() / (a.max_len * l.bytes_per_token()), a.max_len, peak_live);
   std::printf("  mean internal fragmentation    %.2f%% of allocated bytes (partly filled last blocks)\n",
               samples ? 100 * frag_sum / static_cast<double>(samples) : 0.0);
   std::printf("  mean pool utilization          %.1f%%\n", samples ? 100 * util_sum / static_cast<double>(samples) : 0.0);
-  std::printf("\nMemory at shutdown:\n%s", cache.Memory().ToString().c_str());
+  std::printf("\nMemory at the busiest step (%ld live sequences):\n%s", peak_live, busiest.c_str());
   std::printf("Leak check: %s", cache.LeakReport().c_str());
   cache.CheckInvariants();
   return kExitOk;
@@ -183,7 +190,8 @@ CLI::App* AddDemoCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--sequences", args.sequences, "Sequences to run (default 300)");
   cmd->add_option("--max-len", args.max_len, "Longest sequence; the contiguous baseline reserves this (default 2048)");
   cmd->add_option("--block-len", args.block_len, "Tokens per block (default 16)");
-  cmd->add_option("--blocks", args.blocks, "Blocks in the pool (default 1024)");
+  cmd->add_option("--blocks", args.blocks, "Blocks in the pool (default 2048)");
+  cmd->add_option("--report-every", args.report_every, "Print a progress line every N steps (default 250)");
   cmd->add_option("--seed", args.seed, "Random seed (default 1)");
   cmd->callback([&exit_code] { exit_code = RunDemo(args); });
   return cmd;
