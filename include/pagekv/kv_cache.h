@@ -215,6 +215,9 @@ class KvCache {
   struct State;
 
   KvCache(KvLayout layout, std::unique_ptr<State> state);
+  // Copies tokens' rows to the positions after s.num_tokens. REQUIRES: the
+  // blocks exist and none of them is shared.
+  void WriteRows(Sequence& s, const KvTokens& tokens);
 
   KvLayout layout_;
   std::unique_ptr<State> state_;

@@ -100,18 +100,26 @@ Result<bool> KvCache::Append(SeqId id, const KvTokens& tokens) {
   }
   s.blocks.insert(s.blocks.end(), fresh.begin() + static_cast<std::ptrdiff_t>(next), fresh.end());
 
-  // Write every row: source [layer][token][head][row], destination per layout.
+  WriteRows(s, tokens);
+  s.num_tokens += tokens.num_tokens;
+  return true;
+}
+
+void KvCache::WriteRows(Sequence& s, const KvTokens& tokens) {
+  // Source [layer][token][head][row]; destination per layout. Slab-outer, so
+  // the rows of consecutive tokens land next to each other within a block.
+  std::byte* base = state_->arena->data();
   const int64_t n = tokens.num_tokens;
   const int64_t row = layout_.row_bytes();
   const int64_t heads = layout_.num_heads();
   const int64_t token_stride = heads * row;
-  const int64_t layer_stride = n * token_stride;
+  const int64_t src_layer_stride = n * token_stride;
   const int shift = __builtin_ctz(static_cast<unsigned>(layout_.block_len()));
   const int64_t mask = layout_.block_len() - 1;
-  const void* planes[2] = {tokens.k, tokens.v};
+  const void* src_planes[2] = {tokens.k, tokens.v};
   for (int32_t l = 0; l < layout_.num_layers(); ++l) {
     for (int32_t p = 0; p < layout_.num_planes(); ++p) {
-      const auto* src = static_cast<const std::byte*>(planes[p]) + l * layer_stride;
+      const auto* src = static_cast<const std::byte*>(src_planes[p]) + l * src_layer_stride;
       for (int32_t h = 0; h < heads; ++h) {
         const std::byte* src_h = src + h * row;
         for (int64_t i = 0; i < n; ++i) {
@@ -123,8 +131,6 @@ Result<bool> KvCache::Append(SeqId id, const KvTokens& tokens) {
       }
     }
   }
-  s.num_tokens += n;
-  return true;
 }
 
 Result<SeqId> KvCache::Fork(SeqId parent, std::string label) {
