@@ -44,7 +44,11 @@ for dir in src/*/; do
     bad=1
     continue
   fi
-  while IFS= read -r f; do check_file "$f" "$mod pagekv ${deps[$mod]}"; done \
+  while IFS= read -r f; do
+    extra=""
+    case "$f" in *_test.cc|*_bench.cc) extra="testing" ;; esac
+    check_file "$f" "$mod pagekv ${deps[$mod]} $extra"
+  done \
     < <(find "$dir" -name '*.h' -o -name '*.cc' | sort)
 done
 while IFS= read -r f; do check_file "$f" "pagekv"; done < <(find include/pagekv -name '*.h' | sort)

@@ -1,0 +1,85 @@
+// Paged attention: kernels that read K and V straight from the block layout
+// (docs/KV_LAYOUT.md) through a sequence's block table, with no gather copy.
+//
+// Both entry points are flash-style: one pass over the keys with an online
+// softmax (running max and sum per query row, f32 accumulation). Each K/V
+// block is loaded once per KV head and used by all G = num_q_heads /
+// num_kv_heads query heads of its group (MHA: G = 1; MQA: one KV head).
+// Long sequences are split into chunks of blocks processed in parallel whose
+// partial results are merged by their log-sum-exp (flash-decoding), so one
+// long sequence still uses every core. SIMD through Highway with run-time
+// dispatch (AVX-512, AVX2, SSE4 or scalar: whatever the CPU has); threads
+// through OpenMP.
+//
+// Storage dtypes: f32, f16, bf16. Any head_dim works; multiples of the vector
+// width (16 floats on AVX-512, 8 on AVX2) take the fastest path.
+//
+// Thread safety: the functions are reentrant; concurrent calls may read the
+// same arena. Each call uses up to `num_threads` threads of its own.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "pagekv/ids.h"
+#include "pagekv/kv_layout.h"
+#include "pagekv/status.h"
+
+namespace pagekv {
+
+struct AttentionOptions {
+  float scale = 0;           // logits = q.k * scale; 0 means 1 / sqrt(head_dim)
+  float softcap = 0;         // > 0: logits = softcap * tanh(logits / softcap)
+  int num_threads = 0;       // 0 means every hardware thread
+  int64_t split_tokens = 0;  // flash-decoding chunk length in tokens (rounded up
+                             // to whole blocks); 0 means chosen per call
+};
+
+// Where one layer's K and V live: the arena and its layout.
+struct PagedKv {
+  const KvLayout* layout = nullptr;
+  const std::byte* arena = nullptr;  // [layout->total_bytes()]
+  int32_t layer = 0;
+};
+
+// One sequence of a decode batch: its block table and its length. The query
+// attends to all num_tokens cached tokens (the new token's K and V must
+// already be appended).
+struct DecodeSeq {
+  std::span<const BlockId> blocks;  // at least ceil(num_tokens / block_len) ids
+  int64_t num_tokens = 0;           // >= 1
+};
+
+// Decode attention for a batch of sequences, one query token each.
+//   q:   [num_seqs][num_q_heads][head_dim] f32
+//   out: [num_seqs][num_q_heads][head_dim] f32 (fully written)
+// Errors (nothing written): null pointers, a layer out of range, an MLA
+// layout, a sequence with no tokens, a block table shorter than its length
+// or holding an id outside the pool.
+Status PagedDecodeAttention(const PagedKv& kv, std::span<const DecodeSeq> seqs, const float* q,
+                            float* out, const AttentionOptions& options = {});
+
+// One sequence of a prefill (or chunked-prefill) batch. Its last num_queries
+// of num_tokens cached tokens are the queries: query j sits at position
+// p = num_tokens - num_queries + j and attends to positions [0, p] (causal).
+// A prompt can be split into chunks at any position: each chunk appends its
+// K and V, then calls this with num_queries = the chunk's length.
+struct PrefillSeq {
+  std::span<const BlockId> blocks;
+  int64_t num_tokens = 0;   // >= num_queries
+  int64_t num_queries = 0;  // >= 1
+};
+
+// Prefill attention.
+//   q:   [sum of num_queries][num_q_heads][head_dim] f32, sequences in order
+//   out: same shape
+// Errors as for decode, plus num_queries outside [1, num_tokens].
+Status PagedPrefillAttention(const PagedKv& kv, std::span<const PrefillSeq> seqs, const float* q,
+                             float* out, const AttentionOptions& options = {});
+
+// The SIMD target the kernels dispatch to on this CPU, e.g. "AVX3", "AVX2".
+std::string AttentionSimdTarget();
+
+}  // namespace pagekv

@@ -1,0 +1,324 @@
+// Entry points of paged attention: validation, the split into row tasks,
+// threads, and the log-sum-exp merge of flash-decoding chunks. The SIMD work
+// is in attention_kernel.cc.
+#include "pagekv/attention.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "base/checked_math.h"
+#include "kernels/attention_kernel.h"
+
+namespace pagekv {
+namespace {
+
+using kernels::RowTask;
+
+// Shape facts every task shares.
+struct Geometry {
+  int32_t q_heads = 0, kv_heads = 0, group = 0, head_dim = 0, block_len = 0;
+  int64_t slab_stride = 0;
+  float scale = 0;
+};
+
+Status ValidateCommon(const PagedKv& kv, const float* q, const float* out, Geometry& g) {
+  if (kv.layout == nullptr || kv.arena == nullptr) {
+    return InvalidArgumentError("attention: null layout or arena: pass the cache's layout() and arena()");
+  }
+  if (q == nullptr || out == nullptr) return InvalidArgumentError("attention: null q or out");
+  const KvLayout& l = *kv.layout;
+  const CacheConfig& c = l.config();
+  if (c.kind == CacheKind::kMla) {
+    return UnimplementedError("attention: MLA latent caches need the absorbed-weight kernel; these kernels read per-head K and V");
+  }
+  if (!c.format.IsPlainFloat()) {
+    return UnimplementedError("attention: KV format " + c.format.ToString() + " is not read yet; use f32, f16 or bf16");
+  }
+  if (kv.layer < 0 || kv.layer >= l.num_layers()) {
+    return OutOfRangeError("attention: layer " + std::to_string(kv.layer) + " outside [0, " +
+                           std::to_string(l.num_layers()) + ")");
+  }
+  if (c.num_kv_heads <= 0 || c.num_q_heads % c.num_kv_heads != 0) {
+    return InvalidArgumentError("attention: num_q_heads " + std::to_string(c.num_q_heads) +
+                                " is not a multiple of num_kv_heads " + std::to_string(c.num_kv_heads));
+  }
+  g.q_heads = c.num_q_heads;
+  g.kv_heads = c.num_kv_heads;
+  g.group = c.num_q_heads / c.num_kv_heads;
+  g.head_dim = c.head_dim;
+  g.block_len = c.block_len;
+  g.slab_stride = l.slab_stride();
+  return Status::Ok();
+}
+
+Status ValidateTable(const KvLayout& l, std::span<const BlockId> blocks, int64_t num_tokens, size_t index) {
+  const int64_t need = CeilDiv(num_tokens, l.block_len());
+  if (static_cast<int64_t>(blocks.size()) < need) {
+    return InvalidArgumentError("attention: sequence " + std::to_string(index) + " has " +
+                                std::to_string(num_tokens) + " tokens but a block table of " +
+                                std::to_string(blocks.size()) + " blocks (needs " + std::to_string(need) + ")");
+  }
+  for (int64_t i = 0; i < need; ++i) {
+    const int64_t b = ToInt(blocks[static_cast<size_t>(i)]);
+    if (b < 0 || b >= l.num_blocks()) {
+      return InvalidArgumentError("attention: sequence " + std::to_string(index) + " block table entry " +
+                                  std::to_string(i) + " = " + std::to_string(b) + " is outside the pool [0, " +
+                                  std::to_string(l.num_blocks()) + ")");
+    }
+  }
+  return Status::Ok();
+}
+
+int Threads(const AttentionOptions& o) { return o.num_threads > 0 ? o.num_threads : omp_get_max_threads(); }
+
+// One unit of parallel work: some rows of one (sequence, KV head) over one
+// chunk of key positions.
+struct WorkItem {
+  int64_t seq = 0;
+  int32_t kv_head = 0;
+  int64_t first_query = 0;  // prefill: index of the tile's first query within its sequence
+  int32_t num_queries = 0;  // decode: 1
+  int64_t tok_begin = 0, tok_end = 0;
+  int64_t partial = -1;  // index of this chunk's partial state, or -1 when it writes out directly
+};
+
+// Per-thread scratch, reused across calls.
+struct Scratch {
+  std::vector<float> q, scores, m, l, acc;
+  std::vector<int64_t> limit;
+};
+
+// Runs one item: gathers and scales the rows' queries, runs the kernel, and
+// either writes normalised rows to `out` or leaves the partial state in
+// `partials` for the merge.
+void RunItem(const WorkItem& w, const PagedKv& kv, const Geometry& g, std::span<const BlockId> blocks,
+             int64_t num_tokens, int64_t num_queries_total, const float* q_seq, float* out_seq,
+             float* partial_state, float softcap) {
+  thread_local Scratch s;
+  const int32_t rows = w.num_queries * g.group;
+  const int32_t d = g.head_dim;
+  const int32_t stride = static_cast<int32_t>(RoundUp(g.block_len, kernels::kScoreAlign));
+  s.q.resize(static_cast<size_t>(rows) * d);
+  s.scores.resize(static_cast<size_t>(rows) * stride);
+  s.limit.resize(static_cast<size_t>(rows));
+  float* m;
+  float* l;
+  float* acc;
+  if (partial_state != nullptr) {
+    m = partial_state;
+    l = m + rows;
+    acc = l + rows;
+  } else {
+    s.m.resize(static_cast<size_t>(rows));
+    s.l.resize(static_cast<size_t>(rows));
+    s.acc.resize(static_cast<size_t>(rows) * d);
+    m = s.m.data();
+    l = s.l.data();
+    acc = s.acc.data();
+  }
+  // Row (query j, group member i) = query head kv_head * group + i.
+  for (int32_t j = 0; j < w.num_queries; ++j) {
+    const int64_t query = w.first_query + j;
+    const int64_t pos = num_tokens - num_queries_total + query;
+    for (int32_t i = 0; i < g.group; ++i) {
+      const int32_t r = j * g.group + i;
+      const float* src = q_seq + (query * g.q_heads + w.kv_head * g.group + i) * d;
+      for (int32_t x = 0; x < d; ++x) s.q[static_cast<size_t>(r) * d + x] = src[x] * g.scale;
+      s.limit[static_cast<size_t>(r)] = pos + 1;
+      m[r] = -std::numeric_limits<float>::infinity();
+      l[r] = 0.0f;
+    }
+  }
+  std::fill(acc, acc + static_cast<int64_t>(rows) * d, 0.0f);
+
+  const KvLayout& layout = *kv.layout;
+  RowTask t;
+  t.dtype = layout.config().format.dtype;
+  t.rows = rows;
+  t.head_dim = d;
+  t.q = s.q.data();
+  t.limit = s.limit.data();
+  t.k_region = kv.arena + layout.SlabOffset(kv.layer, 0, w.kv_head, 0);
+  t.v_region = kv.arena + layout.SlabOffset(kv.layer, 1, w.kv_head, 0);
+  t.slab_stride = g.slab_stride;
+  t.block_len = g.block_len;
+  t.blocks = blocks.data();
+  t.tok_begin = w.tok_begin;
+  t.tok_end = w.tok_end;
+  t.softcap = softcap;
+  t.m = m;
+  t.l = l;
+  t.acc = acc;
+  t.scores = s.scores.data();
+  t.score_stride = stride;
+  kernels::AttendRows(t);
+
+  if (partial_state != nullptr) return;
+  for (int32_t j = 0; j < w.num_queries; ++j) {
+    for (int32_t i = 0; i < g.group; ++i) {
+      const int32_t r = j * g.group + i;
+      float* dst = out_seq + ((w.first_query + j) * g.q_heads + w.kv_head * g.group + i) * d;
+      const float inv = 1.0f / l[r];
+      for (int32_t x = 0; x < d; ++x) dst[x] = acc[static_cast<size_t>(r) * d + x] * inv;
+    }
+  }
+}
+
+}  // namespace
+
+Status PagedDecodeAttention(const PagedKv& kv, std::span<const DecodeSeq> seqs, const float* q, float* out,
+                            const AttentionOptions& options) {
+  Geometry g;
+  PAGEKV_RETURN_IF_ERROR(ValidateCommon(kv, q, out, g));
+  if (g.group > kernels::kMaxRows) {
+    return UnimplementedError("attention: more than " + std::to_string(kernels::kMaxRows) +
+                              " query heads per KV head");
+  }
+  int64_t total_tokens = 0;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    if (seqs[i].num_tokens <= 0) {
+      return InvalidArgumentError("attention: decode sequence " + std::to_string(i) +
+                                  " has no tokens: append the new token's K and V first");
+    }
+    PAGEKV_RETURN_IF_ERROR(ValidateTable(*kv.layout, seqs[i].blocks, seqs[i].num_tokens, i));
+    total_tokens += seqs[i].num_tokens;
+  }
+  g.scale = options.scale != 0 ? options.scale : 1.0f / std::sqrt(static_cast<float>(g.head_dim));
+  const int threads = Threads(options);
+
+  // Chunk length: enough chunks that every thread has several items, never
+  // below 256 tokens (the merge would cost more than it balances).
+  int64_t chunk = options.split_tokens;
+  if (chunk <= 0) {
+    const int64_t target_items = 4LL * threads;
+    chunk = std::max<int64_t>(256, CeilDiv(total_tokens * g.kv_heads, target_items));
+  }
+  chunk = RoundUp(chunk, g.block_len);
+
+  std::vector<WorkItem> items;
+  std::vector<int64_t> first_partial(seqs.size(), -1);
+  int64_t num_partials = 0;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const int64_t n = seqs[i].num_tokens;
+    const int64_t chunks = CeilDiv(n, chunk);
+    if (chunks > 1) first_partial[i] = num_partials;
+    for (int32_t h = 0; h < g.kv_heads; ++h) {
+      for (int64_t c = 0; c < chunks; ++c) {
+        WorkItem w;
+        w.seq = static_cast<int64_t>(i);
+        w.kv_head = h;
+        w.num_queries = 1;
+        w.tok_begin = c * chunk;
+        w.tok_end = std::min(n, (c + 1) * chunk);
+        if (chunks > 1) w.partial = num_partials++;
+        items.push_back(w);
+      }
+    }
+  }
+  const int64_t state_floats = static_cast<int64_t>(g.group) * (g.head_dim + 2);
+  std::vector<float> partials(static_cast<size_t>(num_partials * state_floats));
+  const int64_t per_seq = static_cast<int64_t>(g.q_heads) * g.head_dim;
+
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (items.size() > 1)
+  for (size_t it = 0; it < items.size(); ++it) {
+    const WorkItem& w = items[it];
+    const DecodeSeq& sq = seqs[static_cast<size_t>(w.seq)];
+    RunItem(w, kv, g, sq.blocks, sq.num_tokens, 1, q + w.seq * per_seq, out + w.seq * per_seq,
+            w.partial >= 0 ? partials.data() + w.partial * state_floats : nullptr, options.softcap);
+  }
+
+  // Merge chunk partials: out = sum_c e^(m_c - M) acc_c / sum_c e^(m_c - M) l_c.
+  if (num_partials > 0) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      if (first_partial[i] < 0) continue;
+      const int64_t chunks = CeilDiv(seqs[i].num_tokens, chunk);
+      for (int32_t h = 0; h < g.kv_heads; ++h) {
+        const float* base = partials.data() + (first_partial[i] + h * chunks) * state_floats;
+        for (int32_t r = 0; r < g.group; ++r) {
+          float big_m = -std::numeric_limits<float>::infinity();
+          for (int64_t c = 0; c < chunks; ++c) big_m = std::max(big_m, base[c * state_floats + r]);
+          float* dst = out + static_cast<int64_t>(i) * per_seq + (h * g.group + r) * g.head_dim;
+          std::fill(dst, dst + g.head_dim, 0.0f);
+          float denom = 0;
+          for (int64_t c = 0; c < chunks; ++c) {
+            const float* st = base + c * state_floats;
+            const float w = std::exp(st[r] - big_m);
+            denom += w * st[g.group + r];
+            const float* acc = st + 2 * g.group + static_cast<int64_t>(r) * g.head_dim;
+            for (int32_t x = 0; x < g.head_dim; ++x) dst[x] += w * acc[x];
+          }
+          const float inv = 1.0f / denom;
+          for (int32_t x = 0; x < g.head_dim; ++x) dst[x] *= inv;
+        }
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+Status PagedPrefillAttention(const PagedKv& kv, std::span<const PrefillSeq> seqs, const float* q, float* out,
+                             const AttentionOptions& options) {
+  Geometry g;
+  PAGEKV_RETURN_IF_ERROR(ValidateCommon(kv, q, out, g));
+  if (g.group > kernels::kMaxRows) {
+    return UnimplementedError("attention: more than " + std::to_string(kernels::kMaxRows) +
+                              " query heads per KV head");
+  }
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const PrefillSeq& s = seqs[i];
+    if (s.num_queries < 1 || s.num_queries > s.num_tokens) {
+      return InvalidArgumentError("attention: prefill sequence " + std::to_string(i) + " has num_queries " +
+                                  std::to_string(s.num_queries) + ": must be in [1, num_tokens = " +
+                                  std::to_string(s.num_tokens) + "] (append the chunk's K and V first)");
+    }
+    PAGEKV_RETURN_IF_ERROR(ValidateTable(*kv.layout, s.blocks, s.num_tokens, i));
+  }
+  g.scale = options.scale != 0 ? options.scale : 1.0f / std::sqrt(static_cast<float>(g.head_dim));
+  const int threads = Threads(options);
+
+  // Query tiles: as many queries as keep rows <= 64 (K/V of a block is then
+  // read once per tile of queries, not once per query).
+  const int32_t tile = std::max<int32_t>(1, 64 / g.group);
+  std::vector<WorkItem> items;
+  std::vector<int64_t> q_offset(seqs.size());
+  int64_t offset = 0;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    q_offset[i] = offset;
+    offset += seqs[i].num_queries;
+    for (int32_t h = 0; h < g.kv_heads; ++h) {
+      for (int64_t first = 0; first < seqs[i].num_queries; first += tile) {
+        WorkItem w;
+        w.seq = static_cast<int64_t>(i);
+        w.kv_head = h;
+        w.first_query = first;
+        w.num_queries = static_cast<int32_t>(std::min<int64_t>(tile, seqs[i].num_queries - first));
+        w.tok_begin = 0;
+        // The tile's last query sees up to its own position.
+        w.tok_end = seqs[i].num_tokens - seqs[i].num_queries + first + w.num_queries;
+        items.push_back(w);
+      }
+    }
+  }
+  const int64_t per_query = static_cast<int64_t>(g.q_heads) * g.head_dim;
+  // Longest tiles first, so the tail of the parallel loop is short ones.
+  std::sort(items.begin(), items.end(),
+            [](const WorkItem& a, const WorkItem& b) { return a.tok_end > b.tok_end; });
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (items.size() > 1)
+  for (size_t it = 0; it < items.size(); ++it) {
+    const WorkItem& w = items[it];
+    const PrefillSeq& sq = seqs[static_cast<size_t>(w.seq)];
+    const int64_t base = q_offset[static_cast<size_t>(w.seq)] * per_query;
+    RunItem(w, kv, g, sq.blocks, sq.num_tokens, sq.num_queries, q + base, out + base, nullptr, options.softcap);
+  }
+  return Status::Ok();
+}
+
+std::string AttentionSimdTarget() { return kernels::DispatchedTargetName(); }
+
+}  // namespace pagekv

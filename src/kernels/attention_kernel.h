@@ -1,0 +1,62 @@
+// Internal interface between the attention entry points (attention.cc:
+// validation, work split, threads, merge) and the SIMD inner kernel
+// (attention_kernel.cc, compiled once per Highway target).
+//
+// A RowTask is one unit of work: R query rows that share one KV head, run
+// over the key positions [tok_begin, tok_end) of one sequence, updating each
+// row's online-softmax state (m, l, acc). Rows may stop at different
+// positions (the causal limit of prefill queries).
+//
+//   positions   tok_begin (block-aligned)                     tok_end
+//               |---- block ----|---- block ----|-- partial --|
+//   row r sees  [tok_begin, min(limit[r], tok_end))
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "pagekv/dtype.h"
+#include "pagekv/ids.h"
+
+namespace pagekv::kernels {
+
+struct RowTask {
+  DType dtype = DType::kF32;  // storage of K and V: f32, f16 or bf16
+  int32_t rows = 0;           // R
+  int32_t head_dim = 0;       // D
+  const float* q = nullptr;   // [R][D], already multiplied by the scale
+  const int64_t* limit = nullptr;  // [R] exclusive end position of each row
+  const std::byte* k_region = nullptr;  // slab of block 0 in this (layer, K, head)
+  const std::byte* v_region = nullptr;  // slab of block 0 in this (layer, V, head)
+  int64_t slab_stride = 0;
+  int32_t block_len = 0;
+  const BlockId* blocks = nullptr;  // the sequence's block table
+  int64_t tok_begin = 0;            // a multiple of block_len
+  int64_t tok_end = 0;              // >= every limit[r] that matters
+  float softcap = 0;
+  float* m = nullptr;       // [R] running max, -inf initially
+  float* l = nullptr;       // [R] running sum of exp, 0 initially
+  float* acc = nullptr;     // [R][D] running weighted sum of V, 0 initially
+  float* scores = nullptr;  // scratch [R][score_stride]
+  int32_t score_stride = 0;  // block_len rounded up to kScoreAlign
+};
+
+inline constexpr int32_t kScoreAlign = 16;
+// Most rows one task may carry (REQUIRES: rows <= kMaxRows).
+inline constexpr int32_t kMaxRows = 128;
+
+// Runs the task on the best SIMD target of this CPU (or the one forced by
+// SetTargetForTest).
+void AttendRows(const RowTask& task);
+
+// Name of the target AttendRows dispatches to ("AVX3", "AVX2", ...).
+std::string DispatchedTargetName();
+
+// Test hooks: the targets compiled into this binary that the CPU supports,
+// and forcing dispatch to one of them (0 restores normal dispatch).
+std::vector<int64_t> SupportedTargets();
+void SetTargetForTest(int64_t target);
+
+}  // namespace pagekv::kernels

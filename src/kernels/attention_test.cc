@@ -1,0 +1,341 @@
+// Paged attention against the double-precision reference, on every SIMD
+// target this CPU supports (forced one at a time), over the shapes that catch
+// indexing bugs: contexts of 1, block_len - 1, block_len, block_len + 1 and
+// many blocks; shuffled, non-contiguous block tables; sequences of different
+// lengths in one batch; G = 1, 4, 8; head_dims with and without a vector
+// tail; chunked prefill split at every position of a block. Outputs are
+// poisoned with NaN first, so an unwritten element fails.
+//
+// Tolerances (max |out - ref| / max |ref| per query head), against a
+// reference computed from the stored (already rounded) K and V values:
+//   f32 KV: 1e-5;  f16 and bf16 KV: 2e-3.
+#include "pagekv/attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "kernels/attention_kernel.h"
+#include "layout/float16.h"
+#include "testing/reference_attention.h"
+
+namespace pagekv {
+namespace {
+
+double Tolerance(DType d) { return d == DType::kF32 ? 1e-5 : 2e-3; }
+
+// A paged arena filled by hand: each sequence's blocks are a random subset of
+// the pool in random order; K and V values are kept (as stored) in double for
+// the reference.
+class PagedFixture {
+ public:
+  PagedFixture(int32_t layers, int32_t q_heads, int32_t kv_heads, int32_t head_dim, int32_t block_len, DType dtype,
+               std::vector<int64_t> lengths, uint32_t seed)
+      : rng_(seed), lengths_(std::move(lengths)) {
+    CacheConfig c;
+    c.num_layers = layers;
+    c.num_q_heads = q_heads;
+    c.num_kv_heads = kv_heads;
+    c.head_dim = head_dim;
+    c.block_len = block_len;
+    c.format = KvFormat::Plain(dtype);
+    int64_t blocks = 0;
+    for (int64_t n : lengths_) blocks += (n + block_len - 1) / block_len;
+    c.num_blocks = blocks + 3;  // a few blocks nobody uses
+    layout_ = std::make_unique<KvLayout>(*KvLayout::Create(c));
+    arena_.resize(static_cast<size_t>(layout_->total_bytes() / 64 + 1));
+    std::vector<int32_t> ids(static_cast<size_t>(c.num_blocks));
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng_);
+    size_t next = 0;
+    std::uniform_real_distribution<double> u(-1.0, 1.0);
+    for (int64_t n : lengths_) {
+      std::vector<BlockId> table;
+      for (int64_t b = 0; b < (n + block_len - 1) / block_len; ++b) table.push_back(BlockId{ids[next++]});
+      // Values per layer: [token][kv_head][head_dim] for K and V.
+      std::vector<std::vector<double>> k(static_cast<size_t>(layers)), v(static_cast<size_t>(layers));
+      for (int32_t l = 0; l < layers; ++l) {
+        for (int64_t t = 0; t < n; ++t) {
+          for (int32_t h = 0; h < kv_heads; ++h) {
+            for (int32_t plane = 0; plane < 2; ++plane) {
+              std::byte* row = arena() + layout_->RowOffset(l, plane, h, ToInt(table[static_cast<size_t>(t / block_len)]),
+                                                            static_cast<int32_t>(t % block_len));
+              auto& dst = plane == 0 ? k[static_cast<size_t>(l)] : v[static_cast<size_t>(l)];
+              for (int32_t x = 0; x < head_dim; ++x) dst.push_back(Store(dtype, row, x, u(rng_)));
+            }
+          }
+        }
+      }
+      // Reorder K and V from [token][head][plane interleaved] pushes to [token][head][dim].
+      tables_.push_back(std::move(table));
+      k_.push_back(std::move(k));
+      v_.push_back(std::move(v));
+    }
+  }
+
+  std::byte* arena() { return reinterpret_cast<std::byte*>(arena_.data()); }
+  const KvLayout& layout() const { return *layout_; }
+  PagedKv Kv(int32_t layer) { return {layout_.get(), arena(), layer}; }
+  std::span<const BlockId> Table(size_t i) const { return tables_[i]; }
+  const std::vector<double>& K(size_t seq, int32_t layer) const { return k_[seq][static_cast<size_t>(layer)]; }
+  const std::vector<double>& V(size_t seq, int32_t layer) const { return v_[seq][static_cast<size_t>(layer)]; }
+  std::mt19937& rng() { return rng_; }
+
+ private:
+  // Writes x rounded to dtype; returns the stored value.
+  static double Store(DType d, std::byte* row, int32_t i, double x) {
+    switch (d) {
+      case DType::kF32: {
+        const auto f = static_cast<float>(x);
+        std::memcpy(row + 4 * i, &f, 4);
+        return f;
+      }
+      case DType::kF16: {
+        const uint16_t h = F32ToF16(static_cast<float>(x));
+        std::memcpy(row + 2 * i, &h, 2);
+        return F16ToF32(h);
+      }
+      default: {
+        const uint16_t h = F32ToBF16(static_cast<float>(x));
+        std::memcpy(row + 2 * i, &h, 2);
+        return BF16ToF32(h);
+      }
+    }
+  }
+
+  struct alignas(64) Line { std::byte b[64]; };
+  std::mt19937 rng_;
+  std::vector<int64_t> lengths_;
+  std::unique_ptr<KvLayout> layout_;
+  std::vector<Line> arena_;
+  std::vector<std::vector<BlockId>> tables_;
+  std::vector<std::vector<std::vector<double>>> k_, v_;  // [seq][layer][token][head][dim]
+};
+
+std::vector<float> RandomQ(std::mt19937& rng, size_t n) {
+  std::uniform_real_distribution<float> u(-2.0f, 2.0f);  // larger than K: peaky softmax
+  std::vector<float> q(n);
+  for (auto& x : q) x = u(rng);
+  return q;
+}
+
+// Max over query heads of max |out - ref| / max |ref|.
+double RelError(const float* out, const std::vector<double>& ref, int64_t rows, int32_t d) {
+  double worst = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    double err = 0, mag = 1e-6;
+    for (int32_t x = 0; x < d; ++x) {
+      const double o = out[r * d + x];
+      if (std::isnan(o)) return INFINITY;
+      err = std::max(err, std::fabs(o - ref[static_cast<size_t>(r * d + x)]));
+      mag = std::max(mag, std::fabs(ref[static_cast<size_t>(r * d + x)]));
+    }
+    worst = std::max(worst, err / mag);
+  }
+  return worst;
+}
+
+struct Shape {
+  int32_t q_heads, kv_heads, head_dim;
+};
+
+class AttentionTargetTest : public ::testing::TestWithParam<int64_t> {
+ protected:
+  void SetUp() override { kernels::SetTargetForTest(GetParam()); }
+  void TearDown() override { kernels::SetTargetForTest(0); }
+};
+
+void CheckDecode(const Shape& s, DType dtype, int32_t block_len, const AttentionOptions& opts, uint32_t seed) {
+  const std::vector<int64_t> lengths = {1, block_len - 1, block_len, block_len + 1, 5 * block_len + 3};
+  PagedFixture f(2, s.q_heads, s.kv_heads, s.head_dim, block_len, dtype, lengths, seed);
+  const int32_t layer = 1;
+  std::vector<DecodeSeq> seqs;
+  for (size_t i = 0; i < lengths.size(); ++i) seqs.push_back({f.Table(i), lengths[i]});
+  const size_t per_seq = static_cast<size_t>(s.q_heads) * s.head_dim;
+  std::vector<float> q = RandomQ(f.rng(), per_seq * lengths.size());
+  std::vector<float> out(q.size(), std::nanf(""));
+  Status st = PagedDecodeAttention(f.Kv(layer), seqs, q.data(), out.data(), opts);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    std::vector<double> qd(q.begin() + static_cast<std::ptrdiff_t>(i * per_seq),
+                           q.begin() + static_cast<std::ptrdiff_t>((i + 1) * per_seq));
+    testing::ReferenceShape rs{s.q_heads, s.kv_heads, s.head_dim, opts.scale, opts.softcap};
+    const std::vector<double> ref = testing::ReferenceAttention(rs, qd, 1, f.K(i, layer), f.V(i, layer), lengths[i]);
+    const double err = RelError(out.data() + i * per_seq, ref, s.q_heads, s.head_dim);
+    EXPECT_LE(err, Tolerance(dtype)) << DTypeName(dtype) << " q_heads=" << s.q_heads << " kv_heads=" << s.kv_heads
+                                     << " head_dim=" << s.head_dim << " block_len=" << block_len
+                                     << " context=" << lengths[i] << " split=" << opts.split_tokens;
+  }
+}
+
+TEST_P(AttentionTargetTest, DecodeMatchesReferenceForEveryShapeAndDtype) {
+  uint32_t seed = 1;
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (Shape s : {Shape{4, 4, 64}, Shape{8, 2, 128}, Shape{16, 2, 80}, Shape{8, 1, 96}, Shape{4, 2, 256},
+                    Shape{8, 4, 8}, Shape{6, 3, 13}}) {
+      CheckDecode(s, dtype, 16, {}, seed++);
+    }
+  }
+}
+
+TEST_P(AttentionTargetTest, DecodeSplitIntoChunksMergesExactly) {
+  AttentionOptions opts;
+  opts.split_tokens = 16;  // every block its own chunk
+  opts.num_threads = 2;
+  CheckDecode({8, 2, 64}, DType::kF16, 16, opts, 11);
+  opts.split_tokens = 48;  // chunks of three blocks
+  CheckDecode({8, 1, 128}, DType::kBF16, 16, opts, 12);
+  opts.split_tokens = 1;   // rounded up to one block
+  CheckDecode({4, 4, 32}, DType::kF32, 16, opts, 13);
+}
+
+TEST_P(AttentionTargetTest, DecodeWithScaleAndSoftcap) {
+  AttentionOptions opts;
+  opts.scale = 0.5f;
+  opts.softcap = 5.0f;
+  CheckDecode({8, 2, 64}, DType::kF32, 16, opts, 21);
+}
+
+TEST_P(AttentionTargetTest, DecodeWithLargeBlocks) {
+  CheckDecode({32, 8, 128}, DType::kF16, 128, {}, 31);
+}
+
+TEST_P(AttentionTargetTest, ChunkedPrefillSplitAtEveryPositionOfABlockMatchesReference) {
+  const int32_t bl = 16;
+  const Shape s{8, 2, 32};
+  const int64_t prompt = 2 * bl + 5;
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    PagedFixture f(1, s.q_heads, s.kv_heads, s.head_dim, bl, dtype, {prompt}, 40 + static_cast<uint32_t>(dtype));
+    const size_t per_query = static_cast<size_t>(s.q_heads) * s.head_dim;
+    std::vector<float> q = RandomQ(f.rng(), per_query * prompt);
+    std::vector<double> qd(q.begin(), q.end());
+    const std::vector<double> ref = testing::ReferenceAttention({s.q_heads, s.kv_heads, s.head_dim, 0, 0}, qd,
+                                                                prompt, f.K(0, 0), f.V(0, 0), prompt);
+    for (int64_t split = 1; split <= bl; ++split) {
+      std::vector<float> out(q.size(), std::nanf(""));
+      // Chunk 1: tokens [0, split); chunk 2: [split, prompt).
+      PrefillSeq first{f.Table(0), split, split};
+      ASSERT_TRUE(PagedPrefillAttention(f.Kv(0), {&first, 1}, q.data(), out.data()).ok());
+      PrefillSeq second{f.Table(0), prompt, prompt - split};
+      ASSERT_TRUE(PagedPrefillAttention(f.Kv(0), {&second, 1}, q.data() + split * per_query,
+                                        out.data() + split * per_query).ok());
+      const double err = RelError(out.data(), ref, prompt * s.q_heads, s.head_dim);
+      EXPECT_LE(err, Tolerance(dtype)) << DTypeName(dtype) << " split at " << split;
+    }
+  }
+}
+
+TEST_P(AttentionTargetTest, PrefillBatchOfDifferentLengthsAndGroups) {
+  const int32_t bl = 16;
+  for (Shape s : {Shape{4, 4, 64}, Shape{8, 2, 128}, Shape{16, 2, 16}, Shape{8, 1, 24}}) {
+    const std::vector<int64_t> lengths = {1, bl, bl + 1, 3 * bl + 7};
+    const std::vector<int64_t> queries = {1, bl, 5, 3 * bl + 7};  // full prompts and trailing chunks
+    PagedFixture f(1, s.q_heads, s.kv_heads, s.head_dim, bl, DType::kF16, lengths, 50);
+    std::vector<PrefillSeq> seqs;
+    int64_t total_q = 0;
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      seqs.push_back({f.Table(i), lengths[i], queries[i]});
+      total_q += queries[i];
+    }
+    const size_t per_query = static_cast<size_t>(s.q_heads) * s.head_dim;
+    std::vector<float> q = RandomQ(f.rng(), per_query * static_cast<size_t>(total_q));
+    std::vector<float> out(q.size(), std::nanf(""));
+    AttentionOptions opts;
+    opts.num_threads = 2;
+    ASSERT_TRUE(PagedPrefillAttention(f.Kv(0), seqs, q.data(), out.data(), opts).ok());
+    size_t at = 0;
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      std::vector<double> qd(q.begin() + static_cast<std::ptrdiff_t>(at * per_query),
+                             q.begin() + static_cast<std::ptrdiff_t>((at + static_cast<size_t>(queries[i])) * per_query));
+      const std::vector<double> ref = testing::ReferenceAttention({s.q_heads, s.kv_heads, s.head_dim, 0, 0}, qd,
+                                                                  queries[i], f.K(i, 0), f.V(i, 0), lengths[i]);
+      EXPECT_LE(RelError(out.data() + at * per_query, ref, queries[i] * s.q_heads, s.head_dim), 2e-3)
+          << "sequence " << i << " head_dim " << s.head_dim;
+      at += static_cast<size_t>(queries[i]);
+    }
+  }
+}
+
+std::string TargetName(const ::testing::TestParamInfo<int64_t>& info) {
+  kernels::SetTargetForTest(info.param);
+  std::string name = kernels::DispatchedTargetName();
+  kernels::SetTargetForTest(0);
+  return name;
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryTarget, AttentionTargetTest, ::testing::ValuesIn(kernels::SupportedTargets()),
+                         TargetName);
+
+TEST(AttentionTest, ForcingATargetChangesTheDispatch) {
+  const std::vector<int64_t> targets = kernels::SupportedTargets();
+  ASSERT_GE(targets.size(), 2u) << "expected at least one SIMD target besides scalar";
+  std::vector<std::string> names;
+  for (int64_t t : targets) {
+    kernels::SetTargetForTest(t);
+    names.push_back(kernels::DispatchedTargetName());
+  }
+  kernels::SetTargetForTest(0);
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(std::unique(names.begin(), names.end()), names.end());
+}
+
+class AttentionBadInputTest : public ::testing::Test {
+ protected:
+  AttentionBadInputTest() : f_(2, 8, 2, 16, 16, DType::kF32, {20}, 7) {}
+  PagedFixture f_;
+  std::vector<float> q_ = std::vector<float>(8 * 16 * 20), out_ = std::vector<float>(8 * 16 * 20);
+};
+
+TEST_F(AttentionBadInputTest, ShortBlockTableIsAnError) {
+  DecodeSeq s{f_.Table(0).subspan(0, 1), 20};
+  Status st = PagedDecodeAttention(f_.Kv(0), {&s, 1}, q_.data(), out_.data());
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("needs 2"), std::string::npos) << st.message();
+}
+
+TEST_F(AttentionBadInputTest, BlockIdOutsideThePoolIsAnError) {
+  std::vector<BlockId> table = {f_.Table(0)[0], BlockId{9999}};
+  DecodeSeq s{table, 20};
+  EXPECT_EQ(PagedDecodeAttention(f_.Kv(0), {&s, 1}, q_.data(), out_.data()).code(), StatusCode::kInvalidArgument);
+  PrefillSeq p{table, 20, 20};
+  EXPECT_EQ(PagedPrefillAttention(f_.Kv(0), {&p, 1}, q_.data(), out_.data()).code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(AttentionBadInputTest, NullArenaLayerOutOfRangeAndEmptySequence) {
+  DecodeSeq s{f_.Table(0), 20};
+  PagedKv kv = f_.Kv(0);
+  kv.arena = nullptr;
+  EXPECT_EQ(PagedDecodeAttention(kv, {&s, 1}, q_.data(), out_.data()).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(PagedDecodeAttention(f_.Kv(2), {&s, 1}, q_.data(), out_.data()).code(), StatusCode::kOutOfRange);
+  DecodeSeq empty{f_.Table(0), 0};
+  EXPECT_EQ(PagedDecodeAttention(f_.Kv(0), {&empty, 1}, q_.data(), out_.data()).code(), StatusCode::kInvalidArgument);
+  PrefillSeq too_many{f_.Table(0), 20, 21};
+  EXPECT_EQ(PagedPrefillAttention(f_.Kv(0), {&too_many, 1}, q_.data(), out_.data()).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(PagedDecodeAttention(f_.Kv(0), {&s, 1}, nullptr, out_.data()).code(), StatusCode::kInvalidArgument);
+}
+
+TEST(AttentionMlaTest, MlaLayoutIsRejectedClearly) {
+  CacheConfig c;
+  c.kind = CacheKind::kMla;
+  c.num_layers = 1;
+  c.num_q_heads = 4;
+  c.kv_lora_rank = 16;
+  c.block_len = 8;
+  c.num_blocks = 2;
+  KvLayout l = *KvLayout::Create(c);
+  std::vector<std::byte> arena(static_cast<size_t>(l.total_bytes()));
+  std::vector<BlockId> table = {BlockId{0}};
+  DecodeSeq s{table, 1};
+  std::vector<float> q(64), out(64);
+  EXPECT_EQ(PagedDecodeAttention({&l, arena.data(), 0}, {&s, 1}, q.data(), out.data()).code(),
+            StatusCode::kUnimplemented);
+}
+
+}  // namespace
+}  // namespace pagekv

@@ -1,0 +1,48 @@
+#include "testing/reference_attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace pagekv::testing {
+
+std::vector<double> ReferenceAttention(const ReferenceShape& s, const std::vector<double>& q,
+                                       int64_t num_queries, const std::vector<double>& k,
+                                       const std::vector<double>& v, int64_t num_tokens) {
+  const int64_t d = s.head_dim;
+  const int64_t group = s.num_q_heads / s.num_kv_heads;
+  const double scale = s.scale != 0 ? s.scale : 1.0 / std::sqrt(static_cast<double>(d));
+  std::vector<double> out(static_cast<size_t>(num_queries * s.num_q_heads * d), 0.0);
+  std::vector<double> logits(static_cast<size_t>(num_tokens));
+  for (int64_t j = 0; j < num_queries; ++j) {
+    const int64_t last = num_tokens - num_queries + j;  // inclusive
+    for (int64_t qh = 0; qh < s.num_q_heads; ++qh) {
+      const int64_t kh = qh / group;
+      const double* qv = &q[static_cast<size_t>((j * s.num_q_heads + qh) * d)];
+      double max_logit = -std::numeric_limits<double>::infinity();
+      for (int64_t t = 0; t <= last; ++t) {
+        const double* kv = &k[static_cast<size_t>((t * s.num_kv_heads + kh) * d)];
+        double dot = 0;
+        for (int64_t i = 0; i < d; ++i) dot += qv[i] * kv[i];
+        double x = dot * scale;
+        if (s.softcap > 0) x = s.softcap * std::tanh(x / s.softcap);
+        logits[static_cast<size_t>(t)] = x;
+        max_logit = std::max(max_logit, x);
+      }
+      double sum = 0;
+      for (int64_t t = 0; t <= last; ++t) {
+        logits[static_cast<size_t>(t)] = std::exp(logits[static_cast<size_t>(t)] - max_logit);
+        sum += logits[static_cast<size_t>(t)];
+      }
+      double* o = &out[static_cast<size_t>((j * s.num_q_heads + qh) * d)];
+      for (int64_t t = 0; t <= last; ++t) {
+        const double w = logits[static_cast<size_t>(t)] / sum;
+        const double* vv = &v[static_cast<size_t>((t * s.num_kv_heads + kh) * d)];
+        for (int64_t i = 0; i < d; ++i) o[i] += w * vv[i];
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace pagekv::testing

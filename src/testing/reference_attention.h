@@ -1,0 +1,27 @@
+// Test-only oracle: plain double-precision attention over contiguous K and V,
+//   out = softmax(q k^T * scale (soft-capped) + causal mask) v
+// computed the obvious way, with nothing shared with the paged kernels.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace pagekv::testing {
+
+struct ReferenceShape {
+  int32_t num_q_heads = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+  double scale = 0;    // 0 means 1 / sqrt(head_dim)
+  double softcap = 0;  // 0 means off
+};
+
+// k, v: [num_tokens][num_kv_heads][head_dim] as double.
+// q:    [num_queries][num_q_heads][head_dim]; query j attends to tokens
+//       [0, num_tokens - num_queries + j] (decode: num_queries = 1, all tokens).
+// Returns [num_queries][num_q_heads][head_dim].
+std::vector<double> ReferenceAttention(const ReferenceShape& shape, const std::vector<double>& q,
+                                       int64_t num_queries, const std::vector<double>& k,
+                                       const std::vector<double>& v, int64_t num_tokens);
+
+}  // namespace pagekv::testing
