@@ -11,12 +11,11 @@ inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailed = 1;
 inline constexpr int kExitBadInput = 2;
 
-struct PlanArgs;
-struct DemoArgs;
-
 // `pagekv plan`: bytes a model's KV cache needs; see plan_command.cc.
 CLI::App* AddPlanCommand(CLI::App& app, int& exit_code);
 // `pagekv demo`: the core at work on random sequences; see demo_command.cc.
 CLI::App* AddDemoCommand(CLI::App& app, int& exit_code);
+// `pagekv bench attention`: kernels against the roofline; see bench_command.cc.
+CLI::App* AddBenchCommand(CLI::App& app, int& exit_code);
 
 }  // namespace pagekv::cli

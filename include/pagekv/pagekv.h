@@ -7,8 +7,12 @@
 //   kv_layout.h  CacheConfig and the byte-exact arena layout
 //   kv_cache.h   KvCache: block pool, block tables, the write path, reports
 //   plan.h       the planner behind `pagekv plan`, model presets
+//   attention.h  paged decode and prefill attention kernels
+//   bench.h      benchmarks behind `pagekv bench`
 #pragma once
 
+#include "pagekv/attention.h"
+#include "pagekv/bench.h"
 #include "pagekv/dtype.h"
 #include "pagekv/ids.h"
 #include "pagekv/kv_cache.h"

@@ -42,38 +42,169 @@ HWY_INLINE float Sum(DF df, hn::Vec<DF> v) {
   return hn::GetLane(hn::SumOfLanes(df, v));
 }
 
-// scores[r][t] = q[r] . k[t] for kG rows starting at r0, t in [0, n).
-template <int kG, class DF, typename T>
-HWY_INLINE void ScoreRows(DF df, const T* HWY_RESTRICT k, int64_t n, int32_t d, const float* HWY_RESTRICT q,
-                          float* HWY_RESTRICT scores, int32_t stride) {
-  const int32_t lanes = static_cast<int32_t>(hn::Lanes(df));
-  for (int64_t t = 0; t < n; ++t) {
-    const T* HWY_RESTRICT krow = k + t * d;
-    hn::Vec<DF> a[kG];
-    for (int g = 0; g < kG; ++g) a[g] = hn::Zero(df);
-    for (int32_t j = 0; j < d; j += lanes) {
-      const auto kv = LoadF32(df, krow + j);
-      for (int g = 0; g < kG; ++g) a[g] = hn::MulAdd(hn::LoadU(df, q + g * d + j), kv, a[g]);
-    }
-    for (int g = 0; g < kG; ++g) scores[g * stride + t] = Sum(df, a[g]);
+// Sums of four vectors at once, out[i] = sum of the lanes of v[i]. A
+// horizontal sum per vector costs ~log2(lanes) shuffle+add pairs each; here
+// two interleave levels leave [sum a, sum b, sum c, sum d] per 128-bit block
+// for all four vectors together, and halving adds the blocks: ~13 ops for
+// four sums on AVX-512 instead of ~36. REQUIRES: at least 4 lanes.
+#if HWY_TARGET != HWY_SCALAR
+template <class D>
+HWY_INLINE void AddBlocksAndStore(D d, hn::Vec<D> v, float* HWY_RESTRICT out) {
+  if constexpr (hn::MaxLanes(D()) <= 4) {
+    hn::StoreU(v, d, out);
+  } else {
+    const hn::Half<D> dh;
+    AddBlocksAndStore(dh, hn::Add(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v)), out);
   }
 }
 
-// acc[r] = acc[r] * corr[r] + sum_t p[r][t] v[t] for kG rows.
+template <class DF>
+HWY_INLINE void Sum4(DF df, hn::Vec<DF> a, hn::Vec<DF> b, hn::Vec<DF> c, hn::Vec<DF> e, float* HWY_RESTRICT out) {
+  // Per block: [a0+a2, b0+b2, a1+a3, b1+b3] and the same for c, e.
+  const auto ab = hn::Add(hn::InterleaveLower(df, a, b), hn::InterleaveUpper(df, a, b));
+  const auto ce = hn::Add(hn::InterleaveLower(df, c, e), hn::InterleaveUpper(df, c, e));
+  // 64-bit interleave: [ab0, ab1, ce0, ce1] + [ab2, ab3, ce2, ce3] = per block [a, b, c, e].
+  const hn::Repartition<double, DF> d64;
+  const auto lo = hn::BitCast(df, hn::InterleaveLower(d64, hn::BitCast(d64, ab), hn::BitCast(d64, ce)));
+  const auto hi = hn::BitCast(df, hn::InterleaveUpper(d64, hn::BitCast(d64, ab), hn::BitCast(d64, ce)));
+  AddBlocksAndStore(df, hn::Add(lo, hi), out);
+}
+#endif  // HWY_TARGET != HWY_SCALAR
+
+// Register tiles. Each FMA chain has a latency of several cycles, so the
+// inner loops keep up to kChains independent accumulators in flight: score
+// tiles of (rows x tokens), accumulation tiles of (rows x vectors of head_dim).
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+constexpr int kChains = 16;  // 32 vector registers
+#else
+constexpr int kChains = 8;   // 16 vector registers (AVX2, SSE4) or fewer lanes
+#endif
+#ifndef PAGEKV_PV_CHAINS
+#define PAGEKV_PV_CHAINS kChains
+#endif
+#ifndef PAGEKV_QK_CHAINS
+#define PAGEKV_QK_CHAINS kChains
+#endif
+
+// The kernel consumes slabs in the order K(b0), V(b0), K(b1), V(b1), ...
+// While it reads row t of one slab it prefetches row t of the next slab in
+// that order: during the scores of block b, V(b); during the accumulation of
+// block b, K(b + 1). The lines in flight then track consumption one slab
+// ahead at a steady rate (hardware prefetchers stop at page boundaries and
+// blocks are scattered, so nothing else fetches ahead).
+struct Prefetcher {
+  const std::byte* slab = nullptr;  // null: nothing to prefetch
+  int64_t rows = 0;
+  int64_t row_bytes = 0;
+
+  HWY_INLINE void Row(int64_t t) const {
+    if (slab == nullptr || t >= rows) return;
+    const std::byte* p = slab + t * row_bytes;
+    for (int64_t o = 0; o < row_bytes; o += 64) __builtin_prefetch(p + o, 0, 2);  // to L2
+  }
+};
+
+// scores[g][t0 + i] = q[g] . k[t0 + i] for kG rows and kT tokens.
+template <int kG, int kT, class DF, typename T>
+HWY_INLINE void ScoreTile(DF df, const T* HWY_RESTRICT k, int64_t t0, int32_t d, const float* HWY_RESTRICT q,
+                          float* HWY_RESTRICT scores, int32_t stride) {
+  const int32_t lanes = static_cast<int32_t>(hn::Lanes(df));
+  hn::Vec<DF> a[kG][kT];
+  for (int g = 0; g < kG; ++g)
+    for (int i = 0; i < kT; ++i) a[g][i] = hn::Zero(df);
+  for (int32_t j = 0; j < d; j += lanes) {
+    hn::Vec<DF> kv[kT];
+    for (int i = 0; i < kT; ++i) kv[i] = LoadF32(df, k + (t0 + i) * d + j);
+    for (int g = 0; g < kG; ++g) {
+      const auto qv = hn::LoadU(df, q + g * d + j);
+      for (int i = 0; i < kT; ++i) a[g][i] = hn::MulAdd(qv, kv[i], a[g][i]);
+    }
+  }
+#if HWY_TARGET != HWY_SCALAR
+  if constexpr ((kG * kT) % 4 == 0 && hn::MaxLanes(DF()) >= 4) {
+    if (hn::Lanes(df) >= 4) {
+      hn::Vec<DF>* flat = &a[0][0];  // index g * kT + i
+      for (int x = 0; x < kG * kT; x += 4) {
+        float sums[4];
+        Sum4(df, flat[x], flat[x + 1], flat[x + 2], flat[x + 3], sums);
+        for (int y = 0; y < 4; ++y) scores[((x + y) / kT) * stride + t0 + (x + y) % kT] = sums[y];
+      }
+      return;
+    }
+  }
+#endif
+  for (int g = 0; g < kG; ++g)
+    for (int i = 0; i < kT; ++i) scores[g * stride + t0 + i] = Sum(df, a[g][i]);
+}
+
+// Scores of kG rows over tokens [0, n), prefetching the next block as it goes.
+template <int kG, class DF, typename T>
+HWY_INLINE void ScoreRows(DF df, const T* HWY_RESTRICT k, int64_t n, int32_t d, const float* HWY_RESTRICT q,
+                          float* HWY_RESTRICT scores, int32_t stride, const Prefetcher& next) {
+  constexpr int kT = kG >= PAGEKV_QK_CHAINS ? 1 : PAGEKV_QK_CHAINS / kG;
+  int64_t t = 0;
+  for (; t + kT <= n; t += kT) {
+    for (int i = 0; i < kT; ++i) next.Row(t + i);
+    ScoreTile<kG, kT>(df, k, t, d, q, scores, stride);
+  }
+  for (; t < n; ++t) {
+    next.Row(t);
+    ScoreTile<kG, 1>(df, k, t, d, q, scores, stride);
+  }
+}
+
+// acc[g][j0 .. j0 + kJ vectors) = acc * corr[g] + sum_t p[g][t] v[t] for kG rows.
+// `pk` holds the probabilities token-major, pk[t * kG + g], so one pointer
+// with constant offsets reaches every row's value (row-major rows would need
+// kG live pointers, more than the registers the tile leaves free).
+template <int kG, int kJ, class DF, typename T>
+HWY_INLINE void AccumulateTile(DF df, const T* HWY_RESTRICT v, int64_t n, int32_t d, int32_t j0,
+                               const float* HWY_RESTRICT pk, const float* corr,
+                               float* HWY_RESTRICT acc, const Prefetcher& next) {
+  const int32_t lanes = static_cast<int32_t>(hn::Lanes(df));
+  hn::Vec<DF> a[kG][kJ];
+  for (int g = 0; g < kG; ++g) {
+    const auto c = hn::Set(df, corr[g]);
+    for (int j = 0; j < kJ; ++j) a[g][j] = hn::Mul(hn::LoadU(df, acc + g * d + j0 + j * lanes), c);
+  }
+  for (int64_t t = 0; t < n; ++t) {
+    next.Row(t);
+    hn::Vec<DF> vv[kJ];
+    for (int j = 0; j < kJ; ++j) vv[j] = LoadF32(df, v + t * d + j0 + j * lanes);
+    for (int g = 0; g < kG; ++g) {
+      const auto pg = hn::Set(df, pk[t * kG + g]);
+      for (int j = 0; j < kJ; ++j) a[g][j] = hn::MulAdd(pg, vv[j], a[g][j]);
+    }
+  }
+  for (int g = 0; g < kG; ++g)
+    for (int j = 0; j < kJ; ++j) hn::StoreU(a[g][j], df, acc + g * d + j0 + j * lanes);
+}
+
+// acc[g] = acc[g] * corr[g] + sum_t p[g][t] v[t] for kG rows, tokens [0, n).
+// The first pass over the tokens prefetches `next`.
 template <int kG, class DF, typename T>
 HWY_INLINE void AccumulateRows(DF df, const T* HWY_RESTRICT v, int64_t n, int32_t d,
                                const float* HWY_RESTRICT p, int32_t stride, const float* corr,
-                               float* HWY_RESTRICT acc) {
+                               float* HWY_RESTRICT acc, const Prefetcher& next) {
+  // Tiles of kJ vectors of head_dim, the widest that fits the remaining
+  // vectors: 8, then 4, 2, 1 (head_dim 128 in f32x16 is 8 vectors).
+  constexpr int kJ = kG >= PAGEKV_PV_CHAINS ? 1 : std::min(8, PAGEKV_PV_CHAINS / kG);
   const int32_t lanes = static_cast<int32_t>(hn::Lanes(df));
-  for (int32_t j = 0; j < d; j += lanes) {
-    hn::Vec<DF> a[kG];
-    for (int g = 0; g < kG; ++g) a[g] = hn::Mul(hn::LoadU(df, acc + g * d + j), hn::Set(df, corr[g]));
-    for (int64_t t = 0; t < n; ++t) {
-      const auto vv = LoadF32(df, v + t * d + j);
-      for (int g = 0; g < kG; ++g) a[g] = hn::MulAdd(hn::Set(df, p[g * stride + t]), vv, a[g]);
-    }
-    for (int g = 0; g < kG; ++g) hn::StoreU(a[g], df, acc + g * d + j);
+  const Prefetcher none;
+  HWY_ALIGN float pk[kMaxBlockLen * kG];
+  for (int64_t t = 0; t < n; ++t)
+    for (int g = 0; g < kG; ++g) pk[t * kG + g] = p[g * stride + t];
+  int32_t j0 = 0;
+  for (; j0 + kJ * lanes <= d; j0 += kJ * lanes) {
+    AccumulateTile<kG, kJ>(df, v, n, d, j0, pk, corr, acc, j0 == 0 ? next : none);
   }
+  if constexpr (kJ > 4) {
+    for (; j0 + 4 * lanes <= d; j0 += 4 * lanes) AccumulateTile<kG, 4>(df, v, n, d, j0, pk, corr, acc, j0 == 0 ? next : none);
+  }
+  if constexpr (kJ > 2) {
+    for (; j0 + 2 * lanes <= d; j0 += 2 * lanes) AccumulateTile<kG, 2>(df, v, n, d, j0, pk, corr, acc, j0 == 0 ? next : none);
+  }
+  for (; j0 < d; j0 += lanes) AccumulateTile<kG, 1>(df, v, n, d, j0, pk, corr, acc, j0 == 0 ? next : none);
 }
 
 template <class DF, typename T>
@@ -95,23 +226,22 @@ void AttendRowsT(DF df, const RowTask& task) {
     const int64_t block = ToInt(task.blocks[start / bl]);
     const auto* k = reinterpret_cast<const T*>(task.k_region + block * task.slab_stride);
     const auto* v = reinterpret_cast<const T*>(task.v_region + block * task.slab_stride);
+    // Distance: one block (two slabs) ahead. The scores of block b prefetch
+    // K(b + 1); the accumulation of block b prefetches V(b + 1).
+    Prefetcher this_v, next_k;
     if (start + bl < end) {
-      // Prefetch the next block's rows now; the block is read right after.
-      const int64_t next = ToInt(task.blocks[(start + bl) / bl]);
-      const std::byte* nk = task.k_region + next * task.slab_stride;
-      const std::byte* nv = task.v_region + next * task.slab_stride;
-      const int64_t bytes = std::min<int64_t>(bl, end - start - bl) * row_bytes;
-      for (int64_t off = 0; off < bytes; off += 64) {
-        hwy::Prefetch(nk + off);
-        hwy::Prefetch(nv + off);
-      }
+      const int64_t nb = ToInt(task.blocks[(start + bl) / bl]);
+      const int64_t rows_next = std::min<int64_t>(bl, end - start - bl);
+      this_v = {task.k_region + nb * task.slab_stride, rows_next, row_bytes};
+      next_k = {task.v_region + nb * task.slab_stride, rows_next, row_bytes};
     }
 
     // 1. Scores for every row (rows beyond their limit are masked below).
     int32_t r = 0;
-    for (; r + 4 <= rows; r += 4) ScoreRows<4>(df, k, n, d, task.q + r * d, scores + r * stride, stride);
-    for (; r + 2 <= rows; r += 2) ScoreRows<2>(df, k, n, d, task.q + r * d, scores + r * stride, stride);
-    for (; r < rows; ++r) ScoreRows<1>(df, k, n, d, task.q + r * d, scores + r * stride, stride);
+    const Prefetcher none;
+    for (; r + 4 <= rows; r += 4) ScoreRows<4>(df, k, n, d, task.q + r * d, scores + r * stride, stride, r == 0 ? this_v : none);
+    for (; r + 2 <= rows; r += 2) ScoreRows<2>(df, k, n, d, task.q + r * d, scores + r * stride, stride, r == 0 ? this_v : none);
+    for (; r < rows; ++r) ScoreRows<1>(df, k, n, d, task.q + r * d, scores + r * stride, stride, r == 0 ? this_v : none);
 
     // 2. Online softmax per row: new max, rescale factor, p = exp(s - max).
     int64_t group_n = 0;  // the longest valid prefix among the rows
@@ -128,8 +258,13 @@ void AttendRowsT(DF df, const RowTask& task) {
       if (task.softcap > 0) {
         for (int64_t t = 0; t < valid; ++t) s[t] = task.softcap * std::tanh(s[t] / task.softcap);
       }
-      float block_max = -std::numeric_limits<float>::infinity();
-      for (int64_t t = 0; t < valid; ++t) block_max = std::max(block_max, s[t]);
+      const auto neg_inf = hn::Set(df, -std::numeric_limits<float>::infinity());
+      auto vmax_acc = neg_inf;
+      for (int64_t t = 0; t < valid; t += lanes) {
+        const auto mask = hn::FirstN(df, static_cast<size_t>(valid - t));
+        vmax_acc = hn::Max(vmax_acc, hn::IfThenElse(mask, hn::LoadU(df, s + t), neg_inf));
+      }
+      const float block_max = hn::GetLane(hn::MaxOfLanes(df, vmax_acc));
       const float m_old = task.m[r];
       const float m_new = std::max(m_old, block_max);
       const float c = m_old == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp(m_old - m_new);
@@ -149,14 +284,15 @@ void AttendRowsT(DF df, const RowTask& task) {
 
     // 3. acc = acc * corr + p v, up to 8 rows per pass over V.
     for (r = 0; r < rows;) {
-      const int32_t g = std::min(rows - r, 8);
+      const int32_t g = std::min(rows - r, 4);
       for (int i = 0; i < g; ++i) corr[i] = corr_all[r + i];
       float* a = task.acc + static_cast<int64_t>(r) * d;
       const float* p = scores + r * stride;
-      if (g == 8) AccumulateRows<8>(df, v, group_n, d, p, stride, corr, a);
-      else if (g >= 4) { AccumulateRows<4>(df, v, group_n, d, p, stride, corr, a); r += 4; continue; }
-      else if (g >= 2) { AccumulateRows<2>(df, v, group_n, d, p, stride, corr, a); r += 2; continue; }
-      else AccumulateRows<1>(df, v, group_n, d, p, stride, corr, a);
+      const Prefetcher& pf = r == 0 ? next_k : none;
+      if (g == 8) AccumulateRows<8>(df, v, group_n, d, p, stride, corr, a, pf);
+      else if (g >= 4) { AccumulateRows<4>(df, v, group_n, d, p, stride, corr, a, pf); r += 4; continue; }
+      else if (g >= 2) { AccumulateRows<2>(df, v, group_n, d, p, stride, corr, a, pf); r += 2; continue; }
+      else AccumulateRows<1>(df, v, group_n, d, p, stride, corr, a, pf);
       r += g;
     }
   }

@@ -44,6 +44,8 @@ struct RowTask {
 };
 
 inline constexpr int32_t kScoreAlign = 16;
+// Largest block_len the kernel supports (CacheConfig's upper bound).
+inline constexpr int32_t kMaxBlockLen = 1024;
 // Most rows one task may carry (REQUIRES: rows <= kMaxRows).
 inline constexpr int32_t kMaxRows = 128;
 

@@ -1,0 +1,260 @@
+// `pagekv bench attention`: decode attention over the paged layout, timed
+// against the machine's roofline measured in the same run, and against a
+// straightforward scalar loop over a contiguous cache.
+//
+// Cold runs: each shape gets an arena with enough layers that the calls,
+// rotating over the layers, read a KV footprint of at least kRotationBytes
+// (several times the ~32 MiB effective last-level cache), so every call
+// streams from DRAM.
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "base/checked_math.h"
+#include "kernels/machine_ceilings.h"
+#include "kvcache/kv_arena.h"
+#include "layout/float16.h"
+#include "pagekv/attention.h"
+#include "pagekv/bench.h"
+#include "pagekv/kv_layout.h"
+
+namespace pagekv {
+namespace {
+
+constexpr int64_t kRotationBytes = int64_t{256} << 20;
+constexpr int64_t kQuickRotationBytes = int64_t{64} << 20;
+constexpr int64_t kMaxFootprint = int64_t{6} << 30;  // per shape, under the 8 GiB limit
+
+struct HeadConfig {
+  int32_t q_heads, kv_heads;
+};
+
+struct Shape {
+  int64_t batch, ctx;
+  HeadConfig heads;
+  int32_t block_len;
+  DType dtype;
+  int threads;
+};
+
+std::vector<Shape> Grid(const AttentionBenchOptions& o, int all_threads) {
+  const BenchSet set = o.set;
+  std::vector<int64_t> batches, ctxs;
+  std::vector<int32_t> block_lens;
+  std::vector<HeadConfig> heads = {{32, 32}, {32, 8}, {64, 8}};
+  std::vector<int> threads = {all_threads};
+  switch (set) {
+    case BenchSet::kQuick:
+      batches = {2};
+      ctxs = {1024};
+      block_lens = {16, 128};
+      heads = {{8, 2}};
+      break;
+    case BenchSet::kDefault:
+      batches = {8};
+      ctxs = {4096, 16384};
+      block_lens = {128};
+      break;
+    case BenchSet::kFull:
+      batches = {1, 8, 32};
+      ctxs = {512, 4096, 16384};
+      block_lens = {16, 64, 128};
+      if (all_threads > 1) threads = {1, all_threads};
+      break;
+  }
+  std::vector<DType> dtypes = {DType::kF16, DType::kBF16};
+  if (!o.batches.empty()) batches = o.batches;
+  if (!o.contexts.empty()) ctxs = o.contexts;
+  if (!o.block_lens.empty()) block_lens = o.block_lens;
+  if (!o.dtypes.empty()) dtypes = o.dtypes;
+  if (!o.heads.empty()) {
+    heads.clear();
+    for (auto [qh, kvh] : o.heads) heads.push_back({qh, kvh});
+  }
+  std::vector<Shape> out;
+  for (int t : threads)
+    for (int32_t bl : block_lens)
+      for (DType d : dtypes)
+        for (HeadConfig h : heads)
+          for (int64_t b : batches)
+            for (int64_t c : ctxs) out.push_back({b, c, h, bl, d, t});
+  return out;
+}
+
+uint16_t Encode(DType d, float x) { return d == DType::kF16 ? F32ToF16(x) : F32ToBF16(x); }
+float Decode(DType d, uint16_t h) { return d == DType::kF16 ? F16ToF32(h) : BF16ToF32(h); }
+
+// Straightforward decode attention over contiguous K and V
+// ([seq][kv_head][ctx][head_dim]), scalar code, three passes per head.
+void ScalarContiguous(const Shape& s, int32_t d, const uint16_t* k, const uint16_t* v, const float* q, float* out) {
+  const int32_t group = s.heads.q_heads / s.heads.kv_heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+#pragma omp parallel for num_threads(s.threads) collapse(2) schedule(static)
+  for (int64_t b = 0; b < s.batch; ++b) {
+    for (int32_t qh = 0; qh < s.heads.q_heads; ++qh) {
+      std::vector<float> logits(static_cast<size_t>(s.ctx));
+      const int32_t kh = qh / group;
+      const float* qv = q + (b * s.heads.q_heads + qh) * d;
+      const uint16_t* kb = k + (b * s.heads.kv_heads + kh) * s.ctx * d;
+      const uint16_t* vb = v + (b * s.heads.kv_heads + kh) * s.ctx * d;
+      float mx = -INFINITY;
+      for (int64_t t = 0; t < s.ctx; ++t) {
+        float dot = 0;
+        for (int32_t x = 0; x < d; ++x) dot += qv[x] * Decode(s.dtype, kb[t * d + x]);
+        logits[static_cast<size_t>(t)] = dot * scale;
+        mx = std::max(mx, dot * scale);
+      }
+      float sum = 0;
+      for (auto& l : logits) sum += (l = std::exp(l - mx));
+      float* o = out + (b * s.heads.q_heads + qh) * d;
+      std::fill(o, o + d, 0.0f);
+      for (int64_t t = 0; t < s.ctx; ++t) {
+        const float w = logits[static_cast<size_t>(t)] / sum;
+        for (int32_t x = 0; x < d; ++x) o[x] += w * Decode(s.dtype, vb[t * d + x]);
+      }
+    }
+  }
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+Result<AttentionBenchResult> RunShape(const Shape& s, const AttentionBenchReport& ceilings, bool quick,
+                                      bool scalar_baseline) {
+  constexpr int32_t kHeadDim = 128;
+  const int64_t blocks_per_seq = CeilDiv(s.ctx, s.block_len);
+  CacheConfig c;
+  c.num_q_heads = s.heads.q_heads;
+  c.num_kv_heads = s.heads.kv_heads;
+  c.head_dim = kHeadDim;
+  c.block_len = s.block_len;
+  c.format = KvFormat::Plain(s.dtype);
+  c.num_blocks = s.batch * blocks_per_seq;
+  c.num_layers = 1;
+  const int64_t layer_bytes = KvLayout::Create(c)->layer_stride();
+  const int64_t target = quick ? kQuickRotationBytes : kRotationBytes;
+  c.num_layers = static_cast<int32_t>(std::max<int64_t>(1, CeilDiv(target, layer_bytes)));
+  if (layer_bytes * c.num_layers > kMaxFootprint) {
+    return ResourceExhaustedError("shape needs " + std::to_string(layer_bytes >> 20) + " MiB per layer");
+  }
+  PAGEKV_ASSIGN_OR_RETURN(KvLayout layout, KvLayout::Create(c));
+  PAGEKV_ASSIGN_OR_RETURN(auto arena, KvArena::Create({.size_bytes = layout.total_bytes()}));
+
+  // Random K/V values in [-1, 1], written as a repeating 1 MiB pattern.
+  std::mt19937 rng(1234);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<uint16_t> pattern(1 << 19);
+  for (auto& x : pattern) x = Encode(s.dtype, u(rng));
+  const int64_t pattern_bytes = static_cast<int64_t>(pattern.size() * 2);
+  for (int64_t off = 0; off < layout.total_bytes(); off += pattern_bytes) {
+    std::memcpy(arena->data() + off, pattern.data(),
+                static_cast<size_t>(std::min(pattern_bytes, layout.total_bytes() - off)));
+  }
+  // Block tables: the pool's ids shuffled, as a fragmented pool hands them out.
+  std::vector<BlockId> ids(static_cast<size_t>(c.num_blocks));
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = BlockId{static_cast<int32_t>(i)};
+  std::shuffle(ids.begin(), ids.end(), rng);
+  std::vector<DecodeSeq> seqs;
+  for (int64_t b = 0; b < s.batch; ++b) {
+    seqs.push_back({std::span<const BlockId>(ids).subspan(static_cast<size_t>(b * blocks_per_seq),
+                                                          static_cast<size_t>(blocks_per_seq)),
+                    s.ctx});
+  }
+  std::vector<float> q(static_cast<size_t>(s.batch * s.heads.q_heads * kHeadDim));
+  for (auto& x : q) x = u(rng);
+  std::vector<float> out(q.size());
+  AttentionOptions opts;
+  opts.num_threads = s.threads;
+
+  using Clock = std::chrono::steady_clock;
+  std::vector<double> times;
+  double total = 0;
+  const int64_t min_calls = quick ? 3 : 5;
+  for (int64_t call = 0; call < 1000 && (static_cast<int64_t>(times.size()) < min_calls || total < 0.3); ++call) {
+    const PagedKv kv{&layout, arena->data(), static_cast<int32_t>((call + 1) % c.num_layers)};
+    const auto t0 = Clock::now();
+    PAGEKV_RETURN_IF_ERROR(PagedDecodeAttention(kv, seqs, q.data(), out.data(), opts));
+    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (call == 0) continue;  // warm-up: thread pool start, page walk caches
+    times.push_back(dt);
+    total += dt;
+  }
+
+  AttentionBenchResult r;
+  r.batch = s.batch;
+  r.ctx = s.ctx;
+  r.q_heads = s.heads.q_heads;
+  r.kv_heads = s.heads.kv_heads;
+  r.head_dim = kHeadDim;
+  r.block_len = s.block_len;
+  r.dtype = s.dtype;
+  r.threads = s.threads;
+  r.calls = static_cast<int64_t>(times.size());
+  r.seconds_per_call = Median(times);
+  const int64_t group = s.heads.q_heads / s.heads.kv_heads;
+  r.kv_bytes = s.batch * s.ctx * s.heads.kv_heads * kHeadDim * 2 * 2;
+  r.flops = static_cast<double>(s.batch * s.ctx * s.heads.kv_heads) * 2.0 * (2.0 * group * kHeadDim);
+  r.gbps = static_cast<double>(r.kv_bytes) / r.seconds_per_call / 1e9;
+  r.ratio_to_stream = r.gbps / ceilings.stream_read_gbps;
+  const double mem_floor = static_cast<double>(r.kv_bytes) / (ceilings.stream_read_gbps * 1e9);
+  const double fma_floor = r.flops / (ceilings.fma_gflops * 1e9);
+  r.floor_seconds = std::max(mem_floor, fma_floor);
+  r.bound = mem_floor >= fma_floor ? "memory" : "compute";
+  r.ratio_to_roofline = r.floor_seconds / r.seconds_per_call;
+  r.rotation_bytes = layout.total_bytes();
+
+  if (scalar_baseline) {
+    // The same values, contiguous per (sequence, head), read by a plain loop.
+    const size_t n = static_cast<size_t>(s.batch * s.heads.kv_heads * s.ctx * kHeadDim);
+    std::vector<uint16_t> k(n), v(n);
+    for (size_t i = 0; i < n; ++i) k[i] = pattern[i % pattern.size()];
+    for (size_t i = 0; i < n; ++i) v[i] = pattern[(i * 7 + 3) % pattern.size()];
+    const auto t0 = Clock::now();
+    ScalarContiguous(s, kHeadDim, k.data(), v.data(), q.data(), out.data());
+    r.scalar_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    r.speedup_vs_scalar = r.scalar_seconds / r.seconds_per_call;
+  }
+  return r;
+}
+
+}  // namespace
+
+Result<AttentionBenchReport> RunAttentionBench(const AttentionBenchOptions& options) {
+  AttentionBenchReport report;
+  report.threads = options.num_threads > 0 ? options.num_threads : omp_get_max_threads();
+  report.simd_target = AttentionSimdTarget();
+  const bool quick = options.set == BenchSet::kQuick;
+  report.stream_read_gbps =
+      kernels::MeasureStreamReadGbps(report.threads, quick ? (int64_t{128} << 20) : (int64_t{1} << 30));
+  report.fma_gflops = kernels::MeasureFmaGflops(report.threads);
+  // Rows with fewer threads are judged against ceilings measured with that
+  // many threads (once).
+  AttentionBenchReport single = report;
+  bool single_measured = false;
+  for (const Shape& s : Grid(options, report.threads)) {
+    if (s.threads != report.threads && !single_measured) {
+      single.stream_read_gbps = kernels::MeasureStreamReadGbps(s.threads, int64_t{1} << 30);
+      single.fma_gflops = kernels::MeasureFmaGflops(s.threads);
+      single_measured = true;
+    }
+    const AttentionBenchReport& ceilings = s.threads == report.threads ? report : single;
+    Result<AttentionBenchResult> r = RunShape(s, ceilings, quick, options.scalar_baseline);
+    if (!r.ok()) {
+      if (r.status().code() == StatusCode::kResourceExhausted) continue;  // over the footprint limit: skipped
+      return r.status();
+    }
+    if (options.on_result) options.on_result(*r);
+    report.results.push_back(*r);
+  }
+  return report;
+}
+
+}  // namespace pagekv
