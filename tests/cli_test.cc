@@ -122,6 +122,36 @@ TEST(CliDemoTest, PreemptsInsteadOfDeadlockingOnATinyPool) {
   EXPECT_NE(r.out.find("Leak check: no blocks referenced"), std::string::npos) << r.out;
 }
 
+TEST(CliBenchTest, QuickAttentionBenchPrintsTheRooflineObject) {
+  RunResult r = RunCli("bench attention --quick --json --no-scalar");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_GT(j["stream_read_gbps"].get<double>(), 0.0);
+  EXPECT_GT(j["fma_gflops"].get<double>(), 0.0);
+  ASSERT_FALSE(j["results"].empty());
+  for (const auto& row : j["results"]) {
+    for (const char* key : {"batch", "ctx", "q_heads", "kv_heads", "block_len", "dtype", "threads",
+                            "seconds_per_call", "kv_bytes", "gbps", "ratio_to_stream", "ratio_to_roofline"}) {
+      EXPECT_TRUE(row.contains(key)) << key;
+    }
+    EXPECT_GT(row["seconds_per_call"].get<double>(), 0.0);
+    // floor / measured: positive, and a kernel cannot beat its floor by much
+    // (a little slack for the ceilings' own measurement noise).
+    EXPECT_GT(row["ratio_to_roofline"].get<double>(), 0.0);
+    EXPECT_LT(row["ratio_to_roofline"].get<double>(), 2.0);
+    EXPECT_EQ(row["kv_bytes"].get<int64_t>(),
+              row["batch"].get<int64_t>() * row["ctx"].get<int64_t>() * row["kv_heads"].get<int64_t>() * 128 * 2 * 2);
+  }
+}
+
+TEST(CliBenchTest, BadBenchFlagsExitTwo) {
+  EXPECT_EQ(RunCli("bench attention --quick --full").exit_code, 2);
+  EXPECT_EQ(RunCli("bench attention --heads 30/8").exit_code, 2);
+  EXPECT_EQ(RunCli("bench attention --block-len 100").exit_code, 2);
+  EXPECT_EQ(RunCli("bench attention --dtype int8").exit_code, 2);
+  EXPECT_EQ(RunCli("bench").exit_code, 2);
+}
+
 TEST(CliTest, HelpExitsZero) {
   RunResult r = RunCli("plan --help");
   EXPECT_EQ(r.exit_code, 0);

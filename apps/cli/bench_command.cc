@@ -48,6 +48,8 @@ nlohmann::ordered_json ToJson(const AttentionBenchReport& r) {
     e["flops"] = x.flops;
     e["calls"] = x.calls;
     e["rotation_bytes"] = x.rotation_bytes;
+    e["row_stream_read_gbps"] = x.stream_read_gbps;
+    e["row_fma_gflops"] = x.fma_gflops;
     if (x.scalar_seconds > 0) {
       e["scalar_contiguous_seconds"] = x.scalar_seconds;
       e["speedup_vs_scalar"] = x.speedup_vs_scalar;

@@ -44,6 +44,8 @@ struct AttentionBenchResult {
   double ratio_to_roofline = 0;    // floor_seconds / seconds_per_call
   std::string bound;               // "memory" or "compute": which floor is larger
   int64_t rotation_bytes = 0;      // KV footprint the calls rotate over (cold when >> LLC)
+  double stream_read_gbps = 0;     // the ceilings this row is judged by, probed
+  double fma_gflops = 0;           // right before and after it (the better kept)
   double scalar_seconds = 0;       // straightforward scalar loop over a contiguous cache
   double speedup_vs_scalar = 0;    // scalar_seconds / seconds_per_call
 };

@@ -6,17 +6,17 @@
 // rotating over the layers, read a KV footprint of at least kRotationBytes
 // (several times the ~32 MiB effective last-level cache), so every call
 // streams from DRAM.
-#include <omp.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <vector>
 
 #include "base/checked_math.h"
+#include "base/thread_pool.h"
 #include "kernels/machine_ceilings.h"
 #include "kvcache/kv_arena.h"
 #include "layout/float16.h"
@@ -95,9 +95,10 @@ float Decode(DType d, uint16_t h) { return d == DType::kF16 ? F16ToF32(h) : BF16
 void ScalarContiguous(const Shape& s, int32_t d, const uint16_t* k, const uint16_t* v, const float* q, float* out) {
   const int32_t group = s.heads.q_heads / s.heads.kv_heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-#pragma omp parallel for num_threads(s.threads) collapse(2) schedule(static)
-  for (int64_t b = 0; b < s.batch; ++b) {
-    for (int32_t qh = 0; qh < s.heads.q_heads; ++qh) {
+  ThreadPool::Shared().ParallelFor(s.batch * s.heads.q_heads, s.threads, [&](int64_t item) {
+    {
+      const int64_t b = item / s.heads.q_heads;
+      const auto qh = static_cast<int32_t>(item % s.heads.q_heads);
       std::vector<float> logits(static_cast<size_t>(s.ctx));
       const int32_t kh = qh / group;
       const float* qv = q + (b * s.heads.q_heads + qh) * d;
@@ -119,7 +120,7 @@ void ScalarContiguous(const Shape& s, int32_t d, const uint16_t* k, const uint16
         for (int32_t x = 0; x < d; ++x) o[x] += w * Decode(s.dtype, vb[t * d + x]);
       }
     }
-  }
+  });
 }
 
 double Median(std::vector<double> v) {
@@ -127,8 +128,25 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-Result<AttentionBenchResult> RunShape(const Shape& s, const AttentionBenchReport& ceilings, bool quick,
-                                      bool scalar_baseline) {
+// The ceilings next to one row: probed before and after it, the better of
+// the two kept (a ratio is never inflated by a slow moment of the probe).
+struct Ceilings {
+  double stream_gbps = 0;
+  double fma_gflops = 0;
+};
+
+class CeilingProbe {
+ public:
+  CeilingProbe(int threads, int64_t bytes) : threads_(threads), stream_(kernels::StreamProbe::Create(bytes, threads)) {}
+  bool ok() const { return stream_ != nullptr; }
+  Ceilings Measure() const { return {stream_->MeasureGbps(), kernels::MeasureFmaGflops(threads_, 2)}; }
+
+ private:
+  int threads_;
+  std::unique_ptr<kernels::StreamProbe> stream_;
+};
+
+Result<AttentionBenchResult> RunShape(const Shape& s, const CeilingProbe& probe, bool quick, bool scalar_baseline) {
   constexpr int32_t kHeadDim = 128;
   const int64_t blocks_per_seq = CeilDiv(s.ctx, s.block_len);
   CacheConfig c;
@@ -175,6 +193,7 @@ Result<AttentionBenchResult> RunShape(const Shape& s, const AttentionBenchReport
   opts.num_threads = s.threads;
 
   using Clock = std::chrono::steady_clock;
+  const Ceilings before = probe.Measure();
   std::vector<double> times;
   double total = 0;
   const int64_t min_calls = quick ? 3 : 5;
@@ -188,7 +207,11 @@ Result<AttentionBenchResult> RunShape(const Shape& s, const AttentionBenchReport
     total += dt;
   }
 
+  const Ceilings after = probe.Measure();
+  const Ceilings ceilings{std::max(before.stream_gbps, after.stream_gbps), std::max(before.fma_gflops, after.fma_gflops)};
   AttentionBenchResult r;
+  r.stream_read_gbps = ceilings.stream_gbps;
+  r.fma_gflops = ceilings.fma_gflops;
   r.batch = s.batch;
   r.ctx = s.ctx;
   r.q_heads = s.heads.q_heads;
@@ -203,8 +226,8 @@ Result<AttentionBenchResult> RunShape(const Shape& s, const AttentionBenchReport
   r.kv_bytes = s.batch * s.ctx * s.heads.kv_heads * kHeadDim * 2 * 2;
   r.flops = static_cast<double>(s.batch * s.ctx * s.heads.kv_heads) * 2.0 * (2.0 * group * kHeadDim);
   r.gbps = static_cast<double>(r.kv_bytes) / r.seconds_per_call / 1e9;
-  r.ratio_to_stream = r.gbps / ceilings.stream_read_gbps;
-  const double mem_floor = static_cast<double>(r.kv_bytes) / (ceilings.stream_read_gbps * 1e9);
+  r.ratio_to_stream = r.gbps / ceilings.stream_gbps;
+  const double mem_floor = static_cast<double>(r.kv_bytes) / (ceilings.stream_gbps * 1e9);
   const double fma_floor = r.flops / (ceilings.fma_gflops * 1e9);
   r.floor_seconds = std::max(mem_floor, fma_floor);
   r.bound = mem_floor >= fma_floor ? "memory" : "compute";
@@ -229,24 +252,25 @@ Result<AttentionBenchResult> RunShape(const Shape& s, const AttentionBenchReport
 
 Result<AttentionBenchReport> RunAttentionBench(const AttentionBenchOptions& options) {
   AttentionBenchReport report;
-  report.threads = options.num_threads > 0 ? options.num_threads : omp_get_max_threads();
+  report.threads = options.num_threads > 0 ? options.num_threads : ThreadPool::Shared().num_threads();
   report.simd_target = AttentionSimdTarget();
   const bool quick = options.set == BenchSet::kQuick;
-  report.stream_read_gbps =
-      kernels::MeasureStreamReadGbps(report.threads, quick ? (int64_t{128} << 20) : (int64_t{1} << 30));
-  report.fma_gflops = kernels::MeasureFmaGflops(report.threads);
-  // Rows with fewer threads are judged against ceilings measured with that
-  // many threads (once).
-  AttentionBenchReport single = report;
-  bool single_measured = false;
+  // The stream buffer: many times the last-level cache (~32 MiB effective).
+  const int64_t probe_bytes = quick ? (int64_t{256} << 20) : (int64_t{1} << 30);
+  CeilingProbe all(report.threads, probe_bytes);
+  if (!all.ok()) return ResourceExhaustedError("could not map the bandwidth probe buffer");
+  const Ceilings start = all.Measure();
+  report.stream_read_gbps = start.stream_gbps;
+  report.fma_gflops = start.fma_gflops;
+  // Rows with fewer threads are judged against ceilings of that many threads.
+  std::unique_ptr<CeilingProbe> single;
   for (const Shape& s : Grid(options, report.threads)) {
-    if (s.threads != report.threads && !single_measured) {
-      single.stream_read_gbps = kernels::MeasureStreamReadGbps(s.threads, int64_t{1} << 30);
-      single.fma_gflops = kernels::MeasureFmaGflops(s.threads);
-      single_measured = true;
+    if (s.threads != report.threads && single == nullptr) {
+      single = std::make_unique<CeilingProbe>(s.threads, probe_bytes);
+      if (!single->ok()) return ResourceExhaustedError("could not map the bandwidth probe buffer");
     }
-    const AttentionBenchReport& ceilings = s.threads == report.threads ? report : single;
-    Result<AttentionBenchResult> r = RunShape(s, ceilings, quick, options.scalar_baseline);
+    const CeilingProbe& probe = s.threads == report.threads ? all : *single;
+    Result<AttentionBenchResult> r = RunShape(s, probe, quick, options.scalar_baseline);
     if (!r.ok()) {
       if (r.status().code() == StatusCode::kResourceExhausted) continue;  // over the footprint limit: skipped
       return r.status();

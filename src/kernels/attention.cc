@@ -3,8 +3,6 @@
 // is in attention_kernel.cc.
 #include "pagekv/attention.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -12,6 +10,7 @@
 #include <vector>
 
 #include "base/checked_math.h"
+#include "base/thread_pool.h"
 #include "kernels/attention_kernel.h"
 
 namespace pagekv {
@@ -74,7 +73,9 @@ Status ValidateTable(const KvLayout& l, std::span<const BlockId> blocks, int64_t
   return Status::Ok();
 }
 
-int Threads(const AttentionOptions& o) { return o.num_threads > 0 ? o.num_threads : omp_get_max_threads(); }
+int Threads(const AttentionOptions& o) {
+  return o.num_threads > 0 ? o.num_threads : ThreadPool::Shared().num_threads();
+}
 
 // One unit of parallel work: some rows of one (sequence, KV head) over one
 // chunk of key positions.
@@ -224,19 +225,18 @@ Status PagedDecodeAttention(const PagedKv& kv, std::span<const DecodeSeq> seqs, 
   std::vector<float> partials(static_cast<size_t>(num_partials * state_floats));
   const int64_t per_seq = static_cast<int64_t>(g.q_heads) * g.head_dim;
 
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (items.size() > 1)
-  for (size_t it = 0; it < items.size(); ++it) {
-    const WorkItem& w = items[it];
+  ThreadPool::Shared().ParallelFor(static_cast<int64_t>(items.size()), threads, [&](int64_t it) {
+    const WorkItem& w = items[static_cast<size_t>(it)];
     const DecodeSeq& sq = seqs[static_cast<size_t>(w.seq)];
     RunItem(w, kv, g, sq.blocks, sq.num_tokens, 1, q + w.seq * per_seq, out + w.seq * per_seq,
             w.partial >= 0 ? partials.data() + w.partial * state_floats : nullptr, options.softcap);
-  }
+  });
 
   // Merge chunk partials: out = sum_c e^(m_c - M) acc_c / sum_c e^(m_c - M) l_c.
   if (num_partials > 0) {
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (size_t i = 0; i < seqs.size(); ++i) {
-      if (first_partial[i] < 0) continue;
+    ThreadPool::Shared().ParallelFor(static_cast<int64_t>(seqs.size()), threads, [&](int64_t si) {
+      const auto i = static_cast<size_t>(si);
+      if (first_partial[i] < 0) return;
       const int64_t chunks = CeilDiv(seqs[i].num_tokens, chunk);
       for (int32_t h = 0; h < g.kv_heads; ++h) {
         const float* base = partials.data() + (first_partial[i] + h * chunks) * state_floats;
@@ -257,7 +257,7 @@ Status PagedDecodeAttention(const PagedKv& kv, std::span<const DecodeSeq> seqs, 
           for (int32_t x = 0; x < g.head_dim; ++x) dst[x] *= inv;
         }
       }
-    }
+    });
   }
   return Status::Ok();
 }
@@ -309,13 +309,12 @@ Status PagedPrefillAttention(const PagedKv& kv, std::span<const PrefillSeq> seqs
   // Longest tiles first, so the tail of the parallel loop is short ones.
   std::sort(items.begin(), items.end(),
             [](const WorkItem& a, const WorkItem& b) { return a.tok_end > b.tok_end; });
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (items.size() > 1)
-  for (size_t it = 0; it < items.size(); ++it) {
-    const WorkItem& w = items[it];
+  ThreadPool::Shared().ParallelFor(static_cast<int64_t>(items.size()), threads, [&](int64_t it) {
+    const WorkItem& w = items[static_cast<size_t>(it)];
     const PrefillSeq& sq = seqs[static_cast<size_t>(w.seq)];
     const int64_t base = q_offset[static_cast<size_t>(w.seq)] * per_query;
     RunItem(w, kv, g, sq.blocks, sq.num_tokens, sq.num_queries, q + base, out + base, nullptr, options.softcap);
-  }
+  });
   return Status::Ok();
 }
 

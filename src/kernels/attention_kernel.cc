@@ -79,6 +79,9 @@ constexpr int kChains = 16;  // 32 vector registers
 #else
 constexpr int kChains = 8;   // 16 vector registers (AVX2, SSE4) or fewer lanes
 #endif
+#ifndef PAGEKV_PREFETCH_BLOCKS
+#define PAGEKV_PREFETCH_BLOCKS 1
+#endif
 #ifndef PAGEKV_PV_CHAINS
 #define PAGEKV_PV_CHAINS kChains
 #endif
@@ -226,22 +229,23 @@ void AttendRowsT(DF df, const RowTask& task) {
     const int64_t block = ToInt(task.blocks[start / bl]);
     const auto* k = reinterpret_cast<const T*>(task.k_region + block * task.slab_stride);
     const auto* v = reinterpret_cast<const T*>(task.v_region + block * task.slab_stride);
-    // Distance: one block (two slabs) ahead. The scores of block b prefetch
-    // K(b + 1); the accumulation of block b prefetches V(b + 1).
-    Prefetcher this_v, next_k;
-    if (start + bl < end) {
-      const int64_t nb = ToInt(task.blocks[(start + bl) / bl]);
-      const int64_t rows_next = std::min<int64_t>(bl, end - start - bl);
-      this_v = {task.k_region + nb * task.slab_stride, rows_next, row_bytes};
-      next_k = {task.v_region + nb * task.slab_stride, rows_next, row_bytes};
+    // Distance: kPrefetchBlocks blocks ahead. The scores of block b prefetch
+    // K(b + distance); the accumulation of block b prefetches V(b + distance).
+    Prefetcher score_pf, acc_pf;
+    const int64_t ahead = start + PAGEKV_PREFETCH_BLOCKS * static_cast<int64_t>(bl);
+    if (ahead < end) {
+      const int64_t nb = ToInt(task.blocks[ahead / bl]);
+      const int64_t rows_ahead = std::min<int64_t>(bl, end - ahead);
+      score_pf = {task.k_region + nb * task.slab_stride, rows_ahead, row_bytes};
+      acc_pf = {task.v_region + nb * task.slab_stride, rows_ahead, row_bytes};
     }
 
     // 1. Scores for every row (rows beyond their limit are masked below).
     int32_t r = 0;
     const Prefetcher none;
-    for (; r + 4 <= rows; r += 4) ScoreRows<4>(df, k, n, d, task.q + r * d, scores + r * stride, stride, r == 0 ? this_v : none);
-    for (; r + 2 <= rows; r += 2) ScoreRows<2>(df, k, n, d, task.q + r * d, scores + r * stride, stride, r == 0 ? this_v : none);
-    for (; r < rows; ++r) ScoreRows<1>(df, k, n, d, task.q + r * d, scores + r * stride, stride, r == 0 ? this_v : none);
+    for (; r + 4 <= rows; r += 4) ScoreRows<4>(df, k, n, d, task.q + r * d, scores + r * stride, stride, r == 0 ? score_pf : none);
+    for (; r + 2 <= rows; r += 2) ScoreRows<2>(df, k, n, d, task.q + r * d, scores + r * stride, stride, r == 0 ? score_pf : none);
+    for (; r < rows; ++r) ScoreRows<1>(df, k, n, d, task.q + r * d, scores + r * stride, stride, r == 0 ? score_pf : none);
 
     // 2. Online softmax per row: new max, rescale factor, p = exp(s - max).
     int64_t group_n = 0;  // the longest valid prefix among the rows
@@ -288,7 +292,7 @@ void AttendRowsT(DF df, const RowTask& task) {
       for (int i = 0; i < g; ++i) corr[i] = corr_all[r + i];
       float* a = task.acc + static_cast<int64_t>(r) * d;
       const float* p = scores + r * stride;
-      const Prefetcher& pf = r == 0 ? next_k : none;
+      const Prefetcher& pf = r == 0 ? acc_pf : none;
       if (g == 8) AccumulateRows<8>(df, v, group_n, d, p, stride, corr, a, pf);
       else if (g >= 4) { AccumulateRows<4>(df, v, group_n, d, p, stride, corr, a, pf); r += 4; continue; }
       else if (g >= 2) { AccumulateRows<2>(df, v, group_n, d, p, stride, corr, a, pf); r += 2; continue; }

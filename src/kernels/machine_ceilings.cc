@@ -4,13 +4,15 @@
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 
 #include <hwy/highway.h>
-#include <omp.h>
 #include <sys/mman.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
 
+#include <vector>
+
+#include "base/thread_pool.h"
 #include "kernels/machine_ceilings.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -64,32 +66,47 @@ HWY_EXPORT(SumFloats);
 HWY_EXPORT(FmaLoop);
 HWY_EXPORT(FloatLanes);
 
-double MeasureStreamReadGbps(int threads, int64_t bytes, int repeats) {
+std::unique_ptr<StreamProbe> StreamProbe::Create(int64_t bytes, int threads) {
   const int64_t n = bytes / static_cast<int64_t>(sizeof(float));
   void* mem = mmap(nullptr, static_cast<size_t>(n) * sizeof(float), PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (mem == MAP_FAILED) return 0;
+  if (mem == MAP_FAILED) return nullptr;
   madvise(mem, static_cast<size_t>(n) * sizeof(float), MADV_HUGEPAGE);
   auto* p = static_cast<float*>(mem);
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t i = 0; i < n; ++i) p[i] = 1.0f;
+  // First touch from the threads that will read it.
+  ThreadPool::Shared().ParallelFor(threads, threads, [&](int64_t id) {
+    for (int64_t i = n * id / threads, end = n * (id + 1) / threads; i < end; ++i) p[i] = 1.0f;
+  });
+  return std::unique_ptr<StreamProbe>(new StreamProbe(p, n, threads));
+}
+
+StreamProbe::~StreamProbe() { munmap(data_, static_cast<size_t>(n_) * sizeof(float)); }
+
+double StreamProbe::MeasureGbps(int repeats) const {
   double best = 0;
   volatile float sink = 0;
+  const float* p = data_;
+  const int64_t n = n_;
   for (int r = 0; r < repeats; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
-    float total = 0;
-#pragma omp parallel num_threads(threads) reduction(+ : total)
-    {
-      const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+    std::vector<float> partial(static_cast<size_t>(threads_));
+    const int64_t nt = threads_;
+    ThreadPool::Shared().ParallelFor(nt, threads_, [&](int64_t id) {
       const int64_t begin = n * id / nt, end = n * (id + 1) / nt;
-      total += HWY_DYNAMIC_DISPATCH(SumFloats)(p + begin, end - begin);
-    }
+      partial[static_cast<size_t>(id)] = HWY_DYNAMIC_DISPATCH(SumFloats)(p + begin, end - begin);
+    });
+    float total = 0;
+    for (float x : partial) total += x;
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     sink = sink + total;
     best = std::max(best, static_cast<double>(n) * sizeof(float) / s / 1e9);
   }
-  munmap(mem, static_cast<size_t>(n) * sizeof(float));
   return best;
+}
+
+double MeasureStreamReadGbps(int threads, int64_t bytes, int repeats) {
+  const std::unique_ptr<StreamProbe> probe = StreamProbe::Create(bytes, threads);
+  return probe ? probe->MeasureGbps(repeats) : 0.0;
 }
 
 double MeasureFmaGflops(int threads, int repeats) {
@@ -99,14 +116,13 @@ double MeasureFmaGflops(int threads, int repeats) {
   volatile float sink = 0;
   for (int r = 0; r < repeats; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
+    const int used = std::min(threads, ThreadPool::Shared().num_threads());
+    std::vector<float> partial(static_cast<size_t>(used));
+    ThreadPool::Shared().ParallelFor(used, used, [&](int64_t id) {
+      partial[static_cast<size_t>(id)] = HWY_DYNAMIC_DISPATCH(FmaLoop)(kIters, static_cast<float>(id));
+    });
     float total = 0;
-    int used = 1;
-#pragma omp parallel num_threads(threads) reduction(+ : total)
-    {
-#pragma omp single
-      used = omp_get_num_threads();
-      total += HWY_DYNAMIC_DISPATCH(FmaLoop)(kIters, static_cast<float>(omp_get_thread_num()));
-    }
+    for (float x : partial) total += x;
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     sink = sink + total;
     best = std::max(best, static_cast<double>(kIters) * 12 * lanes * 2 * used / s / 1e9);
