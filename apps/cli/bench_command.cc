@@ -56,6 +56,7 @@ nlohmann::ordered_json ToJson(const AttentionBenchReport& r) {
     }
     j["results"].push_back(e);
   }
+  j["skipped"] = r.skipped;
   return j;
 }
 
@@ -124,6 +125,7 @@ int RunBench(const BenchArgs& a) {
   } else {
     std::printf("ceilings (%d threads, %s): stream read %.1f GB/s, fp32 FMA %.1f GFLOP/s\n", r->threads,
                 r->simd_target.c_str(), r->stream_read_gbps, r->fma_gflops);
+    for (const std::string& why : r->skipped) std::printf("skipped: %s\n", why.c_str());
   }
   return kExitOk;
 }

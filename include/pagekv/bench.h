@@ -56,6 +56,7 @@ struct AttentionBenchReport {
   double stream_read_gbps = 0;
   double fma_gflops = 0;
   std::vector<AttentionBenchResult> results;
+  std::vector<std::string> skipped;  // shapes not run, with the reason
 };
 
 struct AttentionBenchOptions {

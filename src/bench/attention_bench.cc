@@ -161,7 +161,8 @@ Result<AttentionBenchResult> RunShape(const Shape& s, const CeilingProbe& probe,
   const int64_t target = quick ? kQuickRotationBytes : kRotationBytes;
   c.num_layers = static_cast<int32_t>(std::max<int64_t>(1, CeilDiv(target, layer_bytes)));
   if (layer_bytes * c.num_layers > kMaxFootprint) {
-    return ResourceExhaustedError("shape needs " + std::to_string(layer_bytes >> 20) + " MiB per layer");
+    return ResourceExhaustedError("needs " + std::to_string(layer_bytes >> 20) +
+                                  " MiB of KV per layer, over the 6 GiB per-shape limit");
   }
   PAGEKV_ASSIGN_OR_RETURN(KvLayout layout, KvLayout::Create(c));
   PAGEKV_ASSIGN_OR_RETURN(auto arena, KvArena::Create({.size_bytes = layout.total_bytes()}));
@@ -272,8 +273,12 @@ Result<AttentionBenchReport> RunAttentionBench(const AttentionBenchOptions& opti
     const CeilingProbe& probe = s.threads == report.threads ? all : *single;
     Result<AttentionBenchResult> r = RunShape(s, probe, quick, options.scalar_baseline);
     if (!r.ok()) {
-      if (r.status().code() == StatusCode::kResourceExhausted) continue;  // over the footprint limit: skipped
-      return r.status();
+      if (r.status().code() != StatusCode::kResourceExhausted) return r.status();
+      report.skipped.push_back("batch " + std::to_string(s.batch) + " ctx " + std::to_string(s.ctx) + " heads " +
+                               std::to_string(s.heads.q_heads) + "/" + std::to_string(s.heads.kv_heads) +
+                               " block_len " + std::to_string(s.block_len) + " " + std::string(DTypeName(s.dtype)) +
+                               ": " + r.status().message());
+      continue;
     }
     if (options.on_result) options.on_result(*r);
     report.results.push_back(*r);
