@@ -2,11 +2,12 @@
 // and chosen at run time. See attention_kernel.h for the task it runs.
 //
 // Per block of keys: scores for all R rows (each K row is loaded and
-// converted once per group of rows), the online-softmax update per row
-// (vector exp), then the V accumulation (each V vector loaded and converted
-// once per group of up to 8 rows). While one block is processed the next
-// block's K and V rows are prefetched, spread over the token loop: hardware
-// prefetchers stop at page boundaries and blocks are scattered.
+// converted once per group of kRowsPerPass rows), the online-softmax update
+// per row (vector max and exp), then the V accumulation (each V vector loaded
+// and converted once per group of rows). While one block is processed the
+// next block's K and V rows are prefetched into L2, spread over the token
+// loops: hardware prefetchers stop at page boundaries and blocks are
+// scattered. docs/PERFORMANCE.md has the measurements behind each choice.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/attention_kernel.cc"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -79,15 +80,13 @@ constexpr int kChains = 16;  // 32 vector registers
 #else
 constexpr int kChains = 8;   // 16 vector registers (AVX2, SSE4) or fewer lanes
 #endif
-#ifndef PAGEKV_PREFETCH_BLOCKS
-#define PAGEKV_PREFETCH_BLOCKS 1
-#endif
-#ifndef PAGEKV_PV_CHAINS
-#define PAGEKV_PV_CHAINS kChains
-#endif
-#ifndef PAGEKV_QK_CHAINS
-#define PAGEKV_QK_CHAINS kChains
-#endif
+// Prefetch distance in blocks. 2 and 3 measured the same as 1
+// (docs/PERFORMANCE.md), so the nearest is kept.
+constexpr int64_t kPrefetchBlocks = 1;
+// Rows per pass over a block's K (scores) and V (accumulation). Score tiles
+// of four rows balance the loads of q against the FMAs better than eight
+// (G = 8: 221 -> 186 cycles per token on the hot-loop measurement).
+constexpr int32_t kRowsPerPass = 4;
 
 // The kernel consumes slabs in the order K(b0), V(b0), K(b1), V(b1), ...
 // While it reads row t of one slab it prefetches row t of the next slab in
@@ -144,7 +143,7 @@ HWY_INLINE void ScoreTile(DF df, const T* HWY_RESTRICT k, int64_t t0, int32_t d,
 template <int kG, class DF, typename T>
 HWY_INLINE void ScoreRows(DF df, const T* HWY_RESTRICT k, int64_t n, int32_t d, const float* HWY_RESTRICT q,
                           float* HWY_RESTRICT scores, int32_t stride, const Prefetcher& next) {
-  constexpr int kT = kG >= PAGEKV_QK_CHAINS ? 1 : PAGEKV_QK_CHAINS / kG;
+  constexpr int kT = kG >= kChains ? 1 : kChains / kG;
   int64_t t = 0;
   for (; t + kT <= n; t += kT) {
     for (int i = 0; i < kT; ++i) next.Row(t + i);
@@ -191,7 +190,7 @@ HWY_INLINE void AccumulateRows(DF df, const T* HWY_RESTRICT v, int64_t n, int32_
                                float* HWY_RESTRICT acc, const Prefetcher& next) {
   // Tiles of kJ vectors of head_dim, the widest that fits the remaining
   // vectors: 8, then 4, 2, 1 (head_dim 128 in f32x16 is 8 vectors).
-  constexpr int kJ = kG >= PAGEKV_PV_CHAINS ? 1 : std::min(8, PAGEKV_PV_CHAINS / kG);
+  constexpr int kJ = kG >= kChains ? 1 : std::min(8, kChains / kG);
   const int32_t lanes = static_cast<int32_t>(hn::Lanes(df));
   const Prefetcher none;
   HWY_ALIGN float pk[kMaxBlockLen * kG];
@@ -232,7 +231,7 @@ void AttendRowsT(DF df, const RowTask& task) {
     // Distance: kPrefetchBlocks blocks ahead. The scores of block b prefetch
     // K(b + distance); the accumulation of block b prefetches V(b + distance).
     Prefetcher score_pf, acc_pf;
-    const int64_t ahead = start + PAGEKV_PREFETCH_BLOCKS * static_cast<int64_t>(bl);
+    const int64_t ahead = start + kPrefetchBlocks * bl;
     if (ahead < end) {
       const int64_t nb = ToInt(task.blocks[ahead / bl]);
       const int64_t rows_ahead = std::min<int64_t>(bl, end - ahead);
@@ -286,18 +285,24 @@ void AttendRowsT(DF df, const RowTask& task) {
     }
     if (group_n == 0) continue;
 
-    // 3. acc = acc * corr + p v, up to 8 rows per pass over V.
+    // 3. acc = acc * corr + p v, kRowsPerPass rows per pass over V.
     for (r = 0; r < rows;) {
-      const int32_t g = std::min(rows - r, 4);
+      const int32_t g = std::min(rows - r, kRowsPerPass);
       for (int i = 0; i < g; ++i) corr[i] = corr_all[r + i];
       float* a = task.acc + static_cast<int64_t>(r) * d;
       const float* p = scores + r * stride;
       const Prefetcher& pf = r == 0 ? acc_pf : none;
-      if (g == 8) AccumulateRows<8>(df, v, group_n, d, p, stride, corr, a, pf);
-      else if (g >= 4) { AccumulateRows<4>(df, v, group_n, d, p, stride, corr, a, pf); r += 4; continue; }
-      else if (g >= 2) { AccumulateRows<2>(df, v, group_n, d, p, stride, corr, a, pf); r += 2; continue; }
-      else AccumulateRows<1>(df, v, group_n, d, p, stride, corr, a, pf);
-      r += g;
+      static_assert(kRowsPerPass == 4, "the dispatch below covers groups of 4, 2 and 1 rows");
+      if (g == 4) {
+        AccumulateRows<4>(df, v, group_n, d, p, stride, corr, a, pf);
+        r += 4;
+      } else if (g >= 2) {
+        AccumulateRows<2>(df, v, group_n, d, p, stride, corr, a, pf);
+        r += 2;
+      } else {
+        AccumulateRows<1>(df, v, group_n, d, p, stride, corr, a, pf);
+        r += 1;
+      }
     }
   }
 }

@@ -1,0 +1,66 @@
+// Hot-loop microbenchmark of the decode kernel: one sequence, one KV head,
+// 1024 tokens (L2-resident), one thread, so the figure is the kernel's
+// compute cost per token without memory stalls. Counters: ns_per_token
+// (per KV head), and the f32 GFLOP/s that implies (4 * G * head_dim flops
+// per token). docs/PERFORMANCE.md quotes these.
+#include <cstring>
+#include <vector>
+
+#include <benchmark/benchmark.h>
+
+#include "layout/float16.h"
+#include "pagekv/attention.h"
+
+namespace pagekv {
+namespace {
+
+void BM_DecodeHot(benchmark::State& state) {
+  const auto group = static_cast<int32_t>(state.range(0));
+  const auto dtype = static_cast<DType>(state.range(1));
+  constexpr int32_t kHeadDim = 128, kBlockLen = 128, kBlocks = 8;
+  CacheConfig c;
+  c.num_layers = 1;
+  c.num_kv_heads = 1;
+  c.num_q_heads = group;
+  c.head_dim = kHeadDim;
+  c.block_len = kBlockLen;
+  c.format = KvFormat::Plain(dtype);
+  c.num_blocks = kBlocks;
+  const KvLayout layout = *KvLayout::Create(c);
+  std::vector<float> storage(static_cast<size_t>(layout.total_bytes() / 4 + 16));
+  auto* arena = reinterpret_cast<std::byte*>((reinterpret_cast<uintptr_t>(storage.data()) + 63) & ~uintptr_t{63});
+  const int64_t elems = layout.total_bytes() / (DTypeBits(dtype) / 8);
+  for (int64_t i = 0; i < elems; ++i) {
+    const float x = static_cast<float>((i * 37) % 101) / 101.0f - 0.5f;
+    if (dtype == DType::kF32) {
+      std::memcpy(arena + 4 * i, &x, 4);
+    } else {
+      const uint16_t h = dtype == DType::kF16 ? F32ToF16(x) : F32ToBF16(x);
+      std::memcpy(arena + 2 * i, &h, 2);
+    }
+  }
+  std::vector<BlockId> table;
+  for (int32_t b = kBlocks - 1; b >= 0; --b) table.push_back(BlockId{b});
+  const DecodeSeq seq{table, kBlocks * kBlockLen};
+  std::vector<float> q(static_cast<size_t>(group * kHeadDim), 0.01f), out(q.size());
+  AttentionOptions opts;
+  opts.num_threads = 1;
+  for (auto _ : state) {
+    if (!PagedDecodeAttention({&layout, arena, 0}, {&seq, 1}, q.data(), out.data(), opts).ok()) {
+      state.SkipWithError("attention failed");
+    }
+    benchmark::DoNotOptimize(out.data());
+  }
+  const double tokens = static_cast<double>(state.iterations()) * seq.num_tokens;
+  state.counters["ns_per_token"] = benchmark::Counter(tokens * 1e-9, benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  state.counters["gflops"] = benchmark::Counter(tokens * 4.0 * group * kHeadDim * 1e-9, benchmark::Counter::kIsRate);
+  state.SetLabel(std::string(DTypeName(dtype)) + " G=" + std::to_string(group));
+}
+BENCHMARK(BM_DecodeHot)
+    ->ArgsProduct({{1, 4, 8}, {static_cast<int64_t>(DType::kF32), static_cast<int64_t>(DType::kF16),
+                                static_cast<int64_t>(DType::kBF16)}});
+
+}  // namespace
+}  // namespace pagekv
+
+BENCHMARK_MAIN();
