@@ -9,13 +9,15 @@
 // partial results are merged by their log-sum-exp (flash-decoding), so one
 // long sequence still uses every core. SIMD through Highway with run-time
 // dispatch (AVX-512, AVX2, SSE4 or scalar: whatever the CPU has); threads
-// through OpenMP.
+// from one process-wide pool (one thread per hardware thread).
 //
 // Storage dtypes: f32, f16, bf16. Any head_dim works; multiples of the vector
 // width (16 floats on AVX-512, 8 on AVX2) take the fastest path.
 //
-// Thread safety: the functions are reentrant; concurrent calls may read the
-// same arena. Each call uses up to `num_threads` threads of its own.
+// Thread safety: the functions may be called from several threads at once
+// and may read the same arena; calls share the process-wide pool, so
+// concurrent calls run one after another. REQUIRES: not called from inside
+// another attention call's worker.
 #pragma once
 
 #include <cstddef>
