@@ -171,6 +171,18 @@ class KvCache {
   // that is null for a per-head cache or set for an MLA cache.
   Result<bool> Append(SeqId id, const KvTokens& tokens);
 
+  // The write path in two halves, for a model that produces K and V one
+  // layer at a time. Reserve extends the sequence by n positions (taking
+  // blocks, copying a shared partial last block first) exactly as Append
+  // would, without writing them: false and no change when the pool is short.
+  // WriteLayer then writes one layer's rows for positions [pos, pos + n):
+  //   rows.k, rows.v: [n][num_heads][row_bytes] (v null for MLA)
+  // Errors (nothing written): unknown id, layer out of range, positions
+  // outside the sequence, or positions in a block shared with another
+  // sequence (only positions added since the last fork are writable).
+  Result<bool> Reserve(SeqId id, int64_t n);
+  Status WriteLayer(SeqId id, int32_t layer, int64_t pos, const KvTokens& rows);
+
   // A new sequence sharing all of `parent`'s blocks. Never allocates.
   Result<SeqId> Fork(SeqId parent, std::string label = {});
 
@@ -215,9 +227,9 @@ class KvCache {
   struct State;
 
   KvCache(KvLayout layout, std::unique_ptr<State> state);
-  // Copies tokens' rows to the positions after s.num_tokens. REQUIRES: the
-  // blocks exist and none of them is shared.
-  void WriteRows(Sequence& s, const KvTokens& tokens);
+  // Copies tokens' rows to positions [first_pos, first_pos + n). REQUIRES:
+  // the blocks exist and none of them is shared.
+  void WriteRows(Sequence& s, int64_t first_pos, const KvTokens& tokens);
 
   KvLayout layout_;
   std::unique_ptr<State> state_;

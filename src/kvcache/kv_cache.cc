@@ -64,14 +64,25 @@ Result<AppendNeed> KvCache::BlocksNeeded(SeqId id, int64_t n) const {
 }
 
 Result<bool> KvCache::Append(SeqId id, const KvTokens& tokens) {
-  PAGEKV_ASSIGN_OR_RETURN(AppendNeed need, BlocksNeeded(id, tokens.num_tokens));
   const bool per_head = layout_.num_planes() == 2;
-  if (tokens.num_tokens == 0) return true;
-  if (tokens.k == nullptr) return InvalidArgumentError("append: k is null");
-  if (per_head && tokens.v == nullptr) return InvalidArgumentError("append: v is null");
-  if (!per_head && tokens.v != nullptr) {
-    return InvalidArgumentError("append: v must be null for an MLA cache (the latent row is k)");
+  if (tokens.num_tokens > 0) {
+    if (tokens.k == nullptr) return InvalidArgumentError("append: k is null");
+    if (per_head && tokens.v == nullptr) return InvalidArgumentError("append: v is null");
+    if (!per_head && tokens.v != nullptr) {
+      return InvalidArgumentError("append: v must be null for an MLA cache (the latent row is k)");
+    }
   }
+  const int64_t old_len = Contains(id) ? state_->sequences.at(ToInt(id)).num_tokens : 0;
+  PAGEKV_ASSIGN_OR_RETURN(bool fit, Reserve(id, tokens.num_tokens));
+  if (!fit || tokens.num_tokens == 0) return fit;
+  Sequence& s = state_->sequences.at(ToInt(id));
+  WriteRows(s, old_len, tokens);
+  return true;
+}
+
+Result<bool> KvCache::Reserve(SeqId id, int64_t n) {
+  PAGEKV_ASSIGN_OR_RETURN(AppendNeed need, BlocksNeeded(id, n));
+  if (n == 0) return true;
   if (!state_->pool.CanAllocate(need.total())) return false;
 
   Sequence& s = state_->sequences.at(ToInt(id));
@@ -99,13 +110,55 @@ Result<bool> KvCache::Append(SeqId id, const KvTokens& tokens) {
     s.blocks.back() = copy;
   }
   s.blocks.insert(s.blocks.end(), fresh.begin() + static_cast<std::ptrdiff_t>(next), fresh.end());
-
-  WriteRows(s, tokens);
-  s.num_tokens += tokens.num_tokens;
+  s.num_tokens += n;
   return true;
 }
 
-void KvCache::WriteRows(Sequence& s, const KvTokens& tokens) {
+Status KvCache::WriteLayer(SeqId id, int32_t layer, int64_t pos, const KvTokens& rows) {
+  auto it = state_->sequences.find(ToInt(id));
+  if (it == state_->sequences.end()) return NotFoundError("write: " + SeqName(id) + " does not exist");
+  Sequence& s = it->second;
+  const bool per_head = layout_.num_planes() == 2;
+  if (layer < 0 || layer >= layout_.num_layers()) {
+    return OutOfRangeError("write: layer " + std::to_string(layer) + " outside [0, " +
+                           std::to_string(layout_.num_layers()) + ")");
+  }
+  if (pos < 0 || rows.num_tokens < 0 || pos > s.num_tokens || rows.num_tokens > s.num_tokens - pos) {
+    return OutOfRangeError("write: tokens [" + std::to_string(pos) + ", +" + std::to_string(rows.num_tokens) +
+                           ") outside " + SeqName(id) + " of length " + std::to_string(s.num_tokens) +
+                           " (Reserve the positions first)");
+  }
+  if (rows.num_tokens == 0) return Status::Ok();
+  if (rows.k == nullptr || (per_head && rows.v == nullptr) || (!per_head && rows.v != nullptr)) {
+    return InvalidArgumentError("write: k (and v for a per-head cache) must be set; v must be null for MLA");
+  }
+  const int64_t bl = layout_.block_len();
+  for (int64_t b = pos / bl; b <= (pos + rows.num_tokens - 1) / bl; ++b) {
+    if (state_->pool.RefCount(s.blocks[static_cast<size_t>(b)]) > 1) {
+      return FailedPreconditionError("write: position " + std::to_string(std::max(pos, b * bl)) + " of " +
+                                     SeqName(id) + " is in a block shared with another sequence; only positions "
+                                     "added by Reserve or Append since the fork can be written");
+    }
+  }
+  std::byte* base = state_->arena->data();
+  const int64_t row = layout_.row_bytes();
+  const int64_t heads = layout_.num_heads();
+  const void* planes[2] = {rows.k, rows.v};
+  for (int32_t p = 0; p < layout_.num_planes(); ++p) {
+    const auto* src = static_cast<const std::byte*>(planes[p]);
+    for (int64_t i = 0; i < rows.num_tokens; ++i) {
+      const BlockId b = s.blocks[static_cast<size_t>((pos + i) / bl)];
+      const auto slot = static_cast<int32_t>((pos + i) % bl);
+      for (int32_t h = 0; h < heads; ++h) {
+        std::memcpy(base + layout_.RowOffset(layer, p, h, ToInt(b), slot), src + (i * heads + h) * row,
+                    static_cast<size_t>(row));
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+void KvCache::WriteRows(Sequence& s, int64_t first_pos, const KvTokens& tokens) {
   // Source [layer][token][head][row]; destination per layout. Slab-outer, so
   // the rows of consecutive tokens land next to each other within a block.
   std::byte* base = state_->arena->data();
@@ -123,7 +176,7 @@ void KvCache::WriteRows(Sequence& s, const KvTokens& tokens) {
       for (int32_t h = 0; h < heads; ++h) {
         const std::byte* src_h = src + h * row;
         for (int64_t i = 0; i < n; ++i) {
-          const int64_t pos = s.num_tokens + i;
+          const int64_t pos = first_pos + i;
           const BlockId b = s.blocks[static_cast<size_t>(pos >> shift)];
           std::memcpy(base + layout_.RowOffset(l, p, h, ToInt(b), static_cast<int32_t>(pos & mask)),
                       src_h + i * token_stride, static_cast<size_t>(row));

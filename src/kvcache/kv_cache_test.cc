@@ -420,3 +420,49 @@ TEST(KvCacheCreateTest, InvalidConfigIsRejected) {
 
 }  // namespace
 }  // namespace pagekv
+
+namespace pagekv {
+namespace {
+
+TEST(KvCacheLayerWriteTest, ReserveThenWriteLayerEqualsAppend) {
+  const CacheConfig c = Config(8, DType::kF16, 16, /*layers=*/3, /*kv_heads=*/2, /*head_dim=*/8);
+  auto a = MakeCache(c);
+  auto b = MakeCache(c);
+  const KvLayout& l = a->layout();
+  std::mt19937 rng(9);
+  const SeqId sa = a->AddSequence(), sb = b->AddSequence();
+  for (int64_t n : {5, 3, 9, 1}) {
+    const Tokens t = RandomTokens(l, n, rng);
+    ASSERT_TRUE(*a->Append(sa, t.In()));
+    const int64_t pos = b->View(sb)->num_tokens;
+    ASSERT_TRUE(*b->Reserve(sb, n));
+    const int64_t layer_bytes = n * l.num_heads() * l.row_bytes();
+    for (int32_t layer = 0; layer < l.num_layers(); ++layer) {
+      ASSERT_TRUE(b->WriteLayer(sb, layer, pos, {n, t.k.data() + layer * layer_bytes, t.v.data() + layer * layer_bytes}).ok());
+    }
+  }
+  EXPECT_EQ(ReadAll(*a, sa).k, ReadAll(*b, sb).k);
+  EXPECT_EQ(ReadAll(*a, sa).v, ReadAll(*b, sb).v);
+  b->CheckInvariants();
+}
+
+TEST(KvCacheLayerWriteTest, WritesToSharedBlocksOrOutsideTheSequenceAreRejected) {
+  auto cache = MakeCache(Config(8, DType::kF32, 8));
+  std::mt19937 rng(2);
+  const SeqId s = cache->AddSequence();
+  const Tokens t = RandomTokens(cache->layout(), 10, rng);
+  ASSERT_TRUE(*cache->Append(s, t.In()));
+  const SeqId child = *cache->Fork(s);
+  std::vector<uint8_t> row(static_cast<size_t>(cache->layout().num_heads() * cache->layout().row_bytes()));
+  Status shared = cache->WriteLayer(child, 0, 9, {1, row.data(), row.data()});
+  EXPECT_EQ(shared.code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(cache->WriteLayer(child, 0, 10, {1, row.data(), row.data()}).code(), StatusCode::kOutOfRange);
+  ASSERT_TRUE(*cache->Reserve(child, 1));  // copies the shared partial block
+  EXPECT_TRUE(cache->WriteLayer(child, 0, 10, {1, row.data(), row.data()}).ok());
+  EXPECT_EQ(cache->WriteLayer(child, 7, 10, {1, row.data(), row.data()}).code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(ReadAll(*cache, s).k, t.k);  // the parent is untouched
+  cache->CheckInvariants();
+}
+
+}  // namespace
+}  // namespace pagekv
