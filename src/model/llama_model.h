@@ -1,0 +1,89 @@
+// LlamaModel: a llama-architecture forward pass over the paged KV cache.
+//
+// token embedding -> n_layers x [RMSNorm -> q, k, v -> rotary embedding
+// (adjacent pairs, llama2.c convention) -> K and V written to the cache one
+// layer at a time -> paged attention over the cache (GQA) -> output
+// projection -> residual -> RMSNorm -> SwiGLU feed-forward -> residual]
+// -> final RMSNorm -> classifier.
+//
+// The model knows nothing of allocation policy: the caller owns the KvCache
+// and the sequence; Forward reserves the positions it computes (and reports a
+// full pool as `false`, changing nothing).
+//
+// Weights: f32 GGUF tensors (f16 and q8_0 arrive with the matrix kernels).
+// Thread safety: Forward may run concurrently on different caches; the model
+// itself is immutable.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "model/gguf_file.h"
+#include "pagekv/ids.h"
+#include "pagekv/kv_cache.h"
+#include "pagekv/status.h"
+
+namespace pagekv {
+
+struct LlamaConfig {
+  int32_t dim = 0;
+  int32_t hidden_dim = 0;
+  int32_t num_layers = 0;
+  int32_t num_heads = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+  int32_t vocab_size = 0;
+  int32_t context_len = 0;
+  float rope_theta = 10000.0f;
+  float norm_eps = 1e-5f;
+};
+
+class LlamaModel {
+ public:
+  // Validates the architecture, the hyper-parameters and every tensor's
+  // shape; takes ownership of the file (the weights stay memory-mapped).
+  static Result<std::unique_ptr<LlamaModel>> FromGguf(std::unique_ptr<GgufFile> file);
+
+  const LlamaConfig& config() const { return config_; }
+
+  // The cache geometry this model needs (format and block_len as given).
+  CacheConfig CacheGeometry(int32_t block_len, DType dtype, int64_t num_blocks) const;
+
+  // Runs `tokens` at positions [len, len + n) of `seq` (len = its current
+  // length), writing their K and V into the cache, and writes the logits of
+  // every one of them to logits[n][vocab_size]. Returns false (nothing
+  // changed) when the pool lacks the blocks. Errors: token ids outside the
+  // vocabulary, positions past the context length, a cache of another
+  // geometry, unknown sequence.
+  Result<bool> Forward(KvCache& cache, SeqId seq, std::span<const int32_t> tokens, float* logits) const;
+
+ private:
+  struct Layer {
+    const float* attn_norm;  // [dim]
+    const float* wq;         // [dim][dim]           (row = output)
+    const float* wk;         // [kv_dim][dim]
+    const float* wv;         // [kv_dim][dim]
+    const float* wo;         // [dim][dim]
+    const float* ffn_norm;   // [dim]
+    const float* w_gate;     // [hidden][dim]
+    const float* w_up;       // [hidden][dim]
+    const float* w_down;     // [dim][hidden]
+  };
+
+  LlamaModel() = default;
+  // The forward pass proper, after Reserve; Forward undoes the reservation
+  // when it fails.
+  Status Compute(KvCache& cache, SeqId seq, std::span<const int32_t> tokens, int64_t start, float* logits) const;
+
+  std::unique_ptr<GgufFile> file_;
+  LlamaConfig config_;
+  const float* embedding_ = nullptr;   // [vocab][dim]
+  const float* final_norm_ = nullptr;  // [dim]
+  const float* classifier_ = nullptr;  // [vocab][dim]
+  std::vector<Layer> layers_;
+};
+
+}  // namespace pagekv
