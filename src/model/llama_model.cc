@@ -1,6 +1,12 @@
 #include "model/llama_model.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 
 #include <cstring>
@@ -129,6 +135,80 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::FromGguf(std::unique_ptr<GgufFil
     m->layers_.push_back(L);
   }
   m->file_ = std::move(file);
+  return m;
+}
+
+Result<std::unique_ptr<LlamaModel>> LlamaModel::FromLlama2c(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    const std::string msg = "cannot open checkpoint '" + path + "': " + std::strerror(err);
+    return err == ENOENT ? NotFoundError(msg) : IoError(msg);
+  }
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size < 28) {
+    ::close(fd);
+    return DataLossError("checkpoint '" + path + "' is too small for a llama2.c header");
+  }
+  const auto size = static_cast<size_t>(st.st_size);
+  void* p = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED) return IoError("cannot map '" + path + "'");
+  std::shared_ptr<const std::byte> mapping(static_cast<const std::byte*>(p),
+                                           [size](const std::byte* m) { munmap(const_cast<std::byte*>(m), size); });
+  int32_t h[7];
+  std::memcpy(h, mapping.get(), sizeof(h));
+  auto m = std::unique_ptr<LlamaModel>(new LlamaModel());
+  LlamaConfig& c = m->config_;
+  const bool shared = h[5] > 0;
+  c.dim = h[0];
+  c.hidden_dim = h[1];
+  c.num_layers = h[2];
+  c.num_heads = h[3];
+  c.num_kv_heads = h[4];
+  c.vocab_size = shared ? h[5] : -h[5];
+  c.context_len = h[6];
+  for (int32_t v : {c.dim, c.hidden_dim, c.num_layers, c.num_heads, c.num_kv_heads, c.vocab_size, c.context_len}) {
+    if (v <= 0 || v > (1 << 24)) {
+      return DataLossError("checkpoint '" + path + "': header value " + std::to_string(v) +
+                           " is out of range (not a llama2.c v0 checkpoint?)");
+    }
+  }
+  if (c.dim % c.num_heads != 0 || c.num_heads % c.num_kv_heads != 0 || (c.dim / c.num_heads) % 2 != 0) {
+    return DataLossError("checkpoint '" + path + "': heads do not divide the model dimension");
+  }
+  c.head_dim = c.dim / c.num_heads;
+  const int64_t d = c.dim, hd = c.hidden_dim, L = c.num_layers, kv = int64_t{c.num_kv_heads} * c.head_dim;
+  const int64_t floats = c.vocab_size * d + L * d + L * d * d + 2 * L * kv * d + L * d * d + L * d +
+                         3 * L * hd * d + d + int64_t{c.context_len} * c.head_dim + (shared ? 0 : c.vocab_size * d);
+  if (static_cast<uint64_t>(floats) * 4 + 28 > size) {
+    return DataLossError("checkpoint '" + path + "' is truncated: the header needs " + std::to_string(floats * 4 + 28) +
+                         " bytes, the file has " + std::to_string(size));
+  }
+  const float* w = reinterpret_cast<const float*>(mapping.get() + 28);
+  auto take = [&](int64_t n) {
+    const float* out = w;
+    w += n;
+    return out;
+  };
+  m->embedding_ = take(c.vocab_size * d);
+  const float* rms_att = take(L * d);
+  const float* wq = take(L * d * d);
+  const float* wk = take(L * kv * d);
+  const float* wv = take(L * kv * d);
+  const float* wo = take(L * d * d);
+  const float* rms_ffn = take(L * d);
+  const float* w1 = take(L * hd * d);
+  const float* w2 = take(L * d * hd);
+  const float* w3 = take(L * hd * d);
+  m->final_norm_ = take(d);
+  take(int64_t{c.context_len} * c.head_dim);  // the legacy rope tables (freq_cis real and imaginary halves)
+  m->classifier_ = shared ? m->embedding_ : take(c.vocab_size * d);
+  for (int64_t l = 0; l < L; ++l) {
+    m->layers_.push_back(Layer{rms_att + l * d, wq + l * d * d, wk + l * kv * d, wv + l * kv * d, wo + l * d * d,
+                               rms_ffn + l * d, w1 + l * hd * d, w3 + l * hd * d, w2 + l * d * hd});
+  }
+  m->mapping_ = std::move(mapping);
   return m;
 }
 

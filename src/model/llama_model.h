@@ -47,6 +47,12 @@ class LlamaModel {
   // shape; takes ownership of the file (the weights stay memory-mapped).
   static Result<std::unique_ptr<LlamaModel>> FromGguf(std::unique_ptr<GgufFile> file);
 
+  // A llama2.c checkpoint (legacy v0 header: seven int32 dim, hidden_dim,
+  // n_layers, n_heads, n_kv_heads, vocab_size, seq_len; a negative vocab_size
+  // means the classifier is stored separately, else it is the embedding;
+  // then the f32 weights). Every size is checked against the file length.
+  static Result<std::unique_ptr<LlamaModel>> FromLlama2c(const std::string& path);
+
   const LlamaConfig& config() const { return config_; }
 
   // The cache geometry this model needs (format and block_len as given).
@@ -78,7 +84,8 @@ class LlamaModel {
   // when it fails.
   Status Compute(KvCache& cache, SeqId seq, std::span<const int32_t> tokens, int64_t start, float* logits) const;
 
-  std::unique_ptr<GgufFile> file_;
+  std::unique_ptr<GgufFile> file_;          // GGUF weights, or
+  std::shared_ptr<const std::byte> mapping_;  // a mapped llama2.c checkpoint
   LlamaConfig config_;
   const float* embedding_ = nullptr;   // [vocab][dim]
   const float* final_norm_ = nullptr;  // [dim]

@@ -14,15 +14,28 @@ namespace {
 
 constexpr const char* kGguf = "../shared/models/stories260K/stories260K.gguf";
 
-class LlamaGoldenTest : public ::testing::TestWithParam<std::pair<int32_t, DType>> {
+constexpr const char* kBin = "../shared/models/stories260K/stories260K.bin";
+
+struct GoldenCase {
+  bool gguf;  // else the llama2.c .bin
+  int32_t block_len;
+  DType dtype;
+};
+
+class LlamaGoldenTest : public ::testing::TestWithParam<GoldenCase> {
  protected:
   void SetUp() override {
     std::ifstream in("../shared/goldens/stories260K.json");
     ASSERT_TRUE(in.good()) << "tests read ../shared/goldens (see README)";
     golden_ = nlohmann::json::parse(in);
-    auto file = GgufFile::Open(kGguf);
-    ASSERT_TRUE(file.ok()) << file.status().ToString();
-    auto model = LlamaModel::FromGguf(std::move(*file));
+    Result<std::unique_ptr<LlamaModel>> model = UnimplementedError("unset");
+    if (GetParam().gguf) {
+      auto file = GgufFile::Open(kGguf);
+      ASSERT_TRUE(file.ok()) << file.status().ToString();
+      model = LlamaModel::FromGguf(std::move(*file));
+    } else {
+      model = LlamaModel::FromLlama2c(kBin);
+    }
     ASSERT_TRUE(model.ok()) << model.status().ToString();
     model_ = std::move(*model);
   }
@@ -42,7 +55,7 @@ class LlamaGoldenTest : public ::testing::TestWithParam<std::pair<int32_t, DType
 };
 
 TEST_P(LlamaGoldenTest, GreedyGenerationReproducesTheGoldens) {
-  const auto [block_len, dtype] = GetParam();
+  const auto [gguf, block_len, dtype] = GetParam();
   const int32_t vocab = model_->config().vocab_size;
   for (const auto& p : golden_["prompts"]) {
     auto cache = MakeCache(block_len, dtype);
@@ -85,7 +98,7 @@ TEST_P(LlamaGoldenTest, GreedyGenerationReproducesTheGoldens) {
 }
 
 TEST_P(LlamaGoldenTest, MeanNegativeLogLikelihoodOfTheGoldenText) {
-  const auto [block_len, dtype] = GetParam();
+  const auto [gguf, block_len, dtype] = GetParam();
   if (dtype != DType::kF32) GTEST_SKIP() << "the NLL golden is checked with f32 KV";
   const std::vector<int32_t> ids = golden_["nll"]["token_ids"].get<std::vector<int32_t>>();
   const auto scored = golden_["nll"]["n_scored"].get<size_t>();
@@ -111,13 +124,27 @@ TEST_P(LlamaGoldenTest, MeanNegativeLogLikelihoodOfTheGoldenText) {
   EXPECT_NEAR(total / static_cast<double>(scored), want, 1e-4 * want);
 }
 
-INSTANTIATE_TEST_SUITE_P(BlockLensAndDtypes, LlamaGoldenTest,
-                         ::testing::Values(std::pair{16, DType::kF32}, std::pair{128, DType::kF32},
-                                           std::pair{16, DType::kF16}, std::pair{128, DType::kBF16}),
+INSTANTIATE_TEST_SUITE_P(FilesBlockLensAndDtypes, LlamaGoldenTest,
+                         ::testing::Values(GoldenCase{true, 16, DType::kF32}, GoldenCase{true, 128, DType::kF32},
+                                           GoldenCase{true, 16, DType::kF16}, GoldenCase{true, 128, DType::kBF16},
+                                           GoldenCase{false, 16, DType::kF32}, GoldenCase{false, 128, DType::kF16}),
                          [](const auto& info) {
-                           return "BlockLen" + std::to_string(info.param.first) + "_" +
-                                  std::string(DTypeName(info.param.second));
+                           return std::string(info.param.gguf ? "Gguf" : "Llama2c") + "_BlockLen" +
+                                  std::to_string(info.param.block_len) + "_" +
+                                  std::string(DTypeName(info.param.dtype));
                          });
+
+TEST(LlamaModelTest, CorruptLlama2cCheckpointsAreErrors) {
+  EXPECT_EQ(LlamaModel::FromLlama2c("../shared/models/nope.bin").status().code(), StatusCode::kNotFound);
+  // A GGUF file read as a llama2.c header: its magic makes an absurd dim.
+  auto r = LlamaModel::FromLlama2c(kGguf);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
+  // The tokenizer file: a valid-looking small header, but far too short.
+  r = LlamaModel::FromLlama2c("../shared/models/stories260K/tok512.bin");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
+}
 
 TEST(LlamaModelTest, BadInputIsAnErrorAndLeavesTheSequenceUnchanged) {
   auto file = GgufFile::Open(kGguf);
