@@ -9,11 +9,13 @@
 //   plan.h       the planner behind `pagekv plan`, model presets
 //   attention.h  paged decode and prefill attention kernels
 //   bench.h      benchmarks behind `pagekv bench`
+//   generate.h   text generation with a llama model on the paged cache
 #pragma once
 
 #include "pagekv/attention.h"
 #include "pagekv/bench.h"
 #include "pagekv/dtype.h"
+#include "pagekv/generate.h"
 #include "pagekv/ids.h"
 #include "pagekv/kv_cache.h"
 #include "pagekv/kv_layout.h"

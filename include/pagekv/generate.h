@@ -1,0 +1,81 @@
+// Text generation with a llama-family model on the paged cache: the library
+// behind `pagekv generate`.
+//
+// Loads a GGUF model (or a llama2.c checkpoint with its tokenizer.bin),
+// encodes the prompts, prefills their longest common prefix once and forks
+// it to every prompt (the forks share those blocks; the first write to a
+// shared, partly filled block copies it), then decodes all sequences step by
+// step, sampling each next token, and frees every sequence the moment it is
+// done. Reports the text, the ids and what the cache did.
+//
+// Thread safety: Generate uses the process-wide kernel thread pool; run one
+// call at a time per process for meaningful statistics.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "pagekv/dtype.h"
+#include "pagekv/status.h"
+
+namespace pagekv {
+
+struct SamplingOptions {
+  float temperature = 0.0f;         // 0 = greedy (argmax, lowest id on ties)
+  int32_t top_k = 0;                // 0 = off; else keep the k most likely
+  float top_p = 1.0f;               // nucleus: keep the smallest set with mass >= top_p
+  float repetition_penalty = 1.0f;  // > 1 discourages tokens already in the sequence
+  uint64_t seed = 0;                // same seed, same tokens
+};
+
+struct GenerateOptions {
+  std::string model_path;      // .gguf, or a llama2.c .bin (then tokenizer_path is required)
+  std::string tokenizer_path;  // llama2.c tokenizer.bin
+  std::vector<std::string> prompts;  // generated together as one batch
+  int32_t max_new_tokens = 64;       // >= 1
+  SamplingOptions sampling;
+  int32_t block_len = 16;
+  DType kv_dtype = DType::kF32;
+  int64_t num_blocks = 0;  // 0 = enough for every prompt plus max_new_tokens
+  int32_t top_logits = 0;  // > 0: record the top-k (id, logit) of every step
+  // Called with (prompt index, decoded text of the new token) as tokens are made.
+  std::function<void(size_t, const std::string&)> on_token;
+};
+
+struct GenerateOutput {
+  std::string prompt;
+  std::vector<int32_t> prompt_ids;
+  std::vector<int32_t> generated_ids;
+  std::string text;  // the decoded prompt and generation
+  // With top_logits > 0: per step, the top-k ids and logits.
+  std::vector<std::vector<std::pair<int32_t, float>>> step_top;
+};
+
+struct GenerateStats {
+  int64_t blocks_total = 0;
+  int64_t peak_blocks_used = 0;
+  int64_t bytes_per_block = 0;
+  int64_t peak_bytes = 0;                // peak_blocks_used * bytes_per_block
+  double peak_utilization = 0;           // peak_blocks_used / blocks_total
+  int64_t shared_prefix_tokens = 0;      // prefilled once, shared by every prompt
+  int64_t contiguous_bytes = 0;          // what reserving (prompt + max_new_tokens) per prompt costs
+  int64_t copy_on_write_blocks = 0;
+  double prefill_seconds = 0;
+  double decode_seconds = 0;
+  int64_t decode_tokens = 0;
+};
+
+struct GenerateReport {
+  std::vector<GenerateOutput> outputs;
+  GenerateStats stats;
+};
+
+// Errors: missing or corrupt model/tokenizer files (named), no prompts, an
+// empty prompt list entry is allowed (BOS only), max_new_tokens < 1, invalid
+// sampling values, a prompt longer than the model's context, a KV dtype the
+// cache does not store.
+Result<GenerateReport> Generate(const GenerateOptions& options);
+
+}  // namespace pagekv

@@ -1,0 +1,198 @@
+// pagekv::Generate: load, encode, prefill the shared prefix once, fork, decode
+// step by step, free each sequence when done. See include/pagekv/generate.h.
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <memory>
+
+#include "base/checked_math.h"
+#include "model/gguf_file.h"
+#include "model/llama_model.h"
+#include "model/sampler.h"
+#include "model/tokenizer.h"
+#include "pagekv/generate.h"
+#include "pagekv/kv_cache.h"
+
+namespace pagekv {
+namespace {
+
+struct Loaded {
+  std::unique_ptr<LlamaModel> model;
+  std::unique_ptr<Tokenizer> tokenizer;
+};
+
+Result<Loaded> Load(const GenerateOptions& o) {
+  if (o.model_path.empty()) return InvalidArgumentError("no model: pass --model PATH (a .gguf or a llama2.c .bin)");
+  char magic[4] = {};
+  {
+    std::ifstream in(o.model_path, std::ios::binary);
+    if (!in) return NotFoundError("cannot open model file '" + o.model_path + "'");
+    in.read(magic, 4);
+  }
+  Loaded out;
+  if (std::memcmp(magic, "GGUF", 4) == 0) {
+    PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::Open(o.model_path));
+    PAGEKV_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::FromGguf(*file));
+    out.tokenizer = std::make_unique<Tokenizer>(std::move(tok));
+    PAGEKV_ASSIGN_OR_RETURN(out.model, LlamaModel::FromGguf(std::move(file)));
+  } else {
+    if (o.tokenizer_path.empty()) {
+      return InvalidArgumentError("'" + o.model_path + "' is not GGUF, so it is read as a llama2.c checkpoint, which "
+                                  "needs its tokenizer: pass --tokenizer PATH (e.g. tok512.bin)");
+    }
+    PAGEKV_ASSIGN_OR_RETURN(out.model, LlamaModel::FromLlama2c(o.model_path));
+    PAGEKV_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::FromLlama2c(o.tokenizer_path, out.model->config().vocab_size));
+    out.tokenizer = std::make_unique<Tokenizer>(std::move(tok));
+  }
+  if (out.tokenizer->vocab_size() != out.model->config().vocab_size) {
+    return DataLossError("the tokenizer has " + std::to_string(out.tokenizer->vocab_size()) +
+                         " pieces but the model's vocabulary is " + std::to_string(out.model->config().vocab_size));
+  }
+  return out;
+}
+
+std::vector<std::pair<int32_t, float>> TopK(const float* logits, int32_t n, int32_t k) {
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (int32_t i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = i;
+  k = std::min(k, n);
+  std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  });
+  std::vector<std::pair<int32_t, float>> out;
+  for (int32_t i = 0; i < k; ++i) out.emplace_back(ids[static_cast<size_t>(i)], logits[ids[static_cast<size_t>(i)]]);
+  return out;
+}
+
+}  // namespace
+
+Result<GenerateReport> Generate(const GenerateOptions& o) {
+  if (o.prompts.empty()) return InvalidArgumentError("no prompts: pass --prompt TEXT (repeatable) or --prompts-file");
+  if (o.max_new_tokens < 1) {
+    return InvalidArgumentError("-n " + std::to_string(o.max_new_tokens) + ": generate at least 1 token");
+  }
+  PAGEKV_RETURN_IF_ERROR(Sampler::Validate(o.sampling));
+  if (o.kv_dtype != DType::kF32 && o.kv_dtype != DType::kF16 && o.kv_dtype != DType::kBF16) {
+    return UnimplementedError("--kv-dtype " + std::string(DTypeName(o.kv_dtype)) + ": use f32, f16 or bf16");
+  }
+  PAGEKV_ASSIGN_OR_RETURN(Loaded loaded, Load(o));
+  const LlamaModel& model = *loaded.model;
+  const Tokenizer& tok = *loaded.tokenizer;
+  const int32_t vocab = model.config().vocab_size;
+
+  GenerateReport report;
+  std::vector<std::vector<int32_t>> ids;
+  int64_t blocks_needed = 1;
+  for (size_t i = 0; i < o.prompts.size(); ++i) {
+    ids.push_back(tok.Encode(o.prompts[i], /*bos=*/true, /*eos=*/false));
+    const int64_t total = static_cast<int64_t>(ids.back().size()) + o.max_new_tokens;
+    if (total > model.config().context_len) {
+      return OutOfRangeError("prompt " + std::to_string(i + 1) + " has " + std::to_string(ids.back().size()) +
+                             " tokens; with -n " + std::to_string(o.max_new_tokens) + " it needs " +
+                             std::to_string(total) + " positions, more than the model's context of " +
+                             std::to_string(model.config().context_len) + ": shorten the prompt or lower -n");
+    }
+    blocks_needed += CeilDiv(total, o.block_len);
+  }
+  KvCacheOptions co;
+  co.config = model.CacheGeometry(o.block_len, o.kv_dtype, o.num_blocks > 0 ? o.num_blocks : blocks_needed);
+  PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache, KvCache::Create(co));
+  const KvLayout& layout = cache->layout();
+  GenerateStats& st = report.stats;
+  st.blocks_total = layout.num_blocks();
+  st.bytes_per_block = layout.bytes_per_block();
+  for (const auto& p : ids) {
+    st.contiguous_bytes += (static_cast<int64_t>(p.size()) + o.max_new_tokens) * layout.bytes_per_token();
+  }
+  auto track = [&] {
+    st.peak_blocks_used = std::max(st.peak_blocks_used, cache->Stats().blocks_used);
+  };
+  auto out_of_blocks = [&] {
+    return ResourceExhaustedError("the KV pool of " + std::to_string(layout.num_blocks()) +
+                                  " blocks is full: raise the block count or generate fewer tokens");
+  };
+
+  // 1. The longest common prefix, prefilled once and forked to every prompt
+  //    (each prompt keeps at least its last token to compute).
+  size_t lcp = 0;
+  if (ids.size() > 1) {
+    size_t shortest = ids[0].size();
+    for (const auto& p : ids) shortest = std::min(shortest, p.size());
+    while (lcp + 1 < shortest &&
+           std::all_of(ids.begin(), ids.end(), [&](const auto& p) { return p[lcp] == ids[0][lcp]; })) {
+      ++lcp;
+    }
+  }
+  st.shared_prefix_tokens = static_cast<int64_t>(lcp);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<SeqId> seqs;
+  std::vector<float> logits;
+  if (lcp > 0) {
+    const SeqId root = cache->AddSequence("shared prefix");
+    logits.resize(lcp * static_cast<size_t>(vocab));
+    PAGEKV_ASSIGN_OR_RETURN(bool fit, model.Forward(*cache, root, std::span<const int32_t>(ids[0]).subspan(0, lcp), logits.data()));
+    if (!fit) return out_of_blocks();
+    for (size_t i = 0; i < ids.size(); ++i) {
+      PAGEKV_ASSIGN_OR_RETURN(SeqId s, cache->Fork(root, "prompt " + std::to_string(i + 1)));
+      seqs.push_back(s);
+    }
+    track();
+    PAGEKV_RETURN_IF_ERROR(cache->Free(root));
+  } else {
+    for (size_t i = 0; i < ids.size(); ++i) seqs.push_back(cache->AddSequence("prompt " + std::to_string(i + 1)));
+  }
+
+  // 2. The rest of every prompt, then the first sampled token.
+  std::vector<Sampler> samplers;
+  std::vector<int32_t> next(ids.size());
+  std::vector<std::vector<int32_t>> history = ids;
+  report.outputs.resize(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    GenerateOutput& out = report.outputs[i];
+    out.prompt = o.prompts[i];
+    out.prompt_ids = ids[i];
+    SamplingOptions so = o.sampling;
+    so.seed = o.sampling.seed + i;  // independent streams, reproducible per prompt
+    samplers.emplace_back(so);
+    const auto rest = std::span<const int32_t>(ids[i]).subspan(lcp);
+    logits.resize(rest.size() * static_cast<size_t>(vocab));
+    if (cache->BlocksNeeded(seqs[i], static_cast<int64_t>(rest.size()))->copy_on_write) ++st.copy_on_write_blocks;
+    PAGEKV_ASSIGN_OR_RETURN(bool fit, model.Forward(*cache, seqs[i], rest, logits.data()));
+    if (!fit) return out_of_blocks();
+    track();
+    const float* last = logits.data() + (rest.size() - 1) * static_cast<size_t>(vocab);
+    if (o.top_logits > 0) out.step_top.push_back(TopK(last, vocab, o.top_logits));
+    next[i] = samplers[i].Sample({last, static_cast<size_t>(vocab)}, history[i]);
+  }
+  const auto t1 = std::chrono::steady_clock::now();
+  st.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
+
+  // 3. Decode: every sequence one token per step; free each when done.
+  std::vector<float> step(static_cast<size_t>(vocab));
+  for (int32_t k = 0; k < o.max_new_tokens; ++k) {
+    for (size_t i = 0; i < ids.size(); ++i) {
+      GenerateOutput& out = report.outputs[i];
+      const int32_t prev = history[i].back();
+      out.generated_ids.push_back(next[i]);
+      history[i].push_back(next[i]);
+      if (o.on_token) o.on_token(i, tok.DecodePiece(prev, next[i]));
+      if (k + 1 == o.max_new_tokens) {
+        PAGEKV_RETURN_IF_ERROR(cache->Free(seqs[i]));
+        continue;
+      }
+      PAGEKV_ASSIGN_OR_RETURN(bool fit, model.Forward(*cache, seqs[i], {&next[i], 1}, step.data()));
+      if (!fit) return out_of_blocks();
+      ++st.decode_tokens;
+      if (o.top_logits > 0) out.step_top.push_back(TopK(step.data(), vocab, o.top_logits));
+      next[i] = samplers[i].Sample(step, history[i]);
+    }
+    track();
+  }
+  st.decode_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  st.peak_bytes = st.peak_blocks_used * st.bytes_per_block;
+  st.peak_utilization = static_cast<double>(st.peak_blocks_used) / static_cast<double>(st.blocks_total);
+  for (size_t i = 0; i < ids.size(); ++i) report.outputs[i].text = tok.Decode(history[i]);
+  return report;
+}
+
+}  // namespace pagekv

@@ -1,0 +1,115 @@
+// pagekv::Generate end to end on the real stories260K files.
+#include <fstream>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "pagekv/generate.h"
+
+namespace pagekv {
+namespace {
+
+constexpr const char* kGguf = "../shared/models/stories260K/stories260K.gguf";
+constexpr const char* kBin = "../shared/models/stories260K/stories260K.bin";
+constexpr const char* kTok = "../shared/models/stories260K/tok512.bin";
+
+nlohmann::json Golden() {
+  std::ifstream in("../shared/goldens/stories260K.json");
+  return nlohmann::json::parse(in);
+}
+
+TEST(GenerateTest, GreedyReproducesTheGoldenFromBothFiles) {
+  const auto g = Golden()["prompts"][0];
+  for (bool gguf : {true, false}) {
+    GenerateOptions o;
+    o.model_path = gguf ? kGguf : kBin;
+    o.tokenizer_path = gguf ? "" : kTok;
+    o.prompts = {g["prompt"].get<std::string>()};
+    o.max_new_tokens = 64;
+    std::string streamed;
+    o.on_token = [&](size_t, const std::string& piece) { streamed += piece; };
+    Result<GenerateReport> r = Generate(o);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->outputs[0].prompt_ids, g["prompt_ids"].get<std::vector<int32_t>>());
+    EXPECT_EQ(r->outputs[0].generated_ids, g["generated_ids"].get<std::vector<int32_t>>());
+    EXPECT_EQ(r->outputs[0].text, g["text"].get<std::string>());
+    EXPECT_EQ(g["prompt"].get<std::string>() + streamed, g["text"].get<std::string>());
+    EXPECT_GT(r->stats.peak_blocks_used, 0);
+  }
+}
+
+TEST(GenerateTest, ABatchOfEightGivesTheSameTokensAsEachAlone) {
+  const std::vector<std::string> prompts = {
+      "Once upon a time", "Once upon a time there was a dog", "The little cat", "Lily and Ben went to the park",
+      "One day, a boy", "Once upon a time, in a big forest", "Tom had a red ball", ""};
+  GenerateOptions batch;
+  batch.model_path = kGguf;
+  batch.prompts = prompts;
+  batch.max_new_tokens = 24;
+  batch.block_len = 8;
+  Result<GenerateReport> all = Generate(batch);
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    GenerateOptions one = batch;
+    one.prompts = {prompts[i]};
+    one.block_len = 128;
+    Result<GenerateReport> alone = Generate(one);
+    ASSERT_TRUE(alone.ok());
+    EXPECT_EQ(all->outputs[i].generated_ids, alone->outputs[0].generated_ids) << "prompt " << i;
+  }
+}
+
+TEST(GenerateTest, PromptsWithACommonPrefixShareItsBlocks) {
+  GenerateOptions o;
+  o.model_path = kGguf;
+  o.prompts = {"Once upon a time there was a little girl named Lily. She", "Once upon a time there was a little girl named Lily. One day",
+               "Once upon a time there was a little girl named Lily. Her mom"};
+  o.max_new_tokens = 16;
+  o.block_len = 8;
+  Result<GenerateReport> r = Generate(o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_GT(r->stats.shared_prefix_tokens, 8);
+  EXPECT_LT(r->stats.peak_bytes, r->stats.contiguous_bytes);
+  for (size_t i = 0; i < o.prompts.size(); ++i) {
+    GenerateOptions one = o;
+    one.prompts = {o.prompts[i]};
+    EXPECT_EQ(Generate(one)->outputs[0].generated_ids, r->outputs[i].generated_ids);
+  }
+}
+
+TEST(GenerateTest, SamplingIsReproducibleForASeed) {
+  GenerateOptions o;
+  o.model_path = kGguf;
+  o.prompts = {"The dog"};
+  o.max_new_tokens = 32;
+  o.sampling = {.temperature = 0.9f, .top_k = 40, .top_p = 0.95f, .seed = 7};
+  const auto a = Generate(o)->outputs[0].generated_ids;
+  EXPECT_EQ(Generate(o)->outputs[0].generated_ids, a);
+  o.sampling.seed = 8;
+  EXPECT_NE(Generate(o)->outputs[0].generated_ids, a);
+}
+
+TEST(GenerateTest, BadInputIsNamed) {
+  GenerateOptions o;
+  o.model_path = kGguf;
+  o.prompts = {"hi"};
+  o.max_new_tokens = 0;
+  EXPECT_NE(Generate(o).status().message().find("-n 0"), std::string::npos);
+  o.max_new_tokens = 4;
+  o.model_path = "../shared/models/missing.gguf";
+  EXPECT_EQ(Generate(o).status().code(), StatusCode::kNotFound);
+  o.model_path = kBin;
+  EXPECT_NE(Generate(o).status().message().find("--tokenizer"), std::string::npos);
+  o.model_path = kGguf;
+  o.max_new_tokens = 100000;
+  EXPECT_EQ(Generate(o).status().code(), StatusCode::kOutOfRange);
+  o.max_new_tokens = 4;
+  o.prompts.clear();
+  EXPECT_EQ(Generate(o).status().code(), StatusCode::kInvalidArgument);
+  o.prompts = {"hi"};
+  o.sampling.top_p = 2.0f;
+  EXPECT_NE(Generate(o).status().message().find("top_p"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace pagekv

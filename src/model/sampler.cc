@@ -1,0 +1,79 @@
+#include "model/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <string>
+
+namespace pagekv {
+
+Status Sampler::Validate(const SamplingOptions& o) {
+  if (!(o.temperature >= 0.0f) || o.temperature > 100.0f) {
+    return InvalidArgumentError("temperature " + std::to_string(o.temperature) + ": must be in [0, 100] (0 = greedy)");
+  }
+  if (o.top_k < 0) return InvalidArgumentError("top_k " + std::to_string(o.top_k) + ": must be >= 0 (0 = off)");
+  if (!(o.top_p > 0.0f && o.top_p <= 1.0f)) {
+    return InvalidArgumentError("top_p " + std::to_string(o.top_p) + ": must be in (0, 1]");
+  }
+  if (!(o.repetition_penalty >= 1.0f && o.repetition_penalty <= 10.0f)) {
+    return InvalidArgumentError("repetition_penalty " + std::to_string(o.repetition_penalty) +
+                                ": must be in [1, 10] (1 = off)");
+  }
+  return Status::Ok();
+}
+
+int32_t Sampler::Sample(std::span<const float> logits, std::span<const int32_t> history) {
+  const auto n = static_cast<int32_t>(logits.size());
+  scratch_.assign(logits.begin(), logits.end());
+  if (options_.repetition_penalty != 1.0f) {
+    for (int32_t id : history) {
+      if (id < 0 || id >= n) continue;
+      float& l = scratch_[static_cast<size_t>(id)];
+      l = l > 0 ? l / options_.repetition_penalty : l * options_.repetition_penalty;
+    }
+  }
+  if (options_.temperature == 0.0f) {
+    return static_cast<int32_t>(std::max_element(scratch_.begin(), scratch_.end()) - scratch_.begin());
+  }
+  // Candidates sorted by logit (ties by id), cut by top-k.
+  order_.resize(static_cast<size_t>(n));
+  std::iota(order_.begin(), order_.end(), 0);
+  const int32_t k = options_.top_k > 0 ? std::min(options_.top_k, n) : n;
+  auto better = [&](int32_t a, int32_t b) {
+    const float la = scratch_[static_cast<size_t>(a)], lb = scratch_[static_cast<size_t>(b)];
+    return la > lb || (la == lb && a < b);
+  };
+  std::partial_sort(order_.begin(), order_.begin() + k, order_.end(), better);
+  order_.resize(static_cast<size_t>(k));
+  // Softmax at the temperature over the candidates.
+  const float mx = scratch_[static_cast<size_t>(order_[0])];
+  std::vector<double> p(order_.size());
+  double sum = 0;
+  for (size_t i = 0; i < order_.size(); ++i) {
+    p[i] = std::exp(static_cast<double>(scratch_[static_cast<size_t>(order_[i])] - mx) / options_.temperature);
+    sum += p[i];
+  }
+  // Top-p: the smallest prefix whose mass reaches top_p.
+  size_t keep = order_.size();
+  if (options_.top_p < 1.0f) {
+    double mass = 0;
+    for (size_t i = 0; i < order_.size(); ++i) {
+      mass += p[i] / sum;
+      if (mass >= options_.top_p) {
+        keep = i + 1;
+        break;
+      }
+    }
+  }
+  double kept = 0;
+  for (size_t i = 0; i < keep; ++i) kept += p[i];
+  const double r = std::uniform_real_distribution<double>(0.0, kept)(rng_);
+  double acc = 0;
+  for (size_t i = 0; i < keep; ++i) {
+    acc += p[i];
+    if (r < acc) return order_[i];
+  }
+  return order_[keep - 1];
+}
+
+}  // namespace pagekv
