@@ -17,12 +17,24 @@ build: deps
 	@cmake --preset release >/dev/null
 	cmake --build build/release -j $(JOBS)
 
+PROMPT := Once upon a time there was a little girl named Lily.
 run: build
+	@model=$$(bash scripts/find-model.sh); \
+	if [ -n "$$model" ]; then \
+	  echo "== pagekv generate: stories260K, three prompts sharing a prefix, one batch"; \
+	  $(PAGEKV) generate --model "$$model" --prompt "$(PROMPT) She" --prompt "$(PROMPT) One day" \
+	    --prompt "$(PROMPT) Her mom" -n 48 --block-len 8; \
+	else \
+	  echo "== no model available: skipping pagekv generate (see README, Models and data)"; \
+	fi
+	@echo
+	@echo "== pagekv plan: the per-head worked example, then DeepSeek-V3's MLA cache"
 	$(PAGEKV) plan --preset seed-deepseek-v3 --explain
 	@echo
 	$(PAGEKV) plan --preset deepseek-v3 --dtype bf16 --budget 24GiB --seq-len 32768
 	@echo
-	$(PAGEKV) demo
+	@echo "== pagekv demo: a few hundred sequences through one pool"
+	$(PAGEKV) demo --report-every 500
 
 test: test-release test-asan
 

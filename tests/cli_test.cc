@@ -159,3 +159,57 @@ TEST(CliTest, HelpExitsZero) {
 }
 
 }  // namespace
+
+namespace {
+
+constexpr const char* kModelFlag = "--model ../shared/models/stories260K/stories260K.gguf";
+
+TEST(CliGenerateTest, JsonHasOneObjectPerPromptThenTheStatistics) {
+  RunResult r = RunCli(std::string("generate ") + kModelFlag +
+                       " --prompt 'Once upon a time' --prompt 'The cat' -n 8 --json --dump-logits 3");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  std::vector<nlohmann::json> lines;
+  size_t start = 0;
+  while (start < r.out.size()) {
+    const size_t end = r.out.find('\n', start);
+    lines.push_back(nlohmann::json::parse(r.out.substr(start, end - start)));
+    start = end + 1;
+  }
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[0]["prompt"], "Once upon a time");
+  EXPECT_EQ(lines[0]["prompt_ids"], (std::vector<int>{1, 403, 407, 261, 378}));
+  EXPECT_EQ(lines[0]["generated_ids"].size(), 8u);
+  EXPECT_EQ(lines[0]["generated_ids"][0], 432);  // the golden's first token
+  EXPECT_EQ(lines[0]["top_logits"].size(), 8u);
+  EXPECT_EQ(lines[0]["top_logits"][0]["ids"][0], 432);
+  EXPECT_GT(lines[2]["stats"]["peak_blocks_used"].get<int>(), 0);
+}
+
+TEST(CliGenerateTest, TextAndCacheStatisticsArePrinted) {
+  RunResult r = RunCli(std::string("generate ") + kModelFlag + " --prompt 'Once upon a time' -n 16");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("Once upon a time, there was a little girl named Lily"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("peak blocks used"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("contiguous reservation"), std::string::npos) << r.out;
+}
+
+TEST(CliGenerateTest, BadInputExitsTwoWithTheReason) {
+  struct Case {
+    std::string args, message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {std::string(kModelFlag) + " --prompt hi -n 0", "-n 0"},
+           {"--model ../shared/models/none.gguf --prompt hi", "none.gguf"},
+           {"--model ../shared/models/stories260K/stories260K.bin --prompt hi", "--tokenizer"},
+           {std::string(kModelFlag) + " --prompt hi --top-p 3", "top_p"},
+           {std::string(kModelFlag) + " --prompt hi --kv-dtype int4", "int4"},
+           {std::string(kModelFlag) + " --prompt hi -n 5000", "context"},
+           {std::string(kModelFlag), "no prompts"},
+       }) {
+    RunResult r = RunCli("generate " + c.args);
+    EXPECT_EQ(r.exit_code, 2) << c.args << ": " << r.out;
+    EXPECT_NE(r.out.find(c.message), std::string::npos) << c.args << ": " << r.out;
+  }
+}
+
+}  // namespace

@@ -17,5 +17,7 @@ CLI::App* AddPlanCommand(CLI::App& app, int& exit_code);
 CLI::App* AddDemoCommand(CLI::App& app, int& exit_code);
 // `pagekv bench attention`: kernels against the roofline; see bench_command.cc.
 CLI::App* AddBenchCommand(CLI::App& app, int& exit_code);
+// `pagekv generate`: text from a llama model on the paged cache; see generate_command.cc.
+CLI::App* AddGenerateCommand(CLI::App& app, int& exit_code);
 
 }  // namespace pagekv::cli

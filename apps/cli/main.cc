@@ -3,6 +3,7 @@
 //   pagekv plan   --preset llama3-8b --budget 24GiB --seq-len 8192 [--json] [--explain]
 //   pagekv demo   [--sequences 300] [--seed 1]
 //   pagekv bench attention [--json] [--quick | --full] [--threads N]
+//   pagekv generate --model stories260K.gguf --prompt "Once upon a time" [-n 64] [--json]
 //
 // Exit codes: 0 success, 1 the work failed, 2 bad input.
 #include <cstdio>
@@ -20,6 +21,7 @@ int main(int argc, char** argv) {
   pagekv::cli::AddPlanCommand(app, exit_code);
   pagekv::cli::AddDemoCommand(app, exit_code);
   pagekv::cli::AddBenchCommand(app, exit_code);
+  pagekv::cli::AddGenerateCommand(app, exit_code);
   if (argc > 1 && argv[1][0] != '-') {
     // Name an unknown command rather than CLI11's generic "subcommand required".
     std::string known;

@@ -61,6 +61,7 @@ struct GenerateStats {
   double peak_utilization = 0;           // peak_blocks_used / blocks_total
   int64_t shared_prefix_tokens = 0;      // prefilled once, shared by every prompt
   int64_t contiguous_bytes = 0;          // what reserving (prompt + max_new_tokens) per prompt costs
+  int64_t contiguous_max_len_bytes = 0;  // what reserving the model's whole context per prompt costs
   int64_t copy_on_write_blocks = 0;
   double prefill_seconds = 0;
   double decode_seconds = 0;

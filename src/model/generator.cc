@@ -103,6 +103,7 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
   st.bytes_per_block = layout.bytes_per_block();
   for (const auto& p : ids) {
     st.contiguous_bytes += (static_cast<int64_t>(p.size()) + o.max_new_tokens) * layout.bytes_per_token();
+    st.contiguous_max_len_bytes += int64_t{model.config().context_len} * layout.bytes_per_token();
   }
   auto track = [&] {
     st.peak_blocks_used = std::max(st.peak_blocks_used, cache->Stats().blocks_used);

@@ -1,0 +1,153 @@
+// `pagekv generate`: text from a llama-family model on the paged cache, then
+// what the cache did.
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "pagekv/pagekv.h"
+
+namespace pagekv::cli {
+namespace {
+
+struct GenerateArgs {
+  std::string model, tokenizer, prompts_file, kv_dtype = "f32";
+  std::vector<std::string> prompts;
+  int32_t n = 64, top_k = 0, block_len = 16, dump_logits = 0;
+  float temp = 0.0f, top_p = 1.0f, repeat_penalty = 1.0f;
+  uint64_t seed = 0;
+  int64_t blocks = 0;
+  bool json = false;
+};
+
+int RunGenerate(const GenerateArgs& a) {
+  GenerateOptions o;
+  o.model_path = a.model;
+  o.tokenizer_path = a.tokenizer;
+  o.prompts = a.prompts;
+  if (!a.prompts_file.empty()) {
+    std::ifstream in(a.prompts_file);
+    if (!in) {
+      std::fprintf(stderr, "error: cannot open --prompts-file '%s'\n", a.prompts_file.c_str());
+      return kExitBadInput;
+    }
+    for (std::string line; std::getline(in, line);) {
+      if (!line.empty()) o.prompts.push_back(line);
+    }
+  }
+  o.max_new_tokens = a.n;
+  o.sampling = {a.temp, a.top_k, a.top_p, a.repeat_penalty, a.seed};
+  o.block_len = a.block_len;
+  o.num_blocks = a.blocks;
+  o.top_logits = a.dump_logits;
+  Result<DType> dt = ParseDType(a.kv_dtype);
+  if (!dt.ok()) {
+    std::fprintf(stderr, "error: --kv-dtype: %s\n", dt.status().message().c_str());
+    return kExitBadInput;
+  }
+  o.kv_dtype = *dt;
+  const bool stream = !a.json && o.prompts.size() == 1;
+  if (stream) {
+    std::printf("%s", o.prompts.empty() ? "" : o.prompts[0].c_str());
+    o.on_token = [](size_t, const std::string& piece) {
+      std::printf("%s", piece.c_str());
+      std::fflush(stdout);
+    };
+  }
+  Result<GenerateReport> r = Generate(o);
+  if (!r.ok()) {
+    if (stream) std::printf("\n");
+    std::fprintf(stderr, "error: %s\n", r.status().message().c_str());
+    const StatusCode c = r.status().code();
+    return c == StatusCode::kInternal || c == StatusCode::kIoError ? kExitFailed : kExitBadInput;
+  }
+  const GenerateStats& s = r->stats;
+  if (a.json) {
+    for (const GenerateOutput& out : r->outputs) {
+      nlohmann::ordered_json j;
+      j["prompt"] = out.prompt;
+      j["prompt_ids"] = out.prompt_ids;
+      j["generated_ids"] = out.generated_ids;
+      j["text"] = out.text;
+      if (!out.step_top.empty()) {
+        nlohmann::ordered_json steps = nlohmann::ordered_json::array();
+        for (const auto& step : out.step_top) {
+          nlohmann::ordered_json ids = nlohmann::ordered_json::array(), logits = nlohmann::ordered_json::array();
+          for (auto [id, logit] : step) {
+            ids.push_back(id);
+            logits.push_back(logit);
+          }
+          steps.push_back({{"ids", ids}, {"logits", logits}});
+        }
+        j["top_logits"] = steps;
+      }
+      std::printf("%s\n", j.dump().c_str());
+    }
+    nlohmann::ordered_json st;
+    st["blocks_total"] = s.blocks_total;
+    st["peak_blocks_used"] = s.peak_blocks_used;
+    st["bytes_per_block"] = s.bytes_per_block;
+    st["peak_bytes"] = s.peak_bytes;
+    st["peak_utilization"] = s.peak_utilization;
+    st["shared_prefix_tokens"] = s.shared_prefix_tokens;
+    st["copy_on_write_blocks"] = s.copy_on_write_blocks;
+    st["contiguous_bytes"] = s.contiguous_bytes;
+    st["contiguous_max_len_bytes"] = s.contiguous_max_len_bytes;
+    st["prefill_seconds"] = s.prefill_seconds;
+    st["decode_seconds"] = s.decode_seconds;
+    st["decode_tokens"] = s.decode_tokens;
+    std::printf("%s\n", nlohmann::ordered_json{{"stats", st}}.dump().c_str());
+    return kExitOk;
+  }
+  if (stream) {
+    std::printf("\n");
+  } else {
+    for (size_t i = 0; i < r->outputs.size(); ++i) std::printf("[%zu] %s\n\n", i + 1, r->outputs[i].text.c_str());
+  }
+  std::printf("\nKV cache: %ld prompt(s), block_len %d, %s KV\n", static_cast<long>(r->outputs.size()), a.block_len,
+              a.kv_dtype.c_str());
+  std::printf("  peak blocks used        %ld of %ld (%.0f%%), %s\n", s.peak_blocks_used, s.blocks_total,
+              100 * s.peak_utilization, FormatBytes(s.peak_bytes).c_str());
+  std::printf("  shared prompt prefix    %ld tokens prefilled once, forked to every prompt (%ld copy-on-write block%s)\n",
+              s.shared_prefix_tokens, s.copy_on_write_blocks, s.copy_on_write_blocks == 1 ? "" : "s");
+  auto times = [&](int64_t bytes) {
+    return s.peak_bytes > 0 ? static_cast<double>(bytes) / static_cast<double>(s.peak_bytes) : 0.0;
+  };
+  std::printf("  contiguous reservation  %s at the model's full context per sequence (%.1fx the paged peak);\n"
+              "                          %s even if each reserved exactly prompt + max tokens (%.1fx)\n",
+              FormatBytes(s.contiguous_max_len_bytes).c_str(), times(s.contiguous_max_len_bytes),
+              FormatBytes(s.contiguous_bytes).c_str(), times(s.contiguous_bytes));
+  std::printf("  speed                   prefill %.1f ms, decode %.1f tokens/s\n", s.prefill_seconds * 1e3,
+              s.decode_seconds > 0 ? static_cast<double>(s.decode_tokens) / s.decode_seconds : 0.0);
+  return kExitOk;
+}
+
+}  // namespace
+
+CLI::App* AddGenerateCommand(CLI::App& app, int& exit_code) {
+  static GenerateArgs args;
+  CLI::App* cmd = app.add_subcommand("generate", "Generate text with a llama-family model on the paged KV cache");
+  cmd->add_option("--model", args.model, "Model: a .gguf file, or a llama2.c .bin (with --tokenizer)")->required();
+  cmd->add_option("--tokenizer", args.tokenizer, "llama2.c tokenizer.bin (for .bin checkpoints)");
+  cmd->add_option("--prompt", args.prompts, "A prompt (repeatable: all are generated as one batch)");
+  cmd->add_option("--prompts-file", args.prompts_file, "A file with one prompt per line");
+  cmd->add_option("-n,--max-tokens", args.n, "Tokens to generate per prompt (default 64)");
+  cmd->add_option("--temp", args.temp, "Temperature; 0 = greedy (default)");
+  cmd->add_option("--top-k", args.top_k, "Keep the k most likely tokens (0 = off)");
+  cmd->add_option("--top-p", args.top_p, "Nucleus sampling mass in (0, 1] (1 = off)");
+  cmd->add_option("--repeat-penalty", args.repeat_penalty, "Repetition penalty >= 1 (1 = off)");
+  cmd->add_option("--seed", args.seed, "Sampling seed (default 0)");
+  cmd->add_option("--block-len", args.block_len, "Tokens per KV block (default 16)");
+  cmd->add_option("--blocks", args.blocks, "KV blocks in the pool (default: enough for the batch)");
+  cmd->add_option("--kv-dtype", args.kv_dtype, "KV storage: f32 (default), f16, bf16");
+  cmd->add_option("--dump-logits", args.dump_logits, "With --json: the top-K ids and logits of every step");
+  cmd->add_flag("--json", args.json, "One JSON object per prompt, then one with the statistics");
+  cmd->callback([&exit_code] { exit_code = RunGenerate(args); });
+  return cmd;
+}
+
+}  // namespace pagekv::cli
