@@ -49,6 +49,10 @@ Status ValidateCommon(const PagedKv& kv, const float* q, const float* out, Geome
   g.q_heads = c.num_q_heads;
   g.kv_heads = c.num_kv_heads;
   g.group = c.num_q_heads / c.num_kv_heads;
+  if (g.group > kernels::kMaxRows) {
+    return UnimplementedError("attention: more than " + std::to_string(kernels::kMaxRows) +
+                              " query heads per KV head");
+  }
   g.head_dim = c.head_dim;
   g.block_len = c.block_len;
   g.slab_stride = l.slab_stride();
@@ -176,10 +180,6 @@ Status PagedDecodeAttention(const PagedKv& kv, std::span<const DecodeSeq> seqs, 
                             const AttentionOptions& options) {
   Geometry g;
   PAGEKV_RETURN_IF_ERROR(ValidateCommon(kv, q, out, g));
-  if (g.group > kernels::kMaxRows) {
-    return UnimplementedError("attention: more than " + std::to_string(kernels::kMaxRows) +
-                              " query heads per KV head");
-  }
   int64_t total_tokens = 0;
   for (size_t i = 0; i < seqs.size(); ++i) {
     if (seqs[i].num_tokens <= 0) {
@@ -266,10 +266,6 @@ Status PagedPrefillAttention(const PagedKv& kv, std::span<const PrefillSeq> seqs
                              const AttentionOptions& options) {
   Geometry g;
   PAGEKV_RETURN_IF_ERROR(ValidateCommon(kv, q, out, g));
-  if (g.group > kernels::kMaxRows) {
-    return UnimplementedError("attention: more than " + std::to_string(kernels::kMaxRows) +
-                              " query heads per KV head");
-  }
   for (size_t i = 0; i < seqs.size(); ++i) {
     const PrefillSeq& s = seqs[i];
     if (s.num_queries < 1 || s.num_queries > s.num_tokens) {

@@ -170,7 +170,7 @@ Result<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path) {
 Result<std::unique_ptr<GgufFile>> GgufFile::FromBytes(std::string_view bytes) {
   auto file = std::unique_ptr<GgufFile>(new GgufFile());
   file->owned_.resize(bytes.size());
-  std::memcpy(file->owned_.data(), bytes.data(), bytes.size());
+  if (!bytes.empty()) std::memcpy(file->owned_.data(), bytes.data(), bytes.size());
   file->base_ = file->owned_.data();
   file->size_ = bytes.size();
   PAGEKV_RETURN_IF_ERROR(file->Parse());
