@@ -17,16 +17,6 @@
 namespace pagekv {
 namespace {
 
-// out[m] = W[m][:] . x  (W row-major [rows][cols]).
-void MatVec(const float* w, const float* x, int32_t rows, int32_t cols, float* out) {
-  for (int32_t r = 0; r < rows; ++r) {
-    const float* row = w + static_cast<int64_t>(r) * cols;
-    float sum = 0.0f;
-    for (int32_t c = 0; c < cols; ++c) sum += row[c] * x[c];
-    out[r] = sum;
-  }
-}
-
 void RmsNorm(const float* x, const float* weight, int32_t n, float eps, float* out) {
   float ss = 0.0f;
   for (int32_t i = 0; i < n; ++i) ss += x[i] * x[i];
@@ -56,22 +46,82 @@ std::string ShapeString(const std::vector<int64_t>& dims) {
   return out;
 }
 
-Result<const float*> Weight(const GgufFile& f, const std::string& name, std::vector<int64_t> dims) {
+const GgufTensor* FindShaped(const GgufFile& f, const std::string& name, const std::vector<int64_t>& dims,
+                            Status* error) {
   const GgufTensor* t = f.FindTensor(name);
-  if (t == nullptr) return DataLossError("model tensor '" + name + "' is missing");
-  if (t->dims != dims) {
-    return DataLossError("model tensor '" + name + "' has shape " + ShapeString(t->dims) + ", expected " +
-                         ShapeString(dims));
+  if (t == nullptr) {
+    *error = DataLossError("model tensor '" + name + "' is missing");
+  } else if (t->dims != dims) {
+    *error = DataLossError("model tensor '" + name + "' has shape " + ShapeString(t->dims) + ", expected " +
+                           ShapeString(dims));
+    t = nullptr;
   }
-  if (t->type != GgmlType::kF32) {
-    return UnimplementedError("model tensor '" + name + "' is " +
-                              std::string(GgmlTypeName(static_cast<uint32_t>(t->type))) +
-                              ": this runner reads f32 weights so far");
+  return t;
+}
+
+float ElementToF32(GgmlType type, const std::byte* p, int64_t i) {
+  uint16_t h;
+  switch (type) {
+    case GgmlType::kF32: {
+      float f;
+      std::memcpy(&f, p + 4 * i, 4);
+      return f;
+    }
+    case GgmlType::kF16: std::memcpy(&h, p + 2 * i, 2); return F16ToF32(h);
+    case GgmlType::kBF16: std::memcpy(&h, p + 2 * i, 2); return BF16ToF32(h);
+    case GgmlType::kQ8_0: {
+      const std::byte* block = p + (i / 32) * 34;
+      std::memcpy(&h, block, 2);
+      return F16ToF32(h) * static_cast<float>(static_cast<int8_t>(block[2 + i % 32]));
+    }
   }
-  return reinterpret_cast<const float*>(t->data);
+  return 0.0f;
 }
 
 }  // namespace
+
+void LlamaModel::Row(const Matrix& m, int64_t r, float* out) {
+  const int64_t row_bytes = m.type == GgmlType::kQ8_0 ? m.cols / 32 * 34 : m.cols * (m.type == GgmlType::kF32 ? 4 : 2);
+  const std::byte* p = m.data + r * row_bytes;
+  for (int64_t c = 0; c < m.cols; ++c) out[c] = ElementToF32(m.type, p, c);
+}
+
+// out[r] = W[r][:] . x
+void LlamaModel::MatVec(const Matrix& m, const float* x, float* out) {
+  if (m.type == GgmlType::kF32) {
+    const auto* w = reinterpret_cast<const float*>(m.data);
+    for (int64_t r = 0; r < m.rows; ++r) {
+      const float* row = w + r * m.cols;
+      float sum = 0.0f;
+      for (int64_t c = 0; c < m.cols; ++c) sum += row[c] * x[c];
+      out[r] = sum;
+    }
+    return;
+  }
+  if (m.type == GgmlType::kQ8_0) {
+    const int64_t blocks = m.cols / 32;
+    for (int64_t r = 0; r < m.rows; ++r) {
+      const std::byte* row = m.data + r * blocks * 34;
+      float sum = 0.0f;
+      for (int64_t b = 0; b < blocks; ++b) {
+        uint16_t h;
+        std::memcpy(&h, row + b * 34, 2);
+        float dot = 0.0f;
+        for (int i = 0; i < 32; ++i) dot += static_cast<float>(static_cast<int8_t>(row[b * 34 + 2 + i])) * x[b * 32 + i];
+        sum += F16ToF32(h) * dot;
+      }
+      out[r] = sum;
+    }
+    return;
+  }
+  std::vector<float> tmp(static_cast<size_t>(m.cols));
+  for (int64_t r = 0; r < m.rows; ++r) {
+    Row(m, r, tmp.data());
+    float sum = 0.0f;
+    for (int64_t c = 0; c < m.cols; ++c) sum += tmp[static_cast<size_t>(c)] * x[c];
+    out[r] = sum;
+  }
+}
 
 Result<std::unique_ptr<LlamaModel>> LlamaModel::FromGguf(std::unique_ptr<GgufFile> file) {
   PAGEKV_ASSIGN_OR_RETURN(std::string arch, file->GetString("general.architecture"));
@@ -113,25 +163,42 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::FromGguf(std::unique_ptr<GgufFil
   }
   const int64_t kv_dim = static_cast<int64_t>(c.num_kv_heads) * c.head_dim;
   const GgufFile& f = *file;
-  PAGEKV_ASSIGN_OR_RETURN(m->embedding_, Weight(f, "token_embd.weight", {c.dim, c.vocab_size}));
-  PAGEKV_ASSIGN_OR_RETURN(m->final_norm_, Weight(f, "output_norm.weight", {c.dim}));
+  LlamaModel* model = m.get();
+  // ggml dims are {cols, rows}: dims[0] is the contiguous one.
+  auto matrix = [&f](const std::string& name, int64_t rows, int64_t cols) -> Result<Matrix> {
+    Status error;
+    const GgufTensor* t = FindShaped(f, name, {cols, rows}, &error);
+    if (t == nullptr) return error;
+    return Matrix{t->data, t->type, rows, cols};
+  };
+  auto vec = [&f, model](const std::string& name, int64_t n) -> Result<const float*> {
+    Status error;
+    const GgufTensor* t = FindShaped(f, name, {n}, &error);
+    if (t == nullptr) return error;
+    if (t->type == GgmlType::kF32) return reinterpret_cast<const float*>(t->data);
+    std::vector<float>& out = model->converted_.emplace_back(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) out[static_cast<size_t>(i)] = ElementToF32(t->type, t->data, i);
+    return out.data();
+  };
+  PAGEKV_ASSIGN_OR_RETURN(m->embedding_, matrix("token_embd.weight", c.vocab_size, c.dim));
+  PAGEKV_ASSIGN_OR_RETURN(m->final_norm_, vec("output_norm.weight", c.dim));
   if (f.FindTensor("output.weight") != nullptr) {
-    PAGEKV_ASSIGN_OR_RETURN(m->classifier_, Weight(f, "output.weight", {c.dim, c.vocab_size}));
+    PAGEKV_ASSIGN_OR_RETURN(m->classifier_, matrix("output.weight", c.vocab_size, c.dim));
   } else {
     m->classifier_ = m->embedding_;  // tied embeddings
   }
   for (int32_t l = 0; l < c.num_layers; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
     Layer L{};
-    PAGEKV_ASSIGN_OR_RETURN(L.attn_norm, Weight(f, p + "attn_norm.weight", {c.dim}));
-    PAGEKV_ASSIGN_OR_RETURN(L.wq, Weight(f, p + "attn_q.weight", {c.dim, c.dim}));
-    PAGEKV_ASSIGN_OR_RETURN(L.wk, Weight(f, p + "attn_k.weight", {c.dim, kv_dim}));
-    PAGEKV_ASSIGN_OR_RETURN(L.wv, Weight(f, p + "attn_v.weight", {c.dim, kv_dim}));
-    PAGEKV_ASSIGN_OR_RETURN(L.wo, Weight(f, p + "attn_output.weight", {c.dim, c.dim}));
-    PAGEKV_ASSIGN_OR_RETURN(L.ffn_norm, Weight(f, p + "ffn_norm.weight", {c.dim}));
-    PAGEKV_ASSIGN_OR_RETURN(L.w_gate, Weight(f, p + "ffn_gate.weight", {c.dim, c.hidden_dim}));
-    PAGEKV_ASSIGN_OR_RETURN(L.w_up, Weight(f, p + "ffn_up.weight", {c.dim, c.hidden_dim}));
-    PAGEKV_ASSIGN_OR_RETURN(L.w_down, Weight(f, p + "ffn_down.weight", {c.hidden_dim, c.dim}));
+    PAGEKV_ASSIGN_OR_RETURN(L.attn_norm, vec(p + "attn_norm.weight", c.dim));
+    PAGEKV_ASSIGN_OR_RETURN(L.wq, matrix(p + "attn_q.weight", c.dim, c.dim));
+    PAGEKV_ASSIGN_OR_RETURN(L.wk, matrix(p + "attn_k.weight", kv_dim, c.dim));
+    PAGEKV_ASSIGN_OR_RETURN(L.wv, matrix(p + "attn_v.weight", kv_dim, c.dim));
+    PAGEKV_ASSIGN_OR_RETURN(L.wo, matrix(p + "attn_output.weight", c.dim, c.dim));
+    PAGEKV_ASSIGN_OR_RETURN(L.ffn_norm, vec(p + "ffn_norm.weight", c.dim));
+    PAGEKV_ASSIGN_OR_RETURN(L.w_gate, matrix(p + "ffn_gate.weight", c.hidden_dim, c.dim));
+    PAGEKV_ASSIGN_OR_RETURN(L.w_up, matrix(p + "ffn_up.weight", c.hidden_dim, c.dim));
+    PAGEKV_ASSIGN_OR_RETURN(L.w_down, matrix(p + "ffn_down.weight", c.dim, c.hidden_dim));
     m->layers_.push_back(L);
   }
   m->file_ = std::move(file);
@@ -191,7 +258,10 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::FromLlama2c(const std::string& p
     w += n;
     return out;
   };
-  m->embedding_ = take(c.vocab_size * d);
+  auto f32 = [](const float* p, int64_t rows, int64_t cols) {
+    return Matrix{reinterpret_cast<const std::byte*>(p), GgmlType::kF32, rows, cols};
+  };
+  m->embedding_ = f32(take(c.vocab_size * d), c.vocab_size, d);
   const float* rms_att = take(L * d);
   const float* wq = take(L * d * d);
   const float* wk = take(L * kv * d);
@@ -203,10 +273,11 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::FromLlama2c(const std::string& p
   const float* w3 = take(L * hd * d);
   m->final_norm_ = take(d);
   take(int64_t{c.context_len} * c.head_dim);  // the legacy rope tables (freq_cis real and imaginary halves)
-  m->classifier_ = shared ? m->embedding_ : take(c.vocab_size * d);
+  m->classifier_ = shared ? m->embedding_ : f32(take(c.vocab_size * d), c.vocab_size, d);
   for (int64_t l = 0; l < L; ++l) {
-    m->layers_.push_back(Layer{rms_att + l * d, wq + l * d * d, wk + l * kv * d, wv + l * kv * d, wo + l * d * d,
-                               rms_ffn + l * d, w1 + l * hd * d, w3 + l * hd * d, w2 + l * d * hd});
+    m->layers_.push_back(Layer{rms_att + l * d, f32(wq + l * d * d, d, d), f32(wk + l * kv * d, kv, d),
+                               f32(wv + l * kv * d, kv, d), f32(wo + l * d * d, d, d), rms_ffn + l * d,
+                               f32(w1 + l * hd * d, hd, d), f32(w3 + l * hd * d, hd, d), f32(w2 + l * d * hd, d, hd)});
   }
   m->mapping_ = std::move(mapping);
   return m;
@@ -269,7 +340,7 @@ Status LlamaModel::Compute(KvCache& cache, SeqId seq, std::span<const int32_t> t
       h1(static_cast<size_t>(hd)), h2(static_cast<size_t>(hd)), tmp(static_cast<size_t>(d));
   std::vector<std::byte> k_rows(static_cast<size_t>(n * kv_dim) * elem), v_rows(k_rows.size());
   for (int64_t i = 0; i < n; ++i) {
-    std::copy_n(embedding_ + static_cast<int64_t>(tokens[static_cast<size_t>(i)]) * d, d, x.begin() + i * d);
+    Row(embedding_, tokens[static_cast<size_t>(i)], &x[static_cast<size_t>(i * d)]);
   }
   auto store = [&](const float* src, std::byte* dst) {
     for (int32_t j = 0; j < kv_dim; ++j) {
@@ -285,9 +356,9 @@ Status LlamaModel::Compute(KvCache& cache, SeqId seq, std::span<const int32_t> t
     for (int64_t i = 0; i < n; ++i) {
       const int64_t pos = start + i;
       RmsNorm(&x[static_cast<size_t>(i * d)], L.attn_norm, d, c.norm_eps, xb.data());
-      MatVec(L.wq, xb.data(), d, d, &q[static_cast<size_t>(i * d)]);
-      MatVec(L.wk, xb.data(), kv_dim, d, k.data());
-      MatVec(L.wv, xb.data(), kv_dim, d, v.data());
+      MatVec(L.wq, xb.data(), &q[static_cast<size_t>(i * d)]);
+      MatVec(L.wk, xb.data(), k.data());
+      MatVec(L.wv, xb.data(), v.data());
       Rope(&q[static_cast<size_t>(i * d)], d, c.head_dim, pos, c.rope_theta);
       Rope(k.data(), kv_dim, c.head_dim, pos, c.rope_theta);
       store(k.data(), k_rows.data() + static_cast<size_t>(i * kv_dim) * elem);
@@ -299,22 +370,22 @@ Status LlamaModel::Compute(KvCache& cache, SeqId seq, std::span<const int32_t> t
     PAGEKV_RETURN_IF_ERROR(PagedPrefillAttention({&cache.layout(), cache.arena(), l}, {&ps, 1}, q.data(), att.data()));
     for (int64_t i = 0; i < n; ++i) {
       float* xi = &x[static_cast<size_t>(i * d)];
-      MatVec(L.wo, &att[static_cast<size_t>(i * d)], d, d, tmp.data());
+      MatVec(L.wo, &att[static_cast<size_t>(i * d)], tmp.data());
       for (int32_t j = 0; j < d; ++j) xi[j] += tmp[static_cast<size_t>(j)];
       RmsNorm(xi, L.ffn_norm, d, c.norm_eps, xb.data());
-      MatVec(L.w_gate, xb.data(), hd, d, h1.data());
-      MatVec(L.w_up, xb.data(), hd, d, h2.data());
+      MatVec(L.w_gate, xb.data(), h1.data());
+      MatVec(L.w_up, xb.data(), h2.data());
       for (int32_t j = 0; j < hd; ++j) {
         const float g = h1[static_cast<size_t>(j)];
         h1[static_cast<size_t>(j)] = g / (1.0f + std::exp(-g)) * h2[static_cast<size_t>(j)];
       }
-      MatVec(L.w_down, h1.data(), d, hd, tmp.data());
+      MatVec(L.w_down, h1.data(), tmp.data());
       for (int32_t j = 0; j < d; ++j) xi[j] += tmp[static_cast<size_t>(j)];
     }
   }
   for (int64_t i = 0; i < n; ++i) {
     RmsNorm(&x[static_cast<size_t>(i * d)], final_norm_, d, c.norm_eps, xb.data());
-    MatVec(classifier_, xb.data(), c.vocab_size, d, logits + i * c.vocab_size);
+    MatVec(classifier_, xb.data(), logits + i * c.vocab_size);
   }
   return Status::Ok();
 }

@@ -10,7 +10,8 @@
 // and the sequence; Forward reserves the positions it computes (and reports a
 // full pool as `false`, changing nothing).
 //
-// Weights: f32 GGUF tensors (f16 and q8_0 arrive with the matrix kernels).
+// Weights: f32, f16, bf16 and q8_0 GGUF matrices (mixed freely, as GGUF
+// files do); vectors (norms) in any of those are converted to f32 at load.
 // Thread safety: Forward may run concurrently on different caches; the model
 // itself is immutable.
 #pragma once
@@ -67,17 +68,26 @@ class LlamaModel {
   Result<bool> Forward(KvCache& cache, SeqId seq, std::span<const int32_t> tokens, float* logits) const;
 
  private:
+  // A weight matrix in its stored type, [rows][cols] row-major (row = output).
+  struct Matrix {
+    const std::byte* data = nullptr;
+    GgmlType type = GgmlType::kF32;
+    int64_t rows = 0;
+    int64_t cols = 0;
+  };
   struct Layer {
     const float* attn_norm;  // [dim]
-    const float* wq;         // [dim][dim]           (row = output)
-    const float* wk;         // [kv_dim][dim]
-    const float* wv;         // [kv_dim][dim]
-    const float* wo;         // [dim][dim]
+    Matrix wq;               // [dim][dim]
+    Matrix wk;               // [kv_dim][dim]
+    Matrix wv;               // [kv_dim][dim]
+    Matrix wo;               // [dim][dim]
     const float* ffn_norm;   // [dim]
-    const float* w_gate;     // [hidden][dim]
-    const float* w_up;       // [hidden][dim]
-    const float* w_down;     // [dim][hidden]
+    Matrix w_gate;           // [hidden][dim]
+    Matrix w_up;             // [hidden][dim]
+    Matrix w_down;           // [dim][hidden]
   };
+  static void MatVec(const Matrix& m, const float* x, float* out);
+  static void Row(const Matrix& m, int64_t r, float* out);
 
   LlamaModel() = default;
   // The forward pass proper, after Reserve; Forward undoes the reservation
@@ -87,9 +97,10 @@ class LlamaModel {
   std::unique_ptr<GgufFile> file_;          // GGUF weights, or
   std::shared_ptr<const std::byte> mapping_;  // a mapped llama2.c checkpoint
   LlamaConfig config_;
-  const float* embedding_ = nullptr;   // [vocab][dim]
+  Matrix embedding_;                   // [vocab][dim]
   const float* final_norm_ = nullptr;  // [dim]
-  const float* classifier_ = nullptr;  // [vocab][dim]
+  Matrix classifier_;                  // [vocab][dim]
+  std::vector<std::vector<float>> converted_;  // norm vectors stored in another type, as f32
   std::vector<Layer> layers_;
 };
 

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <fstream>
 
+#include "layout/float16.h"
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -178,6 +180,93 @@ TEST(LlamaModelTest, BadInputIsAnErrorAndLeavesTheSequenceUnchanged) {
   auto wrong = std::move(*KvCache::Create({.config = other, .prefault = false}));
   const SeqId s2 = wrong->AddSequence();
   EXPECT_EQ(model->Forward(*wrong, s2, {bad.data(), 1}, logits.data()).status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace pagekv
+
+namespace pagekv {
+namespace {
+
+// stories260K re-encoded with its matrices (and, for f16, its norms) in
+// another GGUF type, through GgufWriter.
+std::string Reencode(const GgufFile& f, GgmlType to) {
+  GgufWriter w;
+  for (const auto& [key, v] : f.metadata()) {
+    if (v.is_array()) {
+      if (v.element_type == GgufType::kString) {
+        std::vector<std::string> xs;
+        for (const auto& e : v.elements) xs.push_back(std::get<std::string>(e));
+        w.AddStringArray(key, xs);
+      } else if (v.element_type == GgufType::kF32) {
+        std::vector<float> xs;
+        for (const auto& e : v.elements) xs.push_back(static_cast<float>(std::get<double>(e)));
+        w.AddFloatArray(key, xs);
+      } else if (v.element_type == GgufType::kI32) {
+        std::vector<int32_t> xs;
+        for (const auto& e : v.elements) xs.push_back(static_cast<int32_t>(std::get<int64_t>(e)));
+        w.AddIntArray(key, xs);
+      }
+    } else if (const auto* s = std::get_if<std::string>(&v.scalar)) {
+      w.AddString(key, *s);
+    } else if (const auto* d = std::get_if<double>(&v.scalar)) {
+      w.AddFloat(key, *d);
+    } else if (const auto* i = std::get_if<int64_t>(&v.scalar)) {
+      w.AddInt(key, v.type, *i);
+    } else if (const auto* u = std::get_if<uint64_t>(&v.scalar)) {
+      w.AddInt(key, v.type, static_cast<int64_t>(*u));
+    }
+  }
+  for (const GgufTensor& t : f.tensors()) {
+    const auto* x = reinterpret_cast<const float*>(t.data);
+    const bool matrix = t.dims.size() == 2;
+    if (to == GgmlType::kF16) {
+      std::vector<uint16_t> h(static_cast<size_t>(t.num_elements));
+      for (size_t i = 0; i < h.size(); ++i) h[i] = F32ToF16(x[i]);
+      w.AddTensor(t.name, GgmlType::kF16, t.dims, h.data(), h.size() * 2);
+    } else if (to == GgmlType::kQ8_0 && matrix && t.dims[0] % 32 == 0) {
+      std::string q;
+      for (int64_t b = 0; b < t.num_elements / 32; ++b) {
+        float amax = 0;
+        for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[b * 32 + i]));
+        const float scale = amax / 127.0f;
+        const uint16_t hs = F32ToF16(scale);
+        q.append(reinterpret_cast<const char*>(&hs), 2);
+        for (int i = 0; i < 32; ++i) {
+          q.push_back(static_cast<char>(scale == 0 ? 0 : std::lround(x[b * 32 + i] / scale)));
+        }
+      }
+      w.AddTensor(t.name, GgmlType::kQ8_0, t.dims, q.data(), q.size());
+    } else {
+      w.AddTensor(t.name, GgmlType::kF32, t.dims, t.data, static_cast<size_t>(t.num_bytes));
+    }
+  }
+  return w.Finish();
+}
+
+TEST(LlamaWeightTypesTest, F16AndQ8_0WeightsTrackTheF32Model) {
+  std::ifstream in("../shared/goldens/stories260K.json");
+  const auto golden = nlohmann::json::parse(in)["prompts"][0];
+  auto f32_file = std::move(*GgufFile::Open(kGguf));
+  const std::vector<int32_t> prompt = golden["prompt_ids"].get<std::vector<int32_t>>();
+  const std::vector<double> want = golden["first_step_full_logits"].get<std::vector<double>>();
+  for (GgmlType type : {GgmlType::kF16, GgmlType::kQ8_0}) {
+    auto file = GgufFile::FromBytes(Reencode(*f32_file, type));
+    ASSERT_TRUE(file.ok()) << file.status().ToString();
+    auto model = LlamaModel::FromGguf(std::move(*file));
+    ASSERT_TRUE(model.ok()) << model.status().ToString();
+    auto cache = std::move(*KvCache::Create({.config = (*model)->CacheGeometry(16, DType::kF32, 16), .prefault = false}));
+    const SeqId seq = cache->AddSequence();
+    std::vector<float> logits(prompt.size() * 512);
+    ASSERT_TRUE(*(*model)->Forward(*cache, seq, prompt, logits.data()));
+    const float* last = logits.data() + (prompt.size() - 1) * 512;
+    double worst = 0;
+    for (int32_t t = 0; t < 512; ++t) worst = std::max(worst, std::fabs(last[t] - want[static_cast<size_t>(t)]));
+    // Rounding the weights moves the logits by about 2^-11 (f16) or 2^-8
+    // (q8_0) of their scale; both keep the golden's first greedy token.
+    EXPECT_LT(worst, type == GgmlType::kF16 ? 0.02 : 0.2) << GgmlTypeName(static_cast<uint32_t>(type));
+    EXPECT_EQ(std::max_element(last, last + 512) - last, golden["generated_ids"][0].get<int>());
+  }
 }
 
 }  // namespace
