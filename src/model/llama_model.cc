@@ -114,11 +114,12 @@ void LlamaModel::MatVec(const Matrix& m, const float* x, float* out) {
     }
     return;
   }
-  std::vector<float> tmp(static_cast<size_t>(m.cols));
+  // f16 / bf16: convert in the loop (no scratch allocation per call).
+  const int64_t row_bytes = m.cols * 2;
   for (int64_t r = 0; r < m.rows; ++r) {
-    Row(m, r, tmp.data());
+    const std::byte* row = m.data + r * row_bytes;
     float sum = 0.0f;
-    for (int64_t c = 0; c < m.cols; ++c) sum += tmp[static_cast<size_t>(c)] * x[c];
+    for (int64_t c = 0; c < m.cols; ++c) sum += ElementToF32(m.type, row, c) * x[c];
     out[r] = sum;
   }
 }
