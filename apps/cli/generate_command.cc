@@ -21,7 +21,8 @@ struct GenerateArgs {
   float temp = 0.0f, top_p = 1.0f, repeat_penalty = 1.0f;
   uint64_t seed = 0;
   int64_t blocks = 0;
-  bool json = false;
+  int threads = 0;
+  bool json = false, truncate = false;
 };
 
 int RunGenerate(const GenerateArgs& a) {
@@ -44,6 +45,8 @@ int RunGenerate(const GenerateArgs& a) {
   o.block_len = a.block_len;
   o.num_blocks = a.blocks;
   o.top_logits = a.dump_logits;
+  o.threads = a.threads;
+  o.truncate_prompts = a.truncate;
   Result<DType> dt = ParseDType(a.kv_dtype);
   if (!dt.ok()) {
     std::fprintf(stderr, "error: --kv-dtype: %s\n", dt.status().message().c_str());
@@ -100,6 +103,9 @@ int RunGenerate(const GenerateArgs& a) {
     st["prefill_seconds"] = s.prefill_seconds;
     st["decode_seconds"] = s.decode_seconds;
     st["decode_tokens"] = s.decode_tokens;
+    st["decode_attention_seconds"] = s.decode_attention_seconds;
+    st["decode_matmul_seconds"] = s.decode_matmul_seconds;
+    st["truncated_prompts"] = s.truncated_prompts;
     std::printf("%s\n", nlohmann::ordered_json{{"stats", st}}.dump().c_str());
     return kExitOk;
   }
@@ -107,6 +113,9 @@ int RunGenerate(const GenerateArgs& a) {
     std::printf("\n");
   } else {
     for (size_t i = 0; i < r->outputs.size(); ++i) std::printf("[%zu] %s\n\n", i + 1, r->outputs[i].text.c_str());
+  }
+  if (s.truncated_prompts > 0) {
+    std::printf("(%ld prompt(s) truncated to fit the model's context)\n", static_cast<long>(s.truncated_prompts));
   }
   std::printf("\nKV cache: %ld prompt(s), block_len %d, %s KV\n", static_cast<long>(r->outputs.size()), a.block_len,
               a.kv_dtype.c_str());
@@ -145,6 +154,10 @@ CLI::App* AddGenerateCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--blocks", args.blocks, "KV blocks in the pool (default: enough for the batch)");
   cmd->add_option("--kv-dtype", args.kv_dtype, "KV storage: f32 (default), f16, bf16");
   cmd->add_option("--dump-logits", args.dump_logits, "With --json: the top-K ids and logits of every step");
+  cmd->add_option("--threads", args.threads, "Threads for the kernels (default: every hardware thread)")
+      ->check(CLI::Range(0, 4096));
+  cmd->add_flag("--truncate-prompt", args.truncate,
+                "Cut a prompt that does not fit the context to its first token and its most recent ones");
   cmd->add_flag("--json", args.json, "One JSON object per prompt, then one with the statistics");
   cmd->callback([&exit_code] { exit_code = RunGenerate(args); });
   return cmd;

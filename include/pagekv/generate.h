@@ -40,6 +40,10 @@ struct GenerateOptions {
   DType kv_dtype = DType::kF32;
   int64_t num_blocks = 0;  // 0 = enough for every prompt plus max_new_tokens
   int32_t top_logits = 0;  // > 0: record the top-k (id, logit) of every step
+  int threads = 0;         // 0 = every hardware thread
+  // A prompt that does not fit the context with max_new_tokens: an error,
+  // or, when set, keep its first token (BOS) and its most recent tokens.
+  bool truncate_prompts = false;
   // Called with (prompt index, decoded text of the new token) as tokens are made.
   std::function<void(size_t, const std::string&)> on_token;
 };
@@ -66,6 +70,10 @@ struct GenerateStats {
   double prefill_seconds = 0;
   double decode_seconds = 0;
   int64_t decode_tokens = 0;
+  int64_t truncated_prompts = 0;        // prompts cut to fit (truncate_prompts)
+  double prefill_attention_seconds = 0;  // of prefill_seconds, in the attention kernels
+  double decode_attention_seconds = 0;   // of decode_seconds, in the attention kernels
+  double decode_matmul_seconds = 0;      // of decode_seconds, in weight products
 };
 
 struct GenerateReport {

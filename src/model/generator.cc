@@ -85,12 +85,24 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
   int64_t blocks_needed = 1;
   for (size_t i = 0; i < o.prompts.size(); ++i) {
     ids.push_back(tok.Encode(o.prompts[i], /*bos=*/true, /*eos=*/false));
-    const int64_t total = static_cast<int64_t>(ids.back().size()) + o.max_new_tokens;
-    if (total > model.config().context_len) {
-      return OutOfRangeError("prompt " + std::to_string(i + 1) + " has " + std::to_string(ids.back().size()) +
+    std::vector<int32_t>& p = ids.back();
+    const int64_t context = model.config().context_len;
+    if (static_cast<int64_t>(p.size()) + o.max_new_tokens > context && o.truncate_prompts &&
+        context - o.max_new_tokens >= 2) {
+      // Keep the first token (BOS) and the most recent ones.
+      const auto keep = static_cast<size_t>(context - o.max_new_tokens);
+      p.erase(p.begin() + 1, p.end() - static_cast<std::ptrdiff_t>(keep - 1));
+      ++report.stats.truncated_prompts;
+    }
+    const int64_t total = static_cast<int64_t>(p.size()) + o.max_new_tokens;
+    if (total > context) {
+      return OutOfRangeError("prompt " + std::to_string(i + 1) + " has " + std::to_string(p.size()) +
                              " tokens; with -n " + std::to_string(o.max_new_tokens) + " it needs " +
                              std::to_string(total) + " positions, more than the model's context of " +
-                             std::to_string(model.config().context_len) + ": shorten the prompt or lower -n");
+                             std::to_string(context) +
+                             (o.max_new_tokens + 2 > context ? ": lower -n"
+                                                             : ": shorten the prompt, lower -n, or pass --truncate-prompt "
+                                                               "to keep its most recent tokens"));
     }
     blocks_needed += CeilDiv(total, o.block_len);
   }
@@ -125,13 +137,15 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
     }
   }
   st.shared_prefix_tokens = static_cast<int64_t>(lcp);
+  ForwardTimings timings;
+  const ForwardOptions forward{o.threads, &timings};
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<SeqId> seqs;
   std::vector<float> logits;
   if (lcp > 0) {
     const SeqId root = cache->AddSequence("shared prefix");
-    logits.resize(lcp * static_cast<size_t>(vocab));
-    PAGEKV_ASSIGN_OR_RETURN(bool fit, model.Forward(*cache, root, std::span<const int32_t>(ids[0]).subspan(0, lcp), logits.data()));
+    const ForwardItem prefix{root, std::span<const int32_t>(ids[0]).subspan(0, lcp), nullptr, false};
+    PAGEKV_ASSIGN_OR_RETURN(bool fit, model.ForwardBatch(*cache, {&prefix, 1}, forward));
     if (!fit) return out_of_blocks();
     for (size_t i = 0; i < ids.size(); ++i) {
       PAGEKV_ASSIGN_OR_RETURN(SeqId s, cache->Fork(root, "prompt " + std::to_string(i + 1)));
@@ -143,11 +157,13 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
     for (size_t i = 0; i < ids.size(); ++i) seqs.push_back(cache->AddSequence("prompt " + std::to_string(i + 1)));
   }
 
-  // 2. The rest of every prompt, then the first sampled token.
+  // 2. The rest of every prompt in one step, then the first sampled token.
   std::vector<Sampler> samplers;
   std::vector<int32_t> next(ids.size());
   std::vector<std::vector<int32_t>> history = ids;
   report.outputs.resize(ids.size());
+  logits.assign(ids.size() * static_cast<size_t>(vocab), 0.0f);
+  std::vector<ForwardItem> items;
   for (size_t i = 0; i < ids.size(); ++i) {
     GenerateOutput& out = report.outputs[i];
     out.prompt = o.prompts[i];
@@ -156,21 +172,26 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
     so.seed = o.sampling.seed + i;  // independent streams, reproducible per prompt
     samplers.emplace_back(so);
     const auto rest = std::span<const int32_t>(ids[i]).subspan(lcp);
-    logits.resize(rest.size() * static_cast<size_t>(vocab));
     if (cache->BlocksNeeded(seqs[i], static_cast<int64_t>(rest.size()))->copy_on_write) ++st.copy_on_write_blocks;
-    PAGEKV_ASSIGN_OR_RETURN(bool fit, model.Forward(*cache, seqs[i], rest, logits.data()));
-    if (!fit) return out_of_blocks();
-    track();
-    const float* last = logits.data() + (rest.size() - 1) * static_cast<size_t>(vocab);
-    if (o.top_logits > 0) out.step_top.push_back(TopK(last, vocab, o.top_logits));
-    next[i] = samplers[i].Sample({last, static_cast<size_t>(vocab)}, history[i]);
+    items.push_back({seqs[i], rest, logits.data() + i * static_cast<size_t>(vocab), false});
+  }
+  PAGEKV_ASSIGN_OR_RETURN(bool fit, model.ForwardBatch(*cache, items, forward));
+  if (!fit) return out_of_blocks();
+  track();
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const std::span<const float> last(logits.data() + i * static_cast<size_t>(vocab), static_cast<size_t>(vocab));
+    if (o.top_logits > 0) report.outputs[i].step_top.push_back(TopK(last.data(), vocab, o.top_logits));
+    next[i] = samplers[i].Sample(last, history[i]);
   }
   const auto t1 = std::chrono::steady_clock::now();
   st.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
+  const ForwardTimings prefill_timings = timings;
 
-  // 3. Decode: every sequence one token per step; free each when done.
-  std::vector<float> step(static_cast<size_t>(vocab));
+  // 3. Decode: one step carries one token of every live sequence; each is
+  //    freed the moment it is done.
   for (int32_t k = 0; k < o.max_new_tokens; ++k) {
+    items.clear();
+    std::vector<size_t> owner;
     for (size_t i = 0; i < ids.size(); ++i) {
       GenerateOutput& out = report.outputs[i];
       const int32_t prev = history[i].back();
@@ -181,15 +202,24 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
         PAGEKV_RETURN_IF_ERROR(cache->Free(seqs[i]));
         continue;
       }
-      PAGEKV_ASSIGN_OR_RETURN(bool fit, model.Forward(*cache, seqs[i], {&next[i], 1}, step.data()));
-      if (!fit) return out_of_blocks();
-      ++st.decode_tokens;
-      if (o.top_logits > 0) out.step_top.push_back(TopK(step.data(), vocab, o.top_logits));
+      items.push_back({seqs[i], {&next[i], 1}, logits.data() + i * static_cast<size_t>(vocab), false});
+      owner.push_back(i);
+    }
+    if (items.empty()) break;
+    PAGEKV_ASSIGN_OR_RETURN(bool step_fit, model.ForwardBatch(*cache, items, forward));
+    if (!step_fit) return out_of_blocks();
+    st.decode_tokens += static_cast<int64_t>(items.size());
+    track();
+    for (size_t i : owner) {
+      const std::span<const float> step(logits.data() + i * static_cast<size_t>(vocab), static_cast<size_t>(vocab));
+      if (o.top_logits > 0) report.outputs[i].step_top.push_back(TopK(step.data(), vocab, o.top_logits));
       next[i] = samplers[i].Sample(step, history[i]);
     }
-    track();
   }
   st.decode_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  st.prefill_attention_seconds = prefill_timings.attention;
+  st.decode_attention_seconds = timings.attention - prefill_timings.attention;
+  st.decode_matmul_seconds = timings.matmul - prefill_timings.matmul;
   st.peak_bytes = st.peak_blocks_used * st.bytes_per_block;
   st.peak_utilization = static_cast<double>(st.peak_blocks_used) / static_cast<double>(st.blocks_total);
   for (size_t i = 0; i < ids.size(); ++i) report.outputs[i].text = tok.Decode(history[i]);

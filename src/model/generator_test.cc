@@ -111,5 +111,26 @@ TEST(GenerateTest, BadInputIsNamed) {
   EXPECT_NE(Generate(o).status().message().find("top_p"), std::string::npos);
 }
 
+TEST(GenerateTest, APromptPastTheContextIsAnErrorUnlessTruncationIsAsked) {
+  std::string lng;
+  for (int i = 0; i < 700; ++i) lng += "Once upon a time ";
+  GenerateOptions o;
+  o.model_path = kGguf;
+  o.prompts = {lng};
+  o.max_new_tokens = 8;
+  const Status s = Generate(o).status();
+  EXPECT_EQ(s.code(), StatusCode::kOutOfRange);
+  EXPECT_NE(s.message().find("--truncate-prompt"), std::string::npos);
+  o.truncate_prompts = true;
+  o.threads = 1;
+  Result<GenerateReport> r = Generate(o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->stats.truncated_prompts, 1);
+  const auto& ids = r->outputs[0].prompt_ids;
+  EXPECT_EQ(static_cast<int64_t>(ids.size()) + 8, 2048);  // exactly the context
+  EXPECT_EQ(ids[0], 1);                                     // BOS kept
+  EXPECT_EQ(r->outputs[0].generated_ids.size(), 8u);
+}
+
 }  // namespace
 }  // namespace pagekv

@@ -7,9 +7,10 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
-
 #include <cstring>
+#include <unordered_set>
 
 #include "layout/float16.h"
 #include "pagekv/attention.h"
@@ -22,19 +23,6 @@ void RmsNorm(const float* x, const float* weight, int32_t n, float eps, float* o
   for (int32_t i = 0; i < n; ++i) ss += x[i] * x[i];
   const float scale = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
   for (int32_t i = 0; i < n; ++i) out[i] = weight[i] * (scale * x[i]);
-}
-
-// Rotary embedding on adjacent pairs within each head (llama2.c).
-void Rope(float* v, int32_t size, int32_t head_dim, int64_t pos, float theta) {
-  for (int32_t i = 0; i < size; i += 2) {
-    const int32_t j = i % head_dim;
-    const float freq = 1.0f / std::pow(theta, static_cast<float>(j) / static_cast<float>(head_dim));
-    const float angle = static_cast<float>(pos) * freq;
-    const float c = std::cos(angle), s = std::sin(angle);
-    const float a = v[i], b = v[i + 1];
-    v[i] = a * c - b * s;
-    v[i + 1] = a * s + b * c;
-  }
 }
 
 std::string ShapeString(const std::vector<int64_t>& dims) {
@@ -59,70 +47,32 @@ const GgufTensor* FindShaped(const GgufFile& f, const std::string& name, const s
   return t;
 }
 
-float ElementToF32(GgmlType type, const std::byte* p, int64_t i) {
-  uint16_t h;
+WeightType ToWeightType(GgmlType type) {
   switch (type) {
-    case GgmlType::kF32: {
-      float f;
-      std::memcpy(&f, p + 4 * i, 4);
-      return f;
-    }
-    case GgmlType::kF16: std::memcpy(&h, p + 2 * i, 2); return F16ToF32(h);
-    case GgmlType::kBF16: std::memcpy(&h, p + 2 * i, 2); return BF16ToF32(h);
-    case GgmlType::kQ8_0: {
-      const std::byte* block = p + (i / 32) * 34;
-      std::memcpy(&h, block, 2);
-      return F16ToF32(h) * static_cast<float>(static_cast<int8_t>(block[2 + i % 32]));
-    }
+    case GgmlType::kF32: return WeightType::kF32;
+    case GgmlType::kF16: return WeightType::kF16;
+    case GgmlType::kBF16: return WeightType::kBF16;
+    case GgmlType::kQ8_0: return WeightType::kQ8_0;
   }
-  return 0.0f;
+  return WeightType::kF32;
 }
+
+// Adds the seconds of its lifetime to *sink when there is one.
+class Stopwatch {
+ public:
+  explicit Stopwatch(double* sink) : sink_(sink), start_(std::chrono::steady_clock::now()) {}
+  ~Stopwatch() {
+    if (sink_ != nullptr) *sink_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+  Stopwatch(const Stopwatch&) = delete;
+  Stopwatch& operator=(const Stopwatch&) = delete;
+
+ private:
+  double* sink_;
+  std::chrono::steady_clock::time_point start_;
+};
 
 }  // namespace
-
-void LlamaModel::Row(const Matrix& m, int64_t r, float* out) {
-  const int64_t row_bytes = m.type == GgmlType::kQ8_0 ? m.cols / 32 * 34 : m.cols * (m.type == GgmlType::kF32 ? 4 : 2);
-  const std::byte* p = m.data + r * row_bytes;
-  for (int64_t c = 0; c < m.cols; ++c) out[c] = ElementToF32(m.type, p, c);
-}
-
-// out[r] = W[r][:] . x
-void LlamaModel::MatVec(const Matrix& m, const float* x, float* out) {
-  if (m.type == GgmlType::kF32) {
-    const auto* w = reinterpret_cast<const float*>(m.data);
-    for (int64_t r = 0; r < m.rows; ++r) {
-      const float* row = w + r * m.cols;
-      float sum = 0.0f;
-      for (int64_t c = 0; c < m.cols; ++c) sum += row[c] * x[c];
-      out[r] = sum;
-    }
-    return;
-  }
-  if (m.type == GgmlType::kQ8_0) {
-    const int64_t blocks = m.cols / 32;
-    for (int64_t r = 0; r < m.rows; ++r) {
-      const std::byte* row = m.data + r * blocks * 34;
-      float sum = 0.0f;
-      for (int64_t b = 0; b < blocks; ++b) {
-        uint16_t h;
-        std::memcpy(&h, row + b * 34, 2);
-        float dot = 0.0f;
-        for (int i = 0; i < 32; ++i) dot += static_cast<float>(static_cast<int8_t>(row[b * 34 + 2 + i])) * x[b * 32 + i];
-        sum += F16ToF32(h) * dot;
-      }
-      out[r] = sum;
-    }
-    return;
-  }
-  // f16 / bf16: convert in the loop (no scratch allocation per call).
-  const int64_t row_bytes = m.cols * 2;
-  for (int64_t r = 0; r < m.rows; ++r) {
-    const std::byte* row = m.data + r * row_bytes;
-    float sum = 0.0f;
-    for (int64_t c = 0; c < m.cols; ++c) sum += ElementToF32(m.type, row, c) * x[c];
-    out[r] = sum;
-  }
-}
 
 Result<std::unique_ptr<LlamaModel>> LlamaModel::FromGguf(std::unique_ptr<GgufFile> file) {
   PAGEKV_ASSIGN_OR_RETURN(std::string arch, file->GetString("general.architecture"));
@@ -170,7 +120,7 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::FromGguf(std::unique_ptr<GgufFil
     Status error;
     const GgufTensor* t = FindShaped(f, name, {cols, rows}, &error);
     if (t == nullptr) return error;
-    return Matrix{t->data, t->type, rows, cols};
+    return Matrix{t->data, ToWeightType(t->type), rows, cols};
   };
   auto vec = [&f, model](const std::string& name, int64_t n) -> Result<const float*> {
     Status error;
@@ -178,7 +128,7 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::FromGguf(std::unique_ptr<GgufFil
     if (t == nullptr) return error;
     if (t->type == GgmlType::kF32) return reinterpret_cast<const float*>(t->data);
     std::vector<float>& out = model->converted_.emplace_back(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) out[static_cast<size_t>(i)] = ElementToF32(t->type, t->data, i);
+    WeightRow({t->data, ToWeightType(t->type), 1, n}, 0, out.data());
     return out.data();
   };
   PAGEKV_ASSIGN_OR_RETURN(m->embedding_, matrix("token_embd.weight", c.vocab_size, c.dim));
@@ -260,7 +210,7 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::FromLlama2c(const std::string& p
     return out;
   };
   auto f32 = [](const float* p, int64_t rows, int64_t cols) {
-    return Matrix{reinterpret_cast<const std::byte*>(p), GgmlType::kF32, rows, cols};
+    return Matrix{reinterpret_cast<const std::byte*>(p), WeightType::kF32, rows, cols};
   };
   m->embedding_ = f32(take(c.vocab_size * d), c.vocab_size, d);
   const float* rms_att = take(L * d);
@@ -296,7 +246,23 @@ CacheConfig LlamaModel::CacheGeometry(int32_t block_len, DType dtype, int64_t nu
   return cc;
 }
 
+// The rows of one step: item i owns rows [first[i], first[i] + n_i), which
+// sit at positions [start[i], start[i] + n_i) of its sequence.
+struct LlamaModel::Batch {
+  std::vector<int64_t> first;
+  std::vector<int64_t> start;
+  std::vector<int64_t> pos;  // per row
+  int64_t rows = 0;
+};
+
 Result<bool> LlamaModel::Forward(KvCache& cache, SeqId seq, std::span<const int32_t> tokens, float* logits) const {
+  const ForwardItem item{seq, tokens, logits, true};
+  return ForwardBatch(cache, {&item, 1});
+}
+
+Result<bool> LlamaModel::ForwardBatch(KvCache& cache, std::span<const ForwardItem> items,
+                                      const ForwardOptions& options) const {
+  Stopwatch total(options.timings != nullptr ? &options.timings->total : nullptr);
   const LlamaConfig& c = config_;
   const CacheConfig& cc = cache.layout().config();
   if (cc.num_layers != c.num_layers || cc.num_kv_heads != c.num_kv_heads || cc.head_dim != c.head_dim ||
@@ -304,47 +270,96 @@ Result<bool> LlamaModel::Forward(KvCache& cache, SeqId seq, std::span<const int3
     return InvalidArgumentError("the cache's geometry does not match the model: build it from CacheGeometry()");
   }
   if (!cc.format.IsPlainFloat()) return UnimplementedError("forward: KV format not supported");
-  PAGEKV_ASSIGN_OR_RETURN(SequenceView before, cache.View(seq));
-  const auto n = static_cast<int64_t>(tokens.size());
-  if (n == 0) return true;
-  for (int32_t t : tokens) {
-    if (t < 0 || t >= c.vocab_size) {
-      return InvalidArgumentError("token id " + std::to_string(t) + " is outside the vocabulary [0, " +
-                                  std::to_string(c.vocab_size) + ")");
+  Batch batch;
+  std::unordered_set<int64_t> seen;
+  for (const ForwardItem& item : items) {
+    if (!seen.insert(ToInt(item.seq)).second) {
+      return InvalidArgumentError("sequence " + std::to_string(ToInt(item.seq)) +
+                                  " appears twice in one step: give it one item with all its tokens");
+    }
+    PAGEKV_ASSIGN_OR_RETURN(SequenceView before, cache.View(item.seq));
+    const auto n = static_cast<int64_t>(item.tokens.size());
+    if (n == 0) return InvalidArgumentError("a step item has no tokens");
+    for (int32_t t : item.tokens) {
+      if (t < 0 || t >= c.vocab_size) {
+        return InvalidArgumentError("token id " + std::to_string(t) + " is outside the vocabulary [0, " +
+                                    std::to_string(c.vocab_size) + ")");
+      }
+    }
+    if (before.num_tokens + n > c.context_len) {
+      return OutOfRangeError("positions up to " + std::to_string(before.num_tokens + n) +
+                             " exceed the model's context of " + std::to_string(c.context_len) + " tokens");
+    }
+    batch.first.push_back(batch.rows);
+    batch.start.push_back(before.num_tokens);
+    for (int64_t i = 0; i < n; ++i) batch.pos.push_back(before.num_tokens + i);
+    batch.rows += n;
+  }
+  if (items.empty()) return true;
+  auto undo = [&](size_t reserved) {
+    for (size_t i = 0; i < reserved; ++i) cache.Truncate(items[i].seq, batch.start[i]).IgnoreError();
+  };
+  for (size_t i = 0; i < items.size(); ++i) {
+    Result<bool> fit = cache.Reserve(items[i].seq, static_cast<int64_t>(items[i].tokens.size()));
+    if (!fit.ok() || !*fit) {
+      undo(i);  // all or nothing
+      if (!fit.ok()) return fit.status();
+      return false;
     }
   }
-  const int64_t start = before.num_tokens;
-  if (start + n > c.context_len) {
-    return OutOfRangeError("positions up to " + std::to_string(start + n) + " exceed the model's context of " +
-                           std::to_string(c.context_len) + " tokens");
-  }
-  PAGEKV_ASSIGN_OR_RETURN(bool fit, cache.Reserve(seq, n));
-  if (!fit) return false;
-  Status s = Compute(cache, seq, tokens, start, logits);
+  Status s = Compute(cache, items, batch, options);
   if (!s.ok()) {
-    cache.Truncate(seq, start).IgnoreError();  // leave nothing half-written
+    undo(items.size());  // leave nothing half-written
     return s;
   }
   return true;
 }
 
-Status LlamaModel::Compute(KvCache& cache, SeqId seq, std::span<const int32_t> tokens, int64_t start,
-                           float* logits) const {
+Status LlamaModel::Compute(KvCache& cache, std::span<const ForwardItem> items, const Batch& batch,
+                           const ForwardOptions& options) const {
   const LlamaConfig& c = config_;
   const CacheConfig& cc = cache.layout().config();
-  const auto n = static_cast<int64_t>(tokens.size());
-
-  const int32_t d = c.dim, kv_dim = c.num_kv_heads * c.head_dim, hd = c.hidden_dim;
+  const int64_t T = batch.rows;
+  const int32_t d = c.dim, kv_dim = c.num_kv_heads * c.head_dim, hd = c.hidden_dim, half = c.head_dim / 2;
+  double* matmul_time = options.timings != nullptr ? &options.timings->matmul : nullptr;
+  double* attention_time = options.timings != nullptr ? &options.timings->attention : nullptr;
+  auto rows = [](int64_t n, int64_t width) { return std::vector<float>(static_cast<size_t>(n * width)); };
+  std::vector<float> x = rows(T, d), xb = rows(T, d), q = rows(T, d), att = rows(T, d), tmp = rows(T, d),
+                     k = rows(T, kv_dim), v = rows(T, kv_dim), h1 = rows(T, hd), h2 = rows(T, hd);
   const size_t elem = static_cast<size_t>(DTypeBits(cc.format.dtype) / 8);
-  std::vector<float> x(static_cast<size_t>(n * d)), xb(static_cast<size_t>(d)), q(static_cast<size_t>(n * d)),
-      att(static_cast<size_t>(n * d)), k(static_cast<size_t>(kv_dim)), v(static_cast<size_t>(kv_dim)),
-      h1(static_cast<size_t>(hd)), h2(static_cast<size_t>(hd)), tmp(static_cast<size_t>(d));
-  std::vector<std::byte> k_rows(static_cast<size_t>(n * kv_dim) * elem), v_rows(k_rows.size());
-  for (int64_t i = 0; i < n; ++i) {
-    Row(embedding_, tokens[static_cast<size_t>(i)], &x[static_cast<size_t>(i * d)]);
+  std::vector<std::byte> k_rows(static_cast<size_t>(T * kv_dim) * elem), v_rows(k_rows.size());
+  auto matmul = [&](const Matrix& w, const float* in, int64_t n, float* out) {
+    Stopwatch watch(matmul_time);
+    return MatMul(w, in, n, out, options.threads);
+  };
+  for (int64_t t = 0; t < T; ++t) {
+    const size_t item = static_cast<size_t>(
+        std::upper_bound(batch.first.begin(), batch.first.end(), t) - batch.first.begin() - 1);
+    WeightRow(embedding_, items[item].tokens[static_cast<size_t>(t - batch.first[item])], &x[static_cast<size_t>(t * d)]);
   }
-  auto store = [&](const float* src, std::byte* dst) {
-    for (int32_t j = 0; j < kv_dim; ++j) {
+  // Rotary angles per row, shared by every layer: pairs (2i, 2i+1) of each
+  // head turn by pos * theta^(-2i / head_dim).
+  std::vector<float> rope_cos = rows(T, half), rope_sin = rows(T, half);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int32_t i = 0; i < half; ++i) {
+      const float freq = 1.0f / std::pow(c.rope_theta, static_cast<float>(2 * i) / static_cast<float>(c.head_dim));
+      const float angle = static_cast<float>(batch.pos[static_cast<size_t>(t)]) * freq;
+      rope_cos[static_cast<size_t>(t * half + i)] = std::cos(angle);
+      rope_sin[static_cast<size_t>(t * half + i)] = std::sin(angle);
+    }
+  }
+  auto rope = [&](float* row, int64_t t, int32_t width) {
+    const float* cs = &rope_cos[static_cast<size_t>(t * half)];
+    const float* sn = &rope_sin[static_cast<size_t>(t * half)];
+    for (int32_t j = 0; j < width; j += 2) {
+      const int32_t i = (j % c.head_dim) / 2;
+      const float a = row[j], b = row[j + 1];
+      row[j] = a * cs[i] - b * sn[i];
+      row[j + 1] = a * sn[i] + b * cs[i];
+    }
+  };
+  auto store = [&](const float* src, std::byte* dst, int64_t n) {
+    for (int64_t j = 0; j < n; ++j) {
       switch (cc.format.dtype) {
         case DType::kF32: std::memcpy(dst + 4 * j, src + j, 4); break;
         case DType::kF16: { const uint16_t h = F32ToF16(src[j]); std::memcpy(dst + 2 * j, &h, 2); break; }
@@ -352,41 +367,69 @@ Status LlamaModel::Compute(KvCache& cache, SeqId seq, std::span<const int32_t> t
       }
     }
   };
+  const bool decode_only = static_cast<int64_t>(items.size()) == T;
+  std::vector<PrefillSeq> prefill(items.size());
+  std::vector<DecodeSeq> decode(items.size());
+  AttentionOptions attention_options;
+  attention_options.num_threads = options.threads;
   for (int32_t l = 0; l < c.num_layers; ++l) {
     const Layer& L = layers_[static_cast<size_t>(l)];
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t pos = start + i;
-      RmsNorm(&x[static_cast<size_t>(i * d)], L.attn_norm, d, c.norm_eps, xb.data());
-      MatVec(L.wq, xb.data(), &q[static_cast<size_t>(i * d)]);
-      MatVec(L.wk, xb.data(), k.data());
-      MatVec(L.wv, xb.data(), v.data());
-      Rope(&q[static_cast<size_t>(i * d)], d, c.head_dim, pos, c.rope_theta);
-      Rope(k.data(), kv_dim, c.head_dim, pos, c.rope_theta);
-      store(k.data(), k_rows.data() + static_cast<size_t>(i * kv_dim) * elem);
-      store(v.data(), v_rows.data() + static_cast<size_t>(i * kv_dim) * elem);
+    for (int64_t t = 0; t < T; ++t) RmsNorm(&x[static_cast<size_t>(t * d)], L.attn_norm, d, c.norm_eps, &xb[static_cast<size_t>(t * d)]);
+    PAGEKV_RETURN_IF_ERROR(matmul(L.wq, xb.data(), T, q.data()));
+    PAGEKV_RETURN_IF_ERROR(matmul(L.wk, xb.data(), T, k.data()));
+    PAGEKV_RETURN_IF_ERROR(matmul(L.wv, xb.data(), T, v.data()));
+    for (int64_t t = 0; t < T; ++t) {
+      rope(&q[static_cast<size_t>(t * d)], t, d);
+      rope(&k[static_cast<size_t>(t * kv_dim)], t, kv_dim);
     }
-    PAGEKV_RETURN_IF_ERROR(cache.WriteLayer(seq, l, start, {n, k_rows.data(), v_rows.data()}));
-    PAGEKV_ASSIGN_OR_RETURN(SequenceView view, cache.View(seq));
-    const PrefillSeq ps{view.blocks, view.num_tokens, n};
-    PAGEKV_RETURN_IF_ERROR(PagedPrefillAttention({&cache.layout(), cache.arena(), l}, {&ps, 1}, q.data(), att.data()));
-    for (int64_t i = 0; i < n; ++i) {
-      float* xi = &x[static_cast<size_t>(i * d)];
-      MatVec(L.wo, &att[static_cast<size_t>(i * d)], tmp.data());
-      for (int32_t j = 0; j < d; ++j) xi[j] += tmp[static_cast<size_t>(j)];
-      RmsNorm(xi, L.ffn_norm, d, c.norm_eps, xb.data());
-      MatVec(L.w_gate, xb.data(), h1.data());
-      MatVec(L.w_up, xb.data(), h2.data());
-      for (int32_t j = 0; j < hd; ++j) {
-        const float g = h1[static_cast<size_t>(j)];
-        h1[static_cast<size_t>(j)] = g / (1.0f + std::exp(-g)) * h2[static_cast<size_t>(j)];
-      }
-      MatVec(L.w_down, h1.data(), tmp.data());
-      for (int32_t j = 0; j < d; ++j) xi[j] += tmp[static_cast<size_t>(j)];
+    store(k.data(), k_rows.data(), T * kv_dim);
+    store(v.data(), v_rows.data(), T * kv_dim);
+    for (size_t i = 0; i < items.size(); ++i) {
+      const auto n = static_cast<int64_t>(items[i].tokens.size());
+      const size_t offset = static_cast<size_t>(batch.first[i] * kv_dim) * elem;
+      PAGEKV_RETURN_IF_ERROR(cache.WriteLayer(items[i].seq, l, batch.start[i], {n, k_rows.data() + offset, v_rows.data() + offset}));
+      PAGEKV_ASSIGN_OR_RETURN(SequenceView view, cache.View(items[i].seq));
+      prefill[i] = {view.blocks, view.num_tokens, n};
+      decode[i] = {view.blocks, view.num_tokens};
     }
+    {
+      Stopwatch watch(attention_time);
+      const PagedKv kv{&cache.layout(), cache.arena(), l};
+      PAGEKV_RETURN_IF_ERROR(decode_only ? PagedDecodeAttention(kv, decode, q.data(), att.data(), attention_options)
+                                         : PagedPrefillAttention(kv, prefill, q.data(), att.data(), attention_options));
+    }
+    PAGEKV_RETURN_IF_ERROR(matmul(L.wo, att.data(), T, tmp.data()));
+    for (size_t j = 0; j < x.size(); ++j) x[j] += tmp[j];
+    for (int64_t t = 0; t < T; ++t) RmsNorm(&x[static_cast<size_t>(t * d)], L.ffn_norm, d, c.norm_eps, &xb[static_cast<size_t>(t * d)]);
+    PAGEKV_RETURN_IF_ERROR(matmul(L.w_gate, xb.data(), T, h1.data()));
+    PAGEKV_RETURN_IF_ERROR(matmul(L.w_up, xb.data(), T, h2.data()));
+    for (size_t j = 0; j < h1.size(); ++j) {
+      const float g = h1[j];
+      h1[j] = g / (1.0f + std::exp(-g)) * h2[j];
+    }
+    PAGEKV_RETURN_IF_ERROR(matmul(L.w_down, h1.data(), T, tmp.data()));
+    for (size_t j = 0; j < x.size(); ++j) x[j] += tmp[j];
   }
-  for (int64_t i = 0; i < n; ++i) {
-    RmsNorm(&x[static_cast<size_t>(i * d)], final_norm_, d, c.norm_eps, xb.data());
-    MatVec(classifier_, xb.data(), logits + i * c.vocab_size);
+  // Classifier over the rows whose logits are wanted, in one product.
+  std::vector<int64_t> wanted;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (items[i].logits == nullptr) continue;
+    const auto n = static_cast<int64_t>(items[i].tokens.size());
+    for (int64_t j = items[i].all_logits ? 0 : n - 1; j < n; ++j) wanted.push_back(batch.first[i] + j);
+  }
+  if (wanted.empty()) return Status::Ok();
+  const auto W = static_cast<int64_t>(wanted.size());
+  for (int64_t r = 0; r < W; ++r) {
+    RmsNorm(&x[static_cast<size_t>(wanted[static_cast<size_t>(r)] * d)], final_norm_, d, c.norm_eps, &xb[static_cast<size_t>(r * d)]);
+  }
+  std::vector<float> logits = rows(W, c.vocab_size);
+  PAGEKV_RETURN_IF_ERROR(matmul(classifier_, xb.data(), W, logits.data()));
+  size_t r = 0;
+  for (const ForwardItem& item : items) {
+    if (item.logits == nullptr) continue;
+    const size_t n = item.all_logits ? item.tokens.size() : 1;
+    std::memcpy(item.logits, &logits[r * static_cast<size_t>(c.vocab_size)], n * static_cast<size_t>(c.vocab_size) * 4);
+    r += n;
   }
   return Status::Ok();
 }

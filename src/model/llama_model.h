@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/matmul.h"
 #include "model/gguf_file.h"
 #include "pagekv/ids.h"
 #include "pagekv/kv_cache.h"
@@ -40,6 +41,28 @@ struct LlamaConfig {
   int32_t context_len = 0;
   float rope_theta = 10000.0f;
   float norm_eps = 1e-5f;
+};
+
+// One sequence's part of a batched step.
+struct ForwardItem {
+  SeqId seq{};
+  std::span<const int32_t> tokens;  // >= 1 token, at the sequence's next positions
+  // Logits out: [tokens][vocab] when all_logits, else [vocab] for the last
+  // token only (what sampling needs); null = none.
+  float* logits = nullptr;
+  bool all_logits = false;
+};
+
+// Where the time of ForwardBatch calls went (accumulated, seconds).
+struct ForwardTimings {
+  double total = 0;
+  double attention = 0;  // paged attention kernels
+  double matmul = 0;     // weight products, classifier included
+};
+
+struct ForwardOptions {
+  int threads = 0;                    // 0 = every hardware thread
+  ForwardTimings* timings = nullptr;  // optional
 };
 
 class LlamaModel {
@@ -67,14 +90,17 @@ class LlamaModel {
   // geometry, unknown sequence.
   Result<bool> Forward(KvCache& cache, SeqId seq, std::span<const int32_t> tokens, float* logits) const;
 
+  // One step of a batch: every item's tokens go through the weights together
+  // (each weight matrix is read once per step, not once per sequence), each
+  // sequence attends to its own cached prefix. Items may mix prompt chunks
+  // and single decode tokens. All-or-nothing: returns false, changing
+  // nothing, when the pool lacks the blocks for any item; on an error every
+  // item is left as it was. A sequence may appear once per step.
+  Result<bool> ForwardBatch(KvCache& cache, std::span<const ForwardItem> items,
+                            const ForwardOptions& options = {}) const;
+
  private:
-  // A weight matrix in its stored type, [rows][cols] row-major (row = output).
-  struct Matrix {
-    const std::byte* data = nullptr;
-    GgmlType type = GgmlType::kF32;
-    int64_t rows = 0;
-    int64_t cols = 0;
-  };
+  using Matrix = WeightMatrix;  // [rows][cols] row-major (row = output)
   struct Layer {
     const float* attn_norm;  // [dim]
     Matrix wq;               // [dim][dim]
@@ -86,13 +112,13 @@ class LlamaModel {
     Matrix w_up;             // [hidden][dim]
     Matrix w_down;           // [dim][hidden]
   };
-  static void MatVec(const Matrix& m, const float* x, float* out);
-  static void Row(const Matrix& m, int64_t r, float* out);
+  struct Batch;  // the rows of one step (llama_model.cc)
 
   LlamaModel() = default;
-  // The forward pass proper, after Reserve; Forward undoes the reservation
-  // when it fails.
-  Status Compute(KvCache& cache, SeqId seq, std::span<const int32_t> tokens, int64_t start, float* logits) const;
+  // The forward pass proper, after every item's Reserve; ForwardBatch undoes
+  // the reservations when it fails.
+  Status Compute(KvCache& cache, std::span<const ForwardItem> items, const Batch& batch,
+                 const ForwardOptions& options) const;
 
   std::unique_ptr<GgufFile> file_;          // GGUF weights, or
   std::shared_ptr<const std::byte> mapping_;  // a mapped llama2.c checkpoint

@@ -182,6 +182,72 @@ TEST(LlamaModelTest, BadInputIsAnErrorAndLeavesTheSequenceUnchanged) {
   EXPECT_EQ(model->Forward(*wrong, s2, {bad.data(), 1}, logits.data()).status().code(), StatusCode::kInvalidArgument);
 }
 
+TEST(LlamaModelTest, ABatchedStepMixingPromptChunksAndDecodesMatchesSeparateCalls) {
+  auto file = GgufFile::Open(kGguf);
+  ASSERT_TRUE(file.ok());
+  auto model = std::move(*LlamaModel::FromGguf(std::move(*file)));
+  const int32_t vocab = model->config().vocab_size;
+  auto make = [&] { return std::move(*KvCache::Create({.config = model->CacheGeometry(8, DType::kF16, 64), .prefault = false})); };
+  auto solo = make(), batched = make();
+  const std::vector<int32_t> a = {1, 403, 407, 261, 378, 9, 30}, b = {1, 14, 71}, c = {1, 200, 201, 202, 203, 204, 205, 206, 207, 208};
+  std::vector<SeqId> s1, s2;
+  for (int i = 0; i < 3; ++i) {
+    s1.push_back(solo->AddSequence());
+    s2.push_back(batched->AddSequence());
+  }
+  // Sequence 0 is already 7 tokens long (decodes one), 1 gets a 3-token
+  // chunk, 2 a 10-token prompt crossing a block boundary.
+  std::vector<float> scratch(10 * static_cast<size_t>(vocab));
+  ASSERT_TRUE(*model->Forward(*solo, s1[0], a, scratch.data()));
+  ASSERT_TRUE(*model->Forward(*batched, s2[0], a, scratch.data()));
+  const int32_t next = 42;
+  std::vector<float> want0(vocab), want1(3 * static_cast<size_t>(vocab)), want2(10 * static_cast<size_t>(vocab));
+  ASSERT_TRUE(*model->Forward(*solo, s1[0], {&next, 1}, want0.data()));
+  ASSERT_TRUE(*model->Forward(*solo, s1[1], b, want1.data()));
+  ASSERT_TRUE(*model->Forward(*solo, s1[2], c, want2.data()));
+  std::vector<float> got0(vocab), got1(3 * static_cast<size_t>(vocab)), got2(vocab);
+  const std::vector<ForwardItem> items = {{s2[0], {&next, 1}, got0.data(), false},
+                                          {s2[1], b, got1.data(), true},
+                                          {s2[2], c, got2.data(), false}};
+  ForwardTimings timings;
+  ASSERT_TRUE(*model->ForwardBatch(*batched, items, {.threads = 0, .timings = &timings}));
+  for (int32_t i = 0; i < vocab; ++i) {
+    EXPECT_NEAR(got0[i], want0[i], 1e-4f * (1 + std::fabs(want0[i])));
+    EXPECT_NEAR(got2[i], want2[9 * static_cast<size_t>(vocab) + i], 1e-4f * (1 + std::fabs(want2[i])));
+  }
+  for (size_t i = 0; i < got1.size(); ++i) EXPECT_NEAR(got1[i], want1[i], 1e-4f * (1 + std::fabs(want1[i])));
+  EXPECT_EQ(batched->View(s2[2])->num_tokens, 10);
+  EXPECT_GT(timings.total, 0);
+  EXPECT_GT(timings.attention, 0);
+  EXPECT_GT(timings.matmul, 0);
+  EXPECT_LE(timings.attention + timings.matmul, timings.total);
+}
+
+TEST(LlamaModelTest, ABatchedStepIsAllOrNothing) {
+  auto file = GgufFile::Open(kGguf);
+  ASSERT_TRUE(file.ok());
+  auto model = std::move(*LlamaModel::FromGguf(std::move(*file)));
+  // 4 blocks of 8 tokens: the first item fits, the second does not.
+  auto cache = std::move(*KvCache::Create({.config = model->CacheGeometry(8, DType::kF32, 4), .prefault = false}));
+  const SeqId x = cache->AddSequence(), y = cache->AddSequence();
+  const std::vector<int32_t> small(9, 5), big(24, 6);
+  const std::vector<ForwardItem> items = {{x, small, nullptr, false}, {y, big, nullptr, false}};
+  EXPECT_FALSE(*model->ForwardBatch(*cache, items));
+  EXPECT_EQ(cache->View(x)->num_tokens, 0);
+  EXPECT_EQ(cache->Stats().blocks_used, 0);
+  // A bad token in the second item leaves the first untouched too.
+  const std::vector<int32_t> bad = {1, 100000};
+  const std::vector<ForwardItem> with_bad = {{x, small, nullptr, false}, {y, bad, nullptr, false}};
+  EXPECT_EQ(model->ForwardBatch(*cache, with_bad).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(cache->View(x)->num_tokens, 0);
+  // One sequence twice in a step is refused.
+  const std::vector<ForwardItem> twice = {{x, small, nullptr, false}, {x, small, nullptr, false}};
+  const Status s = model->ForwardBatch(*cache, twice).status();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("twice"), std::string::npos);
+  cache->CheckInvariants();
+}
+
 }  // namespace
 }  // namespace pagekv
 

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <queue>
 
 namespace pagekv {
 namespace {
@@ -146,26 +147,54 @@ std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool bos, bool eos
     }
     i += len;
   }
-  // Merge the best-scoring adjacent pair until none merges.
-  std::string pair;
-  for (;;) {
-    float best_score = -1e10f;
-    int32_t best_id = -1;
-    size_t best_at = 0;
-    for (size_t i = 0; i + 1 < tokens.size(); ++i) {
-      pair = pieces_[static_cast<size_t>(tokens[i])];
-      pair += pieces_[static_cast<size_t>(tokens[i + 1])];
-      const int32_t id = Lookup(pair);
-      if (id >= 0 && scores_[static_cast<size_t>(id)] > best_score) {
-        best_score = scores_[static_cast<size_t>(id)];
-        best_id = id;
-        best_at = i;
-      }
-    }
-    if (best_id < 0) break;
-    tokens[best_at] = best_id;
-    tokens.erase(tokens.begin() + static_cast<std::ptrdiff_t>(best_at) + 1);
+  // Merge the best-scoring adjacent pair until none merges; among equal
+  // scores the leftmost pair goes first. The symbols form a linked list and
+  // the candidate pairs a heap, so this is O(n log n) rather than a rescan of
+  // the whole text per merge. A heap entry is stale once either side has
+  // merged (a merged piece is longer, so its id differs).
+  const size_t n = tokens.size();
+  std::vector<int64_t> next(n), prev(n);
+  std::vector<bool> alive(n, true);
+  for (size_t i = 0; i < n; ++i) {
+    next[i] = i + 1 < n ? static_cast<int64_t>(i + 1) : -1;
+    prev[i] = static_cast<int64_t>(i) - 1;
   }
+  struct Candidate {
+    float score;
+    int64_t left;  // node index; order of nodes = order in the text
+    int32_t left_id, right_id, merged_id;
+  };
+  auto worse = [](const Candidate& a, const Candidate& b) {
+    return a.score < b.score || (a.score == b.score && a.left > b.left);
+  };
+  std::priority_queue<Candidate, std::vector<Candidate>, decltype(worse)> heap(worse);
+  std::string pair;
+  auto offer = [&](int64_t left) {
+    if (left < 0 || next[static_cast<size_t>(left)] < 0) return;
+    const int32_t a = tokens[static_cast<size_t>(left)], b = tokens[static_cast<size_t>(next[static_cast<size_t>(left)])];
+    pair = pieces_[static_cast<size_t>(a)];
+    pair += pieces_[static_cast<size_t>(b)];
+    const int32_t id = Lookup(pair);
+    if (id >= 0) heap.push({scores_[static_cast<size_t>(id)], left, a, b, id});
+  };
+  for (size_t i = 0; i + 1 < n; ++i) offer(static_cast<int64_t>(i));
+  while (!heap.empty()) {
+    const Candidate c = heap.top();
+    heap.pop();
+    const auto l = static_cast<size_t>(c.left);
+    const int64_t r = next[l];
+    if (!alive[l] || r < 0 || tokens[l] != c.left_id || tokens[static_cast<size_t>(r)] != c.right_id) continue;
+    tokens[l] = c.merged_id;
+    alive[static_cast<size_t>(r)] = false;
+    next[l] = next[static_cast<size_t>(r)];
+    if (next[l] >= 0) prev[static_cast<size_t>(next[l])] = c.left;
+    offer(prev[l]);
+    offer(c.left);
+  }
+  std::vector<int32_t> merged;
+  merged.reserve(n);
+  for (int64_t i = n > 0 ? 0 : -1; i >= 0; i = next[static_cast<size_t>(i)]) merged.push_back(tokens[static_cast<size_t>(i)]);
+  tokens = std::move(merged);
   if (eos) tokens.push_back(eos_id_);
   return tokens;
 }

@@ -1,6 +1,9 @@
 #include "model/tokenizer.h"
 
 #include <fstream>
+#include <map>
+#include <random>
+#include <set>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -58,6 +61,54 @@ TEST(TokenizerTest, DecodesGoldenGenerationsToTheGoldenText) {
       for (int32_t id : p["generated_ids"].get<std::vector<int32_t>>()) ids.push_back(id);
       EXPECT_EQ(t.Decode(ids), p["text"].get<std::string>());
     }
+  }
+}
+
+// The merge rule written the obvious way (rescan every adjacent pair per
+// merge, highest score wins, leftmost among equals), on a synthetic
+// vocabulary full of tied scores: the heap-based Encode must agree with it.
+TEST(TokenizerTest, MergesAgreeWithTheQuadraticRuleOnRandomText) {
+  std::mt19937 rng(11);
+  std::vector<std::string> pieces = {"<unk>", "<s>", "</s>", " ", "a", "b", "c"};
+  std::vector<float> scores = {0, 0, 0, -1, -1, -1, -1};
+  std::set<std::string> seen(pieces.begin(), pieces.end());
+  std::uniform_int_distribution<int> letter(0, 3), len(2, 4), score(1, 3);
+  while (pieces.size() < 60) {
+    std::string p;
+    for (int i = len(rng); i > 0; --i) p += " abc"[letter(rng)];
+    if (seen.insert(p).second) {
+      pieces.push_back(p);
+      scores.push_back(static_cast<float>(score(rng)));  // many ties on purpose
+    }
+  }
+  auto tok = Tokenizer::FromPieces(pieces, scores, 1, 2);
+  ASSERT_TRUE(tok.ok()) << tok.status().ToString();
+  std::map<std::string, int32_t> id;
+  for (size_t i = 0; i < pieces.size(); ++i) id[pieces[i]] = static_cast<int32_t>(i);
+  std::uniform_int_distribution<int> text_len(0, 80);
+  for (int trial = 0; trial < 300; ++trial) {
+    std::string text;
+    for (int i = text_len(rng); i > 0; --i) text += " abc"[letter(rng)];
+    std::vector<int32_t> want = {1};
+    if (!text.empty()) want.push_back(id[" "]);
+    for (char ch : text) want.push_back(id[std::string(1, ch)]);
+    for (;;) {
+      float best = -1e10f;
+      size_t at = 0;
+      int32_t merged = -1;
+      for (size_t i = 0; i + 1 < want.size(); ++i) {
+        const auto it = id.find(pieces[static_cast<size_t>(want[i])] + pieces[static_cast<size_t>(want[i + 1])]);
+        if (it != id.end() && scores[static_cast<size_t>(it->second)] > best) {
+          best = scores[static_cast<size_t>(it->second)];
+          at = i;
+          merged = it->second;
+        }
+      }
+      if (merged < 0) break;
+      want[at] = merged;
+      want.erase(want.begin() + static_cast<std::ptrdiff_t>(at) + 1);
+    }
+    EXPECT_EQ(tok->Encode(text, true, false), want) << "'" << text << "'";
   }
 }
 

@@ -1,0 +1,229 @@
+// Y = X W^T for the model runner (see matmul.h), compiled for every Highway
+// target and chosen at run time.
+//
+// Work: rows are cut into chunks handed to the thread pool; inside a chunk,
+// tiles of 4 weight rows x up to 4 tokens accumulate 16 vectors over the
+// columns, each weight vector converted to f32 once and used for every token
+// of the tile. Tokens are walked in chunks small enough that their X rows
+// stay in L2 while the chunk's weight rows (a few KiB) stay in L1.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/matmul.cc"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+
+#include <hwy/highway.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "base/thread_pool.h"
+#include "kernels/matmul.h"
+#include "kernels/simd-inl.h"
+#include "layout/float16.h"
+
+#ifndef PAGEKV_KERNELS_MATMUL_ONCE_
+#define PAGEKV_KERNELS_MATMUL_ONCE_
+namespace pagekv::kernels {
+
+constexpr int64_t kQ8Block = 32;       // elements per q8_0 block
+constexpr int64_t kQ8BlockBytes = 34;  // f16 scale + 32 int8
+
+// One call's task, shared by every thread.
+struct MatMulTask {
+  WeightMatrix w;
+  int64_t row_bytes = 0;
+  const float* x = nullptr;
+  int64_t tokens = 0;
+  float* y = nullptr;
+};
+
+}  // namespace pagekv::kernels
+#endif
+
+HWY_BEFORE_NAMESPACE();
+namespace pagekv::kernels {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+constexpr int kTileRows = 4;
+constexpr int kTileTokens = 4;
+
+// acc[r][t] += W[row r] . X[token t] over all columns, for kT tokens.
+template <WeightType kType, int kT>
+HWY_INLINE void Tile(const MatMulTask& task, const std::byte* const* rows, const float* x, float* out) {
+  const hn::ScalableTag<float> df;
+  const int64_t n = static_cast<int64_t>(hn::Lanes(df));
+  const int64_t cols = task.w.cols;
+  using V = hn::Vec<decltype(df)>;
+  V acc[kTileRows][kT];
+  for (int r = 0; r < kTileRows; ++r) {
+    for (int t = 0; t < kT; ++t) acc[r][t] = hn::Zero(df);
+  }
+  int64_t c = 0;
+  if constexpr (kType == WeightType::kQ8_0) {
+    const hn::Rebind<int8_t, decltype(df)> di8;
+    const hn::Rebind<int32_t, decltype(df)> di32;
+    for (int64_t b = 0; b < cols / kQ8Block; ++b) {
+      V scale[kTileRows];
+      for (int r = 0; r < kTileRows; ++r) {
+        uint16_t h;
+        std::memcpy(&h, rows[r] + b * kQ8BlockBytes, 2);
+        scale[r] = hn::Set(df, F16ToF32(h));
+      }
+      for (int64_t i = 0; i < kQ8Block; i += n) {
+        const int64_t col = b * kQ8Block + i;
+        V xv[kT];
+        for (int t = 0; t < kT; ++t) xv[t] = hn::LoadU(df, x + t * cols + col);
+        for (int r = 0; r < kTileRows; ++r) {
+          const auto* q = reinterpret_cast<const int8_t*>(rows[r] + b * kQ8BlockBytes + 2 + i);
+          const V wv = hn::Mul(scale[r], hn::ConvertTo(df, hn::PromoteTo(di32, hn::LoadU(di8, q))));
+          for (int t = 0; t < kT; ++t) acc[r][t] = hn::MulAdd(wv, xv[t], acc[r][t]);
+        }
+      }
+    }
+    c = cols;
+  } else {
+    using T = std::conditional_t<kType == WeightType::kF32, float,
+                                 std::conditional_t<kType == WeightType::kF16, hwy::float16_t, hwy::bfloat16_t>>;
+    for (; c + n <= cols; c += n) {
+      V xv[kT];
+      for (int t = 0; t < kT; ++t) xv[t] = hn::LoadU(df, x + t * cols + c);
+      for (int r = 0; r < kTileRows; ++r) {
+        const V wv = LoadF32(df, reinterpret_cast<const T*>(rows[r]) + c);
+        for (int t = 0; t < kT; ++t) acc[r][t] = hn::MulAdd(wv, xv[t], acc[r][t]);
+      }
+    }
+  }
+  // out[t][r]: the vector sums, plus the columns past the last full vector.
+  for (int t = 0; t < kT; ++t) {
+#if HWY_TARGET != HWY_SCALAR
+    if constexpr (kTileRows == 4 && hn::MaxLanes(decltype(df)()) >= 4) {
+      Sum4(df, acc[0][t], acc[1][t], acc[2][t], acc[3][t], out + t * kTileRows);
+    } else
+#endif
+    {
+      for (int r = 0; r < kTileRows; ++r) out[t * kTileRows + r] = Sum(df, acc[r][t]);
+    }
+    for (int64_t j = c; j < cols; ++j) {
+      for (int r = 0; r < kTileRows; ++r) {
+        float wj;
+        if constexpr (kType == WeightType::kF32) {
+          std::memcpy(&wj, rows[r] + 4 * j, 4);
+        } else {
+          uint16_t h;
+          std::memcpy(&h, rows[r] + 2 * j, 2);
+          wj = kType == WeightType::kF16 ? F16ToF32(h) : BF16ToF32(h);
+        }
+        out[t * kTileRows + r] += wj * x[t * cols + j];
+      }
+    }
+  }
+}
+
+// Rows [row_begin, row_end) for every token.
+template <WeightType kType>
+void RowRange(const MatMulTask& task, int64_t row_begin, int64_t row_end) {
+  const int64_t cols = task.w.cols;
+  // Tokens per pass: their X rows (cols floats each) fit in ~256 KiB of L2.
+  const int64_t token_chunk = std::max<int64_t>(kTileTokens, (int64_t{256} << 10) / (cols * 4) / kTileTokens * kTileTokens);
+  float out[kTileTokens * kTileRows];
+  for (int64_t t0 = 0; t0 < task.tokens; t0 += token_chunk) {
+    const int64_t t_end = std::min(task.tokens, t0 + token_chunk);
+    for (int64_t r0 = row_begin; r0 < row_end; r0 += kTileRows) {
+      const int64_t nr = std::min<int64_t>(kTileRows, row_end - r0);
+      const std::byte* rows[kTileRows];
+      // A short last tile repeats its last row and stores only the valid ones.
+      for (int r = 0; r < kTileRows; ++r) rows[r] = task.w.data + (r0 + std::min<int64_t>(r, nr - 1)) * task.row_bytes;
+      for (int64_t t = t0; t < t_end; t += kTileTokens) {
+        const int64_t nt = std::min<int64_t>(kTileTokens, t_end - t);
+        const float* x = task.x + t * cols;
+        switch (nt) {
+          case 4: Tile<kType, 4>(task, rows, x, out); break;
+          case 3: Tile<kType, 3>(task, rows, x, out); break;
+          case 2: Tile<kType, 2>(task, rows, x, out); break;
+          default: Tile<kType, 1>(task, rows, x, out); break;
+        }
+        for (int64_t i = 0; i < nt; ++i) {
+          std::memcpy(task.y + (t + i) * task.w.rows + r0, out + i * kTileRows, static_cast<size_t>(nr) * 4);
+        }
+      }
+    }
+  }
+}
+
+void RowRangeImpl(const MatMulTask& task, int64_t row_begin, int64_t row_end) {
+  switch (task.w.type) {
+    case WeightType::kF32: return RowRange<WeightType::kF32>(task, row_begin, row_end);
+    case WeightType::kF16: return RowRange<WeightType::kF16>(task, row_begin, row_end);
+    case WeightType::kBF16: return RowRange<WeightType::kBF16>(task, row_begin, row_end);
+    case WeightType::kQ8_0: return RowRange<WeightType::kQ8_0>(task, row_begin, row_end);
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace pagekv::kernels
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace pagekv {
+namespace kernels {
+HWY_EXPORT(RowRangeImpl);
+}  // namespace kernels
+
+int64_t WeightRowBytes(WeightType type, int64_t cols) {
+  switch (type) {
+    case WeightType::kF32: return cols * 4;
+    case WeightType::kF16:
+    case WeightType::kBF16: return cols * 2;
+    case WeightType::kQ8_0: return cols / kernels::kQ8Block * kernels::kQ8BlockBytes;
+  }
+  return 0;
+}
+
+Status MatMul(const WeightMatrix& w, const float* x, int64_t tokens, float* y, int threads) {
+  if (w.data == nullptr || x == nullptr || y == nullptr) return InvalidArgumentError("matmul: null pointer");
+  if (w.rows <= 0 || w.cols <= 0 || tokens <= 0) {
+    return InvalidArgumentError("matmul: rows, cols and tokens must be positive (got " + std::to_string(w.rows) +
+                                ", " + std::to_string(w.cols) + ", " + std::to_string(tokens) + ")");
+  }
+  if (w.type == WeightType::kQ8_0 && w.cols % kernels::kQ8Block != 0) {
+    return InvalidArgumentError("matmul: q8_0 rows need a multiple of 32 columns, got " + std::to_string(w.cols));
+  }
+  const kernels::MatMulTask task{w, WeightRowBytes(w.type, w.cols), x, tokens, y};
+  auto impl = [&task](int64_t begin, int64_t end) { HWY_DYNAMIC_DISPATCH(kernels::RowRangeImpl)(task, begin, end); };
+  // Below ~256 K multiply-adds a call is cheaper on one thread than the
+  // hand-off to the pool.
+  const int64_t work = w.rows * w.cols * tokens;
+  if (threads == 1 || work < (int64_t{1} << 18)) {
+    impl(0, w.rows);
+    return Status::Ok();
+  }
+  // Chunks of 16 rows (a few per thread at least) for load balance.
+  constexpr int64_t kChunkRows = 16;
+  const int64_t chunks = (w.rows + kChunkRows - 1) / kChunkRows;
+  ThreadPool::Shared().ParallelFor(chunks, threads, [&](int64_t i) {
+    impl(i * kChunkRows, std::min(w.rows, (i + 1) * kChunkRows));
+  });
+  return Status::Ok();
+}
+
+void WeightRow(const WeightMatrix& w, int64_t r, float* out) {
+  const std::byte* p = w.data + r * WeightRowBytes(w.type, w.cols);
+  uint16_t h;
+  for (int64_t i = 0; i < w.cols; ++i) {
+    switch (w.type) {
+      case WeightType::kF32: std::memcpy(&out[i], p + 4 * i, 4); break;
+      case WeightType::kF16: std::memcpy(&h, p + 2 * i, 2); out[i] = F16ToF32(h); break;
+      case WeightType::kBF16: std::memcpy(&h, p + 2 * i, 2); out[i] = BF16ToF32(h); break;
+      case WeightType::kQ8_0: {
+        const std::byte* block = p + (i / kernels::kQ8Block) * kernels::kQ8BlockBytes;
+        std::memcpy(&h, block, 2);
+        out[i] = F16ToF32(h) * static_cast<float>(static_cast<int8_t>(block[2 + i % kernels::kQ8Block]));
+        break;
+      }
+    }
+  }
+}
+
+}  // namespace pagekv
+#endif  // HWY_ONCE

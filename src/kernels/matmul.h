@@ -1,0 +1,46 @@
+// Weight-matrix products for the model runner: Y = X W^T, where W holds the
+// model's weights in their stored type and X a batch of activation rows.
+//
+//   W  [rows][cols]   f32, f16, bf16 or q8_0 (ggml layout: blocks of 32
+//                     int8 with one f16 scale in front, 34 bytes per block)
+//   X  [tokens][cols] f32
+//   Y  [tokens][rows] f32
+//
+// One step of a batch carries every sequence's tokens through the same
+// weights, so the kernel reads each weight row once per call and uses it for
+// a tile of up to 4 tokens at a time from registers (4 weight rows x 4 tokens
+// = 16 accumulators), converting f16 / bf16 / int8 to f32 in registers. With
+// few tokens the call is bound by weight bytes; with many, by FMA throughput.
+// Rows are split over the thread pool. SIMD through Highway with run-time
+// dispatch (AVX-512, AVX2, SSE4, scalar). docs/PERFORMANCE.md has the
+// measurements and the comparison with OpenBLAS.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "pagekv/status.h"
+
+namespace pagekv {
+
+enum class WeightType : uint8_t { kF32, kF16, kBF16, kQ8_0 };
+
+struct WeightMatrix {
+  const std::byte* data = nullptr;
+  WeightType type = WeightType::kF32;
+  int64_t rows = 0;
+  int64_t cols = 0;  // a multiple of 32 for q8_0
+};
+
+// Bytes one row occupies.
+int64_t WeightRowBytes(WeightType type, int64_t cols);
+
+// Y[t][r] = sum_c X[t][c] * W[r][c] for t < tokens. `threads` = 0 uses the
+// whole shared pool. Errors: null pointers, non-positive sizes, q8_0 with
+// cols not a multiple of 32.
+Status MatMul(const WeightMatrix& w, const float* x, int64_t tokens, float* y, int threads = 0);
+
+// Row r of W converted to f32 (the embedding lookup).
+void WeightRow(const WeightMatrix& w, int64_t r, float* out);
+
+}  // namespace pagekv
