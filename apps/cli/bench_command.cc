@@ -130,6 +130,92 @@ int RunBench(const BenchArgs& a) {
   return kExitOk;
 }
 
+struct GenerateBenchArgs {
+  bool json = false, quick = false;
+  int threads = 0;
+  std::string model, preset = "llama-110m", weight_type = "f16", kv_dtype = "f16";
+  std::vector<int64_t> batches = {1, 8, 32};
+  int64_t prompt_len = 128, steps = 32;
+  int32_t block_len = 16;
+};
+
+int RunGenerateBenchCommand(const GenerateBenchArgs& a) {
+  GenerateBenchOptions o;
+  o.model_path = a.model;
+  o.synth_preset = a.quick ? "tiny" : a.preset;
+  o.weight_type = a.weight_type;
+  o.batches = a.quick ? std::vector<int64_t>{1, 4} : a.batches;
+  o.prompt_len = a.quick ? 16 : a.prompt_len;
+  o.decode_steps = a.quick ? 4 : a.steps;
+  o.block_len = a.block_len;
+  o.num_threads = a.threads;
+  Result<DType> dt = ParseDType(a.kv_dtype);
+  if (!dt.ok()) {
+    std::fprintf(stderr, "error: --kv-dtype: %s\n", dt.status().message().c_str());
+    return kExitBadInput;
+  }
+  o.kv_dtype = *dt;
+  if (!a.json) {
+    std::printf("%5s %7s %6s %12s %12s %9s %8s %8s %9s %7s %s\n", "batch", "prompt", "steps", "prefill t/s",
+                "decode t/s", "ms/step", "attn", "matmul", "floor ms", "ratio", "bound");
+    o.on_result = [](const GenerateBenchResult& r) {
+      std::printf("%5ld %7ld %6ld %12.1f %12.1f %9.2f %7.1f%% %7.1f%% %9.2f %7.2f %s\n", static_cast<long>(r.batch),
+                  static_cast<long>(r.prompt_len), static_cast<long>(r.decode_steps), r.prefill_tokens_per_second,
+                  r.decode_tokens_per_second, r.decode_step_ms, 100 * r.decode_attention_share,
+                  100 * r.decode_matmul_share, r.step_floor_ms, r.ratio_to_roofline, r.bound.c_str());
+      std::fflush(stdout);
+    };
+  }
+  Result<GenerateBenchReport> r = RunGenerateBench(o);
+  if (!r.ok()) {
+    std::fprintf(stderr, "error: %s\n", r.status().message().c_str());
+    const StatusCode c = r.status().code();
+    return c == StatusCode::kInvalidArgument || c == StatusCode::kOutOfRange || c == StatusCode::kNotFound ||
+                   c == StatusCode::kDataLoss
+               ? kExitBadInput
+               : kExitFailed;
+  }
+  if (a.json) {
+    nlohmann::ordered_json j;
+    j["model"] = r->model;
+    j["parameters"] = r->parameters;
+    j["weight_type"] = r->weight_type;
+    j["kv_dtype"] = r->kv_dtype;
+    j["block_len"] = r->block_len;
+    j["simd_target"] = r->simd_target;
+    j["threads"] = r->threads;
+    j["stream_read_gbps"] = r->stream_read_gbps;
+    j["fma_gflops"] = r->fma_gflops;
+    j["results"] = nlohmann::ordered_json::array();
+    for (const GenerateBenchResult& x : r->results) {
+      j["results"].push_back({{"batch", x.batch},
+                              {"prompt_len", x.prompt_len},
+                              {"decode_steps", x.decode_steps},
+                              {"prefill_seconds", x.prefill_seconds},
+                              {"prefill_tokens_per_second", x.prefill_tokens_per_second},
+                              {"decode_seconds", x.decode_seconds},
+                              {"decode_tokens_per_second", x.decode_tokens_per_second},
+                              {"decode_step_ms", x.decode_step_ms},
+                              {"decode_attention_share", x.decode_attention_share},
+                              {"decode_matmul_share", x.decode_matmul_share},
+                              {"step_weight_bytes", x.step_weight_bytes},
+                              {"step_kv_bytes", x.step_kv_bytes},
+                              {"step_flops", x.step_flops},
+                              {"step_floor_ms", x.step_floor_ms},
+                              {"ratio_to_roofline", x.ratio_to_roofline},
+                              {"bound", x.bound}});
+    }
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    std::printf("%s, %.1fM parameters, %s weights, %s KV, block_len %d; %d threads (%s): stream read %.1f GB/s, "
+                "fp32 FMA %.1f GFLOP/s\n",
+                r->model.c_str(), static_cast<double>(r->parameters) / 1e6, r->weight_type.c_str(),
+                r->kv_dtype.c_str(), r->block_len, r->threads, r->simd_target.c_str(), r->stream_read_gbps,
+                r->fma_gflops);
+  }
+  return kExitOk;
+}
+
 }  // namespace
 
 CLI::App* AddBenchCommand(CLI::App& app, int& exit_code) {
@@ -148,6 +234,21 @@ CLI::App* AddBenchCommand(CLI::App& app, int& exit_code) {
   attn->add_option("--heads", args.heads, "Head configs Q/KV instead of the set's, e.g. 32/8")->delimiter(',');
   attn->add_option("--dtype", args.dtypes, "KV dtypes instead of the set's (f32, f16, bf16)")->delimiter(',');
   attn->callback([&exit_code] { exit_code = RunBench(args); });
+
+  static GenerateBenchArgs gen;
+  CLI::App* g = bench->add_subcommand("generate", "Model prefill and decode tokens/s, the decode step vs its roofline");
+  g->add_flag("--json", gen.json, "Print one JSON object");
+  g->add_flag("--quick", gen.quick, "A seconds-long smoke run on the tiny synthetic model");
+  g->add_option("--model", gen.model, "A GGUF model (default: a synthetic one written for the run)");
+  g->add_option("--preset", gen.preset, "Synthetic model shape (default llama-110m)");
+  g->add_option("--weight-type", gen.weight_type, "Synthetic model weights: f32, f16 (default), bf16, q8_0");
+  g->add_option("--batch", gen.batches, "Batch sizes (default 1,8,32)")->delimiter(',')->check(CLI::Range(1, 4096));
+  g->add_option("--prompt-len", gen.prompt_len, "Prompt tokens per sequence (default 128)")->check(CLI::Range(1, 1 << 20));
+  g->add_option("--steps", gen.steps, "Decode steps (default 32)")->check(CLI::Range(1, 1 << 20));
+  g->add_option("--block-len", gen.block_len, "Tokens per KV block (default 16)")->check(CLI::Range(1, 4096));
+  g->add_option("--kv-dtype", gen.kv_dtype, "KV storage: f32, f16 (default), bf16");
+  g->add_option("--threads", gen.threads, "Threads (default: all cores)")->check(CLI::Range(0, 4096));
+  g->callback([&exit_code] { exit_code = RunGenerateBenchCommand(gen); });
   return bench;
 }
 

@@ -15,9 +15,11 @@ inline constexpr int kExitBadInput = 2;
 CLI::App* AddPlanCommand(CLI::App& app, int& exit_code);
 // `pagekv demo`: the core at work on random sequences; see demo_command.cc.
 CLI::App* AddDemoCommand(CLI::App& app, int& exit_code);
-// `pagekv bench attention`: kernels against the roofline; see bench_command.cc.
+// `pagekv bench attention | generate`: against the measured roofline; see bench_command.cc.
 CLI::App* AddBenchCommand(CLI::App& app, int& exit_code);
 // `pagekv generate`: text from a llama model on the paged cache; see generate_command.cc.
 CLI::App* AddGenerateCommand(CLI::App& app, int& exit_code);
+// `pagekv synth-model`: a random-weight llama GGUF; see synth_command.cc.
+CLI::App* AddSynthModelCommand(CLI::App& app, int& exit_code);
 
 }  // namespace pagekv::cli

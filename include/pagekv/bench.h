@@ -76,4 +76,60 @@ struct AttentionBenchOptions {
 // (ResourceExhausted), which stops the run.
 Result<AttentionBenchReport> RunAttentionBench(const AttentionBenchOptions& options);
 
+// `pagekv bench generate`: whole-model throughput on the paged cache. For
+// each batch size: `batch` prompts of prompt_len random token ids prefilled
+// in one step, then decode_steps steps of one token per sequence, timed
+// apart. The decode step is judged against its roofline: every weight byte
+// and every cached K/V byte read once per step, at the stream bandwidth
+// measured in the same run, or its multiply-adds at the measured FMA rate,
+// whichever is longer.
+struct GenerateBenchResult {
+  int64_t batch = 0;
+  int64_t prompt_len = 0;
+  int64_t decode_steps = 0;
+  double prefill_seconds = 0;
+  double prefill_tokens_per_second = 0;
+  double decode_seconds = 0;
+  double decode_tokens_per_second = 0;  // batch * decode_steps / decode_seconds
+  double decode_step_ms = 0;
+  double decode_attention_share = 0;    // of decode time, in the attention kernels
+  double decode_matmul_share = 0;       // of decode time, in weight products
+  int64_t step_weight_bytes = 0;        // weight bytes one decode step reads
+  int64_t step_kv_bytes = 0;            // K/V bytes one decode step reads (mean over the steps)
+  double step_flops = 0;                // multiply-adds x 2 of one decode step (mean)
+  double step_floor_ms = 0;             // max(bytes / stream bandwidth, flops / FMA rate)
+  double ratio_to_roofline = 0;         // step_floor_ms / decode_step_ms
+  std::string bound;                    // "memory" or "compute"
+};
+
+struct GenerateBenchReport {
+  std::string model;             // path, or "synthetic <preset>"
+  int64_t parameters = 0;
+  std::string weight_type;       // of the matrices
+  std::string kv_dtype;
+  int32_t block_len = 0;
+  std::string simd_target;
+  int threads = 0;
+  double stream_read_gbps = 0;
+  double fma_gflops = 0;
+  std::vector<GenerateBenchResult> results;
+};
+
+struct GenerateBenchOptions {
+  std::string model_path;                   // a GGUF; empty = synthetic, written for the run
+  std::string synth_preset = "llama-110m";  // when model_path is empty
+  std::string weight_type = "f16";          // of the synthetic model: f32, f16, bf16, q8_0
+  std::vector<int64_t> batches = {1, 8, 32};
+  int64_t prompt_len = 128;
+  int64_t decode_steps = 32;
+  int32_t block_len = 16;
+  DType kv_dtype = DType::kF16;
+  int num_threads = 0;  // 0 = every hardware thread
+  std::function<void(const GenerateBenchResult&)> on_result;  // progress, optional
+};
+
+// Errors: an unreadable model, invalid sizes, a prompt longer than the
+// model's context, a pool the OS refuses.
+Result<GenerateBenchReport> RunGenerateBench(const GenerateBenchOptions& options);
+
 }  // namespace pagekv

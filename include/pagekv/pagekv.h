@@ -21,4 +21,5 @@
 #include "pagekv/kv_layout.h"
 #include "pagekv/plan.h"
 #include "pagekv/status.h"
+#include "pagekv/synth_model.h"
 #include "pagekv/units.h"

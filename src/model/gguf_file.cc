@@ -5,10 +5,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 
 #include "base/checked_math.h"
+#include "layout/float16.h"
 
 namespace pagekv {
 namespace {
@@ -412,7 +416,7 @@ void GgufWriter::AddTensor(const std::string& name, GgmlType type, const std::ve
   tensors_.push_back({name, type, dims, std::string(static_cast<const char*>(data), bytes)});
 }
 
-std::string GgufWriter::Finish(uint32_t version) const {
+std::string GgufWriter::Header(uint32_t version) const {
   std::string out;
   Put<uint32_t>(out, kMagic);
   Put<uint32_t>(out, version);
@@ -429,11 +433,54 @@ std::string GgufWriter::Finish(uint32_t version) const {
     offset = static_cast<uint64_t>(RoundUp(static_cast<int64_t>(offset + t.bytes.size()), kDefaultAlignment));
   }
   out.resize(static_cast<size_t>(RoundUp(static_cast<int64_t>(out.size()), kDefaultAlignment)), '\0');
+  return out;
+}
+
+std::string GgufWriter::Finish(uint32_t version) const {
+  std::string out = Header(version);
   for (const Pending& t : tensors_) {
     out += t.bytes;
     out.resize(static_cast<size_t>(RoundUp(static_cast<int64_t>(out.size()), kDefaultAlignment)), '\0');
   }
   return out;
+}
+
+Status GgufWriter::WriteFile(const std::string& path, uint32_t version) const {
+  const std::string tmp = path + ".tmp" + std::to_string(::getpid());
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (f == nullptr) return IoError("cannot create '" + tmp + "': " + std::strerror(errno));
+  const std::string header = Header(version);
+  bool ok = std::fwrite(header.data(), 1, header.size(), f) == header.size();
+  const char zeros[kDefaultAlignment] = {};
+  for (const Pending& t : tensors_) {
+    if (!ok) break;
+    const size_t pad = static_cast<size_t>(RoundUp(static_cast<int64_t>(t.bytes.size()), kDefaultAlignment)) - t.bytes.size();
+    ok = std::fwrite(t.bytes.data(), 1, t.bytes.size(), f) == t.bytes.size() && std::fwrite(zeros, 1, pad, f) == pad;
+  }
+  ok = std::fflush(f) == 0 && ::fsync(::fileno(f)) == 0 && ok;
+  const int err = errno;
+  ok = std::fclose(f) == 0 && ok;
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string why = std::strerror(ok ? errno : err);
+    std::remove(tmp.c_str());
+    return IoError("cannot write '" + path + "': " + why);
+  }
+  return Status::Ok();
+}
+
+void EncodeQ8_0(const float* x, int64_t n, std::byte* out) {
+  for (int64_t b = 0; b < n / 32; ++b) {
+    float amax = 0;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[b * 32 + i]));
+    const uint16_t h = F32ToF16(amax / 127.0f);
+    const float scale = F16ToF32(h);
+    std::byte* block = out + b * 34;
+    std::memcpy(block, &h, 2);
+    for (int i = 0; i < 32; ++i) {
+      const long q = scale == 0 ? 0 : std::lround(x[b * 32 + i] / scale);
+      block[2 + i] = static_cast<std::byte>(static_cast<int8_t>(std::clamp<long>(q, -127, 127)));
+    }
+  }
 }
 
 }  // namespace pagekv

@@ -116,6 +116,9 @@ class GgufWriter {
                  const void* data, size_t bytes);
   // The whole file, data aligned to 32 bytes.
   std::string Finish(uint32_t version = 3) const;
+  // The same bytes streamed to `path`: written to a temporary file beside it
+  // and renamed into place, so a failure leaves no partial file behind.
+  Status WriteFile(const std::string& path, uint32_t version = 3) const;
 
  private:
   std::string meta_;
@@ -127,6 +130,12 @@ class GgufWriter {
     std::string bytes;
   };
   std::vector<Pending> tensors_;
+
+  std::string Header(uint32_t version) const;  // up to the aligned start of the data
 };
+
+// ggml q8_0: per 32 values, an f16 scale (max |x| / 127) then 32 int8.
+// REQUIRES: n % 32 == 0; out holds n / 32 * 34 bytes.
+void EncodeQ8_0(const float* x, int64_t n, std::byte* out);
 
 }  // namespace pagekv

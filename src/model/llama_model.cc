@@ -234,6 +234,29 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::FromLlama2c(const std::string& p
   return m;
 }
 
+int64_t LlamaModel::StepWeightBytes() const {
+  auto bytes = [](const Matrix& m) { return m.rows * WeightRowBytes(m.type, m.cols); };
+  int64_t total = bytes(classifier_);
+  for (const Layer& L : layers_) {
+    for (const Matrix* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) total += bytes(*m);
+  }
+  return total;
+}
+
+int64_t LlamaModel::MatrixMultiplyAddsPerToken() const {
+  int64_t total = classifier_.rows * classifier_.cols;
+  for (const Layer& L : layers_) {
+    for (const Matrix* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) total += m->rows * m->cols;
+  }
+  return total;
+}
+
+int64_t LlamaModel::ParameterCount() const {
+  const int64_t norms = int64_t{config_.dim} * (2 * config_.num_layers + 1);
+  const bool tied = classifier_.data == embedding_.data;
+  return MatrixMultiplyAddsPerToken() + norms + (tied ? 0 : embedding_.rows * embedding_.cols);
+}
+
 CacheConfig LlamaModel::CacheGeometry(int32_t block_len, DType dtype, int64_t num_blocks) const {
   CacheConfig cc;
   cc.num_layers = config_.num_layers;

@@ -79,6 +79,14 @@ class LlamaModel {
 
   const LlamaConfig& config() const { return config_; }
 
+  // Bytes of the weight matrices one step reads (every layer's and the
+  // classifier; each once per step whatever the batch), and the
+  // multiply-adds one token costs in them.
+  int64_t StepWeightBytes() const;
+  int64_t MatrixMultiplyAddsPerToken() const;
+  // Every parameter, the embedding included (counted once when tied).
+  int64_t ParameterCount() const;
+
   // The cache geometry this model needs (format and block_len as given).
   CacheConfig CacheGeometry(int32_t block_len, DType dtype, int64_t num_blocks) const;
 

@@ -291,17 +291,8 @@ std::string Reencode(const GgufFile& f, GgmlType to) {
       for (size_t i = 0; i < h.size(); ++i) h[i] = F32ToF16(x[i]);
       w.AddTensor(t.name, GgmlType::kF16, t.dims, h.data(), h.size() * 2);
     } else if (to == GgmlType::kQ8_0 && matrix && t.dims[0] % 32 == 0) {
-      std::string q;
-      for (int64_t b = 0; b < t.num_elements / 32; ++b) {
-        float amax = 0;
-        for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[b * 32 + i]));
-        const float scale = amax / 127.0f;
-        const uint16_t hs = F32ToF16(scale);
-        q.append(reinterpret_cast<const char*>(&hs), 2);
-        for (int i = 0; i < 32; ++i) {
-          q.push_back(static_cast<char>(scale == 0 ? 0 : std::lround(x[b * 32 + i] / scale)));
-        }
-      }
+      std::vector<std::byte> q(static_cast<size_t>(t.num_elements / 32 * 34));
+      EncodeQ8_0(x, t.num_elements, q.data());
       w.AddTensor(t.name, GgmlType::kQ8_0, t.dims, q.data(), q.size());
     } else {
       w.AddTensor(t.name, GgmlType::kF32, t.dims, t.data, static_cast<size_t>(t.num_bytes));
