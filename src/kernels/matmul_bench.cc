@@ -1,0 +1,110 @@
+// Weight-product benchmarks at the shapes of the llama-110m synthetic model:
+// PageKV's Highway MatMul for every weight type, and, when the build found
+// OpenBLAS, cblas_sgemm on the same f32 product, so the choice recorded in
+// docs/ARCHITECTURE.md can be re-measured. Counters: weight GB/s (the bound
+// with few tokens) and GFLOP/s (the bound with many). Both run on every
+// hardware thread.
+#include <random>
+#include <thread>
+#include <vector>
+
+#include <benchmark/benchmark.h>
+
+#include "kernels/matmul.h"
+#include "layout/float16.h"
+
+#ifdef PAGEKV_HAVE_OPENBLAS
+#include <cblas.h>
+#endif
+
+namespace pagekv {
+namespace {
+
+struct Shape {
+  int64_t rows, cols;
+};
+constexpr Shape kShapes[] = {{768, 768}, {2560, 768}, {768, 2560}, {32000, 768}};
+
+std::vector<float> Random(int64_t n) {
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = u(rng);
+  return v;
+}
+
+void Counters(benchmark::State& state, int64_t weight_bytes, double flops) {
+  state.counters["weight_GBps"] =
+      benchmark::Counter(static_cast<double>(weight_bytes) / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOPs"] = benchmark::Counter(flops / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void BM_MatMul(benchmark::State& state) {
+  const Shape s = kShapes[state.range(0)];
+  const int64_t tokens = state.range(1);
+  const auto type = static_cast<WeightType>(state.range(2));
+  const std::vector<float> w = Random(s.rows * s.cols);
+  std::vector<std::byte> bytes(static_cast<size_t>(s.rows * WeightRowBytes(type, s.cols)));
+  for (int64_t i = 0; i < s.rows * s.cols; ++i) {
+    const float x = w[static_cast<size_t>(i)];
+    if (type == WeightType::kF32) {
+      std::memcpy(bytes.data() + 4 * i, &x, 4);
+    } else if (type == WeightType::kQ8_0) {
+      if (i % 32 == 0) {
+        const uint16_t h = F32ToF16(1.0f / 127);
+        std::memcpy(bytes.data() + i / 32 * 34, &h, 2);
+      }
+      bytes[static_cast<size_t>(i / 32 * 34 + 2 + i % 32)] = static_cast<std::byte>(static_cast<int8_t>(x * 127));
+    } else {
+      const uint16_t h = type == WeightType::kF16 ? F32ToF16(x) : F32ToBF16(x);
+      std::memcpy(bytes.data() + 2 * i, &h, 2);
+    }
+  }
+  const std::vector<float> x = Random(tokens * s.cols);
+  std::vector<float> y(static_cast<size_t>(tokens * s.rows));
+  const WeightMatrix m{bytes.data(), type, s.rows, s.cols};
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(MatMul(m, x.data(), tokens, y.data()));
+    benchmark::ClobberMemory();
+  }
+  Counters(state, static_cast<int64_t>(bytes.size()), 2.0 * static_cast<double>(s.rows * s.cols * tokens));
+}
+
+void Args(benchmark::internal::Benchmark* b, bool all_types) {
+  for (int64_t shape = 0; shape < 4; ++shape) {
+    for (int64_t tokens : {1, 8, 32, 128}) {
+      if (all_types) {
+        for (int64_t type = 0; type < 4; ++type) b->Args({shape, tokens, type});
+      } else {
+        b->Args({shape, tokens});
+      }
+    }
+  }
+  b->UseRealTime();
+}
+
+BENCHMARK(BM_MatMul)->Apply([](benchmark::internal::Benchmark* b) { Args(b, true); });
+
+#ifdef PAGEKV_HAVE_OPENBLAS
+void BM_OpenBlasSgemm(benchmark::State& state) {
+  const Shape s = kShapes[state.range(0)];
+  const int64_t tokens = state.range(1);
+  openblas_set_num_threads(static_cast<int>(std::thread::hardware_concurrency()));
+  const std::vector<float> w = Random(s.rows * s.cols), x = Random(tokens * s.cols);
+  std::vector<float> y(static_cast<size_t>(tokens * s.rows));
+  for (auto _ : state) {
+    // Y[tokens][rows] = X[tokens][cols] * W[rows][cols]^T
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(tokens), static_cast<int>(s.rows),
+                static_cast<int>(s.cols), 1.0f, x.data(), static_cast<int>(s.cols), w.data(),
+                static_cast<int>(s.cols), 0.0f, y.data(), static_cast<int>(s.rows));
+    benchmark::ClobberMemory();
+  }
+  Counters(state, s.rows * s.cols * 4, 2.0 * static_cast<double>(s.rows * s.cols * tokens));
+}
+BENCHMARK(BM_OpenBlasSgemm)->Apply([](benchmark::internal::Benchmark* b) { Args(b, false); });
+#endif
+
+}  // namespace
+}  // namespace pagekv
+
+BENCHMARK_MAIN();
