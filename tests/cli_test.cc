@@ -1,10 +1,14 @@
 // End-to-end tests of the `pagekv` binary: exact planner numbers, exit codes
 // and messages for bad input, and the demo running clean.
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -210,6 +214,60 @@ TEST(CliGenerateTest, BadInputExitsTwoWithTheReason) {
     EXPECT_EQ(r.exit_code, 2) << c.args << ": " << r.out;
     EXPECT_NE(r.out.find(c.message), std::string::npos) << c.args << ": " << r.out;
   }
+}
+
+}  // namespace
+
+namespace {
+
+std::string TempPath(const std::string& name) {
+  const char* dir = std::getenv("TMPDIR");
+  return std::string(dir != nullptr && *dir != '\0' ? dir : "/tmp") + "/pagekv-cli-test-" + std::to_string(getpid()) +
+         "-" + name;
+}
+
+TEST(CliSynthModelTest, WritesADeterministicModelThatGenerates) {
+  const std::string a = TempPath("a.gguf"), b = TempPath("b.gguf"), c = TempPath("c.gguf");
+  ASSERT_EQ(RunCli("synth-model --preset tiny --seed 3 --out " + a).exit_code, 0);
+  ASSERT_EQ(RunCli("synth-model --preset tiny --seed 3 --out " + b).exit_code, 0);
+  ASSERT_EQ(RunCli("synth-model --preset tiny --seed 4 --out " + c).exit_code, 0);
+  auto slurp = [](const std::string& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  EXPECT_EQ(slurp(a), slurp(b)) << "same seed, same bytes";
+  EXPECT_NE(slurp(a), slurp(c)) << "another seed, other weights";
+  RunResult r = RunCli("generate --model " + a + " --prompt 'hello world' --prompt 'hello there' -n 6 --json");
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("\"generated_ids\""), std::string::npos) << r.out;
+  for (const auto& p : {a, b, c}) std::remove(p.c_str());
+}
+
+TEST(CliSynthModelTest, BadInputExitsTwo) {
+  EXPECT_EQ(RunCli("synth-model --preset gpt-9 --out " + TempPath("x.gguf")).exit_code, 2);
+  EXPECT_EQ(RunCli("synth-model --preset tiny --weight-type q4_k --out " + TempPath("x.gguf")).exit_code, 2);
+  EXPECT_EQ(RunCli("synth-model --preset tiny").exit_code, 2);
+  const RunResult r = RunCli("synth-model --preset tiny --out /nonexistent-dir/x.gguf");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("/nonexistent-dir/x.gguf"), std::string::npos) << r.out;
+}
+
+TEST(CliBenchTest, QuickGenerateBenchPrintsThroughputAndRoofline) {
+  RunResult r = RunCli("bench generate --quick --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_GT(j["parameters"].get<int64_t>(), 0);
+  ASSERT_EQ(j["results"].size(), 2u);
+  for (const auto& row : j["results"]) {
+    EXPECT_GT(row["prefill_tokens_per_second"].get<double>(), 0.0);
+    EXPECT_GT(row["decode_tokens_per_second"].get<double>(), 0.0);
+    EXPECT_GE(row["decode_attention_share"].get<double>(), 0.0);
+    EXPECT_LE(row["decode_attention_share"].get<double>() + row["decode_matmul_share"].get<double>(), 1.0);
+    EXPECT_GT(row["step_weight_bytes"].get<int64_t>(), 0);
+    EXPECT_GT(row["ratio_to_roofline"].get<double>(), 0.0);
+  }
+  EXPECT_EQ(RunCli("bench generate --batch 0").exit_code, 2);
+  EXPECT_EQ(RunCli("bench generate --model ../shared/models/none.gguf").exit_code, 2);
 }
 
 }  // namespace

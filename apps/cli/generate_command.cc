@@ -88,7 +88,9 @@ int RunGenerate(const GenerateArgs& a) {
         }
         j["top_logits"] = steps;
       }
-      std::printf("%s\n", j.dump().c_str());
+      // Generated text may end inside a UTF-8 sequence or hold byte-fallback
+      // tokens that form none: such bytes become U+FFFD, the ids stay exact.
+      std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace).c_str());
     }
     nlohmann::ordered_json st;
     st["blocks_total"] = s.blocks_total;

@@ -32,7 +32,7 @@ struct SynthModelSpec {
 };
 
 // The presets, by name:
-//   tiny        2 layers, dim 64, 4 heads over 2 KV heads, vocab 512 (tests)
+//   tiny        2 layers, dim 64, FFN 160, 4 heads over 2 KV heads, vocab 512 (tests)
 //   llama-110m  12 layers, dim 768, 12 heads over 4 KV heads, FFN 2560,
 //               vocab 32000, context 2048, tied embeddings: ~114M parameters
 const std::vector<SynthModelSpec>& SynthModelPresets();

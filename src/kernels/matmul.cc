@@ -192,6 +192,9 @@ HWY_AFTER_NAMESPACE();
 namespace pagekv {
 namespace kernels {
 HWY_EXPORT(RowRangeImpl);
+void RowRange(const MatMulTask& task, int64_t row_begin, int64_t row_end) {
+  HWY_DYNAMIC_DISPATCH(RowRangeImpl)(task, row_begin, row_end);
+}
 }  // namespace kernels
 
 int64_t WeightRowBytes(WeightType type, int64_t cols) {
@@ -214,7 +217,7 @@ Status MatMul(const WeightMatrix& w, const float* x, int64_t tokens, float* y, i
     return InvalidArgumentError("matmul: q8_0 rows need a multiple of 32 columns, got " + std::to_string(w.cols));
   }
   const kernels::MatMulTask task{w, WeightRowBytes(w.type, w.cols), x, tokens, y};
-  auto impl = [&task](int64_t begin, int64_t end) { HWY_DYNAMIC_DISPATCH(kernels::RowRangeImpl)(task, begin, end); };
+  auto impl = [&task](int64_t begin, int64_t end) { kernels::RowRange(task, begin, end); };
   // Below ~256 K multiply-adds a call is cheaper on one thread than the
   // hand-off to the pool.
   const int64_t work = w.rows * w.cols * tokens;

@@ -75,7 +75,7 @@ int64_t SynthModelSpec::ParameterCount() const {
 
 const std::vector<SynthModelSpec>& SynthModelPresets() {
   static const std::vector<SynthModelSpec> presets = {
-      {"tiny", 64, 172, 2, 4, 2, 512, 512, true},
+      {"tiny", 64, 160, 2, 4, 2, 512, 512, true},
       {"llama-110m", 768, 2560, 12, 12, 4, 32000, 2048, true},
   };
   return presets;
