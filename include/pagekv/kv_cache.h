@@ -102,7 +102,8 @@ struct SequenceStats {
 
 struct CacheStats {
   int64_t blocks_total = 0;
-  int64_t blocks_free = 0;
+  int64_t blocks_free = 0;          // free, cached ones included (they are evictable)
+  int64_t blocks_cached_free = 0;   // of blocks_free: still holding prefix-cache KV
   int64_t blocks_used = 0;
   int64_t blocks_shared = 0;         // used blocks with more than one holder
   int64_t num_sequences = 0;
@@ -185,6 +186,23 @@ class KvCache {
 
   // A new sequence sharing all of `parent`'s blocks. Never allocates.
   Result<SeqId> Fork(SeqId parent, std::string label = {});
+
+  // A new sequence whose first blocks are `blocks`, all full (its length is
+  // blocks.size() * block_len): a prefix-cache hit. Each block is claimed:
+  // a used one gains a reference, a free (cached) one comes off its free
+  // list, so allocations that follow can never evict it. Errors (nothing
+  // changed): an id outside the pool, a block listed twice.
+  Result<SeqId> AddSequenceSharing(std::span<const BlockId> blocks, std::string label = {});
+
+  // Prefix-cache hooks. A block marked cached keeps its KV when freed: it
+  // waits on an LRU list of evictable blocks, reused only when no unmarked
+  // free block is left, and `listener` hears of it just before it is reused
+  // (its mark already cleared). A marked block is never written in place:
+  // appending to a partly filled one copies it first.
+  Status SetBlockCached(BlockId block, bool cached);
+  bool IsBlockCached(BlockId block) const;
+  int32_t BlockRefCount(BlockId block) const;  // 0 when free or unknown
+  void SetEvictionListener(std::function<void(BlockId)> listener);
 
   // Shortens `id` to new_len tokens (speculative-decoding rollback); blocks
   // that hold no remaining token go back to the pool. Error: unknown id,

@@ -9,50 +9,68 @@ namespace pagekv {
 BlockPool::BlockPool(int32_t num_blocks)
     : ref_(static_cast<size_t>(num_blocks), 0),
       prev_(static_cast<size_t>(num_blocks), kNil),
-      next_(static_cast<size_t>(num_blocks), kNil) {
+      next_(static_cast<size_t>(num_blocks), kNil),
+      cached_(static_cast<size_t>(num_blocks), 0) {
   PAGEKV_CHECK(num_blocks > 0);
   for (int32_t b = 0; b < num_blocks; ++b) PushTail(b);
 }
 
 void BlockPool::PushTail(int32_t b) {
-  prev_[b] = tail_;
+  List& l = ListOf(b);
+  prev_[b] = l.tail;
   next_[b] = kNil;
-  if (tail_ == kNil) {
-    head_ = b;
+  if (l.tail == kNil) {
+    l.head = b;
   } else {
-    next_[tail_] = b;
+    next_[l.tail] = b;
   }
-  tail_ = b;
-  ++num_free_;
+  l.tail = b;
+  ++l.size;
 }
 
 void BlockPool::Unlink(int32_t b) {
+  List& l = ListOf(b);
   const int32_t p = prev_[b];
   const int32_t n = next_[b];
-  if (p == kNil) head_ = n; else next_[p] = n;
-  if (n == kNil) tail_ = p; else prev_[n] = p;
+  if (p == kNil) l.head = n; else next_[p] = n;
+  if (n == kNil) l.tail = p; else prev_[n] = p;
   prev_[b] = next_[b] = kNil;
-  --num_free_;
+  --l.size;
+}
+
+int32_t BlockPool::TakeHead() {
+  const bool evict = lists_[0].size == 0;
+  const int32_t b = lists_[evict ? 1 : 0].head;
+  Unlink(b);
+  ref_[b] = 1;
+  if (evict) {
+    cached_[b] = 0;
+    if (on_evict_) on_evict_(BlockId{b});
+  }
+  return b;
 }
 
 bool BlockPool::Allocate(int32_t n, std::vector<BlockId>& out) {
   if (!CanAllocate(n)) return false;
   out.reserve(out.size() + static_cast<size_t>(n));
-  for (int32_t i = 0; i < n; ++i) {
-    const int32_t b = head_;
-    Unlink(b);
-    ref_[b] = 1;
-    out.push_back(BlockId{b});
-  }
+  for (int32_t i = 0; i < n; ++i) out.push_back(BlockId{TakeHead()});
   return true;
 }
 
 std::optional<BlockId> BlockPool::AllocateOne() {
-  if (num_free_ == 0) return std::nullopt;
-  const int32_t b = head_;
-  Unlink(b);
-  ref_[b] = 1;
-  return BlockId{b};
+  if (num_free() == 0) return std::nullopt;
+  return BlockId{TakeHead()};
+}
+
+Status BlockPool::SetCached(BlockId id, bool cached) {
+  PAGEKV_RETURN_IF_ERROR(CheckId(id, "set cached"));
+  const int32_t b = ToInt(id);
+  if ((cached_[b] != 0) == cached) return Status::Ok();
+  const bool is_free = ref_[b] == 0;
+  if (is_free) Unlink(b);
+  cached_[b] = cached ? 1 : 0;
+  if (is_free) PushTail(b);
+  return Status::Ok();
 }
 
 Status BlockPool::CheckId(BlockId id, const char* op) const {
@@ -97,8 +115,10 @@ Status BlockPool::Release(BlockId id) {
 
 std::vector<BlockId> BlockPool::FreeListOrder() const {
   std::vector<BlockId> out;
-  out.reserve(static_cast<size_t>(num_free_));
-  for (int32_t b = head_; b != kNil; b = next_[b]) out.push_back(BlockId{b});
+  out.reserve(static_cast<size_t>(num_free()));
+  for (const List& l : lists_) {
+    for (int32_t b = l.head; b != kNil; b = next_[b]) out.push_back(BlockId{b});
+  }
   return out;
 }
 
@@ -109,18 +129,22 @@ void BlockPool::CheckInvariants() const {
     PAGEKV_CHECK_MSG(ref_[b] >= 0, "negative reference count");
     if (ref_[b] == 0) ++zero_refs;
   }
-  PAGEKV_CHECK_MSG(zero_refs == num_free_, "free count differs from blocks with no reference");
-  int32_t walked = 0;
-  int32_t prev = kNil;
-  for (int32_t b = head_; b != kNil; b = next_[b]) {
-    PAGEKV_CHECK_MSG(b >= 0 && b < n, "free list holds an id outside the pool");
-    PAGEKV_CHECK_MSG(ref_[b] == 0, "a block on the free list is referenced");
-    PAGEKV_CHECK_MSG(prev_[b] == prev, "free list links disagree");
-    PAGEKV_CHECK_MSG(++walked <= num_free_, "free list longer than num_free (cycle or duplicate)");
-    prev = b;
+  PAGEKV_CHECK_MSG(zero_refs == num_free(), "free count differs from blocks with no reference");
+  for (int which = 0; which < 2; ++which) {
+    const List& l = lists_[which];
+    int32_t walked = 0;
+    int32_t prev = kNil;
+    for (int32_t b = l.head; b != kNil; b = next_[b]) {
+      PAGEKV_CHECK_MSG(b >= 0 && b < n, "free list holds an id outside the pool");
+      PAGEKV_CHECK_MSG(ref_[b] == 0, "a block on the free list is referenced");
+      PAGEKV_CHECK_MSG((cached_[b] != 0) == (which == 1), "a block is on the wrong free list");
+      PAGEKV_CHECK_MSG(prev_[b] == prev, "free list links disagree");
+      PAGEKV_CHECK_MSG(++walked <= l.size, "free list longer than its size (cycle or duplicate)");
+      prev = b;
+    }
+    PAGEKV_CHECK_MSG(prev == l.tail, "free list tail is wrong");
+    PAGEKV_CHECK_MSG(walked == l.size, "free list shorter than its size");
   }
-  PAGEKV_CHECK_MSG(prev == tail_, "free list tail is wrong");
-  PAGEKV_CHECK_MSG(walked == num_free_, "free list shorter than num_free");
 }
 
 }  // namespace pagekv

@@ -1,24 +1,31 @@
 // BlockPool: the bookkeeping of which blocks are free and how many block
 // tables reference each used block. Metadata only: the bytes live in KvArena.
 //
-// Free blocks sit on one intrusive doubly linked list, ordered by the time
-// they were freed: Allocate takes from the head (the block freed longest ago),
-// Release appends to the tail. A prefix cache can therefore treat the list as
-// an LRU order, and can pull a specific free block out of the middle in O(1)
-// (Reclaim) when a cached block is hit.
+// Free blocks sit on two intrusive doubly linked lists, each ordered by the
+// time its blocks were freed (head: freed longest ago; Release appends to the
+// tail):
 //
-//   free list:  head -> [freed longest ago] <-> ... <-> [freed last] <- tail
+//   plain:   free blocks whose contents nobody will look up again
+//   cached:  free blocks that still hold a prefix cache's published KV
+//            (marked with SetCached); an LRU order, evicted head first
+//
+// Allocate takes plain blocks first and evicts cached ones only when no
+// plain block is left, telling the eviction listener before a cached block
+// changes hands (so the prefix cache drops its key). A prefix-cache hit pulls
+// a specific free block out of either list in O(1) (Reclaim).
 //
 // Invariants (CheckInvariants):
 //   * num_free + num_used == num_blocks;
-//   * a block is on the free list exactly when its reference count is 0;
-//   * the list has no cycles or duplicates, and prev/next links agree.
+//   * a block is on a free list exactly when its reference count is 0, and
+//     on the cached list exactly when it is also marked cached;
+//   * the lists have no cycles or duplicates, and prev/next links agree.
 //
 // Every operation is O(1) per block. Failed calls change nothing.
 // Thread safety: none; the owner (KvCache) serialises access.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -33,16 +40,31 @@ class BlockPool {
   explicit BlockPool(int32_t num_blocks);
 
   int32_t num_blocks() const { return static_cast<int32_t>(ref_.size()); }
-  int32_t num_free() const { return num_free_; }
-  int32_t num_used() const { return num_blocks() - num_free_; }
+  int32_t num_free() const { return lists_[0].size + lists_[1].size; }
+  int32_t num_used() const { return num_blocks() - num_free(); }
+  // Free blocks that still hold cached KV (evictable, not yet evicted).
+  int32_t num_cached_free() const { return lists_[1].size; }
 
-  // Ask: would Allocate(n) succeed? Mutates nothing.
-  bool CanAllocate(int64_t n) const { return n >= 0 && n <= num_free_; }
+  // Ask: would Allocate(n) succeed (evicting cached blocks if it must)?
+  bool CanAllocate(int64_t n) const { return n >= 0 && n <= num_free(); }
 
-  // Act: takes n free blocks (oldest-freed first), each with reference count
-  // 1, and appends their ids to `out`. All or nothing: when fewer than n
-  // blocks are free, returns false and changes neither the pool nor `out`.
+  // Act: takes n free blocks, plain ones first, then cached ones (each
+  // least recently freed first, the listener told of each eviction), each
+  // with reference count 1, and appends their ids to `out`. All or nothing:
+  // when fewer than n blocks are free, returns false and changes neither the
+  // pool nor `out` (and evicts nothing).
   bool Allocate(int32_t n, std::vector<BlockId>& out);
+
+  // Marks a block as holding (or no longer holding) published KV. A free
+  // block moves to the tail of the matching list. An evicted or reclaimed
+  // block stays marked until its owner clears it; Allocate clears the mark
+  // of what it evicts.
+  Status SetCached(BlockId id, bool cached);
+  bool IsCached(BlockId id) const { return IsValid(id) && cached_[ToInt(id)] != 0; }
+
+  // Called with every cached block Allocate is about to hand out, before it
+  // does (the block's mark is already cleared).
+  void SetEvictionListener(std::function<void(BlockId)> listener) { on_evict_ = std::move(listener); }
 
   // One block, or nullopt when none is free.
   std::optional<BlockId> AllocateOne();
@@ -64,7 +86,8 @@ class BlockPool {
   // REQUIRES: IsValid(id).
   int32_t RefCount(BlockId id) const { return ref_[ToInt(id)]; }
 
-  // Free blocks from head (next to be allocated) to tail. O(num_free).
+  // Free blocks in the order Allocate would take them: the plain list, then
+  // the cached list, each head to tail. O(num_free).
   std::vector<BlockId> FreeListOrder() const;
 
   // Aborts with a message when an invariant above is broken. O(num_blocks).
@@ -73,16 +96,25 @@ class BlockPool {
  private:
   static constexpr int32_t kNil = -1;
 
+  struct List {
+    int32_t head = kNil;
+    int32_t tail = kNil;
+    int32_t size = 0;
+  };
+
   Status CheckId(BlockId id, const char* op) const;
+  // The free list a block belongs on: 1 (cached) or 0 (plain).
+  List& ListOf(int32_t b) { return lists_[cached_[b] != 0 ? 1 : 0]; }
   void PushTail(int32_t b);
   void Unlink(int32_t b);
+  int32_t TakeHead();
 
-  std::vector<int32_t> ref_;   // [num_blocks] reference counts
-  std::vector<int32_t> prev_;  // [num_blocks] free-list links (kNil at the ends / when used)
-  std::vector<int32_t> next_;  // [num_blocks]
-  int32_t head_ = kNil;
-  int32_t tail_ = kNil;
-  int32_t num_free_ = 0;
+  std::vector<int32_t> ref_;     // [num_blocks] reference counts
+  std::vector<int32_t> prev_;    // [num_blocks] free-list links (kNil at the ends / when used)
+  std::vector<int32_t> next_;    // [num_blocks]
+  std::vector<uint8_t> cached_;  // [num_blocks] holds published KV
+  List lists_[2];                // plain, cached
+  std::function<void(BlockId)> on_evict_;
 };
 
 }  // namespace pagekv

@@ -90,3 +90,56 @@ TEST(BlockPoolTest, ReclaimTakesASpecificFreeBlockFromTheMiddle) {
 
 }  // namespace
 }  // namespace pagekv
+
+namespace pagekv {
+namespace {
+
+TEST(BlockPoolCachedTest, PlainBlocksGoFirstThenCachedOnesLeastRecentlyFreedFirst) {
+  BlockPool pool(4);
+  std::vector<BlockId> all;
+  ASSERT_TRUE(pool.Allocate(4, all));
+  std::vector<BlockId> evicted;
+  pool.SetEvictionListener([&](BlockId b) {
+    EXPECT_FALSE(pool.IsCached(b));  // the mark is cleared before the listener runs
+    evicted.push_back(b);
+  });
+  // Blocks 0 and 2 hold published KV; freed in the order 2, 0, 1, 3.
+  ASSERT_TRUE(pool.SetCached(all[0], true).ok());
+  ASSERT_TRUE(pool.SetCached(all[2], true).ok());
+  for (int i : {2, 0, 1, 3}) ASSERT_TRUE(pool.Release(all[static_cast<size_t>(i)]).ok());
+  EXPECT_EQ(pool.num_free(), 4);
+  EXPECT_EQ(pool.num_cached_free(), 2);
+  EXPECT_EQ(pool.FreeListOrder(), (std::vector<BlockId>{all[1], all[3], all[2], all[0]}));
+  pool.CheckInvariants();
+  std::vector<BlockId> got;
+  ASSERT_TRUE(pool.Allocate(3, got));
+  EXPECT_EQ(got, (std::vector<BlockId>{all[1], all[3], all[2]}));
+  EXPECT_EQ(evicted, (std::vector<BlockId>{all[2]}));
+  EXPECT_TRUE(pool.IsCached(all[0]));
+  pool.CheckInvariants();
+}
+
+TEST(BlockPoolCachedTest, ReclaimAndUnmarkWorkOnTheCachedList) {
+  BlockPool pool(3);
+  std::vector<BlockId> all;
+  ASSERT_TRUE(pool.Allocate(3, all));
+  for (BlockId b : all) ASSERT_TRUE(pool.SetCached(b, true).ok());
+  for (BlockId b : all) ASSERT_TRUE(pool.Release(b).ok());
+  ASSERT_TRUE(pool.Reclaim(all[1]).ok());  // a hit on a free cached block
+  EXPECT_EQ(pool.RefCount(all[1]), 1);
+  EXPECT_EQ(pool.num_cached_free(), 2);
+  ASSERT_TRUE(pool.SetCached(all[0], false).ok());  // its key dropped: now plain, first to go
+  EXPECT_EQ(pool.FreeListOrder(), (std::vector<BlockId>{all[0], all[2]}));
+  pool.CheckInvariants();
+  // A failed allocation evicts nothing.
+  int evictions = 0;
+  pool.SetEvictionListener([&](BlockId) { ++evictions; });
+  std::vector<BlockId> none;
+  EXPECT_FALSE(pool.Allocate(3, none));
+  EXPECT_EQ(evictions, 0);
+  EXPECT_EQ(pool.num_cached_free(), 1);
+  EXPECT_EQ(pool.SetCached(BlockId{7}, true).code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace pagekv

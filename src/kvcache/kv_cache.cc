@@ -58,8 +58,10 @@ Result<AppendNeed> KvCache::BlocksNeeded(SeqId id, int64_t n) const {
   auto end = CheckedAdd(s.num_tokens, n);
   if (!end) return InvalidArgumentError("token count " + std::to_string(n) + " overflows");
   need.new_blocks = CeilDiv(*end, bl) - static_cast<int64_t>(s.blocks.size());
-  need.copy_on_write =
-      s.num_tokens % bl != 0 && state_->pool.RefCount(s.blocks.back()) > 1;
+  // A partly filled last block that is shared, or that a prefix cache has
+  // published (a truncation can leave one), is copied before it is written.
+  need.copy_on_write = s.num_tokens % bl != 0 && (state_->pool.RefCount(s.blocks.back()) > 1 ||
+                                                  state_->pool.IsCached(s.blocks.back()));
   return need;
 }
 
@@ -134,10 +136,11 @@ Status KvCache::WriteLayer(SeqId id, int32_t layer, int64_t pos, const KvTokens&
   }
   const int64_t bl = layout_.block_len();
   for (int64_t b = pos / bl; b <= (pos + rows.num_tokens - 1) / bl; ++b) {
-    if (state_->pool.RefCount(s.blocks[static_cast<size_t>(b)]) > 1) {
+    const BlockId block = s.blocks[static_cast<size_t>(b)];
+    if (state_->pool.RefCount(block) > 1 || state_->pool.IsCached(block)) {
       return FailedPreconditionError("write: position " + std::to_string(std::max(pos, b * bl)) + " of " +
-                                     SeqName(id) + " is in a block shared with another sequence; only positions "
-                                     "added by Reserve or Append since the fork can be written");
+                                     SeqName(id) + " is in a block shared with another sequence or published to "
+                                     "the prefix cache; only positions added by Reserve or Append since can be written");
     }
   }
   std::byte* base = state_->arena->data();
@@ -186,6 +189,45 @@ void KvCache::WriteRows(Sequence& s, int64_t first_pos, const KvTokens& tokens) 
   }
 }
 
+Result<SeqId> KvCache::AddSequenceSharing(std::span<const BlockId> blocks, std::string label) {
+  std::vector<int32_t> seen;
+  for (BlockId b : blocks) {
+    if (!state_->pool.IsValid(b)) {
+      return InvalidArgumentError("add sequence: block id " + std::to_string(ToInt(b)) + " is not in the pool [0, " +
+                                  std::to_string(layout_.num_blocks()) + ")");
+    }
+    seen.push_back(ToInt(b));
+  }
+  std::sort(seen.begin(), seen.end());
+  if (std::adjacent_find(seen.begin(), seen.end()) != seen.end()) {
+    return InvalidArgumentError("add sequence: a block appears twice in the shared prefix");
+  }
+  // Validated: claim each block (a free one comes off its free list, a used
+  // one gains a reference). Nothing below can fail.
+  for (BlockId b : blocks) {
+    PAGEKV_CHECK((state_->pool.RefCount(b) == 0 ? state_->pool.Reclaim(b) : state_->pool.IncRef(b)).ok());
+  }
+  const int64_t id = state_->next_seq_id++;
+  Sequence s;
+  s.blocks.assign(blocks.begin(), blocks.end());
+  s.num_tokens = static_cast<int64_t>(blocks.size()) * layout_.block_len();
+  s.label = std::move(label);
+  state_->sequences.emplace(id, std::move(s));
+  return SeqId{id};
+}
+
+Status KvCache::SetBlockCached(BlockId block, bool cached) { return state_->pool.SetCached(block, cached); }
+
+bool KvCache::IsBlockCached(BlockId block) const { return state_->pool.IsCached(block); }
+
+int32_t KvCache::BlockRefCount(BlockId block) const {
+  return state_->pool.IsValid(block) ? state_->pool.RefCount(block) : 0;
+}
+
+void KvCache::SetEvictionListener(std::function<void(BlockId)> listener) {
+  state_->pool.SetEvictionListener(std::move(listener));
+}
+
 Result<SeqId> KvCache::Fork(SeqId parent, std::string label) {
   auto it = state_->sequences.find(ToInt(parent));
   if (it == state_->sequences.end()) return NotFoundError("fork: " + SeqName(parent) + " does not exist");
@@ -208,7 +250,9 @@ Status KvCache::Truncate(SeqId id, int64_t new_len) {
                            " must be in [0, " + std::to_string(s.num_tokens) + "]");
   }
   const auto keep = static_cast<size_t>(CeilDiv(new_len, layout_.block_len()));
-  for (size_t i = keep; i < s.blocks.size(); ++i) PAGEKV_CHECK(state_->pool.Release(s.blocks[i]).ok());
+  // Deepest block first: blocks released together age in chain order, so an
+  // LRU over freed blocks evicts a chain from its end.
+  for (size_t i = s.blocks.size(); i > keep; --i) PAGEKV_CHECK(state_->pool.Release(s.blocks[i - 1]).ok());
   s.blocks.resize(keep);
   s.num_tokens = new_len;
   return Status::Ok();
@@ -219,7 +263,8 @@ Status KvCache::Free(SeqId id) {
   if (it == state_->sequences.end()) {
     return NotFoundError("free: " + SeqName(id) + " does not exist (never added, or already freed)");
   }
-  for (BlockId b : it->second.blocks) PAGEKV_CHECK(state_->pool.Release(b).ok());
+  const std::vector<BlockId>& blocks = it->second.blocks;
+  for (auto b = blocks.rbegin(); b != blocks.rend(); ++b) PAGEKV_CHECK(state_->pool.Release(*b).ok());  // deepest first
   state_->sequences.erase(it);
   return Status::Ok();
 }

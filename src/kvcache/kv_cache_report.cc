@@ -33,6 +33,7 @@ CacheStats KvCache::Stats() const {
   }
   st.blocks_total = pool.num_blocks();
   st.blocks_free = pool.num_free();
+  st.blocks_cached_free = pool.num_cached_free();
   st.blocks_used = pool.num_used();
   st.num_sequences = static_cast<int64_t>(state_->sequences.size());
   st.bytes_pool = layout_.total_bytes();
