@@ -202,6 +202,9 @@ class KvCache {
   Status SetBlockCached(BlockId block, bool cached);
   bool IsBlockCached(BlockId block) const;
   int32_t BlockRefCount(BlockId block) const;  // 0 when free or unknown
+  // Free blocks in the order allocations would take them (plain, then
+  // cached least recently freed first). O(free blocks).
+  std::vector<BlockId> FreeBlocks() const;
   void SetEvictionListener(std::function<void(BlockId)> listener);
 
   // Shortens `id` to new_len tokens (speculative-decoding rollback); blocks

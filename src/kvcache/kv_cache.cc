@@ -224,6 +224,8 @@ int32_t KvCache::BlockRefCount(BlockId block) const {
   return state_->pool.IsValid(block) ? state_->pool.RefCount(block) : 0;
 }
 
+std::vector<BlockId> KvCache::FreeBlocks() const { return state_->pool.FreeListOrder(); }
+
 void KvCache::SetEvictionListener(std::function<void(BlockId)> listener) {
   state_->pool.SetEvictionListener(std::move(listener));
 }

@@ -1,0 +1,186 @@
+// Prefix caching: full KV blocks published under a content key, found again
+// by later requests whose prompts start with the same tokens, and shared by
+// reference count instead of recomputed.
+//
+//   key(block 0) = H("root", tokens[0, L),  salt, extra keys)
+//   key(block i) = H(key(block i-1), tokens[iL, (i+1)L), extra keys)
+//
+// H is SHA-256 (OpenSSL) by default, or xxh3-128 (libxxhash) seeded per
+// process (randomly unless a seed is configured). Because every key chains
+// from the first, the cache salt (a tenant) and the extra keys (adapter id,
+// model fingerprint) separate whole chains: different salts never share a
+// block. A hit is accepted only when the stored block's token ids, parent key
+// and extra keys equal the request's: a hash alone never decides.
+//
+// Lifetime of a cached block (it lives in the KvCache's pool):
+//   in use (referenced)  --last holder frees-->  cached free (LRU, evictable)
+//   cached free  --hit-->  in use again        (claimed before any allocation)
+//   cached free  --pool needs a block and no plain free block is left-->
+//                evicted: its key is dropped (a BlockRemoved event), the
+//                block is reused with no key
+// Blocks released together age deepest first, so eviction takes a chain from
+// its end and the cached set stays a prefix-closed tree.
+//
+// Trust boundary: the salt is part of the request, so whoever may set it
+// decides who shares with whom. It must come from the serving layer's
+// authenticated identity (tenant or user id), never from unauthenticated
+// request fields; requests with equal salts (or none) can detect each
+// other's cached prompts by timing, as in CVE-2025-46570.
+//
+// Thread safety: none; the owner serialises calls (with the KvCache's).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "pagekv/ids.h"
+#include "pagekv/kv_cache.h"
+#include "pagekv/status.h"
+
+namespace pagekv {
+
+enum class BlockHashKind : uint8_t { kSha256, kXxh3_128 };
+
+// A block's content key: 32 bytes for SHA-256, 16 (then zeros) for xxh3-128.
+struct BlockKey {
+  std::array<uint8_t, 32> bytes{};
+  uint8_t size = 32;
+
+  bool operator==(const BlockKey& o) const { return size == o.size && bytes == o.bytes; }
+  std::string Hex() const;
+};
+
+// What changes the KV of the same tokens, per request.
+struct ExtraKeys {
+  std::optional<std::string> cache_salt;  // a tenant; enters the first block's key; if set, 1..256 bytes
+  int64_t adapter_id = 0;                 // LoRA or other adapter; 0 = the base model
+  std::string model_fingerprint;          // e.g. a hash of the weights file; up to 256 bytes
+  std::vector<std::string> extra;         // anything else, each up to 1024 bytes, at most 16
+};
+
+// Computes block keys. The default hashers are SHA-256 and xxh3-128; tests
+// may inject another function (e.g. one that collides on purpose).
+struct BlockHasherOptions {
+  BlockHashKind kind = BlockHashKind::kSha256;
+  std::optional<uint64_t> seed;  // xxh3 only; unset = random per process
+  // Replaces the hash: called with the exact bytes H would digest.
+  std::function<BlockKey(std::span<const uint8_t>)> custom;
+};
+
+struct PrefixCacheOptions {
+  BlockHasherOptions hasher;
+  int64_t stats_window = 1000;   // lookups in the "recent" statistics
+  bool record_events = false;    // queue KV events (DrainEvents)
+  int64_t max_queued_events = 1 << 20;  // beyond this the oldest are dropped (counted)
+};
+
+// The longest cached prefix of a prompt, in whole blocks.
+struct PrefixMatch {
+  std::vector<BlockId> blocks;
+  std::vector<BlockKey> keys;
+  int64_t num_tokens = 0;  // blocks.size() * block_len
+};
+
+struct PrefixCacheStats {
+  int64_t lookups = 0;
+  int64_t requested_tokens = 0;  // prompt tokens looked up
+  int64_t requested_blocks = 0;  // full prompt blocks looked up
+  int64_t hit_tokens = 0;
+  int64_t hit_blocks = 0;
+  int64_t inserted = 0;          // blocks published
+  int64_t evicted = 0;           // cached blocks reused for other data
+  int64_t collisions = 0;        // equal keys, different tokens: treated as misses
+  int64_t cached_blocks = 0;     // keys held now
+  double token_hit_rate = 0;     // hit_tokens / requested_tokens
+  double block_hit_rate = 0;     // hit_blocks / requested_blocks
+  // The same rates over the last stats_window lookups.
+  double recent_token_hit_rate = 0;
+  double recent_block_hit_rate = 0;
+};
+
+// KV events for KV-aware routers (the shape vLLM publishes; docs/KV_EVENTS.md).
+struct KvEvent {
+  enum class Type : uint8_t { kBlockStored, kBlockRemoved, kAllBlocksCleared };
+  Type type = Type::kBlockStored;
+  uint64_t sequence = 0;               // consecutive from 1 per cache
+  std::vector<BlockKey> keys;          // stored / removed
+  std::optional<BlockKey> parent;      // stored: the first block's parent
+  std::vector<int32_t> token_ids;      // stored: all blocks' tokens, in order
+  int32_t block_len = 0;               // stored
+  int64_t adapter_id = 0;              // stored
+  std::vector<std::string> extra_keys; // stored: salt (first block of a chain), fingerprint, extras
+  std::string tier = "pool";           // where the block lives
+};
+
+class PrefixCache {
+ public:
+  // Binds to `cache` (which must outlive it) and installs itself as the
+  // cache's eviction listener. Errors: invalid options.
+  static Result<std::unique_ptr<PrefixCache>> Create(KvCache& cache, const PrefixCacheOptions& options = {});
+  ~PrefixCache();
+  PrefixCache(const PrefixCache&) = delete;
+  PrefixCache& operator=(const PrefixCache&) = delete;
+
+  // Checks a request's extra keys (empty salt, oversize keys: named).
+  static Status ValidateExtraKeys(const ExtraKeys& extra);
+
+  // The keys of the first `max_blocks` full blocks of `tokens` (all full
+  // blocks when negative).
+  Result<std::vector<BlockKey>> Keys(std::span<const int32_t> tokens, const ExtraKeys& extra,
+                                     int64_t max_blocks = -1) const;
+
+  // Ask: the longest cached prefix of `tokens` within its first max_tokens
+  // tokens (negative: tokens.size() - 1, so the last prompt token is always
+  // computed). Changes nothing, statistics included.
+  Result<PrefixMatch> Lookup(std::span<const int32_t> tokens, const ExtraKeys& extra, int64_t max_tokens = -1) const;
+
+  // Would admitting `match` and then `new_tokens` more tokens fit, counting
+  // the cached free blocks the match itself would claim?
+  bool CanAdmit(const PrefixMatch& match, int64_t new_tokens) const;
+
+  // Act: a new sequence in the cache starting with the longest cached prefix
+  // (its blocks claimed), counted in the statistics. The caller computes the
+  // rest from match.num_tokens on. max_tokens as for Lookup.
+  struct Admitted {
+    SeqId seq{};
+    PrefixMatch match;
+  };
+  Result<Admitted> AddSequence(std::span<const int32_t> tokens, const ExtraKeys& extra, std::string label = {},
+                               int64_t max_tokens = -1);
+
+  // Publishes every block of `seq` that has become full since the last call.
+  // `tokens` are the sequence's token ids, at least as many as its cached
+  // length. A block whose key is already cached (computed twice) is left
+  // unpublished; a collision stops publishing for this sequence.
+  Status Publish(SeqId seq, std::span<const int32_t> tokens);
+
+  // Frees the sequence in the cache (its published blocks stay cached,
+  // evictable) and forgets its chain.
+  Status Free(SeqId seq);
+
+  // Drops every key (an AllBlocksCleared event); blocks in use are untouched.
+  void Clear();
+
+  PrefixCacheStats Stats() const;
+  std::vector<KvEvent> DrainEvents();
+  int64_t dropped_events() const;
+
+  // The cached block holding `key`, if any (for tests and tiers).
+  std::optional<BlockId> Find(const BlockKey& key) const;
+
+  void CheckInvariants() const;
+
+ private:
+  struct State;
+  explicit PrefixCache(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace pagekv

@@ -1,0 +1,29 @@
+// Block keys (include/pagekv/prefix_cache.h): the exact bytes hashed, and
+// the two hash functions.
+//
+// Input of H for one block, all integers little-endian:
+//   "pagekv-block-v1"            15 bytes, a domain tag
+//   u8 has_parent, then 32 bytes of the parent key (zeros for the first block)
+//   u32 token count, then each token id as i32
+//   u8 number of extra fields, then per field: u8 tag, u32 length, bytes
+//     tag 1: cache salt (first block only), 2: adapter id (i64), 3: model
+//     fingerprint, 4: an extra key
+// Equal inputs give equal keys on every platform (xxh3 with the same seed).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "pagekv/prefix_cache.h"
+
+namespace pagekv::prefix {
+
+void EncodeBlock(const BlockKey* parent, std::span<const int32_t> tokens, const ExtraKeys& extra,
+                 std::vector<uint8_t>& out);
+
+// A ready hash function for `options` (the xxh3 seed drawn here if unset).
+std::function<BlockKey(std::span<const uint8_t>)> MakeHasher(const BlockHasherOptions& options);
+
+}  // namespace pagekv::prefix
