@@ -21,5 +21,7 @@ CLI::App* AddBenchCommand(CLI::App& app, int& exit_code);
 CLI::App* AddGenerateCommand(CLI::App& app, int& exit_code);
 // `pagekv synth-model`: a random-weight llama GGUF; see synth_command.cc.
 CLI::App* AddSynthModelCommand(CLI::App& app, int& exit_code);
+// `pagekv replay`: a serving trace through the prefix cache; see replay_command.cc.
+CLI::App* AddReplayCommand(CLI::App& app, int& exit_code);
 
 }  // namespace pagekv::cli

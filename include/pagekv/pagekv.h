@@ -20,6 +20,8 @@
 #include "pagekv/kv_cache.h"
 #include "pagekv/kv_layout.h"
 #include "pagekv/plan.h"
+#include "pagekv/prefix_cache.h"
+#include "pagekv/replay.h"
 #include "pagekv/status.h"
 #include "pagekv/synth_model.h"
 #include "pagekv/units.h"
