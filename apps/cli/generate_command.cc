@@ -22,7 +22,9 @@ struct GenerateArgs {
   uint64_t seed = 0;
   int64_t blocks = 0;
   int threads = 0;
-  bool json = false, truncate = false;
+  bool json = false, truncate = false, prefix_cache = false;
+  std::string cache_salt;
+  bool salt_given = false;
 };
 
 int RunGenerate(const GenerateArgs& a) {
@@ -47,6 +49,8 @@ int RunGenerate(const GenerateArgs& a) {
   o.top_logits = a.dump_logits;
   o.threads = a.threads;
   o.truncate_prompts = a.truncate;
+  o.prefix_cache = a.prefix_cache || a.salt_given;
+  if (a.salt_given) o.extra_keys.cache_salt = a.cache_salt;
   Result<DType> dt = ParseDType(a.kv_dtype);
   if (!dt.ok()) {
     std::fprintf(stderr, "error: --kv-dtype: %s\n", dt.status().message().c_str());
@@ -54,16 +58,18 @@ int RunGenerate(const GenerateArgs& a) {
   }
   o.kv_dtype = *dt;
   const bool stream = !a.json && o.prompts.size() == 1;
+  bool streamed = false;  // the prompt is printed with the first token, so an error prints alone
   if (stream) {
-    std::printf("%s", o.prompts.empty() ? "" : o.prompts[0].c_str());
-    o.on_token = [](size_t, const std::string& piece) {
+    o.on_token = [&streamed, prompt = o.prompts[0]](size_t, const std::string& piece) {
+      if (!streamed) std::printf("%s", prompt.c_str());
+      streamed = true;
       std::printf("%s", piece.c_str());
       std::fflush(stdout);
     };
   }
   Result<GenerateReport> r = Generate(o);
   if (!r.ok()) {
-    if (stream) std::printf("\n");
+    if (streamed) std::printf("\n");
     std::fprintf(stderr, "error: %s\n", r.status().message().c_str());
     const StatusCode c = r.status().code();
     return c == StatusCode::kInternal || c == StatusCode::kIoError ? kExitFailed : kExitBadInput;
@@ -108,6 +114,10 @@ int RunGenerate(const GenerateArgs& a) {
     st["decode_attention_seconds"] = s.decode_attention_seconds;
     st["decode_matmul_seconds"] = s.decode_matmul_seconds;
     st["truncated_prompts"] = s.truncated_prompts;
+    st["prefill_tokens_computed"] = s.prefill_tokens_computed;
+    st["prefix_hit_tokens"] = s.prefix_hit_tokens;
+    st["prefix_hit_blocks"] = s.prefix_hit_blocks;
+    st["prefix_blocks_published"] = s.prefix_blocks_published;
     std::printf("%s\n", nlohmann::ordered_json{{"stats", st}}.dump().c_str());
     return kExitOk;
   }
@@ -123,8 +133,14 @@ int RunGenerate(const GenerateArgs& a) {
               a.kv_dtype.c_str());
   std::printf("  peak blocks used        %ld of %ld (%.0f%%), %s\n", s.peak_blocks_used, s.blocks_total,
               100 * s.peak_utilization, FormatBytes(s.peak_bytes).c_str());
-  std::printf("  shared prompt prefix    %ld tokens prefilled once, forked to every prompt (%ld copy-on-write block%s)\n",
-              s.shared_prefix_tokens, s.copy_on_write_blocks, s.copy_on_write_blocks == 1 ? "" : "s");
+  if (o.prefix_cache) {
+    std::printf("  prefix cache            %ld prompt tokens (%ld blocks) found cached, %ld computed; %ld blocks published\n",
+                static_cast<long>(s.prefix_hit_tokens), static_cast<long>(s.prefix_hit_blocks),
+                static_cast<long>(s.prefill_tokens_computed), static_cast<long>(s.prefix_blocks_published));
+  } else {
+    std::printf("  shared prompt prefix    %ld tokens prefilled once, forked to every prompt (%ld copy-on-write block%s)\n",
+                s.shared_prefix_tokens, s.copy_on_write_blocks, s.copy_on_write_blocks == 1 ? "" : "s");
+  }
   auto times = [&](int64_t bytes) {
     return s.peak_bytes > 0 ? static_cast<double>(bytes) / static_cast<double>(s.peak_bytes) : 0.0;
   };
@@ -160,6 +176,10 @@ CLI::App* AddGenerateCommand(CLI::App& app, int& exit_code) {
       ->check(CLI::Range(0, 4096));
   cmd->add_flag("--truncate-prompt", args.truncate,
                 "Cut a prompt that does not fit the context to its first token and its most recent ones");
+  cmd->add_flag("--prefix-cache", args.prefix_cache,
+                "Share prompt blocks through the content-addressed prefix cache (instead of forking the common prefix)");
+  cmd->add_option("--cache-salt", args.cache_salt, "Prefix-cache salt (a tenant id); implies --prefix-cache")
+      ->each([](const std::string&) { args.salt_given = true; });
   cmd->add_flag("--json", args.json, "One JSON object per prompt, then one with the statistics");
   cmd->callback([&exit_code] { exit_code = RunGenerate(args); });
   return cmd;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "pagekv/dtype.h"
+#include "pagekv/prefix_cache.h"
 #include "pagekv/status.h"
 
 namespace pagekv {
@@ -44,6 +45,10 @@ struct GenerateOptions {
   // A prompt that does not fit the context with max_new_tokens: an error,
   // or, when set, keep its first token (BOS) and its most recent tokens.
   bool truncate_prompts = false;
+  // Share KV through the prefix cache (content-addressed full blocks)
+  // instead of forking the prompts' common prefix. Same tokens either way.
+  bool prefix_cache = false;
+  ExtraKeys extra_keys;  // with prefix_cache: salt, adapter id, model fingerprint
   // Called with (prompt index, decoded text of the new token) as tokens are made.
   std::function<void(size_t, const std::string&)> on_token;
 };
@@ -71,6 +76,11 @@ struct GenerateStats {
   double decode_seconds = 0;
   int64_t decode_tokens = 0;
   int64_t truncated_prompts = 0;        // prompts cut to fit (truncate_prompts)
+  int64_t prefill_tokens_computed = 0;  // prompt tokens run through the model (shared ones once)
+  int64_t prefix_hit_tokens = 0;        // prefix cache: prompt tokens found cached, not computed
+  int64_t prefix_hit_blocks = 0;
+  int64_t prefix_blocks_published = 0;
+  int64_t prefix_blocks_evicted = 0;
   double prefill_attention_seconds = 0;  // of prefill_seconds, in the attention kernels
   double decode_attention_seconds = 0;   // of decode_seconds, in the attention kernels
   double decode_matmul_seconds = 0;      // of decode_seconds, in weight products

@@ -13,6 +13,7 @@
 #include "model/tokenizer.h"
 #include "pagekv/generate.h"
 #include "pagekv/kv_cache.h"
+#include "pagekv/prefix_cache.h"
 
 namespace pagekv {
 namespace {
@@ -125,10 +126,12 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
                                   " blocks is full: raise the block count or generate fewer tokens");
   };
 
-  // 1. The longest common prefix, prefilled once and forked to every prompt
-  //    (each prompt keeps at least its last token to compute).
+  // 1. Sharing. Without a prefix cache: the longest common prefix,
+  //    prefilled once and forked to every prompt (each prompt keeps at least
+  //    its last token to compute). With one: prompt 1 is prefilled and its
+  //    full blocks published first; the others then hit them.
   size_t lcp = 0;
-  if (ids.size() > 1) {
+  if (ids.size() > 1 && !o.prefix_cache) {
     size_t shortest = ids[0].size();
     for (const auto& p : ids) shortest = std::min(shortest, p.size());
     while (lcp + 1 < shortest &&
@@ -137,6 +140,12 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
     }
   }
   st.shared_prefix_tokens = static_cast<int64_t>(lcp);
+  std::unique_ptr<PrefixCache> prefix_cache;
+  if (o.prefix_cache) {
+    PAGEKV_RETURN_IF_ERROR(PrefixCache::ValidateExtraKeys(o.extra_keys));
+    PAGEKV_ASSIGN_OR_RETURN(prefix_cache, PrefixCache::Create(*cache));
+  }
+  auto release = [&](SeqId s) { return prefix_cache ? prefix_cache->Free(s) : cache->Free(s); };
   ForwardTimings timings;
   const ForwardOptions forward{o.threads, &timings};
   const auto t0 = std::chrono::steady_clock::now();
@@ -153,7 +162,7 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
     }
     track();
     PAGEKV_RETURN_IF_ERROR(cache->Free(root));
-  } else {
+  } else if (!prefix_cache) {
     for (size_t i = 0; i < ids.size(); ++i) seqs.push_back(cache->AddSequence("prompt " + std::to_string(i + 1)));
   }
 
@@ -164,20 +173,41 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
   report.outputs.resize(ids.size());
   logits.assign(ids.size() * static_cast<size_t>(vocab), 0.0f);
   std::vector<ForwardItem> items;
-  for (size_t i = 0; i < ids.size(); ++i) {
-    GenerateOutput& out = report.outputs[i];
-    out.prompt = o.prompts[i];
-    out.prompt_ids = ids[i];
-    SamplingOptions so = o.sampling;
-    so.seed = o.sampling.seed + i;  // independent streams, reproducible per prompt
-    samplers.emplace_back(so);
-    const auto rest = std::span<const int32_t>(ids[i]).subspan(lcp);
-    if (cache->BlocksNeeded(seqs[i], static_cast<int64_t>(rest.size()))->copy_on_write) ++st.copy_on_write_blocks;
-    items.push_back({seqs[i], rest, logits.data() + i * static_cast<size_t>(vocab), false});
+  std::vector<size_t> start(ids.size(), lcp);  // the first position each prompt computes
+  if (prefix_cache) seqs.assign(ids.size(), SeqId{});
+  // Prefill steps: one (all prompts), or with the prefix cache two (prompt 1,
+  // then the rest, which may hit what prompt 1 published).
+  const size_t first_group = prefix_cache && ids.size() > 1 ? 1 : ids.size();
+  for (auto [begin, end] : {std::pair<size_t, size_t>{0, first_group}, std::pair<size_t, size_t>{first_group, ids.size()}}) {
+    if (begin == end) continue;
+    items.clear();
+    for (size_t i = begin; i < end; ++i) {
+      GenerateOutput& out = report.outputs[i];
+      out.prompt = o.prompts[i];
+      out.prompt_ids = ids[i];
+      SamplingOptions so = o.sampling;
+      so.seed = o.sampling.seed + i;  // independent streams, reproducible per prompt
+      samplers.emplace_back(so);
+      if (prefix_cache) {
+        PAGEKV_ASSIGN_OR_RETURN(PrefixCache::Admitted a,
+                                prefix_cache->AddSequence(ids[i], o.extra_keys, "prompt " + std::to_string(i + 1)));
+        seqs[i] = a.seq;
+        start[i] = static_cast<size_t>(a.match.num_tokens);
+        st.prefix_hit_tokens += a.match.num_tokens;
+        st.prefix_hit_blocks += static_cast<int64_t>(a.match.blocks.size());
+      }
+      const auto rest = std::span<const int32_t>(ids[i]).subspan(start[i]);
+      if (cache->BlocksNeeded(seqs[i], static_cast<int64_t>(rest.size()))->copy_on_write) ++st.copy_on_write_blocks;
+      st.prefill_tokens_computed += static_cast<int64_t>(rest.size());
+      items.push_back({seqs[i], rest, logits.data() + i * static_cast<size_t>(vocab), false});
+    }
+    PAGEKV_ASSIGN_OR_RETURN(bool fit, model.ForwardBatch(*cache, items, forward));
+    if (!fit) return out_of_blocks();
+    track();
+    if (prefix_cache) {
+      for (size_t i = begin; i < end; ++i) PAGEKV_RETURN_IF_ERROR(prefix_cache->Publish(seqs[i], ids[i]));
+    }
   }
-  PAGEKV_ASSIGN_OR_RETURN(bool fit, model.ForwardBatch(*cache, items, forward));
-  if (!fit) return out_of_blocks();
-  track();
   for (size_t i = 0; i < ids.size(); ++i) {
     const std::span<const float> last(logits.data() + i * static_cast<size_t>(vocab), static_cast<size_t>(vocab));
     if (o.top_logits > 0) report.outputs[i].step_top.push_back(TopK(last.data(), vocab, o.top_logits));
@@ -199,7 +229,7 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
       history[i].push_back(next[i]);
       if (o.on_token) o.on_token(i, tok.DecodePiece(prev, next[i]));
       if (k + 1 == o.max_new_tokens) {
-        PAGEKV_RETURN_IF_ERROR(cache->Free(seqs[i]));
+        PAGEKV_RETURN_IF_ERROR(release(seqs[i]));
         continue;
       }
       items.push_back({seqs[i], {&next[i], 1}, logits.data() + i * static_cast<size_t>(vocab), false});
@@ -211,12 +241,18 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
     st.decode_tokens += static_cast<int64_t>(items.size());
     track();
     for (size_t i : owner) {
+      if (prefix_cache) PAGEKV_RETURN_IF_ERROR(prefix_cache->Publish(seqs[i], history[i]));  // blocks as they fill
       const std::span<const float> step(logits.data() + i * static_cast<size_t>(vocab), static_cast<size_t>(vocab));
       if (o.top_logits > 0) report.outputs[i].step_top.push_back(TopK(step.data(), vocab, o.top_logits));
       next[i] = samplers[i].Sample(step, history[i]);
     }
   }
   st.decode_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  if (prefix_cache) {
+    const PrefixCacheStats ps = prefix_cache->Stats();
+    st.prefix_blocks_published = ps.inserted;
+    st.prefix_blocks_evicted = ps.evicted;
+  }
   st.prefill_attention_seconds = prefill_timings.attention;
   st.decode_attention_seconds = timings.attention - prefill_timings.attention;
   st.decode_matmul_seconds = timings.matmul - prefill_timings.matmul;

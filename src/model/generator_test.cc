@@ -134,3 +134,40 @@ TEST(GenerateTest, APromptPastTheContextIsAnErrorUnlessTruncationIsAsked) {
 
 }  // namespace
 }  // namespace pagekv
+
+namespace pagekv {
+namespace {
+
+TEST(GeneratePrefixCacheTest, SameTokensWithThePrefixCacheOnAndOffAndTheSharedBlocksAreSkipped) {
+  const std::string shared =
+      "Once upon a time, there was a little girl named Lily. She loved to play outside in the sunshine. One day,";
+  GenerateOptions o;
+  o.model_path = kGguf;
+  o.prompts = {shared + " she saw", shared + " her mom", shared + " a big dog", "The cat sat"};
+  o.max_new_tokens = 40;
+  o.block_len = 8;
+  Result<GenerateReport> off = Generate(o);
+  ASSERT_TRUE(off.ok()) << off.status().ToString();
+  o.prefix_cache = true;
+  Result<GenerateReport> on = Generate(o);
+  ASSERT_TRUE(on.ok()) << on.status().ToString();
+  for (size_t i = 0; i < o.prompts.size(); ++i) {
+    EXPECT_EQ(on->outputs[i].generated_ids, off->outputs[i].generated_ids) << "prompt " << i;
+  }
+  // Prompts 2 and 3 hit every full block of the shared prefix prompt 1
+  // published; prompt 4 shares nothing.
+  const int64_t shared_tokens = static_cast<int64_t>(on->outputs[0].prompt_ids.size());
+  EXPECT_GE(on->stats.prefix_hit_blocks, 2 * ((shared_tokens - 3) / 8));
+  EXPECT_EQ(on->stats.prefix_hit_tokens, on->stats.prefix_hit_blocks * 8);
+  int64_t prompt_tokens = 0;
+  for (const auto& out : on->outputs) prompt_tokens += static_cast<int64_t>(out.prompt_ids.size());
+  EXPECT_EQ(on->stats.prefill_tokens_computed, prompt_tokens - on->stats.prefix_hit_tokens);
+  EXPECT_GT(on->stats.prefix_blocks_published, 0);
+  // A salt keeps tenants apart: the same prompts under different salts in
+  // one run would not hit each other; an empty salt is refused.
+  o.extra_keys.cache_salt = "";
+  EXPECT_EQ(Generate(o).status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace pagekv
