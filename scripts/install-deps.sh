@@ -19,6 +19,9 @@ PACKAGES=(
   nlohmann-json3-dev   # --json output and its tests
   libssl-dev           # SHA-256 (OpenSSL)
   libxxhash-dev        # xxh3 hashing
+  libzmq3-dev          # KV events published over ZeroMQ
+  cppzmq-dev           # its C++ binding (zmq.hpp)
+  libmsgpack-cxx-dev   # KV event payloads in msgpack (header-only)
   clang                # libFuzzer builds of the file parsers (make test runs them)
   libclang-rt-14-dev   # libFuzzer and sanitizer runtimes for clang
   libopenblas-dev      # only the matmul benchmark links it, to re-measure our kernel against sgemm

@@ -23,8 +23,9 @@ struct GenerateArgs {
   int64_t blocks = 0;
   int threads = 0;
   bool json = false, truncate = false, prefix_cache = false;
-  std::string cache_salt;
+  std::string cache_salt, kv_events;
   bool salt_given = false;
+  int kv_events_wait_ms = 0;
 };
 
 int RunGenerate(const GenerateArgs& a) {
@@ -49,8 +50,10 @@ int RunGenerate(const GenerateArgs& a) {
   o.top_logits = a.dump_logits;
   o.threads = a.threads;
   o.truncate_prompts = a.truncate;
-  o.prefix_cache = a.prefix_cache || a.salt_given;
+  o.prefix_cache = a.prefix_cache || a.salt_given || !a.kv_events.empty();
   if (a.salt_given) o.extra_keys.cache_salt = a.cache_salt;
+  o.kv_events_endpoint = a.kv_events;
+  o.kv_events_wait_ms = a.kv_events_wait_ms;
   Result<DType> dt = ParseDType(a.kv_dtype);
   if (!dt.ok()) {
     std::fprintf(stderr, "error: --kv-dtype: %s\n", dt.status().message().c_str());
@@ -118,6 +121,7 @@ int RunGenerate(const GenerateArgs& a) {
     st["prefix_hit_tokens"] = s.prefix_hit_tokens;
     st["prefix_hit_blocks"] = s.prefix_hit_blocks;
     st["prefix_blocks_published"] = s.prefix_blocks_published;
+    st["kv_event_batches"] = s.kv_event_batches;
     std::printf("%s\n", nlohmann::ordered_json{{"stats", st}}.dump().c_str());
     return kExitOk;
   }
@@ -180,6 +184,10 @@ CLI::App* AddGenerateCommand(CLI::App& app, int& exit_code) {
                 "Share prompt blocks through the content-addressed prefix cache (instead of forking the common prefix)");
   cmd->add_option("--cache-salt", args.cache_salt, "Prefix-cache salt (a tenant id); implies --prefix-cache")
       ->each([](const std::string&) { args.salt_given = true; });
+  cmd->add_option("--kv-events-endpoint", args.kv_events,
+                  "Publish prefix-cache KV events (vLLM's ZeroMQ/msgpack format) at tcp://HOST:PORT; implies --prefix-cache");
+  cmd->add_option("--kv-events-wait-ms", args.kv_events_wait_ms, "Wait this long for a first subscriber (default 0)")
+      ->check(CLI::Range(0, 600000));
   cmd->add_flag("--json", args.json, "One JSON object per prompt, then one with the statistics");
   cmd->callback([&exit_code] { exit_code = RunGenerate(args); });
   return cmd;

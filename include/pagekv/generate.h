@@ -49,6 +49,11 @@ struct GenerateOptions {
   // instead of forking the prompts' common prefix. Same tokens either way.
   bool prefix_cache = false;
   ExtraKeys extra_keys;  // with prefix_cache: salt, adapter id, model fingerprint
+  // Publish the prefix cache's KV events (implies prefix_cache) over ZeroMQ
+  // at this bound address (e.g. tcp://127.0.0.1:5557), one batch per step,
+  // after waiting up to kv_events_wait_ms for a first subscriber.
+  std::string kv_events_endpoint;
+  int kv_events_wait_ms = 0;
   // Called with (prompt index, decoded text of the new token) as tokens are made.
   std::function<void(size_t, const std::string&)> on_token;
 };
@@ -81,6 +86,7 @@ struct GenerateStats {
   int64_t prefix_hit_blocks = 0;
   int64_t prefix_blocks_published = 0;
   int64_t prefix_blocks_evicted = 0;
+  int64_t kv_event_batches = 0;         // published to kv_events_endpoint
   double prefill_attention_seconds = 0;  // of prefill_seconds, in the attention kernels
   double decode_attention_seconds = 0;   // of decode_seconds, in the attention kernels
   double decode_matmul_seconds = 0;      // of decode_seconds, in weight products

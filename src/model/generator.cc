@@ -11,6 +11,7 @@
 #include "model/llama_model.h"
 #include "model/sampler.h"
 #include "model/tokenizer.h"
+#include "prefix/kv_event_publisher.h"
 #include "pagekv/generate.h"
 #include "pagekv/kv_cache.h"
 #include "pagekv/prefix_cache.h"
@@ -141,10 +142,22 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
   }
   st.shared_prefix_tokens = static_cast<int64_t>(lcp);
   std::unique_ptr<PrefixCache> prefix_cache;
-  if (o.prefix_cache) {
+  std::unique_ptr<KvEventPublisher> events;
+  if (o.prefix_cache || !o.kv_events_endpoint.empty()) {
     PAGEKV_RETURN_IF_ERROR(PrefixCache::ValidateExtraKeys(o.extra_keys));
-    PAGEKV_ASSIGN_OR_RETURN(prefix_cache, PrefixCache::Create(*cache));
+    PrefixCacheOptions po;
+    po.record_events = !o.kv_events_endpoint.empty();
+    PAGEKV_ASSIGN_OR_RETURN(prefix_cache, PrefixCache::Create(*cache, po));
   }
+  if (!o.kv_events_endpoint.empty()) {
+    PAGEKV_ASSIGN_OR_RETURN(events, KvEventPublisher::Create(o.kv_events_endpoint));
+    if (o.kv_events_wait_ms > 0) events->WaitForSubscriber(o.kv_events_wait_ms);
+  }
+  auto publish_events = [&]() -> Status {
+    if (events == nullptr) return Status::Ok();
+    const std::vector<KvEvent> batch = prefix_cache->DrainEvents();
+    return events->Publish(batch);
+  };
   auto release = [&](SeqId s) { return prefix_cache ? prefix_cache->Free(s) : cache->Free(s); };
   ForwardTimings timings;
   const ForwardOptions forward{o.threads, &timings};
@@ -206,6 +219,7 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
     track();
     if (prefix_cache) {
       for (size_t i = begin; i < end; ++i) PAGEKV_RETURN_IF_ERROR(prefix_cache->Publish(seqs[i], ids[i]));
+      PAGEKV_RETURN_IF_ERROR(publish_events());
     }
   }
   for (size_t i = 0; i < ids.size(); ++i) {
@@ -246,8 +260,10 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
       if (o.top_logits > 0) report.outputs[i].step_top.push_back(TopK(step.data(), vocab, o.top_logits));
       next[i] = samplers[i].Sample(step, history[i]);
     }
+    PAGEKV_RETURN_IF_ERROR(publish_events());
   }
   st.decode_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  if (events != nullptr) st.kv_event_batches = static_cast<int64_t>(events->batches_sent());
   if (prefix_cache) {
     const PrefixCacheStats ps = prefix_cache->Stats();
     st.prefix_blocks_published = ps.inserted;
