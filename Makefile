@@ -30,6 +30,9 @@ run: build
 	fi; \
 	$(PAGEKV) generate --model "$$model" --prompt "$(PROMPT) She" --prompt "$(PROMPT) One day" \
 	  --prompt "$(PROMPT) Her mom" -n 48 --block-len 8
+	@if [ -f ../shared/traces/mooncake/conversation_trace.jsonl ]; then \
+	  echo; echo "== pagekv replay: the Mooncake conversation trace through the prefix cache, 10000 blocks of 512 tokens"; \
+	  $(PAGEKV) replay --trace ../shared/traces/mooncake/conversation_trace.jsonl --capacity-blocks 10000; fi
 	@echo
 	@echo "== pagekv plan: the per-head worked example, then DeepSeek-V3's MLA cache"
 	$(PAGEKV) plan --preset seed-deepseek-v3 --explain

@@ -224,6 +224,8 @@ int32_t KvCache::BlockRefCount(BlockId block) const {
   return state_->pool.IsValid(block) ? state_->pool.RefCount(block) : 0;
 }
 
+int64_t KvCache::FreeBlockCount() const { return state_->pool.num_free(); }
+
 std::vector<BlockId> KvCache::FreeBlocks() const { return state_->pool.FreeListOrder(); }
 
 void KvCache::SetEvictionListener(std::function<void(BlockId)> listener) {

@@ -120,7 +120,7 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
     st.contiguous_max_len_bytes += int64_t{model.config().context_len} * layout.bytes_per_token();
   }
   auto track = [&] {
-    st.peak_blocks_used = std::max(st.peak_blocks_used, cache->Stats().blocks_used);
+    st.peak_blocks_used = std::max(st.peak_blocks_used, layout.num_blocks() - cache->FreeBlockCount());
   };
   auto out_of_blocks = [&] {
     return ResourceExhaustedError("the KV pool of " + std::to_string(layout.num_blocks()) +

@@ -203,7 +203,7 @@ bool PrefixCache::CanAdmit(const PrefixMatch& match, int64_t new_tokens) const {
   for (BlockId b : match.blocks) claimed_free += state_->cache->BlockRefCount(b) == 0 ? 1 : 0;
   const int64_t bl = state_->block_len;
   const int64_t need = (match.num_tokens + new_tokens + bl - 1) / bl - static_cast<int64_t>(match.blocks.size());
-  return state_->cache->Stats().blocks_free - claimed_free >= need;
+  return state_->cache->FreeBlockCount() - claimed_free >= need;
 }
 
 Result<PrefixCache::Admitted> PrefixCache::AddSequence(std::span<const int32_t> tokens, const ExtraKeys& extra,
