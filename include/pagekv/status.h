@@ -33,6 +33,7 @@ enum class StatusCode : uint8_t {
   kIoError,             // a read, write or open failed
   kUnimplemented,       // valid request for something not built yet
   kInternal,            // an unexpected failure inside PageKV
+  kUnavailable,         // busy right now (a full queue): retry later
 };
 
 // Returns a stable lower-case name, e.g. "invalid argument".
@@ -71,6 +72,7 @@ Status DataLossError(std::string message);
 Status IoError(std::string message);
 Status UnimplementedError(std::string message);
 Status InternalError(std::string message);
+Status UnavailableError(std::string message);
 
 // Result<T> holds either a value or a non-OK Status.
 //

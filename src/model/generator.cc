@@ -9,6 +9,7 @@
 #include "base/checked_math.h"
 #include "model/gguf_file.h"
 #include "model/llama_model.h"
+#include "model/model_loader.h"
 #include "model/sampler.h"
 #include "model/tokenizer.h"
 #include "prefix/kv_event_publisher.h"
@@ -18,41 +19,6 @@
 
 namespace pagekv {
 namespace {
-
-struct Loaded {
-  std::unique_ptr<LlamaModel> model;
-  std::unique_ptr<Tokenizer> tokenizer;
-};
-
-Result<Loaded> Load(const GenerateOptions& o) {
-  if (o.model_path.empty()) return InvalidArgumentError("no model: pass --model PATH (a .gguf or a llama2.c .bin)");
-  char magic[4] = {};
-  {
-    std::ifstream in(o.model_path, std::ios::binary);
-    if (!in) return NotFoundError("cannot open model file '" + o.model_path + "'");
-    in.read(magic, 4);
-  }
-  Loaded out;
-  if (std::memcmp(magic, "GGUF", 4) == 0) {
-    PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::Open(o.model_path));
-    PAGEKV_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::FromGguf(*file));
-    out.tokenizer = std::make_unique<Tokenizer>(std::move(tok));
-    PAGEKV_ASSIGN_OR_RETURN(out.model, LlamaModel::FromGguf(std::move(file)));
-  } else {
-    if (o.tokenizer_path.empty()) {
-      return InvalidArgumentError("'" + o.model_path + "' is not GGUF, so it is read as a llama2.c checkpoint, which "
-                                  "needs its tokenizer: pass --tokenizer PATH (e.g. tok512.bin)");
-    }
-    PAGEKV_ASSIGN_OR_RETURN(out.model, LlamaModel::FromLlama2c(o.model_path));
-    PAGEKV_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::FromLlama2c(o.tokenizer_path, out.model->config().vocab_size));
-    out.tokenizer = std::make_unique<Tokenizer>(std::move(tok));
-  }
-  if (out.tokenizer->vocab_size() != out.model->config().vocab_size) {
-    return DataLossError("the tokenizer has " + std::to_string(out.tokenizer->vocab_size()) +
-                         " pieces but the model's vocabulary is " + std::to_string(out.model->config().vocab_size));
-  }
-  return out;
-}
 
 std::vector<std::pair<int32_t, float>> TopK(const float* logits, int32_t n, int32_t k) {
   std::vector<int32_t> ids(static_cast<size_t>(n));
@@ -77,7 +43,7 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
   if (o.kv_dtype != DType::kF32 && o.kv_dtype != DType::kF16 && o.kv_dtype != DType::kBF16) {
     return UnimplementedError("--kv-dtype " + std::string(DTypeName(o.kv_dtype)) + ": use f32, f16 or bf16");
   }
-  PAGEKV_ASSIGN_OR_RETURN(Loaded loaded, Load(o));
+  PAGEKV_ASSIGN_OR_RETURN(LoadedModel loaded, LoadModel(o.model_path, o.tokenizer_path));
   const LlamaModel& model = *loaded.model;
   const Tokenizer& tok = *loaded.tokenizer;
   const int32_t vocab = model.config().vocab_size;

@@ -1,0 +1,154 @@
+// The serving engine: continuous batching over the paged cache.
+//
+// Requests are submitted from any thread; the engine's step loop (Step, or a
+// background thread from Start) runs
+//
+//   schedule -> build batch -> forward -> sample -> postprocess
+//
+// The scheduler never touches tensors: each step it plans which sequences
+// run and with how many tokens, within a per-step token budget. Running
+// sequences come first (one decode token, or the next chunk of a prompt);
+// then waiting ones are admitted, preempted ones first, while the cache has
+// the blocks (it asks before it acts, and keeps a watermark of free
+// blocks). When a running sequence needs a block that does not exist, the
+// lowest-priority, most recently admitted running sequence is preempted: its
+// blocks are freed, and it is later resumed by recomputing its tokens (its
+// published blocks are usually still cached, so that is mostly prefix hits),
+// giving the same output it would have produced uninterrupted.
+//
+// Two allocators run the same engine: paged (blocks taken as tokens arrive,
+// prompts shared through the prefix cache) and contiguous (each sequence
+// reserves prompt + max_tokens slots at admission and shares nothing: the
+// pre-allocation strategy of earlier servers, for comparison).
+//
+// Thread safety: Submit, Cancel, Wait, TryResult and Metrics may be called
+// from any thread; Step from one thread at a time (or let Start run it).
+// Callbacks run on the stepping thread and must not call Step.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "pagekv/dtype.h"
+#include "pagekv/generate.h"
+#include "pagekv/prefix_cache.h"
+#include "pagekv/status.h"
+
+namespace pagekv {
+
+using RequestId = int64_t;
+
+enum class FinishReason : uint8_t { kNone, kLength, kEos, kStop, kCancelled, kError };
+const char* FinishReasonName(FinishReason r);  // "length", "stop" (EOS or a stop string), "cancelled", "error"
+
+// One new token of a request (or its end: finish != kNone, token -1 when the
+// end carries no token).
+struct TokenUpdate {
+  RequestId id = 0;
+  int32_t token = -1;
+  std::string text;  // the token's text (stop strings cut)
+  FinishReason finish = FinishReason::kNone;
+};
+
+struct EngineRequest {
+  std::vector<int32_t> prompt;         // token ids; Engine::Encode makes them from text
+  int32_t max_tokens = 16;             // >= 1
+  SamplingOptions sampling;
+  std::vector<std::string> stop;       // stop strings: generation ends before the first one
+  bool ignore_eos = false;
+  int32_t priority = 0;                // higher runs first and is preempted last
+  ExtraKeys extra;                     // prefix-cache salt etc.
+  std::function<void(const TokenUpdate&)> on_update;  // streaming, optional
+};
+
+struct RequestResult {
+  RequestId id = 0;
+  std::vector<int32_t> tokens;  // generated
+  std::string text;             // generated text (up to a stop string)
+  FinishReason finish = FinishReason::kNone;
+  Status error;                 // with kError
+  int64_t prompt_tokens = 0;
+  int64_t cached_prompt_tokens = 0;  // found in the prefix cache at first admission
+  int64_t preemptions = 0;
+  double time_to_first_token = 0;    // seconds from submission
+  std::vector<double> inter_token;   // seconds between consecutive tokens
+};
+
+enum class Allocator : uint8_t { kPaged, kContiguous };
+
+struct EngineOptions {
+  std::string model_path;      // GGUF, or llama2.c .bin with tokenizer_path
+  std::string tokenizer_path;
+  int32_t block_len = 16;
+  DType kv_dtype = DType::kF32;
+  int64_t num_blocks = 0;        // the pool; or
+  int64_t kv_budget_bytes = 0;   // a byte budget (one of the two)
+  int64_t max_step_tokens = 256; // tokens per step over all sequences (chunked prefill)
+  int32_t max_running = 256;     // sequences per step
+  int64_t watermark_blocks = -1; // free blocks kept at admission; -1 = 1% of the pool
+  int64_t max_queue = 1 << 20;   // waiting requests beyond which Submit refuses
+  Allocator allocator = Allocator::kPaged;
+  bool prefix_cache = true;      // paged only
+  int threads = 0;
+};
+
+struct EngineMetrics {
+  int64_t blocks_total = 0, blocks_used = 0, blocks_free = 0, blocks_cached = 0;
+  int64_t waiting = 0, running = 0, preemptions = 0;
+  int64_t finished = 0, prompt_tokens = 0, generated_tokens = 0;
+  int64_t steps = 0;
+  int64_t slots_reserved = 0;  // contiguous: reserved slots of running sequences; paged: allocated slots
+  int64_t tokens_stored = 0;   // KV slots holding tokens of running sequences
+  PrefixCacheStats prefix;
+};
+
+class Engine {
+ public:
+  static Result<std::unique_ptr<Engine>> Create(const EngineOptions& options);
+  ~Engine();  // stops the loop; unfinished requests end as cancelled
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Text to prompt ids (BOS first), and generated ids to text.
+  std::vector<int32_t> Encode(const std::string& text) const;
+  std::string Decode(const std::vector<int32_t>& tokens, int32_t prev) const;
+  int32_t context_len() const;
+  int32_t eos_id() const;
+
+  // Queues a request. Errors (nothing queued): empty prompt, a prompt plus
+  // max_tokens past the context (the limit stated), token ids outside the
+  // vocabulary, invalid sampling or extra keys, a full queue (kUnavailable),
+  // a request that could never fit the pool.
+  Result<RequestId> Submit(EngineRequest request);
+  // Ends a request (waiting or running) as cancelled; its blocks are freed at
+  // the next step boundary. False when it is unknown or already finished.
+  bool Cancel(RequestId id);
+
+  // One iteration; false when there was nothing to do.
+  Result<bool> Step();
+  // Steps until every submitted request has finished.
+  Status RunUntilIdle();
+  // A background thread that steps whenever there is work.
+  void Start();
+  void Stop();
+
+  // Blocks until the request finishes (and forgets it).
+  RequestResult Wait(RequestId id);
+  std::optional<RequestResult> TryResult(RequestId id);
+
+  EngineMetrics Metrics() const;
+  // Aborts with a message when the cache, the prefix cache or the
+  // scheduler's bookkeeping disagree. Call between steps.
+  void CheckInvariants() const;
+
+ private:
+  struct State;
+  explicit Engine(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace pagekv

@@ -1,0 +1,544 @@
+// Engine (include/pagekv/engine.h): request queues, the scheduler, the step
+// loop. The scheduler (Schedule) only plans and moves sequences between
+// queues; Step runs the plan through the model and post-processes.
+#include "pagekv/engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "base/check.h"
+#include "model/llama_model.h"
+#include "model/model_loader.h"
+#include "model/sampler.h"
+#include "pagekv/kv_cache.h"
+
+namespace pagekv {
+
+const char* FinishReasonName(FinishReason r) {
+  switch (r) {
+    case FinishReason::kNone: return "none";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kEos:
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kCancelled: return "cancelled";
+    case FinishReason::kError: return "error";
+  }
+  return "none";
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+
+// One request's life in the engine.
+struct Seq {
+  RequestId id = 0;
+  EngineRequest req;
+  std::vector<int32_t> tokens;  // prompt, then generated
+  int64_t prompt_len = 0;
+  int64_t computed = 0;         // tokens whose KV is in the cache
+  std::optional<SeqId> seq;     // while running
+  int64_t admit_order = -1;
+  int64_t reserved_blocks = 0;  // contiguous allocator
+  bool preempted = false;
+  bool admitted_once = false;
+  Sampler sampler;
+  std::string text;             // generated text
+  size_t streamed = 0;          // bytes of text already sent
+  Clock::time_point submitted, last_token;
+  RequestResult result;
+
+  Seq(RequestId i, EngineRequest r) : id(i), req(std::move(r)), sampler(req.sampling) {}
+  int64_t remaining() const { return static_cast<int64_t>(tokens.size()) - computed; }
+};
+
+struct Planned {
+  Seq* s;
+  int64_t count;
+};
+
+}  // namespace
+
+struct Engine::State {
+  EngineOptions o;
+  LoadedModel m;
+  std::unique_ptr<KvCache> cache;
+  std::unique_ptr<PrefixCache> prefix;
+  int64_t watermark = 0;
+
+  // Shared with submitting threads.
+  mutable std::mutex mu;
+  std::condition_variable work_cv, done_cv;
+  std::deque<std::unique_ptr<Seq>> inbox;
+  std::vector<RequestId> cancels;
+  std::map<RequestId, RequestResult> results;
+  std::unordered_map<RequestId, bool> known;  // submitted and not yet waited for: finished?
+  RequestId next_id = 1;
+  EngineMetrics metrics;
+  int64_t queued = 0;  // inbox + waiting
+  bool stopping = false;
+  std::thread loop;
+
+  // Stepping thread only.
+  std::unordered_map<RequestId, std::unique_ptr<Seq>> live;
+  std::deque<Seq*> waiting;  // preempted first, then by priority, then arrival
+  std::vector<Seq*> running; // by priority (high first), then admission order
+  int64_t admit_counter = 0;
+  std::mutex step_mu;        // one Step at a time
+
+  int64_t BlocksFor(int64_t tokens) const { return (tokens + o.block_len - 1) / o.block_len; }
+
+  // Blocks running contiguous sequences reserved but do not hold yet.
+  int64_t Outstanding() const {
+    int64_t n = 0;
+    for (const Seq* s : running) n += s->reserved_blocks - static_cast<int64_t>((*cache->View(*s->seq)).blocks.size());
+    return n;
+  }
+
+  void Release(Seq* s) {
+    if (!s->seq) return;
+    PAGEKV_CHECK((prefix ? prefix->Free(*s->seq) : cache->Free(*s->seq)).ok());
+    s->seq.reset();
+  }
+
+  void Preempt(Seq* s) {
+    Release(s);
+    s->computed = 0;
+    s->reserved_blocks = 0;
+    s->preempted = true;
+    ++s->result.preemptions;
+    running.erase(std::find(running.begin(), running.end(), s));
+    waiting.push_front(s);
+    std::lock_guard lock(mu);
+    ++metrics.preemptions;
+  }
+
+  void Emit(Seq* s, int32_t token, FinishReason finish) {
+    if (!s->req.on_update) return;
+    // Hold back text that may be the start of a stop string.
+    size_t safe = s->text.size();
+    if (finish == FinishReason::kNone) {
+      for (const std::string& stop : s->req.stop) {
+        for (size_t k = std::min(stop.size() - 1, s->text.size()); k > 0; --k) {
+          if (s->text.compare(s->text.size() - k, k, stop, 0, k) == 0) {
+            safe = std::min(safe, s->text.size() - k);
+            break;
+          }
+        }
+      }
+    }
+    TokenUpdate u{s->id, token, s->text.substr(std::min(s->streamed, safe), safe > s->streamed ? safe - s->streamed : 0), finish};
+    s->streamed = std::max(s->streamed, safe);
+    s->req.on_update(u);
+  }
+
+  void Finish(Seq* s, FinishReason reason, Status error = Status::Ok()) {
+    Release(s);
+    if (auto it = std::find(running.begin(), running.end(), s); it != running.end()) running.erase(it);
+    if (auto it = std::find(waiting.begin(), waiting.end(), s); it != waiting.end()) waiting.erase(it);
+    s->result.finish = reason;
+    s->result.error = std::move(error);
+    s->result.text = s->text;
+    Emit(s, -1, reason);
+    std::unique_ptr<Seq> owned = std::move(live.at(s->id));
+    live.erase(s->id);
+    std::lock_guard lock(mu);
+    --queued;
+    ++metrics.finished;
+    results[s->id] = std::move(s->result);
+    known[s->id] = true;
+    done_cv.notify_all();
+  }
+
+  // Moves new requests into the waiting queue and applies cancellations.
+  void TakeInbox() {
+    std::vector<std::unique_ptr<Seq>> fresh;
+    std::vector<RequestId> cancel;
+    {
+      std::lock_guard lock(mu);
+      while (!inbox.empty()) {
+        fresh.push_back(std::move(inbox.front()));
+        inbox.pop_front();
+      }
+      cancel.swap(cancels);
+    }
+    for (auto& f : fresh) {
+      Seq* s = f.get();
+      live.emplace(s->id, std::move(f));
+      auto at = std::find_if(waiting.begin(), waiting.end(), [&](const Seq* w) {
+        return !w->preempted && w->req.priority < s->req.priority;
+      });
+      waiting.insert(at, s);
+    }
+    for (RequestId id : cancel) {
+      if (auto it = live.find(id); it != live.end()) Finish(it->second.get(), FinishReason::kCancelled);
+    }
+  }
+
+  // The scheduler: which sequences run this step, with how many tokens.
+  std::vector<Planned> Schedule() {
+    std::vector<Planned> plan;
+    int64_t budget = o.max_step_tokens;
+    int64_t planned_blocks = 0;
+    const bool paged = o.allocator == Allocator::kPaged;
+    int64_t outstanding = paged ? 0 : Outstanding();
+    auto available = [&] { return cache->FreeBlockCount() - planned_blocks - outstanding; };
+    std::stable_sort(running.begin(), running.end(), [](const Seq* a, const Seq* b) {
+      return a->req.priority != b->req.priority ? a->req.priority > b->req.priority : a->admit_order < b->admit_order;
+    });
+    // 1. Running sequences: a decode token or the next prompt chunk each.
+    for (size_t i = 0; i < running.size() && budget > 0;) {
+      Seq* s = running[i];
+      const int64_t n = std::min(s->remaining(), budget);
+      const int64_t need = (*cache->BlocksNeeded(*s->seq, n)).total();
+      bool preempted_self = false;
+      if (paged) {
+        while (available() < need) {
+          Seq* victim = running.back();  // lowest priority, most recently admitted
+          preempted_self = victim == s;
+          Preempt(victim);
+          if (preempted_self) break;
+        }
+      } else {
+        outstanding -= need;  // contiguous: comes out of its reservation
+      }
+      if (preempted_self) continue;
+      plan.push_back({s, n});
+      budget -= n;
+      planned_blocks += need;
+      ++i;
+    }
+    // 2. Admission, in queue order, while the blocks exist (ask, then act).
+    while (budget > 0 && static_cast<int64_t>(running.size()) < o.max_running && !waiting.empty()) {
+      Seq* s = waiting.front();
+      PrefixMatch match;
+      int64_t need;
+      if (paged) {
+        if (prefix) match = *prefix->Lookup(s->tokens, s->req.extra);
+        int64_t claimed = 0;
+        for (BlockId b : match.blocks) claimed += cache->BlockRefCount(b) == 0 ? 1 : 0;
+        const int64_t n = std::min(static_cast<int64_t>(s->tokens.size()) - match.num_tokens, budget);
+        need = BlocksFor(match.num_tokens + n) - static_cast<int64_t>(match.blocks.size()) + claimed;
+      } else {
+        need = BlocksFor(s->prompt_len + s->req.max_tokens);
+      }
+      if (available() - need < watermark) break;
+      if (prefix) {
+        PrefixCache::Admitted a = *prefix->AddSequence(s->tokens, s->req.extra, "request " + std::to_string(s->id));
+        s->seq = a.seq;
+        s->computed = a.match.num_tokens;
+      } else {
+        s->seq = cache->AddSequence("request " + std::to_string(s->id));
+        s->computed = 0;
+      }
+      if (!s->admitted_once) {
+        s->result.cached_prompt_tokens = s->computed;
+        s->admitted_once = true;
+      }
+      const int64_t n = std::min(s->remaining(), budget);
+      if (paged) {
+        planned_blocks += need;
+      } else {
+        // Reserve the whole request; the first chunk's blocks move from the
+        // reservation to this step's plan.
+        s->reserved_blocks = need;
+        outstanding += need - BlocksFor(n);
+        planned_blocks += BlocksFor(n);
+      }
+      s->preempted = false;
+      s->admit_order = admit_counter++;
+      waiting.pop_front();
+      running.push_back(s);
+      plan.push_back({s, n});
+      budget -= n;
+    }
+    return plan;
+  }
+
+  // Refreshes the metrics snapshot readers see.
+  void Snapshot(int64_t generated) {
+    const CacheStats cs = cache->Stats();
+    std::lock_guard lock(mu);
+    EngineMetrics& mx = metrics;
+    ++mx.steps;
+    mx.generated_tokens += generated;
+    mx.blocks_total = cs.blocks_total;
+    mx.blocks_used = cs.blocks_used;
+    mx.blocks_free = cs.blocks_free;
+    mx.blocks_cached = cs.blocks_cached_free;
+    mx.running = static_cast<int64_t>(running.size());
+    mx.waiting = queued - mx.running;
+    mx.tokens_stored = cs.tokens_logical;
+    mx.slots_reserved = o.allocator == Allocator::kContiguous
+                            ? [&] {
+                                int64_t r = 0;
+                                for (const Seq* s : running) r += s->reserved_blocks * o.block_len;
+                                return r;
+                              }()
+                            : cs.blocks_used * o.block_len;
+    if (prefix) mx.prefix = prefix->Stats();
+  }
+
+  // Appends a sampled token; returns how the request ends (kNone: it goes on).
+  FinishReason Accept(Seq* s, int32_t token) {
+    const auto now = Clock::now();
+    if (s->result.tokens.empty()) {
+      s->result.time_to_first_token = std::chrono::duration<double>(now - s->submitted).count();
+    } else {
+      s->result.inter_token.push_back(std::chrono::duration<double>(now - s->last_token).count());
+    }
+    s->last_token = now;
+    if (token == m.tokenizer->eos_id() && !s->req.ignore_eos) return FinishReason::kEos;
+    const int32_t prev = s->tokens.back();
+    s->tokens.push_back(token);
+    s->result.tokens.push_back(token);
+    s->text += m.tokenizer->DecodePiece(prev, token);
+    for (const std::string& stop : s->req.stop) {
+      if (const size_t at = s->text.find(stop); at != std::string::npos) {
+        s->text.resize(at);
+        return FinishReason::kStop;
+      }
+    }
+    if (static_cast<int64_t>(s->result.tokens.size()) >= s->req.max_tokens) return FinishReason::kLength;
+    return FinishReason::kNone;
+  }
+};
+
+Engine::Engine(std::unique_ptr<State> state) : state_(std::move(state)) {}
+
+Engine::~Engine() {
+  Stop();
+  std::lock_guard step(state_->step_mu);
+  state_->TakeInbox();
+  while (!state_->live.empty()) state_->Finish(state_->live.begin()->second.get(), FinishReason::kCancelled);
+}
+
+Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& o) {
+  if (o.max_step_tokens < 1) return InvalidArgumentError("engine: max_step_tokens must be at least 1");
+  if (o.max_running < 1) return InvalidArgumentError("engine: max_running must be at least 1");
+  if ((o.num_blocks > 0) == (o.kv_budget_bytes > 0)) {
+    return InvalidArgumentError("engine: give the pool as num_blocks or as kv_budget_bytes (exactly one)");
+  }
+  auto st = std::make_unique<State>();
+  st->o = o;
+  PAGEKV_ASSIGN_OR_RETURN(st->m, LoadModel(o.model_path, o.tokenizer_path));
+  KvCacheOptions co;
+  co.config = st->m.model->CacheGeometry(o.block_len, o.kv_dtype, o.num_blocks);
+  co.config.budget_bytes = o.kv_budget_bytes;
+  PAGEKV_ASSIGN_OR_RETURN(st->cache, KvCache::Create(co));
+  if (o.allocator == Allocator::kPaged && o.prefix_cache) {
+    PAGEKV_ASSIGN_OR_RETURN(st->prefix, PrefixCache::Create(*st->cache));
+  }
+  const int64_t blocks = st->cache->layout().num_blocks();
+  st->watermark = o.watermark_blocks >= 0 ? o.watermark_blocks : blocks / 100;
+  if (st->watermark >= blocks) return InvalidArgumentError("engine: the watermark leaves no block to allocate");
+  return std::unique_ptr<Engine>(new Engine(std::move(st)));
+}
+
+std::vector<int32_t> Engine::Encode(const std::string& text) const { return state_->m.tokenizer->Encode(text, true, false); }
+
+std::string Engine::Decode(const std::vector<int32_t>& tokens, int32_t prev) const {
+  std::string out;
+  for (int32_t t : tokens) {
+    out += state_->m.tokenizer->DecodePiece(prev, t);
+    prev = t;
+  }
+  return out;
+}
+
+int32_t Engine::context_len() const { return state_->m.model->config().context_len; }
+int32_t Engine::eos_id() const { return state_->m.tokenizer->eos_id(); }
+
+Result<RequestId> Engine::Submit(EngineRequest r) {
+  State& st = *state_;
+  if (r.prompt.empty()) return InvalidArgumentError("the prompt is empty: give at least one token (BOS)");
+  if (r.max_tokens < 1) return InvalidArgumentError("max_tokens " + std::to_string(r.max_tokens) + ": must be at least 1");
+  const int32_t vocab = st.m.model->config().vocab_size;
+  for (int32_t t : r.prompt) {
+    if (t < 0 || t >= vocab) {
+      return InvalidArgumentError("token id " + std::to_string(t) + " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+    }
+  }
+  const int64_t total = static_cast<int64_t>(r.prompt.size()) + r.max_tokens;
+  if (total > context_len()) {
+    return OutOfRangeError("the prompt has " + std::to_string(r.prompt.size()) + " tokens; with max_tokens " +
+                           std::to_string(r.max_tokens) + " it needs " + std::to_string(total) +
+                           " positions, more than the model's context of " + std::to_string(context_len()));
+  }
+  PAGEKV_RETURN_IF_ERROR(Sampler::Validate(r.sampling));
+  PAGEKV_RETURN_IF_ERROR(PrefixCache::ValidateExtraKeys(r.extra));
+  if (st.BlocksFor(total) > st.cache->layout().num_blocks() - st.watermark) {
+    return ResourceExhaustedError("the request needs " + std::to_string(st.BlocksFor(total)) +
+                                  " KV blocks; the pool has " + std::to_string(st.cache->layout().num_blocks()) +
+                                  " (less a watermark of " + std::to_string(st.watermark) + ")");
+  }
+  std::lock_guard lock(st.mu);
+  if (st.queued >= st.o.max_queue) {
+    return UnavailableError("the queue is full (" + std::to_string(st.o.max_queue) + " requests): retry later");
+  }
+  const RequestId id = st.next_id++;
+  auto s = std::make_unique<Seq>(id, std::move(r));
+  s->tokens = s->req.prompt;
+  s->prompt_len = static_cast<int64_t>(s->tokens.size());
+  s->submitted = Clock::now();
+  s->result.id = id;
+  s->result.prompt_tokens = s->prompt_len;
+  st.inbox.push_back(std::move(s));
+  st.known[id] = false;
+  ++st.queued;
+  st.work_cv.notify_all();
+  return id;
+}
+
+bool Engine::Cancel(RequestId id) {
+  std::lock_guard lock(state_->mu);
+  auto it = state_->known.find(id);
+  if (it == state_->known.end() || it->second) return false;
+  state_->cancels.push_back(id);
+  state_->work_cv.notify_all();
+  return true;
+}
+
+Result<bool> Engine::Step() {
+  State& st = *state_;
+  std::lock_guard step(st.step_mu);
+  st.TakeInbox();
+  const std::vector<Planned> plan = st.Schedule();
+  if (plan.empty()) {
+    PAGEKV_CHECK_MSG(st.running.empty(), "scheduler: running sequences but nothing planned");
+    st.Snapshot(0);
+    return false;
+  }
+  // Build the batch: every planned sequence's next tokens; logits only where
+  // the step completes what the sequence has (a sample follows).
+  const int32_t vocab = st.m.model->config().vocab_size;
+  std::vector<float> logits(plan.size() * static_cast<size_t>(vocab));
+  std::vector<ForwardItem> items;
+  for (size_t i = 0; i < plan.size(); ++i) {
+    Seq* s = plan[i].s;
+    const bool samples = s->computed + plan[i].count == static_cast<int64_t>(s->tokens.size());
+    items.push_back({*s->seq, std::span<const int32_t>(s->tokens).subspan(static_cast<size_t>(s->computed), static_cast<size_t>(plan[i].count)),
+                     samples ? logits.data() + i * static_cast<size_t>(vocab) : nullptr, false});
+  }
+  Result<bool> fit = st.m.model->ForwardBatch(*st.cache, items, {st.o.threads, nullptr});
+  if (!fit.ok() || !*fit) {
+    const Status error = fit.ok() ? InternalError("scheduler planned a step the pool could not hold") : fit.status();
+    for (const Planned& p : plan) st.Finish(p.s, FinishReason::kError, error);
+    return error;
+  }
+  // Postprocess: count the computed tokens, publish full blocks, sample.
+  int64_t generated = 0;
+  for (size_t i = 0; i < plan.size(); ++i) {
+    Seq* s = plan[i].s;
+    s->computed += plan[i].count;
+    if (st.prefix) PAGEKV_RETURN_IF_ERROR(st.prefix->Publish(*s->seq, s->tokens));
+    if (items[i].logits == nullptr) continue;
+    const int32_t token = s->sampler.Sample({items[i].logits, static_cast<size_t>(vocab)}, s->tokens);
+    const FinishReason end = st.Accept(s, token);
+    ++generated;
+    if (end == FinishReason::kNone) {
+      st.Emit(s, token, FinishReason::kNone);
+    } else {
+      st.Finish(s, end);
+    }
+  }
+  st.Snapshot(generated);
+  return true;
+}
+
+Status Engine::RunUntilIdle() {
+  for (;;) {
+    PAGEKV_ASSIGN_OR_RETURN(bool worked, Step());
+    std::lock_guard lock(state_->mu);
+    if (!worked && state_->queued == 0) return Status::Ok();
+    if (!worked && state_->inbox.empty() && state_->cancels.empty()) {
+      return InternalError("engine: requests are waiting but none can be scheduled");
+    }
+  }
+}
+
+void Engine::Start() {
+  State& st = *state_;
+  std::lock_guard lock(st.mu);
+  if (st.loop.joinable()) return;
+  st.stopping = false;
+  st.loop = std::thread([this] {
+    State& s = *state_;
+    for (;;) {
+      {
+        std::unique_lock lock(s.mu);
+        s.work_cv.wait(lock, [&] { return s.stopping || s.queued > 0 || !s.cancels.empty(); });
+        if (s.stopping) return;
+      }
+      Result<bool> worked = Step();
+      if (worked.ok() && !*worked) {
+        std::unique_lock lock(s.mu);
+        s.work_cv.wait_for(lock, std::chrono::milliseconds(2));  // nothing schedulable yet
+      }
+    }
+  });
+}
+
+void Engine::Stop() {
+  State& st = *state_;
+  std::thread t;
+  {
+    std::lock_guard lock(st.mu);
+    st.stopping = true;
+    st.work_cv.notify_all();
+    t = std::move(st.loop);
+  }
+  if (t.joinable()) t.join();
+}
+
+RequestResult Engine::Wait(RequestId id) {
+  std::unique_lock lock(state_->mu);
+  state_->done_cv.wait(lock, [&] { return state_->results.count(id) > 0 || state_->known.count(id) == 0; });
+  auto it = state_->results.find(id);
+  if (it == state_->results.end()) return RequestResult{id, {}, {}, FinishReason::kError, NotFoundError("unknown request")};
+  RequestResult r = std::move(it->second);
+  state_->results.erase(it);
+  state_->known.erase(id);
+  return r;
+}
+
+std::optional<RequestResult> Engine::TryResult(RequestId id) {
+  std::lock_guard lock(state_->mu);
+  auto it = state_->results.find(id);
+  if (it == state_->results.end()) return std::nullopt;
+  RequestResult r = std::move(it->second);
+  state_->results.erase(it);
+  state_->known.erase(id);
+  return r;
+}
+
+EngineMetrics Engine::Metrics() const {
+  std::lock_guard lock(state_->mu);
+  EngineMetrics m = state_->metrics;
+  m.waiting = state_->queued - m.running;
+  return m;
+}
+
+void Engine::CheckInvariants() const {
+  State& st = *state_;
+  std::lock_guard step(st.step_mu);
+  st.cache->CheckInvariants();
+  if (st.prefix) st.prefix->CheckInvariants();
+  int64_t sequences = 0;
+  for (const Seq* s : st.running) {
+    PAGEKV_CHECK_MSG(s->seq.has_value(), "a running request has no sequence");
+    PAGEKV_CHECK_MSG((*st.cache->View(*s->seq)).num_tokens == s->computed, "a running request's KV length disagrees");
+    ++sequences;
+  }
+  for (const Seq* s : st.waiting) PAGEKV_CHECK_MSG(!s->seq.has_value(), "a waiting request holds a sequence");
+  PAGEKV_CHECK_MSG(st.cache->num_sequences() == sequences, "the cache holds sequences of no running request");
+}
+
+}  // namespace pagekv

@@ -1,0 +1,272 @@
+// The engine and its scheduler on the real stories260K model: preemption
+// and resumption, chunked prefill at every split, admission that changes
+// nothing when it says no, cancellation, and invariants after every step of
+// a seeded random workload, all against the same requests run alone.
+#include "pagekv/engine.h"
+
+#include <random>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+namespace pagekv {
+namespace {
+
+constexpr const char* kGguf = "../shared/models/stories260K/stories260K.gguf";
+
+EngineOptions Options(int64_t blocks, int64_t step_tokens = 256) {
+  EngineOptions o;
+  o.model_path = kGguf;
+  o.block_len = 8;
+  o.num_blocks = blocks;
+  o.max_step_tokens = step_tokens;
+  o.watermark_blocks = 0;
+  return o;
+}
+
+const std::vector<std::string> kPrompts = {
+    "Once upon a time", "Lily and Ben went to the park", "The little cat", "One day, a boy named Tom",
+    "Once upon a time, in a big forest, there lived a bear", "Sara had a red ball"};
+
+// Each prompt generated alone on an ample pool: the reference.
+std::vector<std::vector<int32_t>> Alone(int32_t max_tokens) {
+  std::vector<std::vector<int32_t>> out;
+  for (const std::string& p : kPrompts) {
+    auto e = std::move(*Engine::Create(Options(256)));
+    EngineRequest r;
+    r.prompt = e->Encode(p);
+    r.max_tokens = max_tokens;
+    r.ignore_eos = true;
+    const RequestId id = *e->Submit(r);
+    EXPECT_TRUE(e->RunUntilIdle().ok());
+    out.push_back(e->Wait(id).tokens);
+  }
+  return out;
+}
+
+TEST(EngineTest, PreemptionUnderBlockPressureResumesWithIdenticalOutput) {
+  const auto want = Alone(40);
+  // 6 requests of ~50 tokens need ~40 blocks together; the pool has 20.
+  auto e = std::move(*Engine::Create(Options(20)));
+  std::vector<RequestId> ids;
+  for (const std::string& p : kPrompts) {
+    EngineRequest r;
+    r.prompt = e->Encode(p);
+    r.max_tokens = 40;
+    r.ignore_eos = true;
+    ids.push_back(*e->Submit(r));
+  }
+  while (*e->Step()) e->CheckInvariants();
+  int64_t preemptions = 0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const RequestResult r = e->Wait(ids[i]);
+    EXPECT_EQ(r.finish, FinishReason::kLength);
+    EXPECT_EQ(r.tokens, want[i]) << "request " << i;
+    preemptions += r.preemptions;
+  }
+  EXPECT_GT(preemptions, 0) << "the pool was meant to be too small";
+  EXPECT_EQ(e->Metrics().preemptions, preemptions);
+  EXPECT_EQ(e->Metrics().blocks_used, 0);
+}
+
+TEST(EngineTest, ChunkedPrefillAtEverySplitGivesIdenticalOutput) {
+  const std::string prompt = "Once upon a time, in a big forest, there lived a bear who liked honey";
+  std::vector<int32_t> want;
+  for (int64_t chunk = 1; chunk <= 24; ++chunk) {
+    EngineOptions o = Options(64, chunk);
+    o.prefix_cache = false;
+    auto e = std::move(*Engine::Create(o));
+    EngineRequest r;
+    r.prompt = e->Encode(prompt);
+    r.max_tokens = 12;
+    r.ignore_eos = true;
+    const RequestId id = *e->Submit(r);
+    while (*e->Step()) e->CheckInvariants();
+    const RequestResult res = e->Wait(id);
+    if (want.empty()) want = res.tokens;
+    EXPECT_EQ(res.tokens, want) << "chunks of " << chunk << " tokens";
+  }
+}
+
+TEST(EngineTest, AdmissionThatSaysNoChangesNothing) {
+  auto e = std::move(*Engine::Create(Options(16)));  // 128 token slots
+  auto prompt_of = [&](const std::string& phrase) {
+    std::string text;
+    while (e->Encode(text).size() < 100) text += phrase;
+    return e->Encode(text);
+  };
+  EngineRequest a_req, b_req;
+  a_req.prompt = prompt_of("Once upon a time ");
+  b_req.prompt = prompt_of("The little cat ran ");
+  a_req.max_tokens = b_req.max_tokens = 8;
+  a_req.ignore_eos = b_req.ignore_eos = true;
+  const RequestId a = *e->Submit(a_req);
+  ASSERT_TRUE(*e->Step());
+  e->CheckInvariants();
+  const EngineMetrics before = e->Metrics();
+  // b needs 13 blocks next to a's 13: the scheduler says no, and b waits.
+  const RequestId b = *e->Submit(b_req);
+  ASSERT_TRUE(*e->Step());
+  const EngineMetrics after = e->Metrics();
+  EXPECT_EQ(after.running, 1);
+  EXPECT_EQ(after.waiting, 1);
+  EXPECT_EQ(after.preemptions, before.preemptions);
+  EXPECT_EQ(after.blocks_used, before.blocks_used) << "a's next token fits its last block; b took nothing";
+  EXPECT_EQ(after.prefix.lookups, before.prefix.lookups) << "asking is not admitting";
+  e->CheckInvariants();
+  ASSERT_TRUE(e->RunUntilIdle().ok());
+  EXPECT_EQ(e->Wait(a).tokens.size(), 8u);
+  EXPECT_EQ(e->Wait(b).tokens.size(), 8u);
+  // A request that could never fit is refused at submission.
+  EngineRequest huge = a_req;
+  huge.max_tokens = 40;
+  EXPECT_EQ(e->Submit(huge).status().code(), StatusCode::kResourceExhausted);
+}
+
+TEST(EngineTest, CancellationFreesBlocksAtTheNextStep) {
+  auto e = std::move(*Engine::Create(Options(64)));
+  EngineRequest r;
+  r.prompt = e->Encode("Once upon a time");
+  r.max_tokens = 100;
+  r.ignore_eos = true;
+  std::vector<TokenUpdate> updates;
+  r.on_update = [&](const TokenUpdate& u) { updates.push_back(u); };
+  const RequestId id = *e->Submit(r);
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(*e->Step());
+  EXPECT_GT(e->Metrics().blocks_used, 0);
+  EXPECT_TRUE(e->Cancel(id));
+  EXPECT_FALSE(*e->Step());
+  EXPECT_EQ(e->Metrics().blocks_used, 0);
+  const RequestResult res = e->Wait(id);
+  EXPECT_EQ(res.finish, FinishReason::kCancelled);
+  ASSERT_FALSE(updates.empty());
+  EXPECT_EQ(updates.back().finish, FinishReason::kCancelled);
+  EXPECT_FALSE(e->Cancel(id));
+  e->CheckInvariants();
+}
+
+TEST(EngineTest, StopStringsAndStreamingAgreeWithTheResult) {
+  auto e = std::move(*Engine::Create(Options(64)));
+  EngineRequest r;
+  r.prompt = e->Encode("Once upon a time");
+  r.max_tokens = 60;
+  r.stop = {"Lily"};
+  std::string streamed;
+  FinishReason last = FinishReason::kNone;
+  r.on_update = [&](const TokenUpdate& u) {
+    streamed += u.text;
+    last = u.finish;
+  };
+  const RequestId id = *e->Submit(r);
+  ASSERT_TRUE(e->RunUntilIdle().ok());
+  const RequestResult res = e->Wait(id);
+  EXPECT_EQ(res.finish, FinishReason::kStop);  // the golden continuation names Lily early
+  EXPECT_EQ(res.text.find("Lily"), std::string::npos);
+  EXPECT_EQ(streamed, res.text);
+  EXPECT_EQ(last, FinishReason::kStop);
+}
+
+TEST(EngineTest, ASeededRandomWorkloadKeepsEveryInvariant) {
+  std::mt19937 rng(5);
+  auto e = std::move(*Engine::Create(Options(24, 32)));
+  std::vector<RequestId> ids;
+  for (int step = 0; step < 400; ++step) {
+    const int action = static_cast<int>(rng() % 10);
+    if (action < 3 && ids.size() < 40) {
+      EngineRequest r;
+      r.prompt = e->Encode(kPrompts[rng() % kPrompts.size()]);
+      r.max_tokens = 1 + static_cast<int32_t>(rng() % 30);
+      r.priority = static_cast<int32_t>(rng() % 3);
+      r.sampling.temperature = rng() % 2 == 0 ? 0.0f : 0.8f;
+      r.sampling.seed = rng();
+      ids.push_back(*e->Submit(r));
+    } else if (action == 3 && !ids.empty()) {
+      e->Cancel(ids[rng() % ids.size()]);
+    }
+    ASSERT_TRUE(e->Step().ok());
+    e->CheckInvariants();
+  }
+  ASSERT_TRUE(e->RunUntilIdle().ok());
+  e->CheckInvariants();
+  for (RequestId id : ids) {
+    const RequestResult r = e->Wait(id);
+    EXPECT_NE(r.finish, FinishReason::kNone);
+    EXPECT_NE(r.finish, FinishReason::kError) << r.error.ToString();
+  }
+  EXPECT_EQ(e->Metrics().blocks_used, 0);
+}
+
+TEST(EngineTest, ManyThreadsSubmitWhileTheLoopRuns) {
+  auto e = std::move(*Engine::Create(Options(64)));
+  e->Start();
+  std::vector<std::thread> threads;
+  std::vector<std::vector<int32_t>> got(8);
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      EngineRequest r;
+      r.prompt = e->Encode(kPrompts[static_cast<size_t>(t) % kPrompts.size()]);
+      r.max_tokens = 16;
+      r.ignore_eos = true;
+      got[static_cast<size_t>(t)] = e->Wait(*e->Submit(r)).tokens;
+    });
+  }
+  for (auto& t : threads) t.join();
+  e->Stop();
+  const auto want = Alone(16);
+  for (int t = 0; t < 8; ++t) EXPECT_EQ(got[static_cast<size_t>(t)], want[static_cast<size_t>(t) % kPrompts.size()]);
+}
+
+TEST(EngineTest, BadRequestsAreNamed) {
+  auto e = std::move(*Engine::Create(Options(64)));
+  EngineRequest r;
+  EXPECT_EQ(e->Submit(r).status().code(), StatusCode::kInvalidArgument);
+  r.prompt = {1, 99999};
+  EXPECT_NE(e->Submit(r).status().message().find("outside the vocabulary"), std::string::npos);
+  r.prompt = {1};
+  r.max_tokens = 5000;
+  EXPECT_EQ(e->Submit(r).status().code(), StatusCode::kOutOfRange);
+  r.max_tokens = 4;
+  r.sampling.top_p = 3;
+  EXPECT_EQ(e->Submit(r).status().code(), StatusCode::kInvalidArgument);
+  EngineOptions o = Options(64);
+  o.max_queue = 1;
+  auto small = std::move(*Engine::Create(o));
+  EngineRequest ok;
+  ok.prompt = {1};
+  ASSERT_TRUE(small->Submit(ok).ok());
+  EXPECT_EQ(small->Submit(ok).status().code(), StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace pagekv
+
+namespace pagekv {
+namespace {
+
+TEST(EngineContiguousTest, TheContiguousAllocatorReservesUpFrontNeverPreemptsAndGivesTheSameTokens) {
+  const auto want = Alone(40);
+  EngineOptions o = Options(20);
+  o.allocator = Allocator::kContiguous;
+  auto e = std::move(*Engine::Create(o));
+  std::vector<RequestId> ids;
+  for (const std::string& p : kPrompts) {
+    EngineRequest r;
+    r.prompt = e->Encode(p);
+    r.max_tokens = 40;
+    r.ignore_eos = true;
+    ids.push_back(*e->Submit(r));
+  }
+  int64_t peak_running = 0;
+  while (*e->Step()) {
+    e->CheckInvariants();
+    const EngineMetrics m = e->Metrics();
+    peak_running = std::max(peak_running, m.running);
+    EXPECT_GE(m.slots_reserved, m.tokens_stored);
+  }
+  for (size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(e->Wait(ids[i]).tokens, want[i]) << i;
+  EXPECT_EQ(e->Metrics().preemptions, 0);
+  EXPECT_LE(peak_running, 3) << "each request reserves ~6-7 of the 20 blocks";
+}
+
+}  // namespace
+}  // namespace pagekv

@@ -1,0 +1,41 @@
+// LoadModel (model_loader.h): a GGUF, or a llama2.c checkpoint and its tokenizer.
+#include "model/model_loader.h"
+
+#include <cstring>
+#include <fstream>
+
+#include "model/gguf_file.h"
+
+namespace pagekv {
+
+Result<LoadedModel> LoadModel(const std::string& model_path, const std::string& tokenizer_path) {
+  if (model_path.empty()) return InvalidArgumentError("no model: pass --model PATH (a .gguf or a llama2.c .bin)");
+  char magic[4] = {};
+  {
+    std::ifstream in(model_path, std::ios::binary);
+    if (!in) return NotFoundError("cannot open model file '" + model_path + "'");
+    in.read(magic, 4);
+  }
+  LoadedModel out;
+  if (std::memcmp(magic, "GGUF", 4) == 0) {
+    PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::Open(model_path));
+    PAGEKV_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::FromGguf(*file));
+    out.tokenizer = std::make_unique<Tokenizer>(std::move(tok));
+    PAGEKV_ASSIGN_OR_RETURN(out.model, LlamaModel::FromGguf(std::move(file)));
+  } else {
+    if (tokenizer_path.empty()) {
+      return InvalidArgumentError("'" + model_path + "' is not GGUF, so it is read as a llama2.c checkpoint, which "
+                                  "needs its tokenizer: pass --tokenizer PATH (e.g. tok512.bin)");
+    }
+    PAGEKV_ASSIGN_OR_RETURN(out.model, LlamaModel::FromLlama2c(model_path));
+    PAGEKV_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::FromLlama2c(tokenizer_path, out.model->config().vocab_size));
+    out.tokenizer = std::make_unique<Tokenizer>(std::move(tok));
+  }
+  if (out.tokenizer->vocab_size() != out.model->config().vocab_size) {
+    return DataLossError("the tokenizer has " + std::to_string(out.tokenizer->vocab_size()) +
+                         " pieces but the model's vocabulary is " + std::to_string(out.model->config().vocab_size));
+  }
+  return out;
+}
+
+}  // namespace pagekv

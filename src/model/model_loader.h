@@ -1,0 +1,25 @@
+// Loading a model and its tokenizer by path: a .gguf (tokenizer embedded), or
+// a llama2.c checkpoint with its tokenizer.bin. Shared by Generate and the
+// serving engine.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "model/llama_model.h"
+#include "model/tokenizer.h"
+#include "pagekv/status.h"
+
+namespace pagekv {
+
+struct LoadedModel {
+  std::unique_ptr<LlamaModel> model;
+  std::unique_ptr<Tokenizer> tokenizer;
+};
+
+// Errors: a missing file (NotFound), a llama2.c checkpoint without
+// tokenizer_path, anything the loaders reject (named), a tokenizer whose size
+// differs from the model's vocabulary.
+Result<LoadedModel> LoadModel(const std::string& model_path, const std::string& tokenizer_path = {});
+
+}  // namespace pagekv
