@@ -23,5 +23,7 @@ CLI::App* AddGenerateCommand(CLI::App& app, int& exit_code);
 CLI::App* AddSynthModelCommand(CLI::App& app, int& exit_code);
 // `pagekv replay`: a serving trace through the prefix cache; see replay_command.cc.
 CLI::App* AddReplayCommand(CLI::App& app, int& exit_code);
+// `pagekv serve`: the OpenAI-compatible HTTP server; see serve_command.cc.
+CLI::App* AddServeCommand(CLI::App& app, int& exit_code);
 
 }  // namespace pagekv::cli

@@ -22,6 +22,8 @@
 #include "pagekv/plan.h"
 #include "pagekv/prefix_cache.h"
 #include "pagekv/replay.h"
+#include "pagekv/server.h"
+#include "pagekv/engine.h"
 #include "pagekv/status.h"
 #include "pagekv/synth_model.h"
 #include "pagekv/units.h"

@@ -1,0 +1,101 @@
+// `pagekv serve`: the OpenAI-compatible HTTP server (include/pagekv/server.h).
+// SIGINT / SIGTERM: stop accepting, finish or cancel in-flight requests,
+// exit 0.
+#include <csignal>
+#include <cstdio>
+#include <string>
+
+#include "commands.h"
+#include "pagekv/pagekv.h"
+
+namespace pagekv::cli {
+namespace {
+
+std::atomic<bool> g_stop{false};
+void OnSignal(int) { g_stop = true; }
+
+struct ServeArgs {
+  std::string model, tokenizer, host = "127.0.0.1", api_key, kv_budget = "256MiB", kv_dtype = "f32", name;
+  int port = 8080;
+  int64_t max_body = 1 << 20, max_queue = 256, step_tokens = 256, blocks = 0;
+  int32_t block_len = 16, max_running = 64;
+  bool no_prefix_cache = false;
+  int threads = 0;
+};
+
+int RunServe(const ServeArgs& a) {
+  ServerOptions o;
+  o.engine.model_path = a.model;
+  o.engine.tokenizer_path = a.tokenizer;
+  o.engine.block_len = a.block_len;
+  o.engine.max_step_tokens = a.step_tokens;
+  o.engine.max_running = a.max_running;
+  o.engine.max_queue = a.max_queue;
+  o.engine.prefix_cache = !a.no_prefix_cache;
+  o.engine.threads = a.threads;
+  Result<DType> dt = ParseDType(a.kv_dtype);
+  if (!dt.ok()) {
+    std::fprintf(stderr, "error: --kv-dtype: %s\n", dt.status().message().c_str());
+    return kExitBadInput;
+  }
+  o.engine.kv_dtype = *dt;
+  if (a.blocks > 0) {
+    o.engine.num_blocks = a.blocks;
+  } else {
+    Result<int64_t> budget = ParseByteSize(a.kv_budget);
+    if (!budget.ok()) {
+      std::fprintf(stderr, "error: --kv-budget: %s\n", budget.status().message().c_str());
+      return kExitBadInput;
+    }
+    o.engine.kv_budget_bytes = *budget;
+  }
+  o.host = a.host;
+  o.port = a.port;
+  o.api_key = a.api_key;
+  o.max_body_bytes = a.max_body;
+  o.model_name = a.name;
+  o.on_listening = [&](int port) {
+    std::printf("pagekv serve: listening on http://%s:%d\n", a.host.c_str(), port);
+    std::fflush(stdout);
+  };
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGTERM, OnSignal);
+  std::signal(SIGPIPE, SIG_IGN);
+  const Status s = RunServer(o, g_stop);
+  if (!s.ok()) {
+    std::fprintf(stderr, "error: %s\n", s.message().c_str());
+    return s.code() == StatusCode::kIoError || s.code() == StatusCode::kInternal ? kExitFailed : kExitBadInput;
+  }
+  std::printf("pagekv serve: stopped\n");
+  return kExitOk;
+}
+
+}  // namespace
+
+CLI::App* AddServeCommand(CLI::App& app, int& exit_code) {
+  static ServeArgs args;
+  CLI::App* cmd = app.add_subcommand("serve", "An OpenAI-compatible HTTP server (completions, chat, streaming, metrics)");
+  cmd->add_option("--model", args.model, "Model: a .gguf file, or a llama2.c .bin (with --tokenizer)")->required();
+  cmd->add_option("--tokenizer", args.tokenizer, "llama2.c tokenizer.bin (for .bin checkpoints)");
+  cmd->add_option("--host", args.host, "Address to listen on (default 127.0.0.1: loopback only)");
+  cmd->add_option("--port", args.port, "Port (default 8080; 0 = any free port, printed)")->check(CLI::Range(0, 65535));
+  cmd->add_option("--api-key", args.api_key, "Require 'Authorization: Bearer KEY' on /v1/ endpoints");
+  cmd->add_option("--max-body-bytes", args.max_body, "Largest request body (default 1 MiB; larger: 413)")
+      ->check(CLI::Range(int64_t{64}, int64_t{1} << 30));
+  cmd->add_option("--max-queue", args.max_queue, "Requests waiting beyond which new ones get 429 (default 256)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+  cmd->add_option("--kv-budget", args.kv_budget, "KV pool size, e.g. 256MiB (default)");
+  cmd->add_option("--blocks", args.blocks, "KV pool size in blocks (instead of --kv-budget)");
+  cmd->add_option("--block-len", args.block_len, "Tokens per KV block (default 16)");
+  cmd->add_option("--kv-dtype", args.kv_dtype, "KV storage: f32 (default), f16, bf16");
+  cmd->add_option("--max-step-tokens", args.step_tokens, "Tokens per engine step (chunked prefill; default 256)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  cmd->add_option("--max-running", args.max_running, "Sequences per step (default 64)")->check(CLI::Range(1, 1 << 16));
+  cmd->add_option("--served-model-name", args.name, "Model id in the API (default: the file name)");
+  cmd->add_flag("--no-prefix-cache", args.no_prefix_cache, "Do not share prompt blocks between requests");
+  cmd->add_option("--threads", args.threads, "Threads for the kernels (default: all cores)")->check(CLI::Range(0, 4096));
+  cmd->callback([&exit_code] { exit_code = RunServe(args); });
+  return cmd;
+}
+
+}  // namespace pagekv::cli

@@ -1,0 +1,50 @@
+// `pagekv serve`: an OpenAI-compatible HTTP server over the engine.
+//
+//   POST /v1/completions        prompt -> text (stream: server-sent events)
+//   POST /v1/chat/completions   messages -> assistant message (stream too)
+//   GET  /v1/models             the one loaded model
+//   GET  /health                {"status":"ok"}
+//   GET  /metrics               Prometheus text: KV blocks, prefix hit rate,
+//                               preemptions, queue, throughput, TTFT and
+//                               inter-token latency histograms
+//
+// Errors use OpenAI's shape {"error": {"message", "type", "param", "code"}}:
+// 400 malformed JSON or a bad field (named), 401 a wrong or missing API key
+// (when one is set), 404 an unknown model, 413 a body over max_body_bytes,
+// 429 a full queue (with Retry-After). A client that disconnects mid-stream
+// cancels its request; its blocks return to the pool.
+//
+// Chat messages become one prompt: each message's content on its own line,
+// in order (stories-style models have no chat template). The cache salt is
+// not taken from requests: with an API key set, every request shares one
+// salt derived from it (the trust boundary of include/pagekv/prefix_cache.h).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "pagekv/engine.h"
+#include "pagekv/status.h"
+
+namespace pagekv {
+
+struct ServerOptions {
+  EngineOptions engine;
+  std::string host = "127.0.0.1";  // loopback unless asked otherwise
+  int port = 8080;                 // 0 = any free port
+  std::string api_key;             // empty = no authentication
+  int64_t max_body_bytes = 1 << 20;
+  std::string model_name;          // default: the model file's name
+  // Called once the socket is bound, with the port (before serving).
+  std::function<void(int port)> on_listening;
+};
+
+// Serves until `stop` becomes true (checked every 100 ms; a SIGINT/SIGTERM
+// handler may set it). Then stops accepting, ends in-flight requests
+// (streams get a final event), and returns Ok. Errors: the model, the pool,
+// a port that cannot be bound.
+Status RunServer(const ServerOptions& options, const std::atomic<bool>& stop);
+
+}  // namespace pagekv

@@ -1,0 +1,458 @@
+// RunServer (include/pagekv/server.h): cpp-httplib in front of the engine.
+#include "pagekv/server.h"
+
+#include <openssl/evp.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <ctime>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+namespace pagekv {
+namespace {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+// A Prometheus histogram with fixed buckets (seconds).
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
+  void Observe(double v) {
+    std::lock_guard lock(mu_);
+    size_t i = 0;
+    while (i < bounds_.size() && v > bounds_[i]) ++i;
+    ++counts_[i];
+    sum_ += v;
+    ++count_;
+  }
+  std::string Render(const std::string& name, const std::string& help) const {
+    std::lock_guard lock(mu_);
+    std::string out = "# HELP " + name + " " + help + "\n# TYPE " + name + " histogram\n";
+    int64_t cumulative = 0;
+    char buf[64];
+    for (size_t i = 0; i < bounds_.size(); ++i) {
+      cumulative += counts_[i];
+      std::snprintf(buf, sizeof(buf), "%g", bounds_[i]);
+      out += name + "_bucket{le=\"" + buf + "\"} " + std::to_string(cumulative) + "\n";
+    }
+    out += name + "_bucket{le=\"+Inf\"} " + std::to_string(count_) + "\n";
+    std::snprintf(buf, sizeof(buf), "%.9g", sum_);
+    out += name + "_sum " + buf + "\n" + name + "_count " + std::to_string(count_) + "\n";
+    return out;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<double> bounds_;
+  std::vector<int64_t> counts_;
+  double sum_ = 0;
+  int64_t count_ = 0;
+};
+
+struct Shared {
+  Engine* engine = nullptr;
+  std::string model;
+  std::string api_key;
+  std::optional<std::string> salt;
+  Histogram ttft{{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}};
+  Histogram itl{{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1}};
+  std::mutex mu;
+  std::set<RequestId> in_flight;
+  std::atomic<bool> draining{false};
+  int64_t requests_total = 0, errors_total = 0;
+  Clock::time_point last_scrape = Clock::now();
+  int64_t last_generated = 0;
+};
+
+void SendError(httplib::Response& res, int status, const std::string& message, const std::string& type,
+               const std::string& param = {}) {
+  json e = {{"error", {{"message", message}, {"type", type}, {"param", param.empty() ? json(nullptr) : json(param)},
+                       {"code", status}}}};
+  res.status = status;
+  res.set_content(e.dump(), "application/json");
+}
+
+// A request field error: names the field.
+struct FieldError {
+  std::string field, message;
+};
+
+// The engine request of a completion or chat body; throws FieldError.
+EngineRequest ParseRequest(const json& body, const Shared& sh, bool chat, bool& stream) {
+  auto field = [&](const char* name) -> const json* { return body.contains(name) && !body[name].is_null() ? &body[name] : nullptr; };
+  auto fail = [](const std::string& f, const std::string& m) { throw FieldError{f, m}; };
+  if (const json* m = field("model")) {
+    if (!m->is_string()) fail("model", "'model' must be a string");
+  }
+  EngineRequest r;
+  std::string text;
+  if (chat) {
+    const json* messages = field("messages");
+    if (messages == nullptr || !messages->is_array() || messages->empty()) fail("messages", "'messages' must be a non-empty array");
+    for (const json& msg : *messages) {
+      if (!msg.is_object() || !msg.contains("content") || !msg["content"].is_string()) {
+        fail("messages", "every message needs a string 'content'");
+      }
+      if (!text.empty()) text += "\n";
+      text += msg["content"].get<std::string>();
+    }
+    r.prompt = sh.engine->Encode(text);
+  } else {
+    const json* p = field("prompt");
+    if (p == nullptr) fail("prompt", "'prompt' is required");
+    if (p->is_string()) {
+      r.prompt = sh.engine->Encode(p->get<std::string>());
+    } else if (p->is_array() && p->size() == 1 && (*p)[0].is_string()) {
+      r.prompt = sh.engine->Encode((*p)[0].get<std::string>());
+    } else if (p->is_array() && !p->empty() && std::all_of(p->begin(), p->end(), [](const json& t) { return t.is_number_integer(); })) {
+      for (const json& t : *p) r.prompt.push_back(t.get<int32_t>());
+    } else {
+      fail("prompt", "'prompt' must be a string, a one-string array or an array of token ids");
+    }
+  }
+  const char* max_name = chat && field("max_completion_tokens") != nullptr ? "max_completion_tokens" : "max_tokens";
+  if (const json* v = field(max_name)) {
+    if (!v->is_number_integer() || v->get<int64_t>() < 1) fail(max_name, std::string("'") + max_name + "' must be a positive integer");
+    r.max_tokens = static_cast<int32_t>(std::min<int64_t>(v->get<int64_t>(), 1 << 30));
+  } else {
+    r.max_tokens = 16;
+  }
+  r.sampling.temperature = 1.0f;  // OpenAI's default
+  if (const json* v = field("temperature")) {
+    if (!v->is_number() || v->get<double>() < 0) fail("temperature", "'temperature' must be a number >= 0");
+    r.sampling.temperature = v->get<float>();
+  }
+  if (const json* v = field("top_p")) {
+    if (!v->is_number() || v->get<double>() <= 0 || v->get<double>() > 1) fail("top_p", "'top_p' must be in (0, 1]");
+    r.sampling.top_p = v->get<float>();
+  }
+  if (const json* v = field("top_k")) {
+    if (!v->is_number_integer() || v->get<int64_t>() < 0) fail("top_k", "'top_k' must be an integer >= 0");
+    r.sampling.top_k = v->get<int32_t>();
+  }
+  if (const json* v = field("seed")) {
+    if (!v->is_number_integer()) fail("seed", "'seed' must be an integer");
+    r.sampling.seed = static_cast<uint64_t>(v->get<int64_t>());
+  }
+  if (const json* v = field("stop")) {
+    if (v->is_string()) {
+      r.stop.push_back(v->get<std::string>());
+    } else if (v->is_array() && v->size() <= 4 && std::all_of(v->begin(), v->end(), [](const json& s) { return s.is_string() && !s.get<std::string>().empty(); })) {
+      for (const json& s : *v) r.stop.push_back(s.get<std::string>());
+    } else {
+      fail("stop", "'stop' must be a string or an array of at most 4 non-empty strings");
+    }
+  }
+  if (const json* v = field("ignore_eos")) {
+    if (!v->is_boolean()) fail("ignore_eos", "'ignore_eos' must be a boolean");
+    r.ignore_eos = v->get<bool>();
+  }
+  stream = false;
+  if (const json* v = field("stream")) {
+    if (!v->is_boolean()) fail("stream", "'stream' must be a boolean");
+    stream = v->get<bool>();
+  }
+  r.extra.cache_salt = sh.salt;
+  return r;
+}
+
+json Usage(const RequestResult& r) {
+  return {{"prompt_tokens", r.prompt_tokens},
+          {"completion_tokens", static_cast<int64_t>(r.tokens.size())},
+          {"total_tokens", r.prompt_tokens + static_cast<int64_t>(r.tokens.size())},
+          {"prompt_tokens_details", {{"cached_tokens", r.cached_prompt_tokens}}}};
+}
+
+std::string FinishName(FinishReason f) { return f == FinishReason::kNone ? "" : FinishReasonName(f); }
+
+json Choice(bool chat, bool delta, const std::string& text, FinishReason finish, bool first) {
+  json c = {{"index", 0}};
+  if (chat) {
+    json m = {{"content", text}};
+    if (!delta || first) m["role"] = "assistant";
+    c[delta ? "delta" : "message"] = m;
+  } else {
+    c["text"] = text;
+    c["logprobs"] = nullptr;
+  }
+  c["finish_reason"] = finish == FinishReason::kNone ? json(nullptr) : json(FinishName(finish));
+  return c;
+}
+
+std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+// Streams of one request: the engine's updates, handed to the HTTP thread.
+struct Stream {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<TokenUpdate> updates;
+};
+
+void Observe(Shared& sh, const RequestResult& r) {
+  if (!r.tokens.empty()) sh.ttft.Observe(r.time_to_first_token);
+  for (double d : r.inter_token) sh.itl.Observe(d);
+}
+
+void HandleGenerate(Shared& sh, const httplib::Request& req, httplib::Response& res, bool chat) {
+  {
+    std::lock_guard lock(sh.mu);
+    ++sh.requests_total;
+  }
+  json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded() || !body.is_object()) {
+    std::string why = "the body is not a JSON object";
+    try {
+      const json reparsed = json::parse(req.body);
+      why = "the body is " + std::string(reparsed.type_name()) + ", not a JSON object";
+    } catch (const json::parse_error& e) {
+      why = std::string("malformed JSON: ") + e.what();
+    }
+    return SendError(res, 400, why, "invalid_request_error");
+  }
+  if (body.contains("model") && body["model"].is_string() && body["model"].get<std::string>() != sh.model) {
+    return SendError(res, 404, "model '" + body["model"].get<std::string>() + "' does not exist; this server has '" + sh.model + "'",
+                     "invalid_request_error", "model");
+  }
+  bool stream = false;
+  EngineRequest er;
+  try {
+    er = ParseRequest(body, sh, chat, stream);
+  } catch (const FieldError& e) {
+    return SendError(res, 400, e.message, "invalid_request_error", e.field);
+  }
+  auto updates = std::make_shared<Stream>();
+  if (stream) {
+    er.on_update = [updates](const TokenUpdate& u) {
+      std::lock_guard lock(updates->mu);
+      updates->updates.push_back(u);
+      updates->cv.notify_all();
+    };
+  }
+  Result<RequestId> id = sh.engine->Submit(std::move(er));
+  if (!id.ok()) {
+    const StatusCode c = id.status().code();
+    if (c == StatusCode::kUnavailable) {
+      res.set_header("Retry-After", "1");
+      return SendError(res, 429, id.status().message(), "rate_limit_error");
+    }
+    return SendError(res, 400, id.status().message(), "invalid_request_error",
+                     c == StatusCode::kOutOfRange ? "max_tokens" : "");
+  }
+  const RequestId rid = *id;
+  {
+    std::lock_guard lock(sh.mu);
+    sh.in_flight.insert(rid);
+  }
+  const std::string cid = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(rid);
+  const int64_t created = static_cast<int64_t>(std::time(nullptr));
+  const char* object = chat ? "chat.completion" : "text_completion";
+  auto done = [&sh, rid] {
+    std::lock_guard lock(sh.mu);
+    sh.in_flight.erase(rid);
+  };
+  if (!stream) {
+    const RequestResult r = sh.engine->Wait(rid);
+    done();
+    Observe(sh, r);
+    if (r.finish == FinishReason::kError) return SendError(res, 500, r.error.message(), "server_error");
+    json out = {{"id", cid}, {"object", object}, {"created", created}, {"model", sh.model},
+                {"choices", json::array({Choice(chat, false, r.text, r.finish, true)})}, {"usage", Usage(r)}};
+    res.set_content(Dump(out), "application/json");
+    return;
+  }
+  const std::string chunk_object = chat ? "chat.completion.chunk" : "text_completion";
+  auto first = std::make_shared<bool>(true);
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [&sh, updates, rid, cid, created, chat, chunk_object, first, done](size_t, httplib::DataSink& sink) {
+        std::deque<TokenUpdate> batch;
+        {
+          std::unique_lock lock(updates->mu);
+          updates->cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return !updates->updates.empty(); });
+          batch.swap(updates->updates);
+        }
+        if (!sink.is_writable()) {
+          sh.engine->Cancel(rid);  // the client went away
+          return false;
+        }
+        for (const TokenUpdate& u : batch) {
+          json chunk = {{"id", cid}, {"object", chunk_object}, {"created", created}, {"model", sh.model},
+                        {"choices", json::array({Choice(chat, true, u.text, u.finish, *first)})}};
+          *first = false;
+          if (u.finish != FinishReason::kNone) {
+            const RequestResult r = sh.engine->Wait(rid);
+            done();
+            Observe(sh, r);
+            chunk["usage"] = Usage(r);
+          }
+          const std::string data = "data: " + Dump(chunk) + "\n\n";
+          if (!sink.write(data.data(), data.size())) {
+            sh.engine->Cancel(rid);
+            return false;
+          }
+          if (u.finish != FinishReason::kNone) {
+            static constexpr char kDone[] = "data: [DONE]\n\n";
+            sink.write(kDone, sizeof(kDone) - 1);
+            sink.done();
+            return true;
+          }
+        }
+        return true;
+      },
+      [&sh, rid, done](bool success) {
+        // A stream that ended early (client gone, server stopping): cancel
+        // the request and collect its result so nothing stays behind.
+        if (!success && sh.engine->Cancel(rid)) (void)sh.engine->Wait(rid);
+        done();
+      });
+}
+
+std::string Metrics(Shared& sh) {
+  const EngineMetrics m = sh.engine->Metrics();
+  double tokens_per_second = 0;
+  int64_t requests = 0, errors = 0;
+  {
+    std::lock_guard lock(sh.mu);
+    const auto now = Clock::now();
+    const double dt = std::chrono::duration<double>(now - sh.last_scrape).count();
+    if (dt > 0) tokens_per_second = static_cast<double>(m.generated_tokens - sh.last_generated) / dt;
+    sh.last_scrape = now;
+    sh.last_generated = m.generated_tokens;
+    requests = sh.requests_total;
+    errors = sh.errors_total;
+  }
+  std::string out;
+  auto gauge = [&](const std::string& name, const std::string& help, const std::string& type,
+                   const std::vector<std::pair<std::string, double>>& samples) {
+    out += "# HELP " + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+    char buf[64];
+    for (const auto& [labels, v] : samples) {
+      std::snprintf(buf, sizeof(buf), "%.9g", v);
+      out += name + labels + " " + buf + "\n";
+    }
+  };
+  gauge("pagekv_kv_blocks", "KV blocks of the pool by state (cached: free but holding prefix-cache KV)", "gauge",
+        {{"{state=\"used\"}", static_cast<double>(m.blocks_used)},
+         {"{state=\"free\"}", static_cast<double>(m.blocks_free - m.blocks_cached)},
+         {"{state=\"cached\"}", static_cast<double>(m.blocks_cached)}});
+  gauge("pagekv_prefix_cache_hit_rate", "Prompt tokens found in the prefix cache / prompt tokens looked up", "gauge",
+        {{"", m.prefix.token_hit_rate}});
+  gauge("pagekv_preemptions_total", "Sequences preempted for lack of KV blocks", "counter",
+        {{"", static_cast<double>(m.preemptions)}});
+  gauge("pagekv_queue_length", "Requests waiting for admission", "gauge", {{"", static_cast<double>(m.waiting)}});
+  gauge("pagekv_running_sequences", "Sequences in the running batch", "gauge", {{"", static_cast<double>(m.running)}});
+  gauge("pagekv_generated_tokens_total", "Tokens generated", "counter", {{"", static_cast<double>(m.generated_tokens)}});
+  gauge("pagekv_tokens_per_second", "Generated tokens per second since the previous scrape", "gauge",
+        {{"", tokens_per_second}});
+  gauge("pagekv_requests_total", "Generation requests received", "counter", {{"", static_cast<double>(requests)}});
+  gauge("pagekv_request_errors_total", "Requests answered with an error status", "counter", {{"", static_cast<double>(errors)}});
+  out += sh.ttft.Render("pagekv_time_to_first_token_seconds", "Seconds from submission to the first token");
+  out += sh.itl.Render("pagekv_inter_token_latency_seconds", "Seconds between consecutive tokens of a request");
+  return out;
+}
+
+}  // namespace
+
+Status RunServer(const ServerOptions& o, const std::atomic<bool>& stop) {
+  PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(o.engine));
+  Shared sh;
+  sh.engine = engine.get();
+  sh.api_key = o.api_key;
+  sh.model = o.model_name;
+  if (sh.model.empty()) {
+    const size_t slash = o.engine.model_path.find_last_of('/');
+    sh.model = slash == std::string::npos ? o.engine.model_path : o.engine.model_path.substr(slash + 1);
+  }
+  if (!o.api_key.empty()) {
+    unsigned char digest[32];
+    unsigned int len = 0;
+    EVP_Digest(o.api_key.data(), o.api_key.size(), digest, &len, EVP_sha256(), nullptr);
+    sh.salt = std::string(reinterpret_cast<const char*>(digest), 16);
+  }
+  engine->Start();
+
+  httplib::Server svr;
+  svr.new_task_queue = [] { return new httplib::ThreadPool(64); };
+  svr.set_payload_max_length(static_cast<size_t>(o.max_body_bytes));
+  svr.set_pre_routing_handler([&sh](const httplib::Request& req, httplib::Response& res) {
+    if (sh.draining.load() && req.path.rfind("/v1/", 0) == 0) {
+      res.set_header("Retry-After", "5");
+      SendError(res, 503, "the server is shutting down", "server_error");
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    if (sh.api_key.empty() || req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
+    if (req.get_header_value("Authorization") != "Bearer " + sh.api_key) {
+      SendError(res, 401, "missing or wrong API key: send 'Authorization: Bearer <key>'", "authentication_error");
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+  svr.set_error_handler([&sh, &o](const httplib::Request&, httplib::Response& res) {
+    {
+      std::lock_guard lock(sh.mu);
+      ++sh.errors_total;
+    }
+    if (!res.body.empty()) return;
+    if (res.status == 413) {
+      SendError(res, 413, "the body is larger than --max-body-bytes (" + std::to_string(o.max_body_bytes) + ")",
+                "invalid_request_error");
+    } else if (res.status == 404) {
+      SendError(res, 404, "no such endpoint", "invalid_request_error");
+    }
+  });
+  svr.Post("/v1/completions", [&sh](const httplib::Request& req, httplib::Response& res) { HandleGenerate(sh, req, res, false); });
+  svr.Post("/v1/chat/completions", [&sh](const httplib::Request& req, httplib::Response& res) { HandleGenerate(sh, req, res, true); });
+  svr.Get("/v1/models", [&sh](const httplib::Request&, httplib::Response& res) {
+    json out = {{"object", "list"}, {"data", json::array({{{"id", sh.model}, {"object", "model"}, {"created", 0}, {"owned_by", "pagekv"}}})}};
+    res.set_content(out.dump(), "application/json");
+  });
+  svr.Get("/health", [](const httplib::Request&, httplib::Response& res) { res.set_content("{\"status\":\"ok\"}", "application/json"); });
+  svr.Get("/metrics", [&sh](const httplib::Request&, httplib::Response& res) {
+    res.set_content(Metrics(sh), "text/plain; version=0.0.4");
+  });
+
+  const int port = o.port == 0 ? svr.bind_to_any_port(o.host) : (svr.bind_to_port(o.host, o.port) ? o.port : -1);
+  if (port < 0) return IoError("cannot listen on " + o.host + ":" + std::to_string(o.port) + " (in use, or not an address here)");
+  if (o.on_listening) o.on_listening(port);
+  std::thread listener([&svr] { svr.listen_after_bind(); });
+  while (!stop.load()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  // Shutdown: refuse new generation requests (503); give in-flight ones 5 s
+  // to finish, then cancel them (their streams end with a final event);
+  // then close the socket.
+  sh.draining = true;
+  for (int i = 0; i < 50; ++i) {
+    {
+      std::lock_guard lock(sh.mu);
+      if (sh.in_flight.empty()) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  {
+    std::lock_guard lock(sh.mu);
+    for (RequestId id : sh.in_flight) engine->Cancel(id);
+  }
+  for (int i = 0; i < 20; ++i) {  // the cancelled streams write their last event
+    {
+      std::lock_guard lock(sh.mu);
+      if (sh.in_flight.empty()) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  svr.stop();
+  listener.join();
+  engine->Stop();
+  return Status::Ok();
+}
+
+}  // namespace pagekv
