@@ -22,6 +22,7 @@ PACKAGES=(
   libzmq3-dev          # KV events published over ZeroMQ
   cppzmq-dev           # its C++ binding (zmq.hpp)
   libmsgpack-cxx-dev   # KV event payloads in msgpack (header-only)
+  libcpp-httplib-dev   # the HTTP server of `pagekv serve` (and its tests' client)
   clang                # libFuzzer builds of the file parsers (make test runs them)
   libclang-rt-14-dev   # libFuzzer and sanitizer runtimes for clang
   libopenblas-dev      # only the matmul benchmark links it, to re-measure our kernel against sgemm
