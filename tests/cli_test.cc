@@ -271,3 +271,35 @@ TEST(CliBenchTest, QuickGenerateBenchPrintsThroughputAndRoofline) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(CliBenchTest, ServeBenchRunsBothAllocatorsAndWritesAPlot) {
+  const std::string plot = TempPath("serve.svg");
+  RunResult r = RunCli("bench serve --trace ../shared/traces/azure/AzureLLMInferenceTrace_conv.csv --format azure "
+                       "--max-requests 12 --time-scale 0 --kv-budget 8MiB --json --plot " + plot);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto brace = r.out.find('{');
+  ASSERT_NE(brace, std::string::npos) << r.out;
+  nlohmann::json j = nlohmann::json::parse(r.out.substr(brace));
+  ASSERT_EQ(j["results"].size(), 2u);
+  for (const auto& row : j["results"]) {
+    for (const char* key : {"requests", "requests_per_s", "output_tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms",
+                            "itl_p99_ms", "mean_running", "peak_running", "kv_utilization", "preemptions", "prefix_hit_rate"}) {
+      EXPECT_TRUE(row.contains(key)) << key;
+    }
+    EXPECT_EQ(row["requests"], 12);
+  }
+  EXPECT_EQ(j["results"][0]["allocator"], "paged");
+  EXPECT_GT(j["results"][0]["kv_utilization"].get<double>(), 0.9);
+  EXPECT_GE(j["results"][0]["peak_running"].get<int>(), j["results"][1]["peak_running"].get<int>());
+  std::ifstream svg(plot);
+  std::string text((std::istreambuf_iterator<char>(svg)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("<svg"), std::string::npos);
+  EXPECT_NE(text.find("polyline"), std::string::npos);
+  std::remove(plot.c_str());
+  EXPECT_EQ(RunCli("bench serve --trace /nonexistent.csv").exit_code, 2);
+  EXPECT_EQ(RunCli("bench serve --trace ../shared/traces/azure/AzureLLMInferenceTrace_conv.csv --allocator buddy").exit_code, 2);
+}
+
+}  // namespace

@@ -216,6 +216,116 @@ int RunGenerateBenchCommand(const GenerateBenchArgs& a) {
   return kExitOk;
 }
 
+struct ServeBenchArgs {
+  std::string trace, format = "auto", model, kv_budget = "64MiB", allocator = "both", plot, kv_dtype = "f16";
+  int64_t max_requests = 0, step_tokens = 2048;
+  double time_scale = 0.01;
+  int32_t max_tokens = 0, block_len = 16, max_running = 256;
+  int threads = 0;
+  bool json = false;
+};
+
+int RunServeBenchCommand(const ServeBenchArgs& a) {
+  ServeBenchOptions o;
+  o.trace_path = a.trace;
+  if (a.format == "mooncake") {
+    o.format = TraceFormat::kMooncake;
+  } else if (a.format == "azure") {
+    o.format = TraceFormat::kAzure;
+  } else if (a.format != "auto") {
+    std::fprintf(stderr, "error: --format '%s': use azure, mooncake or auto\n", a.format.c_str());
+    return kExitBadInput;
+  }
+  if (a.allocator == "paged") {
+    o.allocators = {Allocator::kPaged};
+  } else if (a.allocator == "contiguous") {
+    o.allocators = {Allocator::kContiguous};
+  } else if (a.allocator != "both") {
+    std::fprintf(stderr, "error: --allocator '%s': use paged, contiguous or both\n", a.allocator.c_str());
+    return kExitBadInput;
+  }
+  Result<int64_t> budget = ParseByteSize(a.kv_budget);
+  if (!budget.ok()) {
+    std::fprintf(stderr, "error: --kv-budget: %s\n", budget.status().message().c_str());
+    return kExitBadInput;
+  }
+  Result<DType> dt = ParseDType(a.kv_dtype);
+  if (!dt.ok()) {
+    std::fprintf(stderr, "error: --kv-dtype: %s\n", dt.status().message().c_str());
+    return kExitBadInput;
+  }
+  o.kv_budget_bytes = *budget;
+  o.kv_dtype = *dt;
+  o.model_path = a.model == "synthetic" ? "" : a.model;
+  o.max_requests = a.max_requests;
+  o.time_scale = a.time_scale;
+  o.max_tokens = a.max_tokens;
+  o.block_len = a.block_len;
+  o.max_step_tokens = a.step_tokens;
+  o.max_running = a.max_running;
+  o.threads = a.threads;
+  o.on_progress = [](const std::string& allocator, int64_t done, int64_t total) {
+    if (done % 20 != 0 && done != total) return;
+    const int width = 40;
+    const int filled = static_cast<int>(width * done / std::max<int64_t>(total, 1));
+    std::fprintf(stderr, "\r%-10s [%s%s] %ld/%ld", allocator.c_str(), std::string(static_cast<size_t>(filled), '#').c_str(),
+                 std::string(static_cast<size_t>(width - filled), '.').c_str(), static_cast<long>(done), static_cast<long>(total));
+    if (done == total) std::fprintf(stderr, "\n");
+  };
+  Result<ServeBenchReport> r = RunServeBench(o);
+  if (!r.ok()) {
+    std::fprintf(stderr, "error: %s\n", r.status().message().c_str());
+    const StatusCode c = r.status().code();
+    return c == StatusCode::kInternal || c == StatusCode::kIoError ? kExitFailed : kExitBadInput;
+  }
+  if (!a.plot.empty()) {
+    std::FILE* f = std::fopen(a.plot.c_str(), "w");
+    const std::string svg = ServePlotSvg(*r);
+    if (f == nullptr || std::fwrite(svg.data(), 1, svg.size(), f) != svg.size()) {
+      std::fprintf(stderr, "error: cannot write --plot '%s'\n", a.plot.c_str());
+      if (f != nullptr) std::fclose(f);
+      return kExitFailed;
+    }
+    std::fclose(f);
+  }
+  auto row = [](const ServeBenchResult& x) {
+    return nlohmann::ordered_json{{"allocator", x.allocator}, {"requests", x.requests}, {"skipped", x.skipped},
+                                  {"seconds", x.seconds}, {"requests_per_s", x.requests_per_s},
+                                  {"output_tokens_per_s", x.output_tokens_per_s}, {"ttft_p50_ms", x.ttft_p50_ms},
+                                  {"ttft_p99_ms", x.ttft_p99_ms}, {"itl_p50_ms", x.itl_p50_ms}, {"itl_p99_ms", x.itl_p99_ms},
+                                  {"mean_running", x.mean_running}, {"peak_running", x.peak_running},
+                                  {"kv_utilization", x.kv_utilization}, {"preemptions", x.preemptions},
+                                  {"prefix_hit_rate", x.prefix_hit_rate}};
+  };
+  if (a.json) {
+    nlohmann::ordered_json j;
+    if (r->results.size() == 1) j = row(r->results[0]);
+    j["model"] = r->model;
+    j["kv_budget_bytes"] = r->kv_budget_bytes;
+    j["blocks"] = r->blocks;
+    if (r->results.size() > 1) {
+      j["results"] = nlohmann::ordered_json::array();
+      for (const auto& x : r->results) j["results"].push_back(row(x));
+      const ServeBenchResult &p = r->results[0], &c = r->results[1];
+      j["paged_vs_contiguous"] = {{"mean_running", c.mean_running > 0 ? p.mean_running / c.mean_running : 0},
+                                  {"output_tokens_per_s", c.output_tokens_per_s > 0 ? p.output_tokens_per_s / c.output_tokens_per_s : 0}};
+    }
+    std::printf("%s\n", j.dump(2).c_str());
+    return kExitOk;
+  }
+  std::printf("%s, KV budget %s (%ld blocks of %d tokens)\n", r->model.c_str(), FormatBytes(r->kv_budget_bytes).c_str(),
+              static_cast<long>(r->blocks), a.block_len);
+  std::printf("%-10s %8s %8s %10s %9s %9s %9s %9s %9s %6s %7s %6s %8s\n", "allocator", "requests", "req/s", "out tok/s",
+              "ttft p50", "ttft p99", "itl p50", "itl p99", "mean run", "peak", "kv util", "preem", "prefix");
+  for (const auto& x : r->results) {
+    std::printf("%-10s %8ld %8.2f %10.1f %8.1fms %8.1fms %8.2fms %8.2fms %9.1f %6ld %7.3f %6ld %7.1f%%\n", x.allocator.c_str(),
+                static_cast<long>(x.requests), x.requests_per_s, x.output_tokens_per_s, x.ttft_p50_ms, x.ttft_p99_ms,
+                x.itl_p50_ms, x.itl_p99_ms, x.mean_running, static_cast<long>(x.peak_running), x.kv_utilization,
+                static_cast<long>(x.preemptions), 100 * x.prefix_hit_rate);
+  }
+  return kExitOk;
+}
+
 }  // namespace
 
 CLI::App* AddBenchCommand(CLI::App& app, int& exit_code) {
@@ -234,6 +344,26 @@ CLI::App* AddBenchCommand(CLI::App& app, int& exit_code) {
   attn->add_option("--heads", args.heads, "Head configs Q/KV instead of the set's, e.g. 32/8")->delimiter(',');
   attn->add_option("--dtype", args.dtypes, "KV dtypes instead of the set's (f32, f16, bf16)")->delimiter(',');
   attn->callback([&exit_code] { exit_code = RunBench(args); });
+
+  static ServeBenchArgs serve;
+  CLI::App* sv = bench->add_subcommand("serve", "A serving trace against the engine: paged vs contiguous allocation");
+  sv->add_option("--trace", serve.trace, "Trace: Azure CSV or Mooncake JSON lines")->required();
+  sv->add_option("--format", serve.format, "azure, mooncake or auto (default: by extension)");
+  sv->add_option("--kv-budget", serve.kv_budget, "KV pool for each allocator (default 64MiB)");
+  sv->add_option("--allocator", serve.allocator, "paged, contiguous or both (default: both, in one run)");
+  sv->add_option("--model", serve.model, "A GGUF model, or 'synthetic' (default: tiny, 16K context)");
+  sv->add_option("--max-requests", serve.max_requests, "Use the first N requests (default: all)")->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+  sv->add_option("--time-scale", serve.time_scale, "Multiply arrival gaps by this (default 0.01)")->check(CLI::Range(0.0, 1e6));
+  sv->add_option("--max-tokens", serve.max_tokens, "max_tokens per request (default: the context left after the prompt)")
+      ->check(CLI::Range(0, 1 << 30));
+  sv->add_option("--block-len", serve.block_len, "Tokens per KV block (default 16)");
+  sv->add_option("--kv-dtype", serve.kv_dtype, "KV storage (default f16)");
+  sv->add_option("--max-step-tokens", serve.step_tokens, "Tokens per engine step (default 2048)")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  sv->add_option("--max-running", serve.max_running, "Sequences per step (default 256)")->check(CLI::Range(1, 1 << 16));
+  sv->add_option("--threads", serve.threads, "Threads (default: all cores)")->check(CLI::Range(0, 4096));
+  sv->add_option("--plot", serve.plot, "Write an SVG of running sequences and KV blocks over time");
+  sv->add_flag("--json", serve.json, "Print one JSON object");
+  sv->callback([&exit_code] { exit_code = RunServeBenchCommand(serve); });
 
   static GenerateBenchArgs gen;
   CLI::App* g = bench->add_subcommand("generate", "Model prefill and decode tokens/s, the decode step vs its roofline");

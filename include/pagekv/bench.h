@@ -15,6 +15,8 @@
 #include <vector>
 
 #include "pagekv/dtype.h"
+#include "pagekv/engine.h"
+#include "pagekv/replay.h"
 #include "pagekv/status.h"
 
 namespace pagekv {
@@ -131,5 +133,66 @@ struct GenerateBenchOptions {
 // Errors: an unreadable model, invalid sizes, a prompt longer than the
 // model's context, a pool the OS refuses.
 Result<GenerateBenchReport> RunGenerateBench(const GenerateBenchOptions& options);
+
+// `pagekv bench serve`: a serving trace's arrivals and lengths against the
+// engine, for the paged and the contiguous allocator under the same KV
+// budget. Prompt token ids are synthesised (from Mooncake hash ids, so
+// shared prefixes are real); each request's output is forced to the trace's
+// output length; max_tokens (what the contiguous allocator reserves) is the
+// context left after the prompt unless set. Running sequences, KV blocks in
+// use, stored tokens and reserved slots are sampled over time.
+struct ServeBenchOptions {
+  std::string trace_path;
+  TraceFormat format = TraceFormat::kAuto;
+  std::string model_path;                 // empty: the synthetic tiny-16k model, written for the run
+  int64_t kv_budget_bytes = 64ll << 20;
+  std::vector<Allocator> allocators = {Allocator::kPaged, Allocator::kContiguous};
+  int64_t max_requests = 0;               // 0 = the whole trace
+  double time_scale = 0.01;               // arrival gaps are multiplied by this
+  int32_t max_tokens = 0;                 // per request; 0 = the context left after the prompt
+  int32_t block_len = 16;
+  DType kv_dtype = DType::kF16;
+  int64_t max_step_tokens = 2048;
+  int32_t max_running = 256;
+  int threads = 0;
+  std::function<void(const std::string& allocator, int64_t done, int64_t total)> on_progress;
+};
+
+struct ServeSample {
+  double t = 0;  // seconds from the start
+  int64_t running = 0, waiting = 0;
+  int64_t blocks_used = 0;     // held, or reserved (contiguous)
+  int64_t tokens_stored = 0, slots_reserved = 0;
+};
+
+struct ServeBenchResult {
+  std::string allocator;
+  int64_t requests = 0;        // completed
+  int64_t skipped = 0;         // longer than the model's context, or larger than the pool
+  double seconds = 0;
+  double requests_per_s = 0;
+  double output_tokens_per_s = 0;
+  double ttft_p50_ms = 0, ttft_p99_ms = 0, itl_p50_ms = 0, itl_p99_ms = 0;
+  double mean_running = 0;     // time-weighted over the run
+  int64_t peak_running = 0;
+  double kv_utilization = 0;   // tokens stored / slots reserved, over the run
+  int64_t preemptions = 0;
+  double prefix_hit_rate = 0;  // prompt tokens found cached / prompt tokens
+  int64_t blocks = 0;          // the pool
+  std::vector<ServeSample> samples;
+};
+
+struct ServeBenchReport {
+  std::string model;
+  int64_t blocks = 0;          // the pool both allocators share
+  int64_t kv_budget_bytes = 0;
+  std::vector<ServeBenchResult> results;
+};
+
+Result<ServeBenchReport> RunServeBench(const ServeBenchOptions& options);
+
+// An SVG of running sequences and KV blocks in use over time, one line per
+// allocator.
+std::string ServePlotSvg(const ServeBenchReport& report);
 
 }  // namespace pagekv

@@ -56,7 +56,10 @@ struct TokenUpdate {
 
 struct EngineRequest {
   std::vector<int32_t> prompt;         // token ids; Engine::Encode makes them from text
-  int32_t max_tokens = 16;             // >= 1
+  int32_t max_tokens = 16;             // >= 1; what the contiguous allocator reserves for
+  // Benchmarks: end after this many tokens (a trace's output length) as if
+  // the model had stopped; 0 = off. Reservations still see max_tokens.
+  int32_t stop_at_tokens = 0;
   SamplingOptions sampling;
   std::vector<std::string> stop;       // stop strings: generation ends before the first one
   bool ignore_eos = false;

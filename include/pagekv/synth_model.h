@@ -35,6 +35,8 @@ struct SynthModelSpec {
 //   tiny        2 layers, dim 64, FFN 160, 4 heads over 2 KV heads, vocab 512 (tests)
 //   llama-110m  12 layers, dim 768, 12 heads over 4 KV heads, FFN 2560,
 //               vocab 32000, context 2048, tied embeddings: ~114M parameters
+//   tiny-16k    the tiny shape with a 16384-token context (serving
+//               benchmarks, whose trace prompts reach 14K tokens)
 const std::vector<SynthModelSpec>& SynthModelPresets();
 Result<SynthModelSpec> FindSynthModelPreset(const std::string& name);
 

@@ -306,7 +306,9 @@ struct Engine::State {
         return FinishReason::kStop;
       }
     }
-    if (static_cast<int64_t>(s->result.tokens.size()) >= s->req.max_tokens) return FinishReason::kLength;
+    const auto n = static_cast<int64_t>(s->result.tokens.size());
+    if (n >= s->req.max_tokens) return FinishReason::kLength;
+    if (s->req.stop_at_tokens > 0 && n >= s->req.stop_at_tokens) return FinishReason::kEos;
     return FinishReason::kNone;
   }
 };

@@ -77,6 +77,7 @@ const std::vector<SynthModelSpec>& SynthModelPresets() {
   static const std::vector<SynthModelSpec> presets = {
       {"tiny", 64, 160, 2, 4, 2, 512, 512, true},
       {"llama-110m", 768, 2560, 12, 12, 4, 32000, 2048, true},
+      {"tiny-16k", 64, 160, 2, 4, 2, 512, 16384, true},
   };
   return presets;
 }

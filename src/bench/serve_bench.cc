@@ -1,0 +1,209 @@
+// RunServeBench (include/pagekv/bench.h): a trace replayed against the
+// engine with each allocator, sampled over time.
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <thread>
+
+#include "bench/trace.h"
+#include "pagekv/bench.h"
+#include "pagekv/synth_model.h"
+
+namespace pagekv {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t i = std::min(v.size() - 1, static_cast<size_t>(std::ceil(p * static_cast<double>(v.size()))) - (p > 0 ? 1 : 0));
+  return v[i];
+}
+
+Result<ServeBenchResult> RunOne(const ServeBenchOptions& o, const std::string& model, Allocator allocator,
+                                const std::vector<bench::TraceRequest>& trace) {
+  EngineOptions eo;
+  eo.model_path = model;
+  eo.block_len = o.block_len;
+  eo.kv_dtype = o.kv_dtype;
+  eo.kv_budget_bytes = o.kv_budget_bytes;
+  eo.max_step_tokens = o.max_step_tokens;
+  eo.max_running = o.max_running;
+  eo.max_queue = static_cast<int64_t>(trace.size()) + 1;
+  eo.allocator = allocator;
+  eo.watermark_blocks = 0;
+  eo.threads = o.threads;
+  PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(eo));
+  ServeBenchResult r;
+  r.allocator = allocator == Allocator::kPaged ? "paged" : "contiguous";
+
+  // Sampler thread: the engine's state every 20 ms.
+  std::atomic<bool> sampling{true};
+  const auto start = Clock::now();
+  std::thread sampler([&] {
+    while (sampling.load()) {
+      const EngineMetrics m = engine->Metrics();
+      // Blocks in use: held, plus (contiguous) reserved for tokens to come.
+      r.samples.push_back({std::chrono::duration<double>(Clock::now() - start).count(), m.running, m.waiting,
+                           (m.slots_reserved + o.block_len - 1) / o.block_len, m.tokens_stored, m.slots_reserved});
+      r.blocks = m.blocks_total;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  });
+  engine->Start();
+  std::vector<RequestId> ids;
+  std::vector<int32_t> tokens;
+  for (size_t i = 0; i < trace.size(); ++i) {
+    const bench::TraceRequest& t = trace[i];
+    const auto due = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(t.arrival_s * o.time_scale));
+    std::this_thread::sleep_until(due);
+    bench::TraceTokens(t, static_cast<int64_t>(i), 512, tokens);
+    tokens.insert(tokens.begin(), 1);  // BOS
+    EngineRequest req;
+    req.prompt = tokens;
+    const int64_t room = engine->context_len() - static_cast<int64_t>(req.prompt.size());
+    const int64_t out = std::max<int64_t>(1, t.output_length);
+    if (room < out) {
+      ++r.skipped;
+      continue;
+    }
+    req.max_tokens = static_cast<int32_t>(o.max_tokens > 0 ? std::min<int64_t>(o.max_tokens, room) : room);
+    req.max_tokens = std::max<int32_t>(req.max_tokens, static_cast<int32_t>(out));
+    req.stop_at_tokens = static_cast<int32_t>(out);
+    req.ignore_eos = true;
+    Result<RequestId> id = engine->Submit(std::move(req));
+    if (!id.ok()) {
+      if (id.status().code() != StatusCode::kResourceExhausted) return id.status();
+      ++r.skipped;  // could never fit this pool
+      continue;
+    }
+    ids.push_back(*id);
+  }
+  std::vector<double> ttft, itl;
+  int64_t output_tokens = 0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const RequestResult res = engine->Wait(ids[i]);
+    if (res.finish == FinishReason::kError) return res.error;
+    ++r.requests;
+    output_tokens += static_cast<int64_t>(res.tokens.size());
+    ttft.push_back(res.time_to_first_token * 1e3);
+    for (double d : res.inter_token) itl.push_back(d * 1e3);
+    if (o.on_progress) o.on_progress(r.allocator, static_cast<int64_t>(i + 1), static_cast<int64_t>(ids.size()));
+  }
+  r.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  sampling = false;
+  sampler.join();
+  const EngineMetrics m = engine->Metrics();
+  engine->Stop();
+  r.requests_per_s = static_cast<double>(r.requests) / r.seconds;
+  r.output_tokens_per_s = static_cast<double>(output_tokens) / r.seconds;
+  r.ttft_p50_ms = Percentile(ttft, 0.5);
+  r.ttft_p99_ms = Percentile(ttft, 0.99);
+  r.itl_p50_ms = Percentile(itl, 0.5);
+  r.itl_p99_ms = Percentile(itl, 0.99);
+  r.preemptions = m.preemptions;
+  r.prefix_hit_rate = m.prefix.token_hit_rate;
+  // Time-weighted means over the samples (equal spacing), while any request is in the system.
+  double running = 0, stored = 0, reserved = 0;
+  int64_t n = 0;
+  for (const ServeSample& s : r.samples) {
+    r.peak_running = std::max(r.peak_running, s.running);
+    if (s.running == 0 && s.waiting == 0) continue;
+    running += static_cast<double>(s.running);
+    stored += static_cast<double>(s.tokens_stored);
+    reserved += static_cast<double>(s.slots_reserved);
+    ++n;
+  }
+  r.mean_running = n > 0 ? running / static_cast<double>(n) : 0;
+  r.kv_utilization = reserved > 0 ? stored / reserved : 0;
+  return r;
+}
+
+}  // namespace
+
+Result<ServeBenchReport> RunServeBench(const ServeBenchOptions& o) {
+  if (o.kv_budget_bytes <= 0) return InvalidArgumentError("bench serve: the KV budget must be positive");
+  if (o.time_scale < 0) return InvalidArgumentError("bench serve: --time-scale must be >= 0");
+  if (o.allocators.empty()) return InvalidArgumentError("bench serve: no allocator to run");
+  PAGEKV_ASSIGN_OR_RETURN(std::vector<bench::TraceRequest> trace, bench::ReadTrace(o.trace_path, o.format, o.max_requests));
+  ServeBenchReport report;
+  report.kv_budget_bytes = o.kv_budget_bytes;
+  std::string model = o.model_path;
+  std::string temp;
+  if (model.empty()) {
+    const char* dir = std::getenv("TMPDIR");
+    temp = std::string(dir != nullptr && *dir != '\0' ? dir : "/tmp") + "/pagekv-bench-serve-" + std::to_string(::getpid()) + ".gguf";
+    PAGEKV_ASSIGN_OR_RETURN(SynthModelSpec spec, FindSynthModelPreset("tiny-16k"));
+    PAGEKV_RETURN_IF_ERROR(WriteSynthModel(spec, 1, "f32", temp));
+    model = temp;
+    report.model = "synthetic tiny-16k";
+  } else {
+    report.model = model;
+  }
+  for (Allocator a : o.allocators) {
+    Result<ServeBenchResult> r = RunOne(o, model, a, trace);
+    if (!r.ok()) {
+      if (!temp.empty()) std::remove(temp.c_str());
+      return r.status();
+    }
+    report.results.push_back(std::move(*r));
+  }
+  if (!temp.empty()) std::remove(temp.c_str());
+  report.blocks = report.results.front().blocks;  // the same budget and geometry for every allocator
+  return report;
+}
+
+std::string ServePlotSvg(const ServeBenchReport& report) {
+  constexpr double kW = 900, kH = 520, kLeft = 70, kRight = 20, kTop = 40, kGap = 60;
+  const double panel = (kH - kTop - kGap - 40) / 2;
+  double t_max = 1, run_max = 1, blocks_max = 1;
+  for (const auto& r : report.results) {
+    for (const auto& s : r.samples) {
+      t_max = std::max(t_max, s.t);
+      run_max = std::max(run_max, static_cast<double>(s.running));
+      blocks_max = std::max(blocks_max, static_cast<double>(s.blocks_used));
+    }
+  }
+  const char* colors[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd"};
+  std::string svg;
+  char buf[512];
+  std::snprintf(buf, sizeof(buf),
+                "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" font-size=\"12\">\n"
+                "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n"
+                "<text x=\"%.0f\" y=\"22\" font-size=\"15\">pagekv bench serve: %s, KV budget %lld MiB</text>\n",
+                kW, kH, kLeft, report.model.c_str(), static_cast<long long>(report.kv_budget_bytes >> 20));
+  svg += buf;
+  auto panel_of = [&](int p, const char* title, double y_max, auto value) {
+    const double top = kTop + p * (panel + kGap), bottom = top + panel, width = kW - kLeft - kRight;
+    std::snprintf(buf, sizeof(buf),
+                  "<text x=\"%.0f\" y=\"%.0f\">%s</text>\n<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"black\"/>\n"
+                  "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"black\"/>\n"
+                  "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"end\">%.0f</text><text x=\"%.0f\" y=\"%.0f\" text-anchor=\"end\">0</text>\n"
+                  "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"end\">%.1f s</text>\n",
+                  kLeft, top - 6, title, kLeft, bottom, kLeft + width, bottom, kLeft, top, kLeft, bottom, kLeft - 6, top + 10,
+                  y_max, kLeft - 6, bottom, kLeft + width, bottom + 16, t_max);
+    svg += buf;
+    for (size_t i = 0; i < report.results.size(); ++i) {
+      svg += "<polyline fill=\"none\" stroke-width=\"1.5\" stroke=\"" + std::string(colors[i % 4]) + "\" points=\"";
+      for (const auto& s : report.results[i].samples) {
+        std::snprintf(buf, sizeof(buf), "%.1f,%.1f ", kLeft + width * s.t / t_max, bottom - panel * value(s) / y_max);
+        svg += buf;
+      }
+      svg += "\"/>\n";
+      std::snprintf(buf, sizeof(buf), "<text x=\"%.0f\" y=\"%.0f\" fill=\"%s\">%s</text>\n", kLeft + width - 120,
+                    top + 14 + 14 * static_cast<double>(i), colors[i % 4], report.results[i].allocator.c_str());
+      svg += buf;
+    }
+  };
+  panel_of(0, "running sequences", run_max, [](const ServeSample& s) { return static_cast<double>(s.running); });
+  panel_of(1, "KV blocks in use (held, or reserved by the contiguous allocator)", blocks_max, [](const ServeSample& s) { return static_cast<double>(s.blocks_used); });
+  svg += "</svg>\n";
+  return svg;
+}
+
+}  // namespace pagekv

@@ -1,0 +1,142 @@
+#include "bench/trace.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+namespace pagekv::bench {
+
+namespace {
+
+uint64_t Mix(uint64_t z) {
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
+void TraceTokens(const TraceRequest& r, int64_t index, int32_t vocab, std::vector<int32_t>& out) {
+  out.resize(static_cast<size_t>(r.input_length));
+  for (int64_t j = 0; j < r.input_length; ++j) {
+    const uint64_t chunk = r.hash_ids.empty() ? (uint64_t{1} << 62) + static_cast<uint64_t>(index)
+                                              : static_cast<uint64_t>(r.hash_ids[static_cast<size_t>(j / kTraceBlock)]);
+    out[static_cast<size_t>(j)] = 3 + static_cast<int32_t>(Mix(chunk * kTraceBlock + static_cast<uint64_t>(j % kTraceBlock)) %
+                                                           static_cast<uint64_t>(vocab - 3));
+  }
+}
+
+namespace {
+
+Status LineError(int64_t line, const std::string& what) {
+  return InvalidArgumentError("trace line " + std::to_string(line) + ": " + what);
+}
+
+Result<std::vector<TraceRequest>> ReadMooncake(std::istream& in, int64_t limit) {
+  std::vector<TraceRequest> out;
+  std::string text;
+  for (int64_t line = 1; (limit <= 0 || static_cast<int64_t>(out.size()) < limit) && std::getline(in, text); ++line) {
+    if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
+    nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object()) return LineError(line, "not a JSON object (expected Mooncake JSON lines)");
+    if (!j.contains("input_length") || !j["input_length"].is_number_integer()) {
+      return LineError(line, "field 'input_length' is missing or not an integer");
+    }
+    TraceRequest r;
+    r.input_length = j["input_length"].get<int64_t>();
+    if (j.contains("output_length") && j["output_length"].is_number_integer()) r.output_length = j["output_length"].get<int64_t>();
+    if (j.contains("timestamp") && j["timestamp"].is_number()) r.arrival_s = j["timestamp"].get<double>() / 1000.0;
+    if (r.input_length < 0) return LineError(line, "field 'input_length' is negative");
+    if (!j.contains("hash_ids") || !j["hash_ids"].is_array()) {
+      return LineError(line, "field 'hash_ids' is missing or not an array");
+    }
+    for (const auto& h : j["hash_ids"]) {
+      if (!h.is_number_integer() || h.get<int64_t>() < 0) {
+        return LineError(line, "field 'hash_ids' holds something other than a non-negative integer");
+      }
+      r.hash_ids.push_back(h.get<int64_t>());
+    }
+    const int64_t want = (r.input_length + kTraceBlock - 1) / kTraceBlock;
+    if (static_cast<int64_t>(r.hash_ids.size()) != want) {
+      return LineError(line, "field 'hash_ids' has " + std::to_string(r.hash_ids.size()) + " ids but input_length " +
+                                 std::to_string(r.input_length) + " needs " + std::to_string(want) + " (one per 512 tokens)");
+    }
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+Result<std::vector<TraceRequest>> ReadAzure(std::istream& in, int64_t limit) {
+  std::vector<TraceRequest> out;
+  std::string text;
+  int64_t column = -1, out_column = -1, time_column = -1;
+  double first_time = -1;
+  for (int64_t line = 1; (limit <= 0 || static_cast<int64_t>(out.size()) < limit) && std::getline(in, text); ++line) {
+    if (!text.empty() && text.back() == '\r') text.pop_back();
+    if (text.empty()) continue;
+    std::vector<std::string> cells;
+    std::stringstream ss(text);
+    for (std::string cell; std::getline(ss, cell, ',');) cells.push_back(cell);
+    if (column < 0) {
+      for (size_t i = 0; i < cells.size(); ++i) {
+        if (cells[i].find("ContextTokens") != std::string::npos) column = static_cast<int64_t>(i);
+        if (cells[i].find("GeneratedTokens") != std::string::npos) out_column = static_cast<int64_t>(i);
+        if (cells[i].find("TIMESTAMP") != std::string::npos) time_column = static_cast<int64_t>(i);
+      }
+      if (column < 0) return LineError(line, "no 'ContextTokens' column in the header (expected an Azure CSV)");
+      continue;
+    }
+    if (static_cast<int64_t>(cells.size()) <= column) return LineError(line, "field 'ContextTokens' is missing");
+    TraceRequest r;
+    char* end = nullptr;
+    r.input_length = std::strtoll(cells[static_cast<size_t>(column)].c_str(), &end, 10);
+    if (end == cells[static_cast<size_t>(column)].c_str() || *end != '\0') {
+      return LineError(line, "field 'ContextTokens' is not an integer");
+    }
+    if (r.input_length < 0) return LineError(line, "field 'ContextTokens' is negative");
+    if (out_column >= 0 && static_cast<int64_t>(cells.size()) > out_column) {
+      r.output_length = std::strtoll(cells[static_cast<size_t>(out_column)].c_str(), nullptr, 10);
+    }
+    if (time_column >= 0 && static_cast<int64_t>(cells.size()) > time_column) {
+      // "2023-11-16 18:15:46.6805900": seconds within the day are enough
+      // for arrival gaps (the traces span an hour).
+      int hh = 0, mm = 0;
+      double ss = 0;
+      const std::string& cell = cells[static_cast<size_t>(time_column)];
+      const size_t space = cell.find(' ');
+      if (space != std::string::npos && std::sscanf(cell.c_str() + space + 1, "%d:%d:%lf", &hh, &mm, &ss) == 3) {
+        const double t = hh * 3600.0 + mm * 60.0 + ss;
+        if (first_time < 0) first_time = t;
+        r.arrival_s = t - first_time;
+      }
+    }
+    out.push_back(r);
+  }
+  if (column < 0) return InvalidArgumentError("trace is empty: no header line");
+  return out;
+}
+
+
+}  // namespace
+
+Result<std::vector<TraceRequest>> ReadTrace(const std::string& path, TraceFormat format, int64_t limit,
+                                            TraceFormat* resolved) {
+  std::ifstream in(path);
+  if (!in) return NotFoundError("cannot open trace '" + path + "'");
+  if (format == TraceFormat::kAuto) {
+    format = path.size() >= 4 && path.compare(path.size() - 4, 4, ".csv") == 0 ? TraceFormat::kAzure : TraceFormat::kMooncake;
+  }
+  if (resolved != nullptr) *resolved = format;
+  PAGEKV_ASSIGN_OR_RETURN(std::vector<TraceRequest> out, format == TraceFormat::kAzure ? ReadAzure(in, limit) : ReadMooncake(in, limit));
+  if (!out.empty() && format == TraceFormat::kMooncake) {
+    const double first = out.front().arrival_s;
+    for (TraceRequest& r : out) r.arrival_s -= first;
+  }
+  return out;
+}
+
+}  // namespace pagekv::bench

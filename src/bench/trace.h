@@ -1,0 +1,36 @@
+// Serving traces: Mooncake JSON lines (timestamp in ms, input_length,
+// output_length, hash_ids of 512-token prefix blocks) and Azure CSVs
+// (TIMESTAMP as a date-time, ContextTokens, GeneratedTokens), read into one
+// shape, with the line and field named in every error; and the synthetic
+// token ids that stand in for their prompts.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "pagekv/replay.h"
+#include "pagekv/status.h"
+
+namespace pagekv::bench {
+
+constexpr int64_t kTraceBlock = 512;  // Mooncake hash ids name 512-token chunks
+
+struct TraceRequest {
+  double arrival_s = 0;           // from the first request
+  int64_t input_length = 0;
+  int64_t output_length = 0;
+  std::vector<int64_t> hash_ids;  // Mooncake; empty for Azure
+};
+
+// kAuto: a .csv is Azure, anything else Mooncake. `limit` > 0 reads at most
+// that many requests.
+Result<std::vector<TraceRequest>> ReadTrace(const std::string& path, TraceFormat format, int64_t limit = 0,
+                                            TraceFormat* resolved = nullptr);
+
+// Prompt token ids: 512-token chunk i from hash_ids[i] (equal ids, equal
+// tokens), or unique to the request `index` when there are no hash ids.
+// Ids fall in [3, vocab).
+void TraceTokens(const TraceRequest& r, int64_t index, int32_t vocab, std::vector<int32_t>& out);
+
+}  // namespace pagekv::bench
