@@ -144,7 +144,8 @@ Result<GenerateBenchReport> RunGenerateBench(const GenerateBenchOptions& options
 struct ServeBenchOptions {
   std::string trace_path;
   TraceFormat format = TraceFormat::kAuto;
-  std::string model_path;                 // empty: the synthetic tiny-16k model, written for the run
+  std::string model_path;                 // empty: a synthetic model, written for the run
+  std::string synth_preset = "small-16k"; // which one (include/pagekv/synth_model.h)
   int64_t kv_budget_bytes = 64ll << 20;
   std::vector<Allocator> allocators = {Allocator::kPaged, Allocator::kContiguous};
   int64_t max_requests = 0;               // 0 = the whole trace

@@ -138,10 +138,10 @@ Result<ServeBenchReport> RunServeBench(const ServeBenchOptions& o) {
   if (model.empty()) {
     const char* dir = std::getenv("TMPDIR");
     temp = std::string(dir != nullptr && *dir != '\0' ? dir : "/tmp") + "/pagekv-bench-serve-" + std::to_string(::getpid()) + ".gguf";
-    PAGEKV_ASSIGN_OR_RETURN(SynthModelSpec spec, FindSynthModelPreset("tiny-16k"));
+    PAGEKV_ASSIGN_OR_RETURN(SynthModelSpec spec, FindSynthModelPreset(o.synth_preset));
     PAGEKV_RETURN_IF_ERROR(WriteSynthModel(spec, 1, "f32", temp));
     model = temp;
-    report.model = "synthetic tiny-16k";
+    report.model = "synthetic " + o.synth_preset;
   } else {
     report.model = model;
   }
