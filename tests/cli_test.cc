@@ -277,7 +277,7 @@ namespace {
 TEST(CliBenchTest, ServeBenchRunsBothAllocatorsAndWritesAPlot) {
   const std::string plot = TempPath("serve.svg");
   RunResult r = RunCli("bench serve --trace ../shared/traces/azure/AzureLLMInferenceTrace_conv.csv --format azure "
-                       "--max-requests 12 --time-scale 0 --kv-budget 8MiB --json --plot " + plot);
+                       "--preset tiny-16k --max-requests 12 --time-scale 0 --kv-budget 8MiB --json --plot " + plot);
   ASSERT_EQ(r.exit_code, 0) << r.out;
   const auto brace = r.out.find('{');
   ASSERT_NE(brace, std::string::npos) << r.out;

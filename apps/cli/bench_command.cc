@@ -217,7 +217,7 @@ int RunGenerateBenchCommand(const GenerateBenchArgs& a) {
 }
 
 struct ServeBenchArgs {
-  std::string trace, format = "auto", model, kv_budget = "64MiB", allocator = "both", plot, kv_dtype = "f16";
+  std::string trace, format = "auto", model, preset = "small-16k", kv_budget = "64MiB", allocator = "both", plot, kv_dtype = "f16";
   int64_t max_requests = 0, step_tokens = 2048;
   double time_scale = 0.01;
   int32_t max_tokens = 0, block_len = 16, max_running = 256;
@@ -257,6 +257,7 @@ int RunServeBenchCommand(const ServeBenchArgs& a) {
   o.kv_budget_bytes = *budget;
   o.kv_dtype = *dt;
   o.model_path = a.model == "synthetic" ? "" : a.model;
+  o.synth_preset = a.preset;
   o.max_requests = a.max_requests;
   o.time_scale = a.time_scale;
   o.max_tokens = a.max_tokens;
@@ -351,7 +352,8 @@ CLI::App* AddBenchCommand(CLI::App& app, int& exit_code) {
   sv->add_option("--format", serve.format, "azure, mooncake or auto (default: by extension)");
   sv->add_option("--kv-budget", serve.kv_budget, "KV pool for each allocator (default 64MiB)");
   sv->add_option("--allocator", serve.allocator, "paged, contiguous or both (default: both, in one run)");
-  sv->add_option("--model", serve.model, "A GGUF model, or 'synthetic' (default: tiny, 16K context)");
+  sv->add_option("--model", serve.model, "A GGUF model, or 'synthetic' (default)");
+  sv->add_option("--preset", serve.preset, "The synthetic model's shape (default small-16k; tiny-16k is cheaper)");
   sv->add_option("--max-requests", serve.max_requests, "Use the first N requests (default: all)")->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
   sv->add_option("--time-scale", serve.time_scale, "Multiply arrival gaps by this (default 0.01)")->check(CLI::Range(0.0, 1e6));
   sv->add_option("--max-tokens", serve.max_tokens, "max_tokens per request (default: the context left after the prompt)")

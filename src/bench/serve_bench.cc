@@ -84,6 +84,13 @@ Result<ServeBenchResult> RunOne(const ServeBenchOptions& o, const std::string& m
     }
     ids.push_back(*id);
   }
+  if (ids.empty() && r.skipped > 0) {
+    sampling = false;
+    sampler.join();
+    return ResourceExhaustedError("bench serve (" + r.allocator + "): all " + std::to_string(r.skipped) +
+                                  " requests were skipped: none fits a KV budget of " + std::to_string(o.kv_budget_bytes) +
+                                  " bytes with its max_tokens; raise --kv-budget or lower --max-tokens");
+  }
   std::vector<double> ttft, itl;
   int64_t output_tokens = 0;
   for (size_t i = 0; i < ids.size(); ++i) {
