@@ -228,14 +228,12 @@ struct ServeBenchArgs {
 int RunServeBenchCommand(const ServeBenchArgs& a) {
   ServeBenchOptions o;
   o.trace_path = a.trace;
-  if (a.format == "mooncake") {
-    o.format = TraceFormat::kMooncake;
-  } else if (a.format == "azure") {
-    o.format = TraceFormat::kAzure;
-  } else if (a.format != "auto") {
-    std::fprintf(stderr, "error: --format '%s': use azure, mooncake or auto\n", a.format.c_str());
+  Result<TraceFormat> format = ParseTraceFormat(a.format);
+  if (!format.ok()) {
+    std::fprintf(stderr, "error: --format: %s\n", format.status().message().c_str());
     return kExitBadInput;
   }
+  o.format = *format;
   if (a.allocator == "paged") {
     o.allocators = {Allocator::kPaged};
   } else if (a.allocator == "contiguous") {

@@ -23,14 +23,12 @@ int RunReplay(const ReplayArgs& a) {
   o.trace_path = a.trace;
   o.block_len = a.block_len;
   o.capacity_blocks = a.capacity;
-  if (a.format == "mooncake") {
-    o.format = TraceFormat::kMooncake;
-  } else if (a.format == "azure") {
-    o.format = TraceFormat::kAzure;
-  } else if (a.format != "auto") {
-    std::fprintf(stderr, "error: --format '%s': use mooncake, azure or auto\n", a.format.c_str());
+  Result<TraceFormat> format = ParseTraceFormat(a.format);
+  if (!format.ok()) {
+    std::fprintf(stderr, "error: --format: %s\n", format.status().message().c_str());
     return kExitBadInput;
   }
+  o.format = *format;
   if (a.hash == "xxh3") {
     o.hash = BlockHashKind::kXxh3_128;
   } else if (a.hash != "sha256") {

@@ -27,6 +27,9 @@ namespace pagekv {
 
 enum class TraceFormat : uint8_t { kAuto, kMooncake, kAzure };
 
+// "mooncake", "azure" or "auto"; the error names the accepted values.
+Result<TraceFormat> ParseTraceFormat(const std::string& name);
+
 struct ReplayOptions {
   std::string trace_path;
   TraceFormat format = TraceFormat::kAuto;  // auto: .csv is Azure, anything else Mooncake JSON lines

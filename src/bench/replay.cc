@@ -12,6 +12,13 @@
 
 namespace pagekv {
 
+Result<TraceFormat> ParseTraceFormat(const std::string& name) {
+  if (name == "mooncake") return TraceFormat::kMooncake;
+  if (name == "azure") return TraceFormat::kAzure;
+  if (name == "auto") return TraceFormat::kAuto;
+  return InvalidArgumentError("trace format '" + name + "': use mooncake, azure or auto");
+}
+
 Result<ReplayReport> ReplayTrace(const ReplayOptions& o) {
   if (o.capacity_blocks < 0) return InvalidArgumentError("--capacity-blocks must be positive (omit it for unlimited)");
   TraceFormat format = o.format;
