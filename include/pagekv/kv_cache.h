@@ -202,7 +202,8 @@ class KvCache {
   Status SetBlockCached(BlockId block, bool cached);
   bool IsBlockCached(BlockId block) const;
   int32_t BlockRefCount(BlockId block) const;  // 0 when free or unknown
-  int64_t FreeBlockCount() const;  // O(1); Stats() walks every block
+  int64_t FreeBlockCount() const;        // O(1); Stats() walks every block
+  int64_t CachedFreeBlockCount() const;  // O(1): free blocks still holding prefix-cache KV
   // Free blocks in the order allocations would take them (plain, then
   // cached least recently freed first). O(free blocks).
   std::vector<BlockId> FreeBlocks() const;

@@ -264,25 +264,26 @@ struct Engine::State {
 
   // Refreshes the metrics snapshot readers see.
   void Snapshot(int64_t generated) {
-    const CacheStats cs = cache->Stats();
+    // O(running) per step: the pool's counters, and the running sequences'
+    // lengths (exactly the cache's sequences, CheckInvariants says).
+    const int64_t total = cache->layout().num_blocks(), free = cache->FreeBlockCount();
+    int64_t stored = 0, reserved = 0;
+    for (const Seq* s : running) {
+      stored += s->computed;
+      reserved += s->reserved_blocks * o.block_len;
+    }
     std::lock_guard lock(mu);
     EngineMetrics& mx = metrics;
     ++mx.steps;
     mx.generated_tokens += generated;
-    mx.blocks_total = cs.blocks_total;
-    mx.blocks_used = cs.blocks_used;
-    mx.blocks_free = cs.blocks_free;
-    mx.blocks_cached = cs.blocks_cached_free;
+    mx.blocks_total = total;
+    mx.blocks_used = total - free;
+    mx.blocks_free = free;
+    mx.blocks_cached = cache->CachedFreeBlockCount();
     mx.running = static_cast<int64_t>(running.size());
     mx.waiting = queued - mx.running;
-    mx.tokens_stored = cs.tokens_logical;
-    mx.slots_reserved = o.allocator == Allocator::kContiguous
-                            ? [&] {
-                                int64_t r = 0;
-                                for (const Seq* s : running) r += s->reserved_blocks * o.block_len;
-                                return r;
-                              }()
-                            : cs.blocks_used * o.block_len;
+    mx.tokens_stored = stored;
+    mx.slots_reserved = o.allocator == Allocator::kContiguous ? reserved : mx.blocks_used * o.block_len;
     if (prefix) mx.prefix = prefix->Stats();
   }
 

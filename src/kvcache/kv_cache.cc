@@ -226,6 +226,8 @@ int32_t KvCache::BlockRefCount(BlockId block) const {
 
 int64_t KvCache::FreeBlockCount() const { return state_->pool.num_free(); }
 
+int64_t KvCache::CachedFreeBlockCount() const { return state_->pool.num_cached_free(); }
+
 std::vector<BlockId> KvCache::FreeBlocks() const { return state_->pool.FreeListOrder(); }
 
 void KvCache::SetEvictionListener(std::function<void(BlockId)> listener) {
