@@ -106,7 +106,7 @@ TEST(ServeTest, ConcurrentRequestsMatchGenerateThenErrorsMetricsAndACleanExit) {
       json body = {{"model", "stories260K.gguf"}, {"prompt", kPrompts[static_cast<size_t>(i) % kPrompts.size()]},
                    {"max_tokens", 24}, {"temperature", 0}, {"ignore_eos", true}, {"stream", stream}};
       auto res = cli.Post("/v1/completions", auth, body.dump(), "application/json");
-      ASSERT_TRUE(res) << "request " << i;
+      ASSERT_TRUE(res) << "request " << i << ": " << httplib::to_string(res.error());
       ASSERT_EQ(res->status, 200) << res->body;
       if (!stream) {
         const json r = json::parse(res->body);

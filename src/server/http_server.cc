@@ -1,7 +1,10 @@
 // RunServer (include/pagekv/server.h): cpp-httplib in front of the engine.
 #include "pagekv/server.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <openssl/evp.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <chrono>
@@ -362,6 +365,25 @@ std::string Metrics(Shared& sh) {
   return out;
 }
 
+// Debian's cpp-httplib (0.11, compiled) listens with a backlog of 5: a burst
+// of concurrent connections overflows it and clients see dropped SYNs and
+// failed reads. listen() again on the bound socket raises the backlog; the
+// library does not expose the socket, so find it by its port.
+void RaiseListenBacklog(int port) {
+  for (int fd = 3; fd < 4096; ++fd) {
+    int accepting = 0;
+    socklen_t len = sizeof(accepting);
+    if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &accepting, &len) != 0 || accepting == 0) continue;
+    sockaddr_storage addr{};
+    socklen_t addr_len = sizeof(addr);
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &addr_len) != 0) continue;
+    int bound = -1;
+    if (addr.ss_family == AF_INET) bound = ntohs(reinterpret_cast<const sockaddr_in*>(&addr)->sin_port);
+    if (addr.ss_family == AF_INET6) bound = ntohs(reinterpret_cast<const sockaddr_in6*>(&addr)->sin6_port);
+    if (bound == port) ::listen(fd, SOMAXCONN);
+  }
+}
+
 }  // namespace
 
 Status RunServer(const ServerOptions& o, const std::atomic<bool>& stop) {
@@ -424,6 +446,7 @@ Status RunServer(const ServerOptions& o, const std::atomic<bool>& stop) {
 
   const int port = o.port == 0 ? svr.bind_to_any_port(o.host) : (svr.bind_to_port(o.host, o.port) ? o.port : -1);
   if (port < 0) return IoError("cannot listen on " + o.host + ":" + std::to_string(o.port) + " (in use, or not an address here)");
+  RaiseListenBacklog(port);
   if (o.on_listening) o.on_listening(port);
   std::thread listener([&svr] { svr.listen_after_bind(); });
   while (!stop.load()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
