@@ -23,6 +23,8 @@ PACKAGES=(
   cppzmq-dev           # its C++ binding (zmq.hpp)
   libmsgpack-cxx-dev   # KV event payloads in msgpack (header-only)
   libcpp-httplib-dev   # the HTTP server of `pagekv serve` (and its tests' client)
+  libhiredis-dev       # the Redis KV tier (hiredis client)
+  redis-server         # tests start a real server on a loopback port
   clang                # libFuzzer builds of the file parsers (make test runs them)
   libclang-rt-14-dev   # libFuzzer and sanitizer runtimes for clang
   libopenblas-dev      # only the matmul benchmark links it, to re-measure our kernel against sgemm

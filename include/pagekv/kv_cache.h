@@ -184,6 +184,23 @@ class KvCache {
   Result<bool> Reserve(SeqId id, int64_t n);
   Status WriteLayer(SeqId id, int32_t layer, int64_t pos, const KvTokens& rows);
 
+  // Whole blocks as bytes, for moving them to and from other storage tiers:
+  // a block's slabs in layout order (layer, plane, head), each slab_bytes
+  // long, with no padding: [slabs_per_block][block_len][row_bytes].
+  int64_t block_payload_bytes() const { return layout_.slabs_per_block() * layout_.slab_bytes(); }
+  // A 64-bit tag of everything that shapes a block's bytes (layers, planes,
+  // heads, row elements and bytes, block_len, format): blocks of caches with
+  // different tags are never interchangeable.
+  uint64_t GeometryTag() const;
+  // Copies block `block` of the pool into out. Errors: an id outside the
+  // pool, out not exactly block_payload_bytes() long.
+  Status ReadBlock(BlockId block, std::span<std::byte> out) const;
+  // Overwrites block `index` of sequence id's table with data (every slot
+  // of it, full or not). Same writability rule as WriteLayer: the block must
+  // not be shared or published. Errors (nothing written): unknown id, index
+  // out of range, a shared block, data of the wrong size.
+  Status WriteBlock(SeqId id, int64_t index, std::span<const std::byte> data);
+
   // A new sequence sharing all of `parent`'s blocks. Never allocates.
   Result<SeqId> Fork(SeqId parent, std::string label = {});
 

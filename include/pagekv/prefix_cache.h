@@ -65,6 +65,46 @@ struct ExtraKeys {
   std::vector<std::string> extra;         // anything else, each up to 1024 bytes, at most 16
 };
 
+// Where a block's KV lives. The pool is where attention reads it; the others
+// are the lower tiers of include/pagekv/tiers.h.
+enum class Tier : int8_t { kPool = 0, kHost = 1, kDisk = 2, kRedis = 3 };
+inline constexpr int kNumTiers = 4;
+const char* TierName(Tier t);  // "pool", "host", "disk", "redis"
+
+// What a block that leaves the pool claims to be; a lower tier stores it
+// beside the KV bytes and a load checks all of it, so a payload is accepted
+// only for exactly the request that asked (never on the key alone).
+struct BlockMeta {
+  BlockKey key;
+  std::optional<BlockKey> parent;  // none for a chain's first block
+  std::vector<int32_t> tokens;     // the block's token ids [block_len]
+  uint64_t geometry = 0;           // the cache's shape and dtype (KvCache::GeometryTag)
+};
+
+// The lower tiers as the prefix cache sees them (implemented by BlockTiers
+// in include/pagekv/tiers.h). Calls come from the thread that owns the
+// prefix cache; byte spans are valid only during the call.
+class LowerTiers {
+ public:
+  virtual ~LowerTiers() = default;
+  // For keys[0], keys[1], ...: the tier that holds each, stopping at the
+  // first key no tier holds. A tier that fails answers "not here".
+  virtual std::vector<Tier> LocatePrefix(std::span<const BlockKey> keys) = 0;
+  // Fills kv with the block's verified bytes and returns the tier they came
+  // from; nullopt on a miss (a failed check or an I/O error is a miss,
+  // counted and logged by the tiers).
+  virtual std::optional<Tier> Load(const BlockMeta& meta, std::span<std::byte> kv) = 0;
+  // Write-through: every published block is copied down (Published);
+  // otherwise only evicted ones are.
+  virtual bool write_through() const = 0;
+  virtual void Published(const BlockMeta& meta, std::span<const std::byte> kv) = 0;
+  // A cached block is being evicted from the pool: the tier it is copied to
+  // (nullopt: dropped, e.g. every tier is full of newer blocks or down).
+  virtual std::optional<Tier> Evicted(const BlockMeta& meta, std::span<const std::byte> kv) = 0;
+  // Hint: these blocks will be loaded soon; fetch them from slow tiers now.
+  virtual void Prefetch(std::vector<BlockMeta> metas) = 0;
+};
+
 // Computes block keys. The default hashers are SHA-256 and xxh3-128; tests
 // may inject another function (e.g. one that collides on purpose).
 struct BlockHasherOptions {
@@ -79,13 +119,21 @@ struct PrefixCacheOptions {
   int64_t stats_window = 1000;   // lookups in the "recent" statistics
   bool record_events = false;    // queue KV events (DrainEvents)
   int64_t max_queued_events = 1 << 20;  // beyond this the oldest are dropped (counted)
+  // Lower tiers (not owned; must outlive the prefix cache): evicted blocks
+  // go down, and a prefix continues from the pool into them. Keys must be
+  // stable across processes for disk and Redis: SHA-256, or xxh3 with a seed.
+  LowerTiers* tiers = nullptr;
 };
 
 // The longest cached prefix of a prompt, in whole blocks.
+// With lower tiers, a Lookup's match may continue past the pool: `lower`
+// lists the tiers of the blocks after `blocks` (their keys follow in
+// `keys`), which AddSequence loads into fresh pool blocks.
 struct PrefixMatch {
-  std::vector<BlockId> blocks;
-  std::vector<BlockKey> keys;
-  int64_t num_tokens = 0;  // blocks.size() * block_len
+  std::vector<BlockId> blocks;    // in the pool
+  std::vector<BlockKey> keys;     // of blocks, then of the lower-tier blocks
+  std::vector<Tier> lower;        // Lookup: blocks to load from lower tiers; AddSequence: where loaded blocks came from
+  int64_t num_tokens = 0;         // (blocks.size() + lower.size()) * block_len after Lookup; blocks.size() * block_len after AddSequence
 };
 
 struct PrefixCacheStats {
@@ -98,6 +146,9 @@ struct PrefixCacheStats {
   int64_t evicted = 0;           // cached blocks reused for other data
   int64_t collisions = 0;        // equal keys, different tokens: treated as misses
   int64_t cached_blocks = 0;     // keys held now
+  // hit_blocks by where they were found: [pool, host, disk, redis]
+  std::array<int64_t, kNumTiers> tier_hit_blocks{};
+  int64_t tier_load_failures = 0;  // located in a tier but not loaded (miss, corrupt, I/O): recomputed
   double token_hit_rate = 0;     // hit_tokens / requested_tokens
   double block_hit_rate = 0;     // hit_blocks / requested_blocks
   // The same rates over the last stats_window lookups.
@@ -141,13 +192,20 @@ class PrefixCache {
   // computed). Changes nothing, statistics included.
   Result<PrefixMatch> Lookup(std::span<const int32_t> tokens, const ExtraKeys& extra, int64_t max_tokens = -1) const;
 
+  // Hands the lower tiers the blocks a later AddSequence of these tokens
+  // would load, so slow tiers can fetch them while other work runs.
+  void Prefetch(std::span<const int32_t> tokens, const ExtraKeys& extra);
+
   // Would admitting `match` and then `new_tokens` more tokens fit, counting
   // the cached free blocks the match itself would claim?
   bool CanAdmit(const PrefixMatch& match, int64_t new_tokens) const;
 
   // Act: a new sequence in the cache starting with the longest cached prefix
-  // (its blocks claimed), counted in the statistics. The caller computes the
-  // rest from match.num_tokens on. max_tokens as for Lookup.
+  // (its blocks claimed), counted in the statistics. Blocks found in lower
+  // tiers are loaded into new pool blocks (taken like any allocation) and
+  // published; loading stops at the first block that fails, or when the
+  // pool has no block for it. The caller computes the rest from
+  // match.num_tokens on. max_tokens as for Lookup.
   struct Admitted {
     SeqId seq{};
     PrefixMatch match;

@@ -281,6 +281,74 @@ Result<SequenceView> KvCache::View(SeqId id) const {
   return SequenceView{id, it->second.num_tokens, it->second.blocks};
 }
 
+uint64_t KvCache::GeometryTag() const {
+  const KvFormat& f = layout_.config().format;
+  const int64_t fields[] = {layout_.num_layers(), layout_.num_planes(), layout_.num_heads(), layout_.row_elems(),
+                            layout_.row_bytes(),  layout_.block_len(),  static_cast<int64_t>(f.dtype),
+                            static_cast<int64_t>(f.scale_axis), f.group_size, static_cast<int64_t>(f.scale_dtype)};
+  uint64_t h = 0x9e3779b97f4a7c15ULL;
+  for (int64_t v : fields) {  // splitmix64 over the fields
+    h += static_cast<uint64_t>(v) + 0x9e3779b97f4a7c15ULL;
+    uint64_t z = h;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    h = z ^ (z >> 31);
+  }
+  return h;
+}
+
+Status KvCache::ReadBlock(BlockId block, std::span<std::byte> out) const {
+  if (ToInt(block) < 0 || ToInt(block) >= layout_.num_blocks()) {
+    return OutOfRangeError("read block: block " + std::to_string(ToInt(block)) + " outside the pool of " +
+                           std::to_string(layout_.num_blocks()));
+  }
+  if (static_cast<int64_t>(out.size()) != block_payload_bytes()) {
+    return InvalidArgumentError("read block: the buffer has " + std::to_string(out.size()) + " bytes; a block has " +
+                                std::to_string(block_payload_bytes()));
+  }
+  const std::byte* base = state_->arena->data();
+  const auto slab = static_cast<size_t>(layout_.slab_bytes());
+  size_t at = 0;
+  for (int32_t l = 0; l < layout_.num_layers(); ++l) {
+    for (int32_t p = 0; p < layout_.num_planes(); ++p) {
+      for (int32_t h = 0; h < layout_.num_heads(); ++h, at += slab) {
+        std::memcpy(out.data() + at, base + layout_.SlabOffset(l, p, h, ToInt(block)), slab);
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+Status KvCache::WriteBlock(SeqId id, int64_t index, std::span<const std::byte> data) {
+  auto it = state_->sequences.find(ToInt(id));
+  if (it == state_->sequences.end()) return NotFoundError("write block: " + SeqName(id) + " does not exist");
+  const Sequence& s = it->second;
+  if (index < 0 || index >= static_cast<int64_t>(s.blocks.size())) {
+    return OutOfRangeError("write block: block " + std::to_string(index) + " outside " + SeqName(id) + "'s " +
+                           std::to_string(s.blocks.size()) + " blocks");
+  }
+  if (static_cast<int64_t>(data.size()) != block_payload_bytes()) {
+    return InvalidArgumentError("write block: " + std::to_string(data.size()) + " bytes; a block has " +
+                                std::to_string(block_payload_bytes()));
+  }
+  const BlockId block = s.blocks[static_cast<size_t>(index)];
+  if (state_->pool.RefCount(block) > 1 || state_->pool.IsCached(block)) {
+    return FailedPreconditionError("write block: block " + std::to_string(index) + " of " + SeqName(id) +
+                                   " is shared or published to the prefix cache");
+  }
+  std::byte* base = state_->arena->data();
+  const auto slab = static_cast<size_t>(layout_.slab_bytes());
+  size_t at = 0;
+  for (int32_t l = 0; l < layout_.num_layers(); ++l) {
+    for (int32_t p = 0; p < layout_.num_planes(); ++p) {
+      for (int32_t h = 0; h < layout_.num_heads(); ++h, at += slab) {
+        std::memcpy(base + layout_.SlabOffset(l, p, h, ToInt(block)), data.data() + at, slab);
+      }
+    }
+  }
+  return Status::Ok();
+}
+
 Status KvCache::Read(SeqId id, int64_t begin, const KvTokensOut& out) const {
   auto it = state_->sequences.find(ToInt(id));
   if (it == state_->sequences.end()) return NotFoundError("read: " + SeqName(id) + " does not exist");

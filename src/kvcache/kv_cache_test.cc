@@ -464,5 +464,35 @@ TEST(KvCacheLayerWriteTest, WritesToSharedBlocksOrOutsideTheSequenceAreRejected)
   cache->CheckInvariants();
 }
 
+
+TEST(KvCacheBlockBytesTest, ReadBlockThenWriteBlockMovesAWholeBlockBitExact) {
+  const CacheConfig c = Config(8, DType::kBF16, 16, /*layers=*/3, /*kv_heads=*/2, /*head_dim=*/8);
+  auto a = MakeCache(c);
+  auto b = MakeCache(c);
+  const KvLayout& l = a->layout();
+  std::mt19937 rng(21);
+  const SeqId sa = a->AddSequence();
+  ASSERT_TRUE(*a->Append(sa, RandomTokens(l, 20, rng).In()));  // blocks 0, 1 full, 2 partial
+  const SeqId sb = b->AddSequence();
+  ASSERT_TRUE(*b->Reserve(sb, 20));
+  std::vector<std::byte> bytes(static_cast<size_t>(a->block_payload_bytes()));
+  EXPECT_EQ(a->block_payload_bytes(), l.slabs_per_block() * 8 * l.row_bytes());
+  for (int64_t i = 0; i < 3; ++i) {
+    ASSERT_TRUE(a->ReadBlock(a->View(sa)->blocks[static_cast<size_t>(i)], bytes).ok());
+    ASSERT_TRUE(b->WriteBlock(sb, i, bytes).ok());
+  }
+  EXPECT_EQ(ReadAll(*a, sa).k, ReadAll(*b, sb).k);
+  EXPECT_EQ(ReadAll(*a, sa).v, ReadAll(*b, sb).v);
+  // Bad input: named errors, nothing written.
+  EXPECT_EQ(a->ReadBlock(BlockId{99}, bytes).code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(a->ReadBlock(BlockId{0}, std::span(bytes).subspan(1)).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(b->WriteBlock(sb, 3, bytes).code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(b->WriteBlock(SeqId{77}, 0, bytes).code(), StatusCode::kNotFound);
+  const SeqId fork = *b->Fork(sb);
+  EXPECT_EQ(b->WriteBlock(sb, 0, bytes).code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(b->Free(fork).ok());
+  b->CheckInvariants();
+}
+
 }  // namespace
 }  // namespace pagekv

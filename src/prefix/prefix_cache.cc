@@ -11,6 +11,16 @@
 
 namespace pagekv {
 
+const char* TierName(Tier t) {
+  switch (t) {
+    case Tier::kPool: return "pool";
+    case Tier::kHost: return "host";
+    case Tier::kDisk: return "disk";
+    case Tier::kRedis: return "redis";
+  }
+  return "pool";
+}
+
 std::string BlockKey::Hex() const {
   static constexpr char kDigits[] = "0123456789abcdef";
   std::string out;
@@ -80,6 +90,18 @@ struct PrefixCache::State {
   uint64_t next_event = 1;
   int64_t dropped_events = 0;
   mutable std::vector<uint8_t> scratch;
+  uint64_t geometry = 0;
+  std::vector<std::byte> block_bytes;  // [block_payload_bytes], a block on its way to or from a tier
+
+  BlockMeta MetaOf(const Entry& e) const { return BlockMeta{e.key, e.parent, e.tokens, geometry}; }
+
+  // Publishes `block` under entry e (the index, the pool's cached mark).
+  void Insert(BlockId block, Entry e) {
+    index.emplace(e.key, block);
+    entries[static_cast<size_t>(ToInt(block))] = std::move(e);
+    PAGEKV_CHECK(cache->SetBlockCached(block, true).ok());
+    ++stats.inserted;
+  }
 
   BlockKey KeyOf(const BlockKey* parent, std::span<const int32_t> tokens, const ExtraKeys& extra) const {
     prefix::EncodeBlock(parent, tokens, extra, scratch);
@@ -99,11 +121,27 @@ struct PrefixCache::State {
   void OnEvict(BlockId block) {
     std::optional<Entry>& e = entries[static_cast<size_t>(ToInt(block))];
     if (!e) return;
+    std::optional<Tier> down;
+    if (options.tiers != nullptr && cache->ReadBlock(block, block_bytes).ok()) {
+      down = options.tiers->Evicted(MetaOf(*e), block_bytes);  // its bytes are intact until the caller writes it
+    }
     index.erase(e->key);
     KvEvent ev;
     ev.type = KvEvent::Type::kBlockRemoved;
     ev.keys.push_back(e->key);
     Emit(std::move(ev));
+    if (down) {
+      KvEvent st;
+      st.type = KvEvent::Type::kBlockStored;
+      st.keys.push_back(e->key);
+      st.parent = e->parent;
+      st.token_ids = e->tokens;
+      st.block_len = block_len;
+      st.adapter_id = e->extra.adapter_id;
+      st.extra_keys = EventExtraKeys(e->extra, !e->parent.has_value());
+      st.tier = TierName(*down);
+      Emit(std::move(st));
+    }
     e.reset();
     ++stats.evicted;
   }
@@ -127,6 +165,8 @@ Result<std::unique_ptr<PrefixCache>> PrefixCache::Create(KvCache& cache, const P
   state->hash = prefix::MakeHasher(options.hasher);
   state->block_len = cache.layout().block_len();
   state->entries.resize(static_cast<size_t>(cache.layout().num_blocks()));
+  state->geometry = cache.GeometryTag();
+  if (options.tiers != nullptr) state->block_bytes.resize(static_cast<size_t>(cache.block_payload_bytes()));
   State* raw = state.get();
   cache.SetEvictionListener([raw](BlockId b) { raw->OnEvict(b); });
   return std::unique_ptr<PrefixCache>(new PrefixCache(std::move(state)));
@@ -194,8 +234,41 @@ Result<PrefixMatch> PrefixCache::Lookup(std::span<const int32_t> tokens, const E
     m.blocks.push_back(it->second);
     m.keys.push_back(key);
   }
-  m.num_tokens = static_cast<int64_t>(m.blocks.size()) * bl;
+  if (state_->options.tiers != nullptr && static_cast<int64_t>(m.blocks.size()) < max_blocks &&
+      state_->index.count(state_->KeyOf(m.keys.empty() ? nullptr : &m.keys.back(),
+                                        tokens.subspan(m.blocks.size() * static_cast<size_t>(bl), static_cast<size_t>(bl)), extra)) == 0) {
+    // The pool's part ended on a miss (not a collision): the prefix may go on
+    // in the lower tiers.
+    std::vector<BlockKey> rest;
+    for (auto i = static_cast<int64_t>(m.blocks.size()); i < max_blocks; ++i) {
+      const BlockKey* parent = rest.empty() ? (m.keys.empty() ? nullptr : &m.keys.back()) : &rest.back();
+      rest.push_back(state_->KeyOf(parent, tokens.subspan(static_cast<size_t>(i * bl), static_cast<size_t>(bl)), extra));
+    }
+    m.lower = state_->options.tiers->LocatePrefix(rest);
+    m.keys.insert(m.keys.end(), rest.begin(), rest.begin() + static_cast<std::ptrdiff_t>(m.lower.size()));
+  }
+  m.num_tokens = static_cast<int64_t>(m.blocks.size() + m.lower.size()) * bl;
   return m;
+}
+
+void PrefixCache::Prefetch(std::span<const int32_t> tokens, const ExtraKeys& extra) {
+  if (state_->options.tiers == nullptr) return;
+  Result<PrefixMatch> m = Lookup(tokens, extra);
+  if (!m.ok() || m->lower.empty()) return;
+  const int64_t bl = state_->block_len;
+  std::vector<BlockMeta> metas;
+  for (size_t j = 0; j < m->lower.size(); ++j) {
+    if (m->lower[j] == Tier::kHost) continue;  // already in memory
+    const size_t i = m->blocks.size() + j;
+    BlockMeta meta;
+    meta.key = m->keys[i];
+    if (i > 0) meta.parent = m->keys[i - 1];
+    const auto t = tokens.subspan(i * static_cast<size_t>(bl), static_cast<size_t>(bl));
+    meta.tokens.assign(t.begin(), t.end());
+    meta.geometry = state_->geometry;
+    metas.push_back(std::move(meta));
+  }
+  if (!metas.empty()) state_->options.tiers->Prefetch(std::move(metas));
 }
 
 bool PrefixCache::CanAdmit(const PrefixMatch& match, int64_t new_tokens) const {
@@ -210,12 +283,56 @@ Result<PrefixCache::Admitted> PrefixCache::AddSequence(std::span<const int32_t> 
                                                        std::string label, int64_t max_tokens) {
   PAGEKV_ASSIGN_OR_RETURN(PrefixMatch match, Lookup(tokens, extra, max_tokens));
   PAGEKV_ASSIGN_OR_RETURN(SeqId seq, state_->cache->AddSequenceSharing(match.blocks, std::move(label)));
+  const size_t in_pool = match.blocks.size();
+  PrefixCacheStats& st = state_->stats;
+  st.tier_hit_blocks[0] += static_cast<int64_t>(in_pool);
+  if (!match.lower.empty()) {
+    // Load the lower tiers' part into new pool blocks, in order, and publish
+    // each; the first block that cannot be had ends the match there.
+    const int64_t bl = state_->block_len;
+    std::vector<Tier> loaded;
+    for (size_t j = 0; j < match.lower.size(); ++j) {
+      const size_t i = in_pool + j;
+      Entry e;
+      e.key = match.keys[i];
+      if (i > 0) e.parent = match.keys[i - 1];
+      const auto t = tokens.subspan(i * static_cast<size_t>(bl), static_cast<size_t>(bl));
+      e.tokens.assign(t.begin(), t.end());
+      e.extra = extra;
+      if (i > 0) e.extra.cache_salt.reset();
+      if (state_->index.count(e.key) > 0) break;  // cannot happen between Lookup and here; stay safe
+      Result<bool> room = state_->cache->Reserve(seq, bl);
+      if (!room.ok() || !*room) break;
+      const std::optional<Tier> from = state_->options.tiers->Load(state_->MetaOf(e), state_->block_bytes);
+      if (!from || !state_->cache->WriteBlock(seq, static_cast<int64_t>(i), state_->block_bytes).ok()) {
+        ++st.tier_load_failures;
+        PAGEKV_CHECK(state_->cache->Truncate(seq, static_cast<int64_t>(i) * bl).ok());
+        break;
+      }
+      const BlockId block = (*state_->cache->View(seq)).blocks[i];
+      KvEvent ev;
+      ev.type = KvEvent::Type::kBlockStored;
+      ev.keys.push_back(e.key);
+      ev.parent = e.parent;
+      ev.token_ids = e.tokens;
+      ev.block_len = static_cast<int32_t>(bl);
+      ev.adapter_id = extra.adapter_id;
+      ev.extra_keys = EventExtraKeys(extra, i == 0);
+      state_->Insert(block, std::move(e));
+      state_->Emit(std::move(ev));
+      st.tier_hit_blocks[static_cast<size_t>(*from)] += 1;
+      loaded.push_back(*from);
+    }
+    match.keys.resize(in_pool + loaded.size());
+    match.lower = std::move(loaded);
+    for (size_t j = 0; j < match.lower.size(); ++j) match.blocks.push_back((*state_->cache->View(seq)).blocks[in_pool + j]);
+    match.num_tokens = static_cast<int64_t>(match.blocks.size()) * bl;
+  }
   SeqChain chain;
   chain.extra = extra;
   chain.keys = match.keys;
   state_->chains.emplace(ToInt(seq), std::move(chain));
   // Statistics: a lookup of this prompt's tokens and full blocks.
-  PrefixCacheStats& st = state_->stats;
   const WindowEntry w{static_cast<int64_t>(tokens.size()), match.num_tokens,
                       static_cast<int64_t>(tokens.size()) / state_->block_len, static_cast<int64_t>(match.blocks.size())};
   ++st.lookups;
@@ -301,10 +418,11 @@ Status PrefixCache::Publish(SeqId seq, std::span<const int32_t> tokens) {
     e.tokens.assign(block_tokens.begin(), block_tokens.end());
     e.extra = chain.extra;
     if (i > 0) e.extra.cache_salt.reset();
-    state_->entries[static_cast<size_t>(ToInt(block))] = std::move(e);
-    state_->index.emplace(key, block);
-    PAGEKV_CHECK(state_->cache->SetBlockCached(block, true).ok());
-    ++state_->stats.inserted;
+    LowerTiers* tiers = state_->options.tiers;
+    if (tiers != nullptr && tiers->write_through() && state_->cache->ReadBlock(block, state_->block_bytes).ok()) {
+      tiers->Published(state_->MetaOf(e), state_->block_bytes);
+    }
+    state_->Insert(block, std::move(e));
     if (stored.empty()) stored_parent = parent != nullptr ? std::optional<BlockKey>(*parent) : std::nullopt;
     stored.push_back(key);
     stored_tokens.insert(stored_tokens.end(), block_tokens.begin(), block_tokens.end());

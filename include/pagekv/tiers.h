@@ -1,0 +1,184 @@
+// Tiered KV storage: where a prefix-cache block goes when it leaves the pool,
+// and where a later request finds it again.
+//
+//   pool (KvCache) --evicted / published--> host RAM --> local disk --> Redis
+//        ^                                                             |
+//        `----- loaded into a fresh pool block on a prefix hit <--------'
+//
+// A BlockStore keeps whole blocks under their prefix-cache key. Every stored
+// payload carries a header (docs/KV_LAYOUT.md, "Tier payloads"): format
+// version, key, parent key, token ids, cache geometry, sizes, and an xxh3-64
+// checksum over all of it and the KV bytes. A get checks every field against
+// what the caller asked for, so a corrupt, truncated, foreign (other model,
+// other salt, other shape) or colliding payload is a miss, counted, and the
+// entry is dropped; wrong KV is never returned.
+//
+// Stores:
+//   host   a preallocated arena of fixed-size slots with its own LRU
+//   disk   one preallocated file of slots (direct I/O when the file system
+//          allows it) and an index file written atomically (temp + fsync +
+//          rename, checksummed), so blocks survive a restart
+//   redis  hiredis to a redis-server: SET/GET/EXISTS/DEL on keys
+//          "<namespace>:<key hex>", pipelined for many blocks; a down or slow
+//          server is marked unhealthy and retried with exponential backoff
+//
+// BlockTiers joins the configured stores in order (host, disk, redis) behind
+// the prefix cache's LowerTiers interface and moves blocks between them with
+// worker threads fed by bounded queues: the caller copies a block's bytes
+// into the queue and goes on; a full queue drops the copy (counted) rather
+// than stall a decode step. Loads on the request path read the host tier (a
+// memcpy) or, for blocks no prefetch brought up, the slower tier directly.
+//
+// Thread safety: every BlockStore and BlockTiers may be called from any
+// thread (each store serialises its own state).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "pagekv/prefix_cache.h"
+#include "pagekv/status.h"
+
+namespace pagekv {
+
+// Counters of one store; monotonic except the *_now fields.
+struct TierStats {
+  std::string name;           // "host", "disk", "redis"
+  int64_t puts = 0;           // blocks stored
+  int64_t gets = 0;           // lookups that read a payload
+  int64_t hits = 0;           // verified and returned
+  int64_t misses = 0;         // not held (or dropped as below)
+  int64_t evictions = 0;      // dropped to make room (LRU)
+  int64_t corrupt = 0;        // failed a check: checksum, size, key, tokens, geometry
+  int64_t errors = 0;         // I/O or connection failures (and calls refused while unhealthy)
+  int64_t blocks_now = 0;     // held now (redis: put by this process and not removed)
+  int64_t bytes_now = 0;
+  int64_t capacity_bytes = 0; // 0 = bounded by the server (redis)
+  bool healthy = true;
+};
+
+// One storage tier. Get fills `kv` only with a payload whose header matches
+// `meta` exactly and whose checksum holds.
+class BlockStore {
+ public:
+  virtual ~BlockStore() = default;
+  virtual Tier tier() const = 0;
+  // Stores (or replaces) the block; may evict older ones. Errors: I/O, a
+  // payload larger than a slot, the tier down.
+  virtual Status Put(const BlockMeta& meta, std::span<const std::byte> kv) = 0;
+  // true: kv holds the block; false: a miss (including a payload that failed
+  // a check, which is then removed). Errors: I/O, the tier down.
+  virtual Result<bool> Get(const BlockMeta& meta, std::span<std::byte> kv) = 0;
+  virtual Result<bool> Contains(const BlockKey& key) = 0;
+  // For keys in order, whether each is held (one round trip for redis).
+  virtual Result<std::vector<bool>> ContainsMany(std::span<const BlockKey> keys);
+  virtual Status Remove(const BlockKey& key) = 0;
+  virtual int64_t capacity_bytes() const = 0;
+  virtual TierStats Stats() const = 0;
+  // Makes what was stored durable (disk: writes the index). Default: nothing.
+  virtual Status Flush() { return Status::Ok(); }
+};
+
+// Bytes one stored block takes (header, token ids, KV), before any rounding.
+int64_t TierPayloadBytes(int32_t block_len, int64_t kv_bytes);
+
+// A second arena in RAM: capacity / payload slots, least recently used out.
+// `on_evict` (optional) hears each block dropped for room, with its bytes,
+// before the slot is reused (BlockTiers uses it to push the block down).
+struct HostStoreOptions {
+  int64_t capacity_bytes = 0;  // > 0
+  int32_t block_len = 0;       // of the cache whose blocks it holds
+  int64_t kv_bytes = 0;        // KvCache::block_payload_bytes()
+  std::function<void(const BlockMeta&, std::span<const std::byte>)> on_evict;
+};
+Result<std::unique_ptr<BlockStore>> CreateHostStore(const HostStoreOptions& options);
+
+struct DiskStoreOptions {
+  std::string path;            // the data file; the index is path + ".index"
+  int64_t capacity_bytes = 0;  // > 0: the file is preallocated to this size (rounded down to whole slots)
+  int32_t block_len = 0;
+  int64_t kv_bytes = 0;
+  bool direct_io = true;       // O_DIRECT when the file system supports it
+  int64_t index_every_puts = 64;  // rewrite the index after this many puts (and on Flush)
+};
+// Opens (or creates) the file. A file of another size or slot layout, or an
+// index that is missing or fails its checksum, starts empty (the file is
+// recreated; nothing stale is read). Errors: the file cannot be created or
+// preallocated (no space: named).
+Result<std::unique_ptr<BlockStore>> CreateDiskStore(const DiskStoreOptions& options);
+
+struct RedisStoreOptions {
+  std::string url;             // redis://[:password@]host[:port][/db]
+  std::string password;        // AUTH; overrides one in the url. Never logged.
+  std::string key_namespace = "pagekv";  // keys are "<namespace>:<key hex>"
+  int timeout_ms = 500;        // connect and per-command
+  int backoff_initial_ms = 100;  // after a failure, calls fail fast until this passes
+  int backoff_max_ms = 5000;     // doubling up to this
+  int64_t ttl_seconds = 0;     // 0 = no expiry (let the server's maxmemory policy evict)
+};
+// Does not connect yet (the first call does; a server that is down is a
+// tier marked unhealthy, not an error). Errors: a malformed url.
+Result<std::unique_ptr<BlockStore>> CreateRedisStore(const RedisStoreOptions& options);
+
+// The tiers under one prefix cache.
+struct TierOptions {
+  int64_t host_bytes = 0;          // 0 = no host tier
+  std::string disk_path;           // empty = no disk tier
+  int64_t disk_bytes = 0;
+  bool disk_direct_io = true;
+  std::string redis_url;           // empty = no redis tier
+  std::string redis_password;      // from an environment variable or a file, never a flag
+  std::string redis_namespace;     // e.g. "pagekv:<model fingerprint>"
+  int redis_timeout_ms = 500;
+  // true: every published block is also written to disk and redis (other
+  // processes and restarts find it); false: blocks go down only when evicted.
+  bool write_through = true;
+  int64_t queue_blocks = 1024;     // pending puts/prefetches; beyond this new ones are dropped (counted)
+  int workers = 1;
+  // Faults and fallbacks are reported here, one line each (default: dropped).
+  std::function<void(const std::string&)> log;
+};
+
+struct TiersStats {
+  std::vector<TierStats> tiers;   // configured stores, in order
+  int64_t queued_now = 0;
+  int64_t dropped = 0;            // puts/prefetches refused by a full queue
+  int64_t prefetched = 0;         // blocks brought up ahead of their load
+  int64_t load_hits[kNumTiers]{}; // blocks loaded for a request, by tier
+  int64_t load_failures = 0;      // located but not loaded (counted as misses, recomputed)
+};
+
+class BlockTiers final : public LowerTiers {
+ public:
+  // block_len and kv_bytes: the cache's (KvCache::block_payload_bytes()).
+  // Errors: no tier configured, invalid sizes, a disk file that cannot be
+  // made, a malformed redis url.
+  static Result<std::unique_ptr<BlockTiers>> Create(const TierOptions& options, int32_t block_len, int64_t kv_bytes);
+  ~BlockTiers() override;  // finishes queued work, flushes
+
+  std::vector<Tier> LocatePrefix(std::span<const BlockKey> keys) override;
+  std::optional<Tier> Load(const BlockMeta& meta, std::span<std::byte> kv) override;
+  bool write_through() const override;
+  void Published(const BlockMeta& meta, std::span<const std::byte> kv) override;
+  std::optional<Tier> Evicted(const BlockMeta& meta, std::span<const std::byte> kv) override;
+  void Prefetch(std::vector<BlockMeta> metas) override;
+
+  // Blocks until every queued put and prefetch is done; flushes the stores.
+  void Drain();
+  TiersStats Stats() const;
+  BlockStore* store(Tier t);  // nullptr when not configured
+
+ private:
+  struct State;
+  explicit BlockTiers(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace pagekv

@@ -1,0 +1,332 @@
+// Round trips and faults of each BlockStore, against real files and a real
+// redis-server.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "pagekv/tiers.h"
+#include "testing/redis_server.h"
+#include "tiers/block_payload.h"
+
+namespace pagekv {
+namespace {
+
+constexpr int32_t kBlockLen = 8;
+constexpr int64_t kKvBytes = 3000;  // not a multiple of anything on purpose
+
+BlockKey KeyOf(uint64_t i) {
+  BlockKey k;
+  std::mt19937_64 rng(i * 7919 + 1);
+  for (auto& b : k.bytes) b = static_cast<uint8_t>(rng());
+  return k;
+}
+
+BlockMeta Meta(uint64_t i) {
+  BlockMeta m;
+  m.key = KeyOf(i);
+  if (i % 2 == 1) m.parent = KeyOf(i + 1000);
+  for (int t = 0; t < kBlockLen; ++t) m.tokens.push_back(static_cast<int32_t>(i * 100 + t));
+  m.geometry = 0xfeedULL;
+  return m;
+}
+
+std::vector<std::byte> Kv(uint64_t i) {
+  std::vector<std::byte> kv(kKvBytes);
+  std::mt19937 rng(static_cast<uint32_t>(i));
+  for (auto& b : kv) b = static_cast<std::byte>(rng());
+  return kv;
+}
+
+// Put then Get returns the same bytes; the wrong meta never does.
+void ExpectRoundTrip(BlockStore& s, uint64_t i) {
+  ASSERT_TRUE(s.Put(Meta(i), Kv(i)).ok());
+  EXPECT_TRUE(*s.Contains(Meta(i).key));
+  std::vector<std::byte> out(kKvBytes);
+  ASSERT_TRUE(*s.Get(Meta(i), out));
+  EXPECT_EQ(out, Kv(i));
+}
+
+std::string TempPath(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / ("pagekv-tier-" + std::to_string(::getpid()) + "-" + name)).string();
+}
+
+TEST(TierPayloadTest, EveryFieldIsCheckedOnDecode) {
+  std::vector<std::byte> p;
+  tiers::EncodePayload(Meta(3), Kv(3), p);
+  EXPECT_EQ(p.size(), tiers::PayloadBytes(kBlockLen, kKvBytes));
+  std::vector<std::byte> out(kKvBytes);
+  ASSERT_TRUE(tiers::DecodePayload(p, Meta(3), out).ok());
+  EXPECT_EQ(out, Kv(3));
+  // Another key, parent, tokens or geometry than asked: refused.
+  BlockMeta other = Meta(3);
+  other.key = KeyOf(4);
+  EXPECT_EQ(tiers::DecodePayload(p, other, out).code(), StatusCode::kDataLoss);
+  other = Meta(3);
+  other.parent.reset();
+  EXPECT_EQ(tiers::DecodePayload(p, other, out).code(), StatusCode::kDataLoss);
+  other = Meta(3);
+  other.tokens[5] += 1;  // a colliding key with other tokens
+  EXPECT_EQ(tiers::DecodePayload(p, other, out).code(), StatusCode::kDataLoss);
+  other = Meta(3);
+  other.geometry += 1;
+  EXPECT_EQ(tiers::DecodePayload(p, other, out).code(), StatusCode::kDataLoss);
+  // Any flipped byte fails the checksum (or an earlier check); truncation too.
+  for (size_t at : {size_t{0}, size_t{9}, size_t{100}, tiers::kHeaderBytes + 3, p.size() - 1}) {
+    std::vector<std::byte> bad = p;
+    bad[at] ^= std::byte{0x10};
+    EXPECT_EQ(tiers::DecodePayload(bad, Meta(3), out).code(), StatusCode::kDataLoss) << "byte " << at;
+  }
+  EXPECT_EQ(tiers::DecodePayload(std::span(p).first(p.size() - 1), Meta(3), out).code(), StatusCode::kDataLoss);
+  EXPECT_EQ(tiers::DecodePayload(std::span(p).first(50), Meta(3), out).code(), StatusCode::kDataLoss);
+}
+
+TEST(HostStoreTest, RoundTripsAndEvictsLeastRecentlyUsedToItsListener) {
+  std::vector<BlockKey> evicted;
+  HostStoreOptions o;
+  o.block_len = kBlockLen;
+  o.kv_bytes = kKvBytes;
+  o.capacity_bytes = 3 * TierPayloadBytes(kBlockLen, kKvBytes) + 10;
+  o.on_evict = [&](const BlockMeta& m, std::span<const std::byte> kv) {
+    evicted.push_back(m.key);
+    EXPECT_TRUE(std::equal(kv.begin(), kv.end(), Kv(m.tokens[0] / 100).begin()));
+  };
+  auto s = std::move(*CreateHostStore(o));
+  for (uint64_t i = 0; i < 3; ++i) ExpectRoundTrip(*s, i);
+  std::vector<std::byte> out(kKvBytes);
+  ASSERT_TRUE(*s->Get(Meta(0), out));  // 0 is now the most recent: 1 goes first
+  ExpectRoundTrip(*s, 3);
+  ASSERT_EQ(evicted.size(), 1u);
+  EXPECT_EQ(evicted[0], KeyOf(1));
+  EXPECT_FALSE(*s->Get(Meta(1), out));
+  EXPECT_FALSE(*s->Contains(KeyOf(1)));
+  ASSERT_TRUE(s->Remove(KeyOf(0)).ok());
+  EXPECT_FALSE(*s->Contains(KeyOf(0)));
+  const TierStats st = s->Stats();
+  EXPECT_EQ(st.blocks_now, 2);
+  EXPECT_EQ(st.evictions, 1);
+  EXPECT_EQ(st.puts, 4);
+  // Wrong tokens under a held key: a miss, counted as corrupt, dropped.
+  BlockMeta wrong = Meta(2);
+  wrong.tokens[0] = -5;
+  EXPECT_FALSE(*s->Get(wrong, out));
+  EXPECT_EQ(s->Stats().corrupt, 1);
+  EXPECT_FALSE(*s->Contains(KeyOf(2)));
+}
+
+TEST(HostStoreTest, BadSizesAreNamedErrors) {
+  HostStoreOptions o;
+  o.block_len = kBlockLen;
+  o.kv_bytes = kKvBytes;
+  o.capacity_bytes = 100;
+  EXPECT_EQ(CreateHostStore(o).status().code(), StatusCode::kInvalidArgument);
+  o.capacity_bytes = 1 << 20;
+  auto s = std::move(*CreateHostStore(o));
+  std::vector<std::byte> big(kKvBytes * 2);
+  EXPECT_EQ(s->Put(Meta(1), big).code(), StatusCode::kInvalidArgument);
+}
+
+class DiskStoreTest : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    std::filesystem::remove(path_);
+    std::filesystem::remove(path_ + ".index");
+  }
+  std::unique_ptr<BlockStore> Open(int64_t slots = 4) {
+    DiskStoreOptions o;
+    o.path = path_;
+    o.block_len = kBlockLen;
+    o.kv_bytes = kKvBytes;
+    o.capacity_bytes = slots * 4096;
+    auto s = CreateDiskStore(o);
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    return std::move(*s);
+  }
+  std::string path_ = TempPath("disk");
+};
+
+TEST_F(DiskStoreTest, RoundTripsAndSurvivesARestart) {
+  {
+    auto s = Open();
+    for (uint64_t i = 0; i < 3; ++i) ExpectRoundTrip(*s, i);
+    EXPECT_EQ(std::filesystem::file_size(path_), 4u * 4096);
+  }  // closing writes the index
+  auto s = Open();
+  std::vector<std::byte> out(kKvBytes);
+  for (uint64_t i = 0; i < 3; ++i) {
+    ASSERT_TRUE(*s->Get(Meta(i), out)) << i;
+    EXPECT_EQ(out, Kv(i));
+  }
+  EXPECT_EQ(s->Stats().blocks_now, 3);
+}
+
+TEST_F(DiskStoreTest, FillingItEvictsTheLeastRecentlyUsed) {
+  auto s = Open(2);
+  for (uint64_t i = 0; i < 5; ++i) ExpectRoundTrip(*s, i);
+  std::vector<std::byte> out(kKvBytes);
+  EXPECT_FALSE(*s->Get(Meta(0), out));
+  EXPECT_TRUE(*s->Get(Meta(4), out));
+  EXPECT_EQ(s->Stats().evictions, 3);
+  EXPECT_EQ(s->Stats().blocks_now, 2);
+}
+
+TEST_F(DiskStoreTest, AFlippedByteOnDiskIsAMissNeverWrongKv) {
+  auto s = Open();
+  ExpectRoundTrip(*s, 1);
+  ExpectRoundTrip(*s, 2);
+  ASSERT_TRUE(s->Flush().ok());
+  // Flip one KV byte of every slot in the file.
+  const int fd = ::open(path_.c_str(), O_RDWR);
+  for (off_t slot = 0; slot < 4; ++slot) {
+    char c;
+    const off_t at = slot * 4096 + static_cast<off_t>(tiers::kHeaderBytes) + 4 * kBlockLen + 77;
+    ASSERT_EQ(::pread(fd, &c, 1, at), 1);
+    c = static_cast<char>(c ^ 1);
+    ASSERT_EQ(::pwrite(fd, &c, 1, at), 1);
+  }
+  ::close(fd);
+  std::vector<std::byte> out(kKvBytes);
+  EXPECT_FALSE(*s->Get(Meta(1), out));
+  EXPECT_FALSE(*s->Get(Meta(2), out));
+  EXPECT_EQ(s->Stats().corrupt, 2);
+  EXPECT_FALSE(*s->Contains(KeyOf(1)));  // dropped
+}
+
+TEST_F(DiskStoreTest, ATruncatedFileIsAMissAndStartsEmptyOnReopen) {
+  {
+    auto s = Open();
+    ExpectRoundTrip(*s, 1);
+    ExpectRoundTrip(*s, 2);
+    ASSERT_TRUE(s->Flush().ok());
+    std::filesystem::resize_file(path_, 4096 + 100);  // slot 1 cut short
+    std::vector<std::byte> out(kKvBytes);
+    int hits = 0;
+    for (uint64_t i : {1, 2}) hits += *s->Get(Meta(i), out) ? 1 : 0;
+    EXPECT_EQ(hits, 1);
+    EXPECT_EQ(s->Stats().corrupt, 1);
+  }
+  auto s = Open();  // another size: recreated, nothing stale served
+  std::vector<std::byte> out(kKvBytes);
+  EXPECT_FALSE(*s->Get(Meta(1), out));
+  EXPECT_FALSE(*s->Get(Meta(2), out));
+  EXPECT_EQ(std::filesystem::file_size(path_), 4u * 4096);
+}
+
+TEST_F(DiskStoreTest, ACorruptIndexStartsEmpty) {
+  {
+    auto s = Open();
+    ExpectRoundTrip(*s, 1);
+  }
+  {
+    std::fstream f(path_ + ".index", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(30);
+    f.put('\x7f');
+  }
+  auto s = Open();
+  EXPECT_FALSE(*s->Contains(KeyOf(1)));
+  ExpectRoundTrip(*s, 2);
+}
+
+TEST_F(DiskStoreTest, BadConfigurationIsNamed) {
+  DiskStoreOptions o;
+  o.block_len = kBlockLen;
+  o.kv_bytes = kKvBytes;
+  o.capacity_bytes = 1 << 20;
+  EXPECT_EQ(CreateDiskStore(o).status().code(), StatusCode::kInvalidArgument);  // no path
+  o.path = "/nonexistent-dir/x/cache";
+  EXPECT_EQ(CreateDiskStore(o).status().code(), StatusCode::kUnavailable);
+  o.path = path_;
+  o.capacity_bytes = 100;
+  EXPECT_EQ(CreateDiskStore(o).status().code(), StatusCode::kInvalidArgument);
+}
+
+class RedisStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_TRUE(server_.Start().ok()); }
+  std::unique_ptr<BlockStore> Open(const std::string& ns = "test") {
+    RedisStoreOptions o;
+    o.url = server_.url();
+    o.key_namespace = ns;
+    o.timeout_ms = 300;
+    o.backoff_initial_ms = 50;
+    return std::move(*CreateRedisStore(o));
+  }
+  testing::RedisServer server_;
+};
+
+TEST_F(RedisStoreTest, RoundTripsAndPipelinesLookups) {
+  auto s = Open();
+  for (uint64_t i = 0; i < 4; ++i) ExpectRoundTrip(*s, i);
+  const std::vector<BlockKey> keys = {KeyOf(0), KeyOf(9), KeyOf(2)};
+  EXPECT_EQ(*s->ContainsMany(keys), (std::vector<bool>{true, false, true}));
+  ASSERT_TRUE(s->Remove(KeyOf(0)).ok());
+  EXPECT_FALSE(*s->Contains(KeyOf(0)));
+  EXPECT_EQ(*server_.Command("DBSIZE"), ":3\r\n");
+  // Namespaces keep stores apart (model fingerprints).
+  auto other = Open("another-model");
+  EXPECT_FALSE(*other->Contains(KeyOf(1)));
+}
+
+TEST_F(RedisStoreTest, AFlippedByteInRedisIsAMissAndTheKeyIsDropped) {
+  auto s = Open();
+  ExpectRoundTrip(*s, 5);
+  const std::string key = "test:" + KeyOf(5).Hex();
+  ASSERT_EQ(*server_.Command("SETRANGE " + key + " 200 Z"), ":" + std::to_string(tiers::PayloadBytes(kBlockLen, kKvBytes)) + "\r\n");
+  std::vector<std::byte> out(kKvBytes);
+  EXPECT_FALSE(*s->Get(Meta(5), out));
+  EXPECT_EQ(s->Stats().corrupt, 1);
+  EXPECT_FALSE(*s->Contains(KeyOf(5)));
+  // A truncated value, too.
+  ExpectRoundTrip(*s, 6);
+  ASSERT_TRUE(server_.Command("SET test:" + KeyOf(6).Hex() + " short").ok());
+  EXPECT_FALSE(*s->Get(Meta(6), out));
+}
+
+TEST_F(RedisStoreTest, AServerThatDiesIsUnhealthyFailsFastAndRecoversAfterARestart) {
+  auto s = Open();
+  ExpectRoundTrip(*s, 1);
+  server_.Kill();
+  std::vector<std::byte> out(kKvBytes);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(s->Get(Meta(1), out).status().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(s->Put(Meta(2), Kv(2)).code(), StatusCode::kUnavailable);  // backing off: no connect attempt
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+  EXPECT_FALSE(s->Stats().healthy);
+  EXPECT_GE(s->Stats().errors, 2);
+  ASSERT_TRUE(server_.Start().ok());  // restarted empty
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));  // past the backoff
+  Result<bool> got = s->Get(Meta(1), out);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_FALSE(*got);  // the data died with the server: a miss
+  EXPECT_TRUE(s->Stats().healthy);
+  ExpectRoundTrip(*s, 3);
+}
+
+TEST_F(RedisStoreTest, PasswordsAndUrlsAreChecked) {
+  server_.Stop();
+  ASSERT_TRUE(server_.Start("--requirepass sesame").ok());
+  RedisStoreOptions o;
+  o.url = server_.url();
+  o.key_namespace = "t";
+  auto no_pass = std::move(*CreateRedisStore(o));
+  EXPECT_EQ(no_pass->Put(Meta(1), Kv(1)).code(), StatusCode::kUnavailable);
+  o.password = "sesame";
+  auto with_pass = std::move(*CreateRedisStore(o));
+  ExpectRoundTrip(*with_pass, 1);
+  o.password.clear();
+  o.url = "redis://:sesame@127.0.0.1:" + std::to_string(server_.port()) + "/2";
+  ExpectRoundTrip(*std::move(*CreateRedisStore(o)), 2);
+  for (const char* bad : {"http://x", "redis://h:99999", "redis://h:1/x"}) {
+    o.url = bad;
+    EXPECT_EQ(CreateRedisStore(o).status().code(), StatusCode::kInvalidArgument) << bad;
+  }
+}
+
+}  // namespace
+}  // namespace pagekv

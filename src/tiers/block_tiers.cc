@@ -1,0 +1,349 @@
+// BlockTiers (include/pagekv/tiers.h): the configured stores in order, a
+// bounded job queue with worker threads (puts down the tiers, prefetches
+// up), and a staging area of prefetched blocks waiting for their load.
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "pagekv/tiers.h"
+#include "tiers/block_payload.h"
+#include "tiers/key_hash.h"
+
+namespace pagekv {
+
+Result<std::vector<bool>> BlockStore::ContainsMany(std::span<const BlockKey> keys) {
+  std::vector<bool> out;
+  out.reserve(keys.size());
+  for (const BlockKey& k : keys) {
+    PAGEKV_ASSIGN_OR_RETURN(bool has, Contains(k));
+    out.push_back(has);
+  }
+  return out;
+}
+
+int64_t TierPayloadBytes(int32_t block_len, int64_t kv_bytes) {
+  return static_cast<int64_t>(tiers::PayloadBytes(static_cast<size_t>(block_len), static_cast<size_t>(kv_bytes)));
+}
+
+namespace {
+
+struct Job {
+  enum class Kind : uint8_t { kPut, kPrefetch } kind = Kind::kPut;
+  BlockStore* target = nullptr;  // kPut
+  BlockMeta meta;
+  std::vector<std::byte> kv;     // kPut
+};
+
+struct Staged {
+  std::vector<std::byte> kv;
+  Tier from;
+};
+
+}  // namespace
+
+struct BlockTiers::State {
+  TierOptions o;
+  int32_t block_len = 0;
+  int64_t kv_bytes = 0;
+  std::vector<std::unique_ptr<BlockStore>> stores;  // host, disk, redis: those configured
+  BlockStore* by_tier[kNumTiers]{};
+
+  std::mutex mu;  // the queue, staging and counters below
+  std::condition_variable work_cv, idle_cv;
+  std::deque<Job> queue;
+  int64_t busy = 0;
+  bool stopping = false;
+  std::unordered_map<BlockKey, Staged, tiers::KeyHash> staged;
+  std::deque<BlockKey> staged_order;
+  int64_t dropped = 0, prefetched = 0, load_failures = 0;
+  int64_t load_hits[kNumTiers]{};
+  std::unordered_map<std::string, int64_t> fault_counts;
+  std::vector<std::thread> workers;
+
+  // Reports a fault; repeated ones every power of two, so a dead tier does
+  // not flood the log.
+  void Log(const std::string& what, const Status& s) {
+    int64_t n;
+    {
+      std::lock_guard lock(mu);
+      n = ++fault_counts[what];
+    }
+    if (o.log && (n & (n - 1)) == 0) {
+      o.log("tiers: " + what + ": " + s.ToString() + " (" + std::to_string(n) + " so far; treated as a miss)");
+    }
+  }
+
+  // The first store below `t` (nullptr: none).
+  BlockStore* Below(Tier t) const {
+    for (int i = static_cast<int>(t) + 1; i < kNumTiers; ++i) {
+      if (by_tier[i] != nullptr) return by_tier[i];
+    }
+    return nullptr;
+  }
+
+  bool Enqueue(Job job) {
+    std::lock_guard lock(mu);
+    if (static_cast<int64_t>(queue.size()) >= o.queue_blocks) {
+      ++dropped;
+      return false;
+    }
+    queue.push_back(std::move(job));
+    work_cv.notify_one();
+    return true;
+  }
+
+  void EnqueuePut(BlockStore* target, const BlockMeta& meta, std::span<const std::byte> kv) {
+    Job j;
+    j.kind = Job::Kind::kPut;
+    j.target = target;
+    j.meta = meta;
+    j.kv.assign(kv.begin(), kv.end());
+    Enqueue(std::move(j));
+  }
+
+  void Stage(const BlockKey& key, std::vector<std::byte> kv, Tier from) {
+    std::lock_guard lock(mu);
+    if (staged.count(key) > 0) return;
+    staged.emplace(key, Staged{std::move(kv), from});
+    staged_order.push_back(key);
+    ++prefetched;
+    while (static_cast<int64_t>(staged_order.size()) > o.queue_blocks) {
+      staged.erase(staged_order.front());
+      staged_order.pop_front();
+    }
+  }
+
+  void Run(Job& j) {
+    if (j.kind == Job::Kind::kPut) {
+      if (Status s = j.target->Put(j.meta, j.kv); !s.ok()) Log(std::string(TierName(j.target->tier())) + " put", s);
+      return;
+    }
+    {
+      std::lock_guard lock(mu);
+      if (staged.count(j.meta.key) > 0) return;
+    }
+    // Prefetch: the slow tiers only; a host hit needs no staging.
+    std::vector<std::byte> kv(static_cast<size_t>(kv_bytes));
+    for (BlockStore* s : {by_tier[2], by_tier[3]}) {
+      if (s == nullptr) continue;
+      Result<bool> got = s->Get(j.meta, kv);
+      if (!got.ok()) {
+        Log(std::string(TierName(s->tier())) + " prefetch", got.status());
+        continue;
+      }
+      if (*got) {
+        Stage(j.meta.key, std::move(kv), s->tier());
+        return;
+      }
+    }
+  }
+
+  void Work() {
+    for (;;) {
+      Job j;
+      {
+        std::unique_lock lock(mu);
+        work_cv.wait(lock, [&] { return stopping || !queue.empty(); });
+        if (queue.empty()) return;  // stopping, and all done
+        j = std::move(queue.front());
+        queue.pop_front();
+        ++busy;
+      }
+      Run(j);
+      std::lock_guard lock(mu);
+      --busy;
+      if (queue.empty() && busy == 0) idle_cv.notify_all();
+    }
+  }
+};
+
+BlockTiers::BlockTiers(std::unique_ptr<State> state) : state_(std::move(state)) {}
+
+BlockTiers::~BlockTiers() {
+  Drain();
+  {
+    std::lock_guard lock(state_->mu);
+    state_->stopping = true;
+    state_->work_cv.notify_all();
+  }
+  for (std::thread& t : state_->workers) t.join();
+}
+
+Result<std::unique_ptr<BlockTiers>> BlockTiers::Create(const TierOptions& o, int32_t block_len, int64_t kv_bytes) {
+  if (o.host_bytes < 0 || o.disk_bytes < 0) return InvalidArgumentError("tiers: sizes must not be negative");
+  if (o.host_bytes == 0 && o.disk_path.empty() && o.redis_url.empty()) {
+    return InvalidArgumentError("tiers: none configured (give --host-cache, --disk-cache or --redis)");
+  }
+  if (!o.disk_path.empty() && o.disk_bytes == 0) {
+    return InvalidArgumentError("tiers: --disk-cache needs --disk-cache-size");
+  }
+  if (o.queue_blocks < 1 || o.workers < 1 || o.workers > 64) {
+    return InvalidArgumentError("tiers: queue_blocks must be at least 1 and workers within 1..64");
+  }
+  auto st = std::make_unique<State>();
+  st->o = o;
+  st->block_len = block_len;
+  st->kv_bytes = kv_bytes;
+  State* raw = st.get();
+  if (o.host_bytes > 0) {
+    HostStoreOptions h{o.host_bytes, block_len, kv_bytes, nullptr};
+    if (!o.write_through) {
+      // Write-back: a block pushed out of RAM goes one tier down.
+      h.on_evict = [raw](const BlockMeta& meta, std::span<const std::byte> kv) {
+        if (BlockStore* below = raw->Below(Tier::kHost)) raw->EnqueuePut(below, meta, kv);
+      };
+    }
+    PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<BlockStore> s, CreateHostStore(h));
+    st->stores.push_back(std::move(s));
+  }
+  if (!o.disk_path.empty()) {
+    DiskStoreOptions d;
+    d.path = o.disk_path;
+    d.capacity_bytes = o.disk_bytes;
+    d.block_len = block_len;
+    d.kv_bytes = kv_bytes;
+    d.direct_io = o.disk_direct_io;
+    PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<BlockStore> s, CreateDiskStore(d));
+    st->stores.push_back(std::move(s));
+  }
+  if (!o.redis_url.empty()) {
+    RedisStoreOptions r;
+    r.url = o.redis_url;
+    r.password = o.redis_password;
+    if (!o.redis_namespace.empty()) r.key_namespace = o.redis_namespace;
+    r.timeout_ms = o.redis_timeout_ms;
+    PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<BlockStore> s, CreateRedisStore(r));
+    st->stores.push_back(std::move(s));
+  }
+  for (auto& s : st->stores) st->by_tier[static_cast<int>(s->tier())] = s.get();
+  for (int i = 0; i < o.workers; ++i) st->workers.emplace_back([raw] { raw->Work(); });
+  return std::unique_ptr<BlockTiers>(new BlockTiers(std::move(st)));
+}
+
+std::vector<Tier> BlockTiers::LocatePrefix(std::span<const BlockKey> keys) {
+  State& st = *state_;
+  std::vector<Tier> where(keys.size(), Tier::kPool);  // kPool = not found yet
+  size_t first_unknown = keys.size();
+  for (size_t i = 0; i < keys.size(); ++i) {
+    {
+      std::lock_guard lock(st.mu);
+      if (auto it = st.staged.find(keys[i]); it != st.staged.end()) where[i] = it->second.from;
+    }
+    for (int t = 1; t <= 2 && where[i] == Tier::kPool; ++t) {
+      BlockStore* s = st.by_tier[t];
+      if (s == nullptr) continue;
+      if (Result<bool> has = s->Contains(keys[i]); has.ok() && *has) where[i] = s->tier();
+    }
+    if (where[i] == Tier::kPool && first_unknown == keys.size()) first_unknown = i;
+  }
+  if (BlockStore* redis = st.by_tier[3]; redis != nullptr && first_unknown < keys.size()) {
+    Result<std::vector<bool>> has = redis->ContainsMany(keys.subspan(first_unknown));
+    if (has.ok()) {
+      for (size_t i = first_unknown; i < keys.size(); ++i) {
+        if (where[i] == Tier::kPool && (*has)[i - first_unknown]) where[i] = Tier::kRedis;
+      }
+    } else {
+      st.Log("redis lookup", has.status());
+    }
+  }
+  size_t n = 0;
+  while (n < where.size() && where[n] != Tier::kPool) ++n;
+  where.resize(n);
+  return where;
+}
+
+std::optional<Tier> BlockTiers::Load(const BlockMeta& meta, std::span<std::byte> kv) {
+  State& st = *state_;
+  {
+    std::lock_guard lock(st.mu);
+    if (auto it = st.staged.find(meta.key); it != st.staged.end()) {
+      const Tier from = it->second.from;
+      const bool fits = it->second.kv.size() == kv.size();
+      if (fits) std::copy(it->second.kv.begin(), it->second.kv.end(), kv.begin());
+      st.staged.erase(it);  // the pool holds it from now on (its order entry ages out)
+      if (fits) {
+        ++st.load_hits[static_cast<int>(from)];
+        return from;
+      }
+    }
+  }
+  for (int t = 1; t < kNumTiers; ++t) {
+    BlockStore* s = st.by_tier[t];
+    if (s == nullptr) continue;
+    Result<bool> got = s->Get(meta, kv);
+    if (!got.ok()) {
+      st.Log(std::string(TierName(s->tier())) + " get", got.status());
+      continue;  // the block may also be further down
+    }
+    if (!*got) continue;
+    std::lock_guard lock(st.mu);
+    ++st.load_hits[t];
+    return s->tier();
+  }
+  std::lock_guard lock(st.mu);
+  ++st.load_failures;
+  return std::nullopt;
+}
+
+bool BlockTiers::write_through() const { return state_->o.write_through; }
+
+void BlockTiers::Published(const BlockMeta& meta, std::span<const std::byte> kv) {
+  if (!state_->o.write_through) return;
+  for (int t = 2; t < kNumTiers; ++t) {  // the pool holds it; RAM gets it on eviction
+    if (BlockStore* s = state_->by_tier[t]) state_->EnqueuePut(s, meta, kv);
+  }
+}
+
+std::optional<Tier> BlockTiers::Evicted(const BlockMeta& meta, std::span<const std::byte> kv) {
+  State& st = *state_;
+  if (BlockStore* host = st.by_tier[1]) {
+    if (Status s = host->Put(meta, kv); s.ok()) return Tier::kHost;
+    else st.Log("host put", s);
+  }
+  BlockStore* below = st.Below(Tier::kHost);
+  if (below == nullptr) return std::nullopt;
+  if (st.o.write_through) return below->tier();  // written when published
+  st.EnqueuePut(below, meta, kv);
+  return below->tier();
+}
+
+void BlockTiers::Prefetch(std::vector<BlockMeta> metas) {
+  if (state_->by_tier[2] == nullptr && state_->by_tier[3] == nullptr) return;
+  for (BlockMeta& m : metas) {
+    Job j;
+    j.kind = Job::Kind::kPrefetch;
+    j.meta = std::move(m);
+    if (!state_->Enqueue(std::move(j))) break;
+  }
+}
+
+void BlockTiers::Drain() {
+  State& st = *state_;
+  {
+    std::unique_lock lock(st.mu);
+    st.idle_cv.wait(lock, [&] { return st.queue.empty() && st.busy == 0; });
+  }
+  for (auto& s : st.stores) {
+    if (Status f = s->Flush(); !f.ok()) st.Log(std::string(TierName(s->tier())) + " flush", f);
+  }
+}
+
+TiersStats BlockTiers::Stats() const {
+  const State& st = *state_;
+  TiersStats out;
+  for (const auto& s : st.stores) out.tiers.push_back(s->Stats());
+  std::lock_guard lock(state_->mu);
+  out.queued_now = static_cast<int64_t>(st.queue.size());
+  out.dropped = st.dropped;
+  out.prefetched = st.prefetched;
+  for (int t = 0; t < kNumTiers; ++t) out.load_hits[t] = st.load_hits[t];
+  out.load_failures = st.load_failures;
+  return out;
+}
+
+BlockStore* BlockTiers::store(Tier t) { return state_->by_tier[static_cast<int>(t)]; }
+
+}  // namespace pagekv

@@ -1,0 +1,290 @@
+// The disk tier (include/pagekv/tiers.h): one preallocated file of 4 KiB
+// aligned slots, read and written whole (O_DIRECT where the file system
+// allows it), and an index file rewritten atomically:
+//
+//   <path>        [num_slots][slot_bytes]: a payload (block_payload.h), zero padded
+//   <path>.index  "PKVI" | u32 version | u64 slot_bytes | u64 num_slots | u64 count |
+//                 count x { u64 slot | u8 key size | 32 key bytes | 7 zero } (least
+//                 recently used first) | u64 xxh3-64 of everything before
+//
+// The index may lag the data (it is rewritten every index_every_puts puts
+// and on Flush); a slot it names that now holds another block fails the
+// payload's key check on get and is a miss, never wrong KV.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <list>
+#include <mutex>
+#include <unordered_map>
+
+#include <xxhash.h>
+
+#include "pagekv/tiers.h"
+#include "tiers/block_payload.h"
+#include "tiers/key_hash.h"
+
+namespace pagekv {
+namespace {
+
+constexpr size_t kAlign = 4096;
+constexpr char kIndexMagic[4] = {'P', 'K', 'V', 'I'};
+constexpr uint32_t kIndexVersion = 1;
+constexpr size_t kIndexHeader = 4 + 4 + 8 + 8 + 8;
+constexpr size_t kIndexEntry = 48;
+
+std::string Errno(const std::string& what) { return what + ": " + std::strerror(errno); }
+
+struct AlignedBuffer {
+  explicit AlignedBuffer(size_t n) : size(n), data(static_cast<std::byte*>(std::aligned_alloc(kAlign, n))) {}
+  ~AlignedBuffer() { std::free(data); }
+  AlignedBuffer(const AlignedBuffer&) = delete;
+  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
+  std::span<std::byte> span() { return {data, size}; }
+  size_t size;
+  std::byte* data;
+};
+
+class DiskStore final : public BlockStore {
+ public:
+  DiskStore(const DiskStoreOptions& o, int fd, size_t slot_bytes, size_t slots)
+      : o_(o), fd_(fd), slot_bytes_(slot_bytes), slots_(slots), buf_(slot_bytes) {}
+
+  ~DiskStore() override {
+    Flush().IgnoreError();
+    ::close(fd_);
+  }
+
+  // Reads the index file; anything wrong with it leaves the store empty.
+  void LoadIndex() {
+    for (size_t i = slots_; i-- > 0;) free_.push_back(i);
+    const std::string path = o_.path + ".index";
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    std::vector<std::byte> bytes;
+    std::byte chunk[65536];
+    for (ssize_t n; (n = ::read(fd, chunk, sizeof chunk)) > 0;) bytes.insert(bytes.end(), chunk, chunk + n);
+    ::close(fd);
+    if (bytes.size() < kIndexHeader + 8) return;
+    uint64_t sum, slot_bytes, slots, count;
+    uint32_t version;
+    std::memcpy(&sum, bytes.data() + bytes.size() - 8, 8);
+    if (XXH3_64bits(bytes.data(), bytes.size() - 8) != sum || std::memcmp(bytes.data(), kIndexMagic, 4) != 0) return;
+    std::memcpy(&version, bytes.data() + 4, 4);
+    std::memcpy(&slot_bytes, bytes.data() + 8, 8);
+    std::memcpy(&slots, bytes.data() + 16, 8);
+    std::memcpy(&count, bytes.data() + 24, 8);
+    if (version != kIndexVersion || slot_bytes != slot_bytes_ || slots != slots_ ||
+        bytes.size() != kIndexHeader + count * kIndexEntry + 8) {
+      return;
+    }
+    std::vector<bool> used(slots_);
+    for (uint64_t i = 0; i < count; ++i) {
+      const std::byte* e = bytes.data() + kIndexHeader + i * kIndexEntry;
+      uint64_t slot;
+      std::memcpy(&slot, e, 8);
+      BlockKey key;
+      key.size = static_cast<uint8_t>(e[8]);
+      std::memcpy(key.bytes.data(), e + 9, 32);
+      if (slot >= slots_ || used[slot] || index_.count(key) > 0) continue;
+      used[slot] = true;
+      lru_.push_back({slot, key});
+      index_[key] = std::prev(lru_.end());
+    }
+    free_.clear();
+    for (size_t i = slots_; i-- > 0;) {
+      if (!used[i]) free_.push_back(i);
+    }
+  }
+
+  Tier tier() const override { return Tier::kDisk; }
+
+  Status Put(const BlockMeta& meta, std::span<const std::byte> kv) override {
+    const size_t bytes = tiers::PayloadBytes(meta.tokens.size(), kv.size());
+    if (bytes > slot_bytes_) {
+      return InvalidArgumentError("disk tier: a block of " + std::to_string(kv.size()) +
+                                  " KV bytes does not fit its slots of " + std::to_string(slot_bytes_));
+    }
+    std::lock_guard lock(mu_);
+    size_t slot;
+    if (auto it = index_.find(meta.key); it != index_.end()) {
+      slot = it->second->slot;
+      lru_.erase(it->second);
+      index_.erase(it);
+    } else if (!free_.empty()) {
+      slot = free_.back();
+      free_.pop_back();
+    } else {
+      slot = lru_.front().slot;
+      index_.erase(lru_.front().key);
+      lru_.pop_front();
+      ++stats_.evictions;
+    }
+    std::memset(buf_.data + bytes, 0, slot_bytes_ - bytes);
+    tiers::EncodePayloadInto(meta, kv, buf_.span().first(bytes));
+    const ssize_t n = ::pwrite(fd_, buf_.data, slot_bytes_, static_cast<off_t>(slot * slot_bytes_));
+    if (n != static_cast<ssize_t>(slot_bytes_)) {
+      const std::string why = n < 0 ? Errno("disk tier: write to " + o_.path) : "disk tier: short write to " + o_.path;
+      free_.push_back(slot);
+      ++stats_.errors;
+      return n < 0 && errno == ENOSPC ? ResourceExhaustedError(why) : UnavailableError(why);
+    }
+    lru_.push_back({slot, meta.key});
+    index_[meta.key] = std::prev(lru_.end());
+    ++stats_.puts;
+    if (++puts_since_index_ >= o_.index_every_puts) WriteIndex().IgnoreError();
+    return Status::Ok();
+  }
+
+  Result<bool> Get(const BlockMeta& meta, std::span<std::byte> kv) override {
+    std::lock_guard lock(mu_);
+    ++stats_.gets;
+    auto it = index_.find(meta.key);
+    if (it == index_.end()) {
+      ++stats_.misses;
+      return false;
+    }
+    const size_t slot = it->second->slot;
+    const ssize_t n = ::pread(fd_, buf_.data, slot_bytes_, static_cast<off_t>(slot * slot_bytes_));
+    if (n < 0) {
+      ++stats_.errors;
+      return UnavailableError(Errno("disk tier: read from " + o_.path));
+    }
+    if (!tiers::DecodePayload(buf_.span().first(static_cast<size_t>(n)), meta, kv).ok()) {
+      ++stats_.corrupt;  // truncated file, flipped bits, or a slot the index no longer describes
+      ++stats_.misses;
+      lru_.erase(it->second);
+      index_.erase(it);
+      free_.push_back(slot);
+      return false;
+    }
+    lru_.splice(lru_.end(), lru_, it->second);
+    ++stats_.hits;
+    return true;
+  }
+
+  Result<bool> Contains(const BlockKey& key) override {
+    std::lock_guard lock(mu_);
+    return index_.count(key) > 0;
+  }
+
+  Status Remove(const BlockKey& key) override {
+    std::lock_guard lock(mu_);
+    if (auto it = index_.find(key); it != index_.end()) {
+      free_.push_back(it->second->slot);
+      lru_.erase(it->second);
+      index_.erase(it);
+    }
+    return Status::Ok();
+  }
+
+  int64_t capacity_bytes() const override { return static_cast<int64_t>(slots_ * slot_bytes_); }
+
+  TierStats Stats() const override {
+    std::lock_guard lock(mu_);
+    TierStats s = stats_;
+    s.name = "disk";
+    s.blocks_now = static_cast<int64_t>(index_.size());
+    s.bytes_now = s.blocks_now * static_cast<int64_t>(slot_bytes_);
+    s.capacity_bytes = capacity_bytes();
+    return s;
+  }
+
+  Status Flush() override {
+    std::lock_guard lock(mu_);
+    return WriteIndex();
+  }
+
+ private:
+  struct Entry {
+    size_t slot;
+    BlockKey key;
+  };
+
+  // REQUIRES: mu_ held.
+  Status WriteIndex() {
+    puts_since_index_ = 0;
+    if (::fdatasync(fd_) != 0) return UnavailableError(Errno("disk tier: sync " + o_.path));
+    std::vector<std::byte> out(kIndexHeader + lru_.size() * kIndexEntry + 8);
+    std::memcpy(out.data(), kIndexMagic, 4);
+    const uint64_t header[] = {slot_bytes_, slots_, lru_.size()};
+    std::memcpy(out.data() + 4, &kIndexVersion, 4);
+    std::memcpy(out.data() + 8, header, sizeof header);
+    size_t at = kIndexHeader;
+    for (const Entry& e : lru_) {
+      const uint64_t slot = e.slot;
+      std::memcpy(out.data() + at, &slot, 8);
+      out[at + 8] = static_cast<std::byte>(e.key.size);
+      std::memcpy(out.data() + at + 9, e.key.bytes.data(), 32);
+      at += kIndexEntry;
+    }
+    const uint64_t sum = XXH3_64bits(out.data(), at);
+    std::memcpy(out.data() + at, &sum, 8);
+    const std::string tmp = o_.path + ".index.tmp", path = o_.path + ".index";
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return UnavailableError(Errno("disk tier: create " + tmp));
+    const bool ok = ::write(fd, out.data(), out.size()) == static_cast<ssize_t>(out.size()) && ::fsync(fd) == 0;
+    ::close(fd);
+    if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
+      const Status s = UnavailableError(Errno("disk tier: write " + path));
+      ::unlink(tmp.c_str());
+      return s;
+    }
+    return Status::Ok();
+  }
+
+  const DiskStoreOptions o_;
+  const int fd_;
+  const size_t slot_bytes_, slots_;
+  mutable std::mutex mu_;
+  AlignedBuffer buf_;
+  std::vector<size_t> free_;
+  std::list<Entry> lru_;  // least recently used first
+  std::unordered_map<BlockKey, std::list<Entry>::iterator, tiers::KeyHash> index_;
+  int64_t puts_since_index_ = 0;
+  TierStats stats_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<BlockStore>> CreateDiskStore(const DiskStoreOptions& o) {
+  if (o.path.empty()) return InvalidArgumentError("disk tier: no path given (--disk-cache PATH)");
+  if (o.block_len < 1 || o.kv_bytes < 1) return InvalidArgumentError("disk tier: block_len and kv_bytes must be positive");
+  const size_t payload = tiers::PayloadBytes(static_cast<size_t>(o.block_len), static_cast<size_t>(o.kv_bytes));
+  const size_t slot = (payload + kAlign - 1) / kAlign * kAlign;
+  if (o.capacity_bytes < static_cast<int64_t>(slot)) {
+    return InvalidArgumentError("disk tier: " + std::to_string(o.capacity_bytes) + " bytes hold no block; one takes " +
+                                std::to_string(slot) + " (raise --disk-cache-size)");
+  }
+  const size_t slots = static_cast<size_t>(o.capacity_bytes) / slot;
+  const auto size = static_cast<off_t>(slots * slot);
+  int fd = -1;
+  if (o.direct_io) fd = ::open(o.path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_DIRECT, 0644);
+  if (fd < 0) fd = ::open(o.path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);  // no O_DIRECT here (tmpfs)
+  if (fd < 0) return UnavailableError(Errno("disk tier: cannot open " + o.path));
+  struct stat st {};
+  bool fresh = ::fstat(fd, &st) != 0 || st.st_size != size;
+  if (fresh) {
+    // Another size (or a truncated file): start over, and forget the index.
+    ::unlink((o.path + ".index").c_str());
+    if (::ftruncate(fd, 0) != 0) {
+      const Status s = UnavailableError(Errno("disk tier: cannot reset " + o.path));
+      ::close(fd);
+      return s;
+    }
+    if (const int err = ::posix_fallocate(fd, 0, size); err != 0) {
+      ::close(fd);
+      return err == ENOSPC ? ResourceExhaustedError("disk tier: no space for " + std::to_string(size) + " bytes at " +
+                                                    o.path + " (lower --disk-cache-size or free space)")
+                           : UnavailableError("disk tier: cannot preallocate " + o.path + ": " + std::strerror(err));
+    }
+  }
+  auto store = std::make_unique<DiskStore>(o, fd, slot, slots);
+  store->LoadIndex();
+  return std::unique_ptr<BlockStore>(std::move(store));
+}
+
+}  // namespace pagekv
