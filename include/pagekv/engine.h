@@ -37,6 +37,7 @@
 #include "pagekv/generate.h"
 #include "pagekv/prefix_cache.h"
 #include "pagekv/status.h"
+#include "pagekv/tiers.h"
 
 namespace pagekv {
 
@@ -97,6 +98,15 @@ struct EngineOptions {
   Allocator allocator = Allocator::kPaged;
   bool prefix_cache = true;      // paged only
   int threads = 0;
+  // Lower KV tiers under the prefix cache (paged with prefix_cache only):
+  // blocks evicted from the pool move to RAM / disk / Redis, and admission
+  // loads a prefix that continues there instead of recomputing it. A
+  // preempted sequence's published blocks take the same way (preemption by
+  // swap: they come back from RAM on resume; only its last, partly filled
+  // block is recomputed). None configured by default. With any tier, every
+  // request's model_fingerprint defaults to the model file's, and Redis
+  // keys are namespaced by it.
+  TierOptions tiers;
 };
 
 struct EngineMetrics {
@@ -107,6 +117,8 @@ struct EngineMetrics {
   int64_t slots_reserved = 0;  // contiguous: reserved slots of running sequences; paged: allocated slots
   int64_t tokens_stored = 0;   // KV slots holding tokens of running sequences
   PrefixCacheStats prefix;
+  std::optional<TiersStats> tiers;  // when tiers are configured
+  std::string model_fingerprint;    // of the model file, with tiers
 };
 
 class Engine {

@@ -127,6 +127,11 @@ struct RedisStoreOptions {
 // tier marked unhealthy, not an error). Errors: a malformed url.
 Result<std::unique_ptr<BlockStore>> CreateRedisStore(const RedisStoreOptions& options);
 
+// A content fingerprint of a file (32 hex digits of xxh3-128 over its bytes
+// and size), for ExtraKeys::model_fingerprint and Redis namespaces: blocks
+// of different weights never meet. Errors: the file cannot be read.
+Result<std::string> FileFingerprint(const std::string& path);
+
 // The tiers under one prefix cache.
 struct TierOptions {
   int64_t host_bytes = 0;          // 0 = no host tier
@@ -145,6 +150,8 @@ struct TierOptions {
   // Faults and fallbacks are reported here, one line each (default: dropped).
   std::function<void(const std::string&)> log;
 };
+
+bool TiersConfigured(const TierOptions& o);  // any of host, disk, redis
 
 struct TiersStats {
   std::vector<TierStats> tiers;   // configured stores, in order

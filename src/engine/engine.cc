@@ -49,6 +49,7 @@ struct Seq {
   int64_t reserved_blocks = 0;  // contiguous allocator
   bool preempted = false;
   bool admitted_once = false;
+  bool prefetched = false;      // lower-tier hits requested ahead of admission
   Sampler sampler;
   std::string text;             // generated text
   size_t streamed = 0;          // bytes of text already sent
@@ -70,7 +71,9 @@ struct Engine::State {
   EngineOptions o;
   LoadedModel m;
   std::unique_ptr<KvCache> cache;
+  std::unique_ptr<BlockTiers> tiers;  // outlives prefix, which calls it
   std::unique_ptr<PrefixCache> prefix;
+  std::string fingerprint;            // of the model file, with tiers
   int64_t watermark = 0;
 
   // Shared with submitting threads.
@@ -259,6 +262,16 @@ struct Engine::State {
       plan.push_back({s, n});
       budget -= n;
     }
+    // 3. The next few waiting requests: fetch their lower-tier blocks from
+    // disk or Redis while this step computes.
+    if (prefix && tiers) {
+      int n = 0;
+      for (auto it = waiting.begin(); it != waiting.end() && n < 4; ++it, ++n) {
+        if ((*it)->prefetched) continue;
+        (*it)->prefetched = true;
+        prefix->Prefetch((*it)->tokens, (*it)->req.extra);
+      }
+    }
     return plan;
   }
 
@@ -285,6 +298,7 @@ struct Engine::State {
     mx.tokens_stored = stored;
     mx.slots_reserved = o.allocator == Allocator::kContiguous ? reserved : mx.blocks_used * o.block_len;
     if (prefix) mx.prefix = prefix->Stats();
+    if (tiers) mx.tiers = tiers->Stats();
   }
 
   // Appends a sampled token; returns how the request ends (kNone: it goes on).
@@ -336,8 +350,20 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& o) {
   co.config = st->m.model->CacheGeometry(o.block_len, o.kv_dtype, o.num_blocks);
   co.config.budget_bytes = o.kv_budget_bytes;
   PAGEKV_ASSIGN_OR_RETURN(st->cache, KvCache::Create(co));
+  if (TiersConfigured(o.tiers)) {
+    if (o.allocator != Allocator::kPaged || !o.prefix_cache) {
+      return InvalidArgumentError("engine: KV tiers need the paged allocator with the prefix cache");
+    }
+    PAGEKV_ASSIGN_OR_RETURN(st->fingerprint, FileFingerprint(o.model_path));
+    TierOptions to = o.tiers;
+    if (to.redis_namespace.empty()) to.redis_namespace = "pagekv:" + st->fingerprint;
+    PAGEKV_ASSIGN_OR_RETURN(st->tiers, BlockTiers::Create(to, o.block_len, st->cache->block_payload_bytes()));
+    st->metrics.model_fingerprint = st->fingerprint;
+  }
   if (o.allocator == Allocator::kPaged && o.prefix_cache) {
-    PAGEKV_ASSIGN_OR_RETURN(st->prefix, PrefixCache::Create(*st->cache));
+    PrefixCacheOptions po;
+    po.tiers = st->tiers.get();
+    PAGEKV_ASSIGN_OR_RETURN(st->prefix, PrefixCache::Create(*st->cache, po));
   }
   const int64_t blocks = st->cache->layout().num_blocks();
   st->watermark = o.watermark_blocks >= 0 ? o.watermark_blocks : blocks / 100;
@@ -386,6 +412,7 @@ Result<RequestId> Engine::Submit(EngineRequest r) {
   if (st.queued >= st.o.max_queue) {
     return UnavailableError("the queue is full (" + std::to_string(st.o.max_queue) + " requests): retry later");
   }
+  if (st.tiers && r.extra.model_fingerprint.empty()) r.extra.model_fingerprint = st.fingerprint;
   const RequestId id = st.next_id++;
   auto s = std::make_unique<Seq>(id, std::move(r));
   s->tokens = s->req.prompt;

@@ -2,6 +2,7 @@
 // bounded job queue with worker threads (puts down the tiers, prefetches
 // up), and a staging area of prefetched blocks waiting for their load.
 #include <atomic>
+#include <cstdio>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -11,6 +12,8 @@
 #include "pagekv/tiers.h"
 #include "tiers/block_payload.h"
 #include "tiers/key_hash.h"
+
+#include <xxhash.h>
 
 namespace pagekv {
 
@@ -27,6 +30,31 @@ Result<std::vector<bool>> BlockStore::ContainsMany(std::span<const BlockKey> key
 int64_t TierPayloadBytes(int32_t block_len, int64_t kv_bytes) {
   return static_cast<int64_t>(tiers::PayloadBytes(static_cast<size_t>(block_len), static_cast<size_t>(kv_bytes)));
 }
+
+Result<std::string> FileFingerprint(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return NotFoundError("fingerprint: cannot read " + path);
+  XXH3_state_t* st = XXH3_createState();
+  XXH3_128bits_reset(st);
+  std::vector<char> buf(1 << 20);
+  uint64_t size = 0;
+  for (size_t n; (n = std::fread(buf.data(), 1, buf.size(), f)) > 0;) {
+    XXH3_128bits_update(st, buf.data(), n);
+    size += n;
+  }
+  const bool failed = std::ferror(f) != 0;
+  std::fclose(f);
+  XXH3_128bits_update(st, &size, sizeof size);
+  const XXH128_hash_t h = XXH3_128bits_digest(st);
+  XXH3_freeState(st);
+  if (failed) return UnavailableError("fingerprint: read error in " + path);
+  char hex[33];
+  std::snprintf(hex, sizeof hex, "%016llx%016llx", static_cast<unsigned long long>(h.high64),
+                static_cast<unsigned long long>(h.low64));
+  return std::string(hex);
+}
+
+bool TiersConfigured(const TierOptions& o) { return o.host_bytes > 0 || !o.disk_path.empty() || !o.redis_url.empty(); }
 
 namespace {
 
