@@ -3,7 +3,8 @@
 # in docs/ARCHITECTURE.md (the block between "module-deps" markers):
 #   - src/M/* may include M/*, D/* for each D that M depends on, and pagekv/*;
 #   - include/pagekv/* may include only pagekv/*;
-#   - apps/* and tests/* may include only pagekv/* and headers beside them.
+#   - apps/* may include only pagekv/* and headers beside them; tests/* also
+#     testing/* (test-only fixtures such as the redis-server launcher).
 # Exits 1 listing every offending line.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -53,7 +54,9 @@ for dir in src/*/; do
 done
 while IFS= read -r f; do check_file "$f" "pagekv"; done < <(find include/pagekv -name '*.h' | sort)
 while IFS= read -r f; do check_file "$f" "pagekv ${deps[apps]:-}"; done \
-  < <(find apps tests -name '*.h' -o -name '*.cc' | sort)
+  < <(find apps -name '*.h' -o -name '*.cc' | sort)
+while IFS= read -r f; do check_file "$f" "pagekv testing ${deps[apps]:-}"; done \
+  < <(find tests -name '*.h' -o -name '*.cc' | sort)
 
 if [ "$bad" -ne 0 ]; then exit 1; fi
 echo "check-includes: every include follows docs/ARCHITECTURE.md"

@@ -21,6 +21,8 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include "testing/redis_server.h"
+
 namespace {
 
 using json = nlohmann::json;
@@ -254,6 +256,44 @@ TEST(ServeTest, AFullQueueAnswers429WithRetryAfter) {
   EXPECT_EQ(second_status, 429);
   EXPECT_EQ(retry_after, "1");
   EXPECT_EQ(server.Terminate(), 0);
+}
+
+
+// Two servers at one Redis: a prompt the first computed is a Redis hit for
+// the second, with the same completion, counted in /metrics.
+TEST(ServeTest, TwoServersShareAPrefixThroughRedis) {
+  pagekv::testing::RedisServer redis;
+  ASSERT_TRUE(redis.Start().ok());
+  const std::vector<std::string> flags = {"--redis", redis.url(), "--block-len", "8"};
+  Server a(flags), b(flags);
+  ASSERT_GT(a.port(), 0);
+  ASSERT_GT(b.port(), 0);
+  const json body = {{"prompt", "Once upon a time there was a little girl named Lily. She liked to play outside"},
+                     {"max_tokens", 16}, {"temperature", 0}};
+  auto complete = [&](int port) {
+    httplib::Client cli("127.0.0.1", port);
+    cli.set_read_timeout(60, 0);
+    auto res = cli.Post("/v1/completions", body.dump(), "application/json");
+    EXPECT_TRUE(res && res->status == 200);
+    return res ? json::parse(res->body) : json{};
+  };
+  const json first = complete(a.port());
+  EXPECT_EQ(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  // Written through in the background: wait until the blocks are there.
+  for (int i = 0; i < 250 && std::atoi(redis.Command("DBSIZE")->c_str() + 1) < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const json second = complete(b.port());
+  EXPECT_GE(second["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), 16) << second.dump();
+  EXPECT_EQ(second["choices"][0]["text"], first["choices"][0]["text"]);
+  httplib::Client cli("127.0.0.1", b.port());
+  auto metrics = cli.Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_NE(metrics->body.find("pagekv_tier_loaded_blocks_total{tier=\"redis\"} "), std::string::npos);
+  EXPECT_EQ(metrics->body.find("pagekv_tier_loaded_blocks_total{tier=\"redis\"} 0\n"), std::string::npos) << metrics->body;
+  EXPECT_NE(metrics->body.find("pagekv_tier_healthy{tier=\"redis\"} 1"), std::string::npos);
+  EXPECT_EQ(a.Terminate(), 0);
+  EXPECT_EQ(b.Terminate(), 0);
 }
 
 }  // namespace

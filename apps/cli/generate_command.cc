@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "tier_flags.h"
 #include "pagekv/pagekv.h"
 
 namespace pagekv::cli {
@@ -26,6 +27,7 @@ struct GenerateArgs {
   std::string cache_salt, kv_events;
   bool salt_given = false;
   int kv_events_wait_ms = 0;
+  TierArgs tiers;
 };
 
 int RunGenerate(const GenerateArgs& a) {
@@ -54,6 +56,8 @@ int RunGenerate(const GenerateArgs& a) {
   if (a.salt_given) o.extra_keys.cache_salt = a.cache_salt;
   o.kv_events_endpoint = a.kv_events;
   o.kv_events_wait_ms = a.kv_events_wait_ms;
+  if (!ToTierOptions(a.tiers, o.tiers)) return kExitBadInput;
+  if (TiersConfigured(o.tiers)) o.prefix_cache = true;
   Result<DType> dt = ParseDType(a.kv_dtype);
   if (!dt.ok()) {
     std::fprintf(stderr, "error: --kv-dtype: %s\n", dt.status().message().c_str());
@@ -122,6 +126,10 @@ int RunGenerate(const GenerateArgs& a) {
     st["prefix_hit_blocks"] = s.prefix_hit_blocks;
     st["prefix_blocks_published"] = s.prefix_blocks_published;
     st["kv_event_batches"] = s.kv_event_batches;
+    st["host_hit_blocks"] = s.host_hit_blocks;
+    st["disk_hit_blocks"] = s.disk_hit_blocks;
+    st["redis_hit_blocks"] = s.redis_hit_blocks;
+    st["tier_errors"] = s.tier_errors;
     std::printf("%s\n", nlohmann::ordered_json{{"stats", st}}.dump().c_str());
     return kExitOk;
   }
@@ -141,6 +149,11 @@ int RunGenerate(const GenerateArgs& a) {
     std::printf("  prefix cache            %ld prompt tokens (%ld blocks) found cached, %ld computed; %ld blocks published\n",
                 static_cast<long>(s.prefix_hit_tokens), static_cast<long>(s.prefix_hit_blocks),
                 static_cast<long>(s.prefill_tokens_computed), static_cast<long>(s.prefix_blocks_published));
+    if (TiersConfigured(o.tiers)) {
+      std::printf("  lower tiers             blocks loaded: %ld from RAM, %ld from disk, %ld from Redis; %ld tier error(s)\n",
+                  static_cast<long>(s.host_hit_blocks), static_cast<long>(s.disk_hit_blocks),
+                  static_cast<long>(s.redis_hit_blocks), static_cast<long>(s.tier_errors));
+    }
   } else {
     std::printf("  shared prompt prefix    %ld tokens prefilled once, forked to every prompt (%ld copy-on-write block%s)\n",
                 s.shared_prefix_tokens, s.copy_on_write_blocks, s.copy_on_write_blocks == 1 ? "" : "s");
@@ -188,6 +201,7 @@ CLI::App* AddGenerateCommand(CLI::App& app, int& exit_code) {
                   "Publish prefix-cache KV events (vLLM's ZeroMQ/msgpack format) at tcp://HOST:PORT; implies --prefix-cache");
   cmd->add_option("--kv-events-wait-ms", args.kv_events_wait_ms, "Wait this long for a first subscriber (default 0)")
       ->check(CLI::Range(0, 600000));
+  AddTierFlags(cmd, args.tiers);
   cmd->add_flag("--json", args.json, "One JSON object per prompt, then one with the statistics");
   cmd->callback([&exit_code] { exit_code = RunGenerate(args); });
   return cmd;

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "commands.h"
+#include "tier_flags.h"
 #include "pagekv/pagekv.h"
 
 namespace pagekv::cli {
@@ -21,6 +22,7 @@ struct ServeArgs {
   int32_t block_len = 16, max_running = 64;
   bool no_prefix_cache = false;
   int threads = 0;
+  TierArgs tiers;
 };
 
 int RunServe(const ServeArgs& a) {
@@ -33,6 +35,7 @@ int RunServe(const ServeArgs& a) {
   o.engine.max_queue = a.max_queue;
   o.engine.prefix_cache = !a.no_prefix_cache;
   o.engine.threads = a.threads;
+  if (!ToTierOptions(a.tiers, o.engine.tiers)) return kExitBadInput;
   Result<DType> dt = ParseDType(a.kv_dtype);
   if (!dt.ok()) {
     std::fprintf(stderr, "error: --kv-dtype: %s\n", dt.status().message().c_str());
@@ -94,6 +97,7 @@ CLI::App* AddServeCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--served-model-name", args.name, "Model id in the API (default: the file name)");
   cmd->add_flag("--no-prefix-cache", args.no_prefix_cache, "Do not share prompt blocks between requests");
   cmd->add_option("--threads", args.threads, "Threads for the kernels (default: all cores)")->check(CLI::Range(0, 4096));
+  AddTierFlags(cmd, args.tiers);
   cmd->callback([&exit_code] { exit_code = RunServe(args); });
   return cmd;
 }

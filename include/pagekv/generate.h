@@ -20,6 +20,7 @@
 #include "pagekv/dtype.h"
 #include "pagekv/prefix_cache.h"
 #include "pagekv/status.h"
+#include "pagekv/tiers.h"
 
 namespace pagekv {
 
@@ -54,6 +55,11 @@ struct GenerateOptions {
   // after waiting up to kv_events_wait_ms for a first subscriber.
   std::string kv_events_endpoint;
   int kv_events_wait_ms = 0;
+  // Lower KV tiers under the prefix cache (implies prefix_cache): blocks
+  // published here are written through to disk and Redis, and prompts find
+  // blocks earlier runs or other processes left there. extra_keys'
+  // model_fingerprint defaults to the model file's.
+  TierOptions tiers;
   // Called with (prompt index, decoded text of the new token) as tokens are made.
   std::function<void(size_t, const std::string&)> on_token;
 };
@@ -87,6 +93,10 @@ struct GenerateStats {
   int64_t prefix_blocks_published = 0;
   int64_t prefix_blocks_evicted = 0;
   int64_t kv_event_batches = 0;         // published to kv_events_endpoint
+  int64_t host_hit_blocks = 0;          // prefix blocks loaded from each lower tier
+  int64_t disk_hit_blocks = 0;
+  int64_t redis_hit_blocks = 0;
+  int64_t tier_errors = 0;              // I/O failures and corrupt payloads (each a miss, recomputed)
   double prefill_attention_seconds = 0;  // of prefill_seconds, in the attention kernels
   double decode_attention_seconds = 0;   // of decode_seconds, in the attention kernels
   double decode_matmul_seconds = 0;      // of decode_seconds, in weight products

@@ -26,4 +26,5 @@
 #include "pagekv/engine.h"
 #include "pagekv/status.h"
 #include "pagekv/synth_model.h"
+#include "pagekv/tiers.h"
 #include "pagekv/units.h"

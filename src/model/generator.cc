@@ -98,7 +98,7 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
   //    its last token to compute). With one: prompt 1 is prefilled and its
   //    full blocks published first; the others then hit them.
   size_t lcp = 0;
-  if (ids.size() > 1 && !o.prefix_cache) {
+  if (ids.size() > 1 && !o.prefix_cache && !TiersConfigured(o.tiers)) {
     size_t shortest = ids[0].size();
     for (const auto& p : ids) shortest = std::min(shortest, p.size());
     while (lcp + 1 < shortest &&
@@ -107,12 +107,22 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
     }
   }
   st.shared_prefix_tokens = static_cast<int64_t>(lcp);
+  std::unique_ptr<BlockTiers> tiers;  // outlives prefix_cache, which calls it
   std::unique_ptr<PrefixCache> prefix_cache;
   std::unique_ptr<KvEventPublisher> events;
-  if (o.prefix_cache || !o.kv_events_endpoint.empty()) {
-    PAGEKV_RETURN_IF_ERROR(PrefixCache::ValidateExtraKeys(o.extra_keys));
+  ExtraKeys extra = o.extra_keys;
+  if (TiersConfigured(o.tiers)) {
+    PAGEKV_ASSIGN_OR_RETURN(std::string fingerprint, FileFingerprint(o.model_path));
+    if (extra.model_fingerprint.empty()) extra.model_fingerprint = fingerprint;
+    TierOptions to = o.tiers;
+    if (to.redis_namespace.empty()) to.redis_namespace = "pagekv:" + fingerprint;
+    PAGEKV_ASSIGN_OR_RETURN(tiers, BlockTiers::Create(to, o.block_len, cache->block_payload_bytes()));
+  }
+  if (o.prefix_cache || !o.kv_events_endpoint.empty() || tiers) {
+    PAGEKV_RETURN_IF_ERROR(PrefixCache::ValidateExtraKeys(extra));
     PrefixCacheOptions po;
     po.record_events = !o.kv_events_endpoint.empty();
+    po.tiers = tiers.get();
     PAGEKV_ASSIGN_OR_RETURN(prefix_cache, PrefixCache::Create(*cache, po));
   }
   if (!o.kv_events_endpoint.empty()) {
@@ -169,7 +179,7 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
       samplers.emplace_back(so);
       if (prefix_cache) {
         PAGEKV_ASSIGN_OR_RETURN(PrefixCache::Admitted a,
-                                prefix_cache->AddSequence(ids[i], o.extra_keys, "prompt " + std::to_string(i + 1)));
+                                prefix_cache->AddSequence(ids[i], extra, "prompt " + std::to_string(i + 1)));
         seqs[i] = a.seq;
         start[i] = static_cast<size_t>(a.match.num_tokens);
         st.prefix_hit_tokens += a.match.num_tokens;
@@ -234,6 +244,13 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
     const PrefixCacheStats ps = prefix_cache->Stats();
     st.prefix_blocks_published = ps.inserted;
     st.prefix_blocks_evicted = ps.evicted;
+    st.host_hit_blocks = ps.tier_hit_blocks[static_cast<int>(Tier::kHost)];
+    st.disk_hit_blocks = ps.tier_hit_blocks[static_cast<int>(Tier::kDisk)];
+    st.redis_hit_blocks = ps.tier_hit_blocks[static_cast<int>(Tier::kRedis)];
+  }
+  if (tiers) {
+    tiers->Drain();  // written through before we report (and before exit)
+    for (const TierStats& t : tiers->Stats().tiers) st.tier_errors += t.errors + t.corrupt;
   }
   st.prefill_attention_seconds = prefill_timings.attention;
   st.decode_attention_seconds = timings.attention - prefill_timings.attention;

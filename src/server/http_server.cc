@@ -360,6 +360,39 @@ std::string Metrics(Shared& sh) {
         {{"", tokens_per_second}});
   gauge("pagekv_requests_total", "Generation requests received", "counter", {{"", static_cast<double>(requests)}});
   gauge("pagekv_request_errors_total", "Requests answered with an error status", "counter", {{"", static_cast<double>(errors)}});
+  if (m.tiers) {
+    std::vector<std::pair<std::string, double>> hits, misses, corrupt, errors, blocks, bytes, healthy;
+    for (const TierStats& t : m.tiers->tiers) {
+      const std::string l = "{tier=\"" + t.name + "\"}";
+      hits.push_back({l, static_cast<double>(t.hits)});
+      misses.push_back({l, static_cast<double>(t.misses)});
+      corrupt.push_back({l, static_cast<double>(t.corrupt)});
+      errors.push_back({l, static_cast<double>(t.errors)});
+      blocks.push_back({l, static_cast<double>(t.blocks_now)});
+      bytes.push_back({l, static_cast<double>(t.bytes_now)});
+      healthy.push_back({l, t.healthy ? 1.0 : 0.0});
+    }
+    std::vector<std::pair<std::string, double>> loaded;
+    for (int t = 1; t < kNumTiers; ++t) {
+      loaded.push_back({"{tier=\"" + std::string(TierName(static_cast<Tier>(t))) + "\"}",
+                        static_cast<double>(m.prefix.tier_hit_blocks[static_cast<size_t>(t)])});
+    }
+    gauge("pagekv_tier_loaded_blocks_total", "Prefix blocks loaded into the pool from a lower tier instead of computed",
+          "counter", loaded);
+    gauge("pagekv_tier_hits_total", "Verified blocks a tier returned", "counter", hits);
+    gauge("pagekv_tier_misses_total", "Gets a tier could not serve (absent or dropped as corrupt)", "counter", misses);
+    gauge("pagekv_tier_corrupt_total", "Payloads that failed a check (checksum, size, key, tokens): dropped, recomputed",
+          "counter", corrupt);
+    gauge("pagekv_tier_errors_total", "I/O and connection failures, and calls refused while a tier backs off", "counter",
+          errors);
+    gauge("pagekv_tier_blocks", "Blocks a tier holds (redis: stored by this process)", "gauge", blocks);
+    gauge("pagekv_tier_bytes", "Bytes a tier holds", "gauge", bytes);
+    gauge("pagekv_tier_healthy", "1 when the tier's last call succeeded, 0 while it backs off", "gauge", healthy);
+    gauge("pagekv_tier_load_failures_total", "Blocks located in a tier that could not be loaded (recomputed)", "counter",
+          {{"", static_cast<double>(m.prefix.tier_load_failures)}});
+    gauge("pagekv_tier_dropped_total", "Copies down or prefetches dropped by a full mover queue", "counter",
+          {{"", static_cast<double>(m.tiers->dropped)}});
+  }
   out += sh.ttft.Render("pagekv_time_to_first_token_seconds", "Seconds from submission to the first token");
   out += sh.itl.Render("pagekv_inter_token_latency_seconds", "Seconds between consecutive tokens of a request");
   return out;
