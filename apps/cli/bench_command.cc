@@ -1,7 +1,9 @@
 // `pagekv bench attention`: decode attention against the roofline measured in
 // the same run; a readable table, or one JSON object with --json.
 #include <cstdio>
+#include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <fmt/format.h>
@@ -223,6 +225,7 @@ struct ServeBenchArgs {
   int32_t max_tokens = 0, block_len = 16, max_running = 256;
   int threads = 0;
   bool json = false;
+  std::string tiers, host_cache = "256MiB", disk_cache_size = "1GiB", redis, redis_password_env = "PAGEKV_REDIS_PASSWORD";
 };
 
 int RunServeBenchCommand(const ServeBenchArgs& a) {
@@ -263,6 +266,23 @@ int RunServeBenchCommand(const ServeBenchArgs& a) {
   o.max_step_tokens = a.step_tokens;
   o.max_running = a.max_running;
   o.threads = a.threads;
+  if (!a.tiers.empty()) {
+    std::stringstream list(a.tiers);
+    for (std::string c; std::getline(list, c, ',');) {
+      if (!c.empty()) o.tier_configs.push_back(c);
+    }
+    for (auto [flag, text, out] : {std::tuple{"--host-cache", &a.host_cache, &o.host_cache_bytes},
+                                   std::tuple{"--disk-cache-size", &a.disk_cache_size, &o.disk_cache_bytes}}) {
+      Result<int64_t> v = ParseByteSize(*text);
+      if (!v.ok() || *v <= 0) {
+        std::fprintf(stderr, "error: %s '%s': %s\n", flag, text->c_str(), v.ok() ? "must be positive" : v.status().message().c_str());
+        return kExitBadInput;
+      }
+      *out = *v;
+    }
+    o.redis_url = a.redis;
+    if (const char* pw = std::getenv(a.redis_password_env.c_str())) o.redis_password = pw;
+  }
   o.on_progress = [](const std::string& allocator, int64_t done, int64_t total) {
     if (done % 20 != 0 && done != total) return;
     const int width = 40;
@@ -294,7 +314,10 @@ int RunServeBenchCommand(const ServeBenchArgs& a) {
                                   {"ttft_p99_ms", x.ttft_p99_ms}, {"itl_p50_ms", x.itl_p50_ms}, {"itl_p99_ms", x.itl_p99_ms},
                                   {"mean_running", x.mean_running}, {"peak_running", x.peak_running},
                                   {"kv_utilization", x.kv_utilization}, {"preemptions", x.preemptions},
-                                  {"prefix_hit_rate", x.prefix_hit_rate}};
+                                  {"prefix_hit_rate", x.prefix_hit_rate}, {"tiers", x.tiers},
+                                  {"pool_hit_blocks", x.pool_hit_blocks}, {"host_hit_blocks", x.host_hit_blocks},
+                                  {"disk_hit_blocks", x.disk_hit_blocks}, {"redis_hit_blocks", x.redis_hit_blocks},
+                                  {"tier_errors", x.tier_errors}};
   };
   if (a.json) {
     nlohmann::ordered_json j;
@@ -305,6 +328,8 @@ int RunServeBenchCommand(const ServeBenchArgs& a) {
     if (r->results.size() > 1) {
       j["results"] = nlohmann::ordered_json::array();
       for (const auto& x : r->results) j["results"].push_back(row(x));
+    }
+    if (r->results.size() == 2 && o.tier_configs.empty()) {
       const ServeBenchResult &p = r->results[0], &c = r->results[1];
       j["paged_vs_contiguous"] = {{"mean_running", c.mean_running > 0 ? p.mean_running / c.mean_running : 0},
                                   {"output_tokens_per_s", c.output_tokens_per_s > 0 ? p.output_tokens_per_s / c.output_tokens_per_s : 0}};
@@ -314,13 +339,22 @@ int RunServeBenchCommand(const ServeBenchArgs& a) {
   }
   std::printf("%s, KV budget %s (%ld blocks of %d tokens)\n", r->model.c_str(), FormatBytes(r->kv_budget_bytes).c_str(),
               static_cast<long>(r->blocks), a.block_len);
-  std::printf("%-10s %8s %8s %10s %9s %9s %9s %9s %9s %6s %7s %6s %8s\n", "allocator", "requests", "req/s", "out tok/s",
+  std::printf("%-17s %8s %8s %10s %9s %9s %9s %9s %9s %6s %7s %6s %8s\n", "allocator", "requests", "req/s", "out tok/s",
               "ttft p50", "ttft p99", "itl p50", "itl p99", "mean run", "peak", "kv util", "preem", "prefix");
   for (const auto& x : r->results) {
-    std::printf("%-10s %8ld %8.2f %10.1f %8.1fms %8.1fms %8.2fms %8.2fms %9.1f %6ld %7.3f %6ld %7.1f%%\n", x.allocator.c_str(),
+    std::printf("%-17s %8ld %8.2f %10.1f %8.1fms %8.1fms %8.2fms %8.2fms %9.1f %6ld %7.3f %6ld %7.1f%%\n", x.allocator.c_str(),
                 static_cast<long>(x.requests), x.requests_per_s, x.output_tokens_per_s, x.ttft_p50_ms, x.ttft_p99_ms,
                 x.itl_p50_ms, x.itl_p99_ms, x.mean_running, static_cast<long>(x.peak_running), x.kv_utilization,
                 static_cast<long>(x.preemptions), 100 * x.prefix_hit_rate);
+  }
+  if (!o.tier_configs.empty()) {
+    std::printf("\nprefix blocks found by tier (loaded instead of computed)\n%-17s %10s %10s %10s %10s %8s\n", "run", "pool",
+                "host", "disk", "redis", "errors");
+    for (const auto& x : r->results) {
+      std::printf("%-17s %10ld %10ld %10ld %10ld %8ld\n", x.allocator.c_str(), static_cast<long>(x.pool_hit_blocks),
+                  static_cast<long>(x.host_hit_blocks), static_cast<long>(x.disk_hit_blocks),
+                  static_cast<long>(x.redis_hit_blocks), static_cast<long>(x.tier_errors));
+    }
   }
   return kExitOk;
 }
@@ -361,6 +395,12 @@ CLI::App* AddBenchCommand(CLI::App& app, int& exit_code) {
   sv->add_option("--max-step-tokens", serve.step_tokens, "Tokens per engine step (default 2048)")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   sv->add_option("--max-running", serve.max_running, "Sequences per step (default 256)")->check(CLI::Range(1, 1 << 16));
   sv->add_option("--threads", serve.threads, "Threads (default: all cores)")->check(CLI::Range(0, 4096));
+  sv->add_option("--tiers", serve.tiers,
+                  "Compare lower KV tiers, one paged run each: a comma list of none, host, disk, redis or '+' joins, "
+                  "e.g. none,host,host+redis (the allocator is then paged)");
+  sv->add_option("--host-cache", serve.host_cache, "Host tier size where --tiers names host (default 256MiB)");
+  sv->add_option("--disk-cache-size", serve.disk_cache_size, "Disk tier size where --tiers names disk (a temporary file; default 1GiB)");
+  sv->add_option("--redis", serve.redis, "redis://HOST[:PORT] where --tiers names redis (password: PAGEKV_REDIS_PASSWORD)");
   sv->add_option("--plot", serve.plot, "Write an SVG of running sequences and KV blocks over time");
   sv->add_flag("--json", serve.json, "Print one JSON object");
   sv->callback([&exit_code] { exit_code = RunServeBenchCommand(serve); });

@@ -156,6 +156,14 @@ struct ServeBenchOptions {
   int64_t max_step_tokens = 2048;
   int32_t max_running = 256;
   int threads = 0;
+  // Lower KV tiers to compare, each a paged run of its own (the allocators
+  // are then ignored): "none", "host", "disk", "redis", or a '+' join such
+  // as "host+redis". Empty: no tier comparison.
+  std::vector<std::string> tier_configs;
+  int64_t host_cache_bytes = 256ll << 20;  // the host tier where a config names it
+  int64_t disk_cache_bytes = 1ll << 30;    // the disk tier: a temporary file in TMPDIR, removed after
+  std::string redis_url;                   // required when a config names redis
+  std::string redis_password;
   std::function<void(const std::string& allocator, int64_t done, int64_t total)> on_progress;
 };
 
@@ -178,7 +186,10 @@ struct ServeBenchResult {
   int64_t peak_running = 0;
   double kv_utilization = 0;   // tokens stored / slots reserved, over the run
   int64_t preemptions = 0;
-  double prefix_hit_rate = 0;  // prompt tokens found cached / prompt tokens
+  double prefix_hit_rate = 0;  // prompt tokens found cached (in the pool or a lower tier) / prompt tokens
+  std::string tiers = "none";  // the lower tiers of this run
+  int64_t pool_hit_blocks = 0, host_hit_blocks = 0, disk_hit_blocks = 0, redis_hit_blocks = 0;
+  int64_t tier_errors = 0;     // I/O failures and corrupt payloads (recomputed)
   int64_t blocks = 0;          // the pool
   std::vector<ServeSample> samples;
 };

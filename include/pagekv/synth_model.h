@@ -37,6 +37,10 @@ struct SynthModelSpec {
 //               vocab 32000, context 2048, tied embeddings: ~114M parameters
 //   tiny-16k    the tiny shape with a 16384-token context (serving
 //               benchmarks, whose trace prompts reach 14K tokens)
+//   small-16k   2 layers, dim 256, vocab 32000, 16384-token context
+//   micro-16k   1 layer, dim 32, 2 heads over 1 KV head (64 bytes of f16
+//               KV per token), 16384-token context: the cheapest model
+//               that replays a long-prompt trace (tier comparisons)
 const std::vector<SynthModelSpec>& SynthModelPresets();
 Result<SynthModelSpec> FindSynthModelPreset(const std::string& name);
 

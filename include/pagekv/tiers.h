@@ -142,6 +142,7 @@ struct TierOptions {
   std::string redis_password;      // from an environment variable or a file, never a flag
   std::string redis_namespace;     // e.g. "pagekv:<model fingerprint>"
   int redis_timeout_ms = 500;
+  int64_t redis_ttl_seconds = 0;   // 0 = keys never expire
   // true: every published block is also written to disk and redis (other
   // processes and restarts find it); false: blocks go down only when evicted.
   bool write_through = true;

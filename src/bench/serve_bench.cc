@@ -25,9 +25,40 @@ double Percentile(std::vector<double> v, double p) {
   return v[i];
 }
 
+// The tiers a config string names ("host+redis"); the disk file, if any, at disk_path.
+Result<TierOptions> TiersFor(const ServeBenchOptions& o, const std::string& config, const std::string& disk_path) {
+  TierOptions t;
+  if (config == "none") return t;
+  size_t at = 0;
+  while (at <= config.size()) {
+    const size_t plus = std::min(config.find('+', at), config.size());
+    const std::string name = config.substr(at, plus - at);
+    if (name == "host") {
+      t.host_bytes = o.host_cache_bytes;
+    } else if (name == "disk") {
+      t.disk_path = disk_path;
+      t.disk_bytes = o.disk_cache_bytes;
+    } else if (name == "redis") {
+      if (o.redis_url.empty()) return InvalidArgumentError("bench serve: tier config '" + config + "' needs --redis URL");
+      t.redis_url = o.redis_url;
+      t.redis_password = o.redis_password;
+      // A namespace of this run alone, expiring, so runs never hit each other's blocks.
+      t.redis_namespace = "pagekv-bench:" + std::to_string(::getpid()) + ":" + config;
+      t.redis_ttl_seconds = 3600;
+    } else {
+      return InvalidArgumentError("bench serve: unknown tier '" + name + "' in '" + config +
+                                  "' (use none, host, disk, redis, joined by '+')");
+    }
+    at = plus + 1;
+  }
+  return t;
+}
+
 Result<ServeBenchResult> RunOne(const ServeBenchOptions& o, const std::string& model, Allocator allocator,
-                                const std::vector<bench::TraceRequest>& trace) {
+                                const std::vector<bench::TraceRequest>& trace, const TierOptions& tiers = {},
+                                const std::string& tier_name = "none") {
   EngineOptions eo;
+  eo.tiers = tiers;
   eo.model_path = model;
   eo.block_len = o.block_len;
   eo.kv_dtype = o.kv_dtype;
@@ -41,6 +72,8 @@ Result<ServeBenchResult> RunOne(const ServeBenchOptions& o, const std::string& m
   PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(eo));
   ServeBenchResult r;
   r.allocator = allocator == Allocator::kPaged ? "paged" : "contiguous";
+  r.tiers = tier_name;
+  if (tier_name != "none") r.allocator += "+" + tier_name;
 
   // Sampler thread: the engine's state every 20 ms.
   std::atomic<bool> sampling{true};
@@ -115,6 +148,13 @@ Result<ServeBenchResult> RunOne(const ServeBenchOptions& o, const std::string& m
   r.itl_p99_ms = Percentile(itl, 0.99);
   r.preemptions = m.preemptions;
   r.prefix_hit_rate = m.prefix.token_hit_rate;
+  r.pool_hit_blocks = m.prefix.tier_hit_blocks[0];
+  r.host_hit_blocks = m.prefix.tier_hit_blocks[1];
+  r.disk_hit_blocks = m.prefix.tier_hit_blocks[2];
+  r.redis_hit_blocks = m.prefix.tier_hit_blocks[3];
+  if (m.tiers) {
+    for (const TierStats& t : m.tiers->tiers) r.tier_errors += t.errors + t.corrupt;
+  }
   // Time-weighted means over the samples (equal spacing), while any request is in the system.
   double running = 0, stored = 0, reserved = 0;
   int64_t n = 0;
@@ -152,8 +192,23 @@ Result<ServeBenchReport> RunServeBench(const ServeBenchOptions& o) {
   } else {
     report.model = model;
   }
-  for (Allocator a : o.allocators) {
-    Result<ServeBenchResult> r = RunOne(o, model, a, trace);
+  const char* dir = std::getenv("TMPDIR");
+  const std::string disk = std::string(dir != nullptr && *dir != '\0' ? dir : "/tmp") + "/pagekv-bench-serve-" +
+                           std::to_string(::getpid()) + ".kvcache";
+  auto remove_disk = [&] {  // each run starts with an empty disk tier
+    std::remove(disk.c_str());
+    std::remove((disk + ".index").c_str());
+  };
+  std::vector<std::pair<Allocator, std::string>> runs;
+  if (o.tier_configs.empty()) {
+    for (Allocator a : o.allocators) runs.push_back({a, "none"});
+  } else {
+    for (const std::string& c : o.tier_configs) runs.push_back({Allocator::kPaged, c});
+  }
+  for (const auto& [a, config] : runs) {
+    Result<TierOptions> tiers = TiersFor(o, config, disk);
+    Result<ServeBenchResult> r = tiers.ok() ? RunOne(o, model, a, trace, *tiers, config) : Result<ServeBenchResult>(tiers.status());
+    remove_disk();
     if (!r.ok()) {
       if (!temp.empty()) std::remove(temp.c_str());
       return r.status();

@@ -79,6 +79,7 @@ const std::vector<SynthModelSpec>& SynthModelPresets() {
       {"llama-110m", 768, 2560, 12, 12, 4, 32000, 2048, true},
       {"tiny-16k", 64, 160, 2, 4, 2, 512, 16384, true},
       {"small-16k", 256, 768, 2, 4, 2, 32000, 16384, true},
+      {"micro-16k", 32, 64, 1, 2, 1, 512, 16384, true},
   };
   return presets;
 }

@@ -238,14 +238,20 @@ Result<PrefixMatch> PrefixCache::Lookup(std::span<const int32_t> tokens, const E
       state_->index.count(state_->KeyOf(m.keys.empty() ? nullptr : &m.keys.back(),
                                         tokens.subspan(m.blocks.size() * static_cast<size_t>(bl), static_cast<size_t>(bl)), extra)) == 0) {
     // The pool's part ended on a miss (not a collision): the prefix may go on
-    // in the lower tiers.
-    std::vector<BlockKey> rest;
-    for (auto i = static_cast<int64_t>(m.blocks.size()); i < max_blocks; ++i) {
-      const BlockKey* parent = rest.empty() ? (m.keys.empty() ? nullptr : &m.keys.back()) : &rest.back();
-      rest.push_back(state_->KeyOf(parent, tokens.subspan(static_cast<size_t>(i * bl), static_cast<size_t>(bl)), extra));
+    // in the lower tiers. Keys are made and asked for a chunk at a time, so
+    // a long prompt whose chain ends early costs a few keys, not all of them.
+    constexpr int64_t kChunk = 16;
+    for (auto i = static_cast<int64_t>(m.blocks.size()); i < max_blocks;) {
+      std::vector<BlockKey> chunk;
+      for (; i < max_blocks && static_cast<int64_t>(chunk.size()) < kChunk; ++i) {
+        const BlockKey* parent = chunk.empty() ? (m.keys.empty() ? nullptr : &m.keys.back()) : &chunk.back();
+        chunk.push_back(state_->KeyOf(parent, tokens.subspan(static_cast<size_t>(i * bl), static_cast<size_t>(bl)), extra));
+      }
+      const std::vector<Tier> found = state_->options.tiers->LocatePrefix(chunk);
+      m.lower.insert(m.lower.end(), found.begin(), found.end());
+      m.keys.insert(m.keys.end(), chunk.begin(), chunk.begin() + static_cast<std::ptrdiff_t>(found.size()));
+      if (found.size() < chunk.size()) break;
     }
-    m.lower = state_->options.tiers->LocatePrefix(rest);
-    m.keys.insert(m.keys.end(), rest.begin(), rest.begin() + static_cast<std::ptrdiff_t>(m.lower.size()));
   }
   m.num_tokens = static_cast<int64_t>(m.blocks.size() + m.lower.size()) * bl;
   return m;

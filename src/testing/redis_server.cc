@@ -3,7 +3,9 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -76,6 +78,15 @@ Status RedisServer::Start(const std::string& extra_args) {
   const pid_t pid = ::fork();
   if (pid < 0) return UnavailableError("fork failed");
   if (pid == 0) {
+    // Die with the test process (a crashed test must not leave a server
+    // holding ctest's output pipe), and keep off the test's output.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    const int null = ::open("/dev/null", O_RDWR);
+    if (null >= 0) {
+      ::dup2(null, 0);
+      ::dup2(null, 1);
+      ::dup2(null, 2);
+    }
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);

@@ -243,6 +243,7 @@ Result<std::unique_ptr<BlockTiers>> BlockTiers::Create(const TierOptions& o, int
     r.password = o.redis_password;
     if (!o.redis_namespace.empty()) r.key_namespace = o.redis_namespace;
     r.timeout_ms = o.redis_timeout_ms;
+    r.ttl_seconds = o.redis_ttl_seconds;
     PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<BlockStore> s, CreateRedisStore(r));
     st->stores.push_back(std::move(s));
   }

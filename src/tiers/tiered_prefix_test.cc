@@ -43,8 +43,8 @@ std::vector<int32_t> Tokens(int32_t first, int32_t n) {
 // real KV does) and on the salt, so a block served for the wrong prefix or
 // tenant shows up as different bytes.
 float Value(const std::vector<int32_t>& tokens, int64_t pos, int layer, int plane, int head, int elem, int salt) {
-  int64_t h = salt;
-  for (int64_t i = 0; i <= pos; ++i) h = h * 31 + tokens[static_cast<size_t>(i)];
+  uint64_t h = static_cast<uint64_t>(salt);
+  for (int64_t i = 0; i <= pos; ++i) h = h * 31 + static_cast<uint64_t>(tokens[static_cast<size_t>(i)]);
   return static_cast<float>((h % 1000) + layer * 7 + plane * 3 + head * 5 + elem) * 0.5f;
 }
 
