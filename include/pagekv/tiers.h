@@ -79,6 +79,11 @@ class BlockStore {
   virtual Result<bool> Contains(const BlockKey& key) = 0;
   // For keys in order, whether each is held (one round trip for redis).
   virtual Result<std::vector<bool>> ContainsMany(std::span<const BlockKey> keys);
+  // Many blocks at once (redis: one pipelined round trip); the default does
+  // one call per block. PutMany stops at the first error; GetMany's
+  // result[i] says whether kvs[i] was filled (a bad payload is a miss).
+  virtual Status PutMany(std::span<const BlockMeta> metas, std::span<const std::span<const std::byte>> kvs);
+  virtual Result<std::vector<bool>> GetMany(std::span<const BlockMeta> metas, std::span<const std::span<std::byte>> kvs);
   virtual Status Remove(const BlockKey& key) = 0;
   virtual int64_t capacity_bytes() const = 0;
   virtual TierStats Stats() const = 0;

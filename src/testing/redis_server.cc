@@ -124,6 +124,14 @@ void RedisServer::Kill() {
   pid_ = -1;
 }
 
+void RedisServer::Pause() {
+  if (pid_ > 0) ::kill(pid_, SIGSTOP);
+}
+
+void RedisServer::Resume() {
+  if (pid_ > 0) ::kill(pid_, SIGCONT);
+}
+
 Result<std::string> RedisServer::Command(const std::string& inline_command) const {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};

@@ -27,6 +27,8 @@ class RedisServer {
   Status Start(const std::string& extra_args = {});
   void Stop();   // SIGTERM and wait
   void Kill();   // SIGKILL and wait (a crash)
+  void Pause();  // SIGSTOP: connections stay open, nothing answers (a hung server)
+  void Resume(); // SIGCONT
   bool running() const { return pid_ > 0; }
 
   int port() const { return port_; }

@@ -308,6 +308,46 @@ TEST_F(RedisStoreTest, AServerThatDiesIsUnhealthyFailsFastAndRecoversAfterAResta
   ExpectRoundTrip(*s, 3);
 }
 
+TEST_F(RedisStoreTest, ManyBlocksGoInOneRoundTripAndABadOneIsAMiss) {
+  auto s = Open();
+  std::vector<BlockMeta> metas;
+  std::vector<std::vector<std::byte>> data;
+  for (uint64_t i = 0; i < 6; ++i) {
+    metas.push_back(Meta(i));
+    data.push_back(Kv(i));
+  }
+  std::vector<std::span<const std::byte>> in(data.begin(), data.end());
+  ASSERT_TRUE(s->PutMany(metas, in).ok());
+  EXPECT_EQ(s->Stats().puts, 6);
+  ASSERT_TRUE(server_.Command("SETRANGE test:" + KeyOf(3).Hex() + " 150 Q").ok());
+  metas.push_back(Meta(40));  // never stored
+  std::vector<std::vector<std::byte>> out(7, std::vector<std::byte>(kKvBytes));
+  std::vector<std::span<std::byte>> spans(out.begin(), out.end());
+  const std::vector<bool> got = *s->GetMany(metas, spans);
+  EXPECT_EQ(got, (std::vector<bool>{true, true, true, false, true, true, false}));
+  for (size_t i : {0, 1, 2, 4, 5}) EXPECT_EQ(out[i], Kv(i));
+  EXPECT_EQ(s->Stats().corrupt, 1);
+  EXPECT_FALSE(*s->Contains(KeyOf(3)));  // the bad one is gone
+}
+
+TEST_F(RedisStoreTest, AHungServerTimesOutInsteadOfHanging) {
+  auto s = Open();  // 300 ms timeout
+  ExpectRoundTrip(*s, 1);
+  server_.Pause();
+  std::vector<std::byte> out(kKvBytes);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(s->Get(Meta(1), out).status().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(s->Put(Meta(2), Kv(2)).code(), StatusCode::kUnavailable);  // backing off: immediate
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+  EXPECT_FALSE(s->Stats().healthy);
+  server_.Resume();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  Result<bool> got = s->Get(Meta(1), out);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_TRUE(*got);
+  EXPECT_EQ(out, Kv(1));
+}
+
 TEST_F(RedisStoreTest, PasswordsAndUrlsAreChecked) {
   server_.Stop();
   ASSERT_TRUE(server_.Start("--requirepass sesame").ok());

@@ -27,6 +27,20 @@ Result<std::vector<bool>> BlockStore::ContainsMany(std::span<const BlockKey> key
   return out;
 }
 
+Status BlockStore::PutMany(std::span<const BlockMeta> metas, std::span<const std::span<const std::byte>> kvs) {
+  for (size_t i = 0; i < metas.size(); ++i) PAGEKV_RETURN_IF_ERROR(Put(metas[i], kvs[i]));
+  return Status::Ok();
+}
+
+Result<std::vector<bool>> BlockStore::GetMany(std::span<const BlockMeta> metas, std::span<const std::span<std::byte>> kvs) {
+  std::vector<bool> out;
+  for (size_t i = 0; i < metas.size(); ++i) {
+    PAGEKV_ASSIGN_OR_RETURN(bool got, Get(metas[i], kvs[i]));
+    out.push_back(got);
+  }
+  return out;
+}
+
 int64_t TierPayloadBytes(int32_t block_len, int64_t kv_bytes) {
   return static_cast<int64_t>(tiers::PayloadBytes(static_cast<size_t>(block_len), static_cast<size_t>(kv_bytes)));
 }
@@ -144,43 +158,73 @@ struct BlockTiers::State {
     }
   }
 
-  void Run(Job& j) {
-    if (j.kind == Job::Kind::kPut) {
-      if (Status s = j.target->Put(j.meta, j.kv); !s.ok()) Log(std::string(TierName(j.target->tier())) + " put", s);
-      return;
+  // A batch of puts to one store (one round trip for redis).
+  void RunPuts(std::vector<Job>& jobs) {
+    std::vector<BlockMeta> metas;
+    std::vector<std::span<const std::byte>> kvs;
+    for (Job& j : jobs) {
+      metas.push_back(std::move(j.meta));
+      kvs.emplace_back(j.kv);
     }
+    BlockStore* target = jobs.front().target;
+    if (Status s = target->PutMany(metas, kvs); !s.ok()) Log(std::string(TierName(target->tier())) + " put", s);
+  }
+
+  // A batch of prefetches: disk first, then redis for what disk lacks; a
+  // host hit needs no staging.
+  void RunPrefetches(std::vector<Job>& jobs) {
+    std::vector<BlockMeta> metas;
     {
       std::lock_guard lock(mu);
-      if (staged.count(j.meta.key) > 0) return;
+      for (Job& j : jobs) {
+        if (staged.count(j.meta.key) == 0) metas.push_back(std::move(j.meta));
+      }
     }
-    // Prefetch: the slow tiers only; a host hit needs no staging.
-    std::vector<std::byte> kv(static_cast<size_t>(kv_bytes));
     for (BlockStore* s : {by_tier[2], by_tier[3]}) {
-      if (s == nullptr) continue;
-      Result<bool> got = s->Get(j.meta, kv);
+      if (s == nullptr || metas.empty()) continue;
+      std::vector<std::vector<std::byte>> bufs(metas.size(), std::vector<std::byte>(static_cast<size_t>(kv_bytes)));
+      std::vector<std::span<std::byte>> kvs(bufs.begin(), bufs.end());
+      Result<std::vector<bool>> got = s->GetMany(metas, kvs);
       if (!got.ok()) {
         Log(std::string(TierName(s->tier())) + " prefetch", got.status());
         continue;
       }
-      if (*got) {
-        Stage(j.meta.key, std::move(kv), s->tier());
-        return;
+      std::vector<BlockMeta> missing;
+      for (size_t i = 0; i < metas.size(); ++i) {
+        if ((*got)[i]) {
+          Stage(metas[i].key, std::move(bufs[i]), s->tier());
+        } else {
+          missing.push_back(std::move(metas[i]));
+        }
       }
+      metas = std::move(missing);
     }
   }
 
   void Work() {
+    constexpr size_t kBatch = 32;
     for (;;) {
-      Job j;
+      std::vector<Job> batch;
       {
         std::unique_lock lock(mu);
         work_cv.wait(lock, [&] { return stopping || !queue.empty(); });
         if (queue.empty()) return;  // stopping, and all done
-        j = std::move(queue.front());
+        // The front job and those right behind it of the same kind (and
+        // target), up to a batch.
+        batch.push_back(std::move(queue.front()));
         queue.pop_front();
+        while (!queue.empty() && batch.size() < kBatch && queue.front().kind == batch.front().kind &&
+               queue.front().target == batch.front().target) {
+          batch.push_back(std::move(queue.front()));
+          queue.pop_front();
+        }
         ++busy;
       }
-      Run(j);
+      if (batch.front().kind == Job::Kind::kPut) {
+        RunPuts(batch);
+      } else {
+        RunPrefetches(batch);
+      }
       std::lock_guard lock(mu);
       --busy;
       if (queue.empty() && busy == 0) idle_cv.notify_all();

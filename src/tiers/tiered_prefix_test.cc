@@ -157,10 +157,13 @@ TEST_F(TieredPrefixTest, EvictedBlocksComeBackFromRamWithTheirExactKv) {
 }
 
 TEST_F(TieredPrefixTest, ASaltNeverHitsAnotherSaltsBlocksInAnyTier) {
+  testing::RedisServer redis;
+  ASSERT_TRUE(redis.Start().ok());
   TierOptions o;
   o.host_bytes = 1 << 20;
   o.disk_path = disk_;
   o.disk_bytes = 1 << 20;
+  o.redis_url = redis.url();
   Open(6, o);
   ExtraKeys alice, bob;
   alice.cache_salt = "alice";
@@ -173,6 +176,19 @@ TEST_F(TieredPrefixTest, ASaltNeverHitsAnotherSaltsBlocksInAnyTier) {
   EXPECT_EQ(Serve(*cache_, *pc_, p, bob, 2).hit_tokens, 0);
   EXPECT_EQ(Serve(*cache_, *pc_, p, {}, 0).hit_tokens, 0);
   EXPECT_EQ(Serve(*cache_, *pc_, p, alice, 1).hit_tokens, 4 * B);
+  // A fresh pool and RAM over the same disk and Redis: still apart.
+  Close();
+  std::filesystem::remove(disk_);
+  std::filesystem::remove(disk_ + ".index");
+  o.host_bytes = 0;
+  Open(6, o);
+  ExtraKeys carol;
+  carol.cache_salt = "carol";
+  EXPECT_EQ(Serve(*cache_, *pc_, p, carol, 3).hit_tokens, 0);
+  const Served from_redis = Serve(*cache_, *pc_, p, alice, 1);
+  EXPECT_EQ(from_redis.hit_tokens, 4 * B);
+  EXPECT_EQ(from_redis.loaded, std::vector<Tier>(4, Tier::kRedis));
+  Close();
 }
 
 TEST_F(TieredPrefixTest, DiskBlocksSurviveARestart) {
