@@ -143,8 +143,10 @@ TEST(CliBenchTest, QuickAttentionBenchPrintsTheRooflineObject) {
     // (a little slack for the ceilings' own measurement noise).
     EXPECT_GT(row["ratio_to_roofline"].get<double>(), 0.0);
     EXPECT_LT(row["ratio_to_roofline"].get<double>(), 2.0);
+    // K and V rows of 128 elements: 2 bytes each in f16/bf16, 1 byte plus a 2-byte scale per row in int8.
+    const int64_t row_bytes = row["dtype"] == "int8" ? 128 + 2 : 128 * 2;
     EXPECT_EQ(row["kv_bytes"].get<int64_t>(),
-              row["batch"].get<int64_t>() * row["ctx"].get<int64_t>() * row["kv_heads"].get<int64_t>() * 128 * 2 * 2);
+              row["batch"].get<int64_t>() * row["ctx"].get<int64_t>() * row["kv_heads"].get<int64_t>() * row_bytes * 2);
   }
 }
 
@@ -152,7 +154,7 @@ TEST(CliBenchTest, BadBenchFlagsExitTwo) {
   EXPECT_EQ(RunCli("bench attention --quick --full").exit_code, 2);
   EXPECT_EQ(RunCli("bench attention --heads 30/8").exit_code, 2);
   EXPECT_EQ(RunCli("bench attention --block-len 100").exit_code, 2);
-  EXPECT_EQ(RunCli("bench attention --dtype int8").exit_code, 2);
+  EXPECT_EQ(RunCli("bench attention --dtype int4").exit_code, 2);
   EXPECT_EQ(RunCli("bench").exit_code, 2);
 }
 

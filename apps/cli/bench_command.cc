@@ -94,8 +94,8 @@ int RunBench(const BenchArgs& a) {
   }
   for (const std::string& d : a.dtypes) {
     Result<DType> dt = ParseDType(d);
-    if (!dt.ok() || (*dt != DType::kF32 && *dt != DType::kF16 && *dt != DType::kBF16)) {
-      std::fprintf(stderr, "error: --dtype %s: use f32, f16 or bf16\n", d.c_str());
+    if (!dt.ok() || (*dt != DType::kF32 && *dt != DType::kF16 && *dt != DType::kBF16 && *dt != DType::kInt8)) {
+      std::fprintf(stderr, "error: --dtype %s: use f32, f16, bf16 or int8\n", d.c_str());
       return kExitBadInput;
     }
     o.dtypes.push_back(*dt);
@@ -375,7 +375,7 @@ CLI::App* AddBenchCommand(CLI::App& app, int& exit_code) {
   attn->add_option("--ctx", args.contexts, "Context lengths instead of the set's")->delimiter(',');
   attn->add_option("--block-len", args.block_lens, "Block lengths instead of the set's")->delimiter(',');
   attn->add_option("--heads", args.heads, "Head configs Q/KV instead of the set's, e.g. 32/8")->delimiter(',');
-  attn->add_option("--dtype", args.dtypes, "KV dtypes instead of the set's (f32, f16, bf16)")->delimiter(',');
+  attn->add_option("--dtype", args.dtypes, "KV dtypes instead of the set's (f16, bf16, int8; also f32)")->delimiter(',');
   attn->callback([&exit_code] { exit_code = RunBench(args); });
 
   static ServeBenchArgs serve;
@@ -416,7 +416,7 @@ CLI::App* AddBenchCommand(CLI::App& app, int& exit_code) {
   g->add_option("--prompt-len", gen.prompt_len, "Prompt tokens per sequence (default 128)")->check(CLI::Range(1, 1 << 20));
   g->add_option("--steps", gen.steps, "Decode steps (default 32)")->check(CLI::Range(1, 1 << 20));
   g->add_option("--block-len", gen.block_len, "Tokens per KV block (default 16)")->check(CLI::Range(1, 4096));
-  g->add_option("--kv-dtype", gen.kv_dtype, "KV storage: f32, f16 (default), bf16");
+  g->add_option("--kv-dtype", gen.kv_dtype, "KV storage: f32, f16 (default), bf16, int8");
   g->add_option("--threads", gen.threads, "Threads (default: all cores)")->check(CLI::Range(0, 4096));
   g->callback([&exit_code] { exit_code = RunGenerateBenchCommand(gen); });
   return bench;

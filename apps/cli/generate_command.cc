@@ -187,7 +187,7 @@ CLI::App* AddGenerateCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--seed", args.seed, "Sampling seed (default 0)");
   cmd->add_option("--block-len", args.block_len, "Tokens per KV block (default 16)");
   cmd->add_option("--blocks", args.blocks, "KV blocks in the pool (default: enough for the batch)");
-  cmd->add_option("--kv-dtype", args.kv_dtype, "KV storage: f32 (default), f16, bf16");
+  cmd->add_option("--kv-dtype", args.kv_dtype, "KV storage: f32 (default), f16, bf16, int8 (one f16 scale per row)");
   cmd->add_option("--dump-logits", args.dump_logits, "With --json: the top-K ids and logits of every step");
   cmd->add_option("--threads", args.threads, "Threads for the kernels (default: every hardware thread)")
       ->check(CLI::Range(0, 4096));

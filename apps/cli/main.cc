@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
   pagekv::cli::AddSynthModelCommand(app, exit_code);
   pagekv::cli::AddReplayCommand(app, exit_code);
   pagekv::cli::AddServeCommand(app, exit_code);
+  pagekv::cli::AddEvalCommand(app, exit_code);
   if (argc > 1 && argv[1][0] != '-') {
     // Name an unknown command rather than CLI11's generic "subcommand required".
     std::string known;

@@ -90,7 +90,7 @@ CLI::App* AddServeCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--kv-budget", args.kv_budget, "KV pool size, e.g. 256MiB (default)");
   cmd->add_option("--blocks", args.blocks, "KV pool size in blocks (instead of --kv-budget)");
   cmd->add_option("--block-len", args.block_len, "Tokens per KV block (default 16)");
-  cmd->add_option("--kv-dtype", args.kv_dtype, "KV storage: f32 (default), f16, bf16");
+  cmd->add_option("--kv-dtype", args.kv_dtype, "KV storage: f32 (default), f16, bf16, int8 (one f16 scale per row)");
   cmd->add_option("--max-step-tokens", args.step_tokens, "Tokens per engine step (chunked prefill; default 256)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--max-running", args.max_running, "Sequences per step (default 64)")->check(CLI::Range(1, 1 << 16));

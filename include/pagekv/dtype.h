@@ -56,6 +56,14 @@ struct KvFormat {
   DType scale_dtype = DType::kF16;  // storage type of each scale
 
   static constexpr KvFormat Plain(DType d) { return KvFormat{d, ScaleAxis::kNone, 0, DType::kF16}; }
+  // INT8 with one f16 scale per (token, head) row of `row_elems` elements
+  // (docs/KV_LAYOUT.md): row_bytes = row_elems + 2.
+  static constexpr KvFormat Int8(int32_t row_elems) {
+    return KvFormat{DType::kInt8, ScaleAxis::kPerToken, row_elems, DType::kF16};
+  }
+  // True for the quantized formats a KvCache stores and the kernels read:
+  // today INT8 with one f16 scale per row (group_size == row_elems).
+  bool IsStoredQuantized(int32_t row_elems) const;
 
   // True for f32, f16 and bf16 without scales: the formats a KvCache stores today.
   bool IsPlainFloat() const;

@@ -24,6 +24,7 @@
 #include "pagekv/replay.h"
 #include "pagekv/server.h"
 #include "pagekv/engine.h"
+#include "pagekv/eval.h"
 #include "pagekv/status.h"
 #include "pagekv/synth_model.h"
 #include "pagekv/tiers.h"

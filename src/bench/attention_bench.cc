@@ -20,6 +20,7 @@
 #include "kernels/machine_ceilings.h"
 #include "kvcache/kv_arena.h"
 #include "layout/float16.h"
+#include "layout/quantize.h"
 #include "pagekv/attention.h"
 #include "pagekv/bench.h"
 #include "pagekv/kv_layout.h"
@@ -68,7 +69,7 @@ std::vector<Shape> Grid(const AttentionBenchOptions& o, int all_threads) {
       if (all_threads > 1) threads = {1, all_threads};
       break;
   }
-  std::vector<DType> dtypes = {DType::kF16, DType::kBF16};
+  std::vector<DType> dtypes = {DType::kF16, DType::kBF16, DType::kInt8};
   if (!o.batches.empty()) batches = o.batches;
   if (!o.contexts.empty()) ctxs = o.contexts;
   if (!o.block_lens.empty()) block_lens = o.block_lens;
@@ -154,7 +155,7 @@ Result<AttentionBenchResult> RunShape(const Shape& s, const CeilingProbe& probe,
   c.num_kv_heads = s.heads.kv_heads;
   c.head_dim = kHeadDim;
   c.block_len = s.block_len;
-  c.format = KvFormat::Plain(s.dtype);
+  c.format = s.dtype == DType::kInt8 ? KvFormat::Int8(kHeadDim) : KvFormat::Plain(s.dtype);
   c.num_blocks = s.batch * blocks_per_seq;
   c.num_layers = 1;
   const int64_t layer_bytes = KvLayout::Create(c)->layer_stride();
@@ -171,11 +172,24 @@ Result<AttentionBenchResult> RunShape(const Shape& s, const CeilingProbe& probe,
   std::mt19937 rng(1234);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   std::vector<uint16_t> pattern(1 << 19);
-  for (auto& x : pattern) x = Encode(s.dtype, u(rng));
-  const int64_t pattern_bytes = static_cast<int64_t>(pattern.size() * 2);
-  for (int64_t off = 0; off < layout.total_bytes(); off += pattern_bytes) {
-    std::memcpy(arena->data() + off, pattern.data(),
-                static_cast<size_t>(std::min(pattern_bytes, layout.total_bytes() - off)));
+  if (s.dtype == DType::kInt8) {
+    // Whole quantized rows (values and a valid f16 scale), one slab's worth, in every slab.
+    std::vector<std::byte> slab(static_cast<size_t>(layout.slab_stride()));
+    std::vector<float> row(kHeadDim);
+    for (int32_t t = 0; t < s.block_len; ++t) {
+      for (float& x : row) x = u(rng);
+      quant::EncodeInt8Row(row.data(), kHeadDim, slab.data() + t * layout.row_bytes());
+    }
+    for (int64_t off = 0; off + layout.slab_stride() <= layout.total_bytes(); off += layout.slab_stride()) {
+      std::memcpy(arena->data() + off, slab.data(), slab.size());
+    }
+  } else {
+    for (auto& x : pattern) x = Encode(s.dtype, u(rng));
+    const int64_t pattern_bytes = static_cast<int64_t>(pattern.size() * 2);
+    for (int64_t off = 0; off < layout.total_bytes(); off += pattern_bytes) {
+      std::memcpy(arena->data() + off, pattern.data(),
+                  static_cast<size_t>(std::min(pattern_bytes, layout.total_bytes() - off)));
+    }
   }
   // Block tables: the pool's ids shuffled, as a fragmented pool hands them out.
   std::vector<BlockId> ids(static_cast<size_t>(c.num_blocks));
@@ -224,7 +238,7 @@ Result<AttentionBenchResult> RunShape(const Shape& s, const CeilingProbe& probe,
   r.calls = static_cast<int64_t>(times.size());
   r.seconds_per_call = Median(times);
   const int64_t group = s.heads.q_heads / s.heads.kv_heads;
-  r.kv_bytes = s.batch * s.ctx * s.heads.kv_heads * kHeadDim * 2 * 2;
+  r.kv_bytes = s.batch * s.ctx * s.heads.kv_heads * layout.row_bytes() * 2;  // K and V, scales included
   r.flops = static_cast<double>(s.batch * s.ctx * s.heads.kv_heads) * 2.0 * (2.0 * group * kHeadDim);
   r.gbps = static_cast<double>(r.kv_bytes) / r.seconds_per_call / 1e9;
   r.ratio_to_stream = r.gbps / ceilings.stream_gbps;
@@ -235,7 +249,7 @@ Result<AttentionBenchResult> RunShape(const Shape& s, const CeilingProbe& probe,
   r.ratio_to_roofline = r.floor_seconds / r.seconds_per_call;
   r.rotation_bytes = layout.total_bytes();
 
-  if (scalar_baseline) {
+  if (scalar_baseline && s.dtype != DType::kInt8) {  // the scalar loop reads 16-bit values
     // The same values, contiguous per (sequence, head), read by a plain loop.
     const size_t n = static_cast<size_t>(s.batch * s.heads.kv_heads * s.ctx * kHeadDim);
     std::vector<uint16_t> k(n), v(n);

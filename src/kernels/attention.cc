@@ -35,8 +35,9 @@ Status ValidateCommon(const PagedKv& kv, const float* q, const float* out, Geome
   if (c.kind == CacheKind::kMla) {
     return UnimplementedError("attention: MLA latent caches need the absorbed-weight kernel; these kernels read per-head K and V");
   }
-  if (!c.format.IsPlainFloat()) {
-    return UnimplementedError("attention: KV format " + c.format.ToString() + " is not read yet; use f32, f16 or bf16");
+  if (!c.format.IsPlainFloat() && !c.format.IsStoredQuantized(c.head_dim)) {
+    return UnimplementedError("attention: KV format " + c.format.ToString() +
+                              " is not read yet; use f32, f16, bf16 or int8 with one f16 scale per row");
   }
   if (kv.layer < 0 || kv.layer >= l.num_layers()) {
     return OutOfRangeError("attention: layer " + std::to_string(kv.layer) + " outside [0, " +
@@ -144,6 +145,7 @@ void RunItem(const WorkItem& w, const PagedKv& kv, const Geometry& g, std::span<
   const KvLayout& layout = *kv.layout;
   RowTask t;
   t.dtype = layout.config().format.dtype;
+  t.row_bytes = layout.row_bytes();
   t.rows = rows;
   t.head_dim = d;
   t.q = s.q.data();

@@ -18,11 +18,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 
 #include "kernels/attention_kernel.h"
 #include "kernels/simd-inl.h"
+#include "layout/float16.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace pagekv::kernels {
@@ -63,17 +65,43 @@ struct Prefetcher {
   }
 };
 
+// The f16 scale that ends an int8 row (layout/quantize.h).
+HWY_INLINE float Int8Scale(const std::byte* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return F16ToF32(h);
+}
+
+// Element j of row t of a slab whose rows are row_bytes apart.
+template <typename T>
+HWY_INLINE const T* RowAt(const std::byte* slab, int64_t t, int64_t row_bytes) {
+  return reinterpret_cast<const T*>(slab + t * row_bytes);
+}
+
+// Loads lanes of a row as f32: plain types convert, int8 values promote
+// (their row scale is applied by the caller, once per token).
+template <class DF, typename T>
+HWY_INLINE hn::Vec<DF> LoadRow(DF df, const T* HWY_RESTRICT p) {
+  if constexpr (std::is_same_v<T, int8_t>) {
+    const hn::Rebind<int32_t, DF> di32;
+    const hn::Rebind<int8_t, DF> di8;
+    return hn::ConvertTo(df, hn::PromoteTo(di32, hn::LoadU(di8, p)));
+  } else {
+    return LoadF32(df, p);
+  }
+}
+
 // scores[g][t0 + i] = q[g] . k[t0 + i] for kG rows and kT tokens.
 template <int kG, int kT, class DF, typename T>
-HWY_INLINE void ScoreTile(DF df, const T* HWY_RESTRICT k, int64_t t0, int32_t d, const float* HWY_RESTRICT q,
-                          float* HWY_RESTRICT scores, int32_t stride) {
+HWY_INLINE void ScoreTile(DF df, const std::byte* HWY_RESTRICT k, int64_t row_bytes, int64_t t0, int32_t d,
+                          const float* HWY_RESTRICT q, float* HWY_RESTRICT scores, int32_t stride) {
   const int32_t lanes = static_cast<int32_t>(hn::Lanes(df));
   hn::Vec<DF> a[kG][kT];
   for (int g = 0; g < kG; ++g)
     for (int i = 0; i < kT; ++i) a[g][i] = hn::Zero(df);
   for (int32_t j = 0; j < d; j += lanes) {
     hn::Vec<DF> kv[kT];
-    for (int i = 0; i < kT; ++i) kv[i] = LoadF32(df, k + (t0 + i) * d + j);
+    for (int i = 0; i < kT; ++i) kv[i] = LoadRow(df, RowAt<T>(k, t0 + i, row_bytes) + j);
     for (int g = 0; g < kG; ++g) {
       const auto qv = hn::LoadU(df, q + g * d + j);
       for (int i = 0; i < kT; ++i) a[g][i] = hn::MulAdd(qv, kv[i], a[g][i]);
@@ -98,17 +126,18 @@ HWY_INLINE void ScoreTile(DF df, const T* HWY_RESTRICT k, int64_t t0, int32_t d,
 
 // Scores of kG rows over tokens [0, n), prefetching the next block as it goes.
 template <int kG, class DF, typename T>
-HWY_INLINE void ScoreRows(DF df, const T* HWY_RESTRICT k, int64_t n, int32_t d, const float* HWY_RESTRICT q,
-                          float* HWY_RESTRICT scores, int32_t stride, const Prefetcher& next) {
+HWY_INLINE void ScoreRows(DF df, const std::byte* HWY_RESTRICT k, int64_t row_bytes, int64_t n, int32_t d,
+                          const float* HWY_RESTRICT q, float* HWY_RESTRICT scores, int32_t stride,
+                          const Prefetcher& next) {
   constexpr int kT = kG >= kChains ? 1 : kChains / kG;
   int64_t t = 0;
   for (; t + kT <= n; t += kT) {
     for (int i = 0; i < kT; ++i) next.Row(t + i);
-    ScoreTile<kG, kT>(df, k, t, d, q, scores, stride);
+    ScoreTile<kG, kT, DF, T>(df, k, row_bytes, t, d, q, scores, stride);
   }
   for (; t < n; ++t) {
     next.Row(t);
-    ScoreTile<kG, 1>(df, k, t, d, q, scores, stride);
+    ScoreTile<kG, 1, DF, T>(df, k, row_bytes, t, d, q, scores, stride);
   }
 }
 
@@ -117,7 +146,7 @@ HWY_INLINE void ScoreRows(DF df, const T* HWY_RESTRICT k, int64_t n, int32_t d, 
 // with constant offsets reaches every row's value (row-major rows would need
 // kG live pointers, more than the registers the tile leaves free).
 template <int kG, int kJ, class DF, typename T>
-HWY_INLINE void AccumulateTile(DF df, const T* HWY_RESTRICT v, int64_t n, int32_t d, int32_t j0,
+HWY_INLINE void AccumulateTile(DF df, const std::byte* HWY_RESTRICT v, int64_t row_bytes, int64_t n, int32_t d, int32_t j0,
                                const float* HWY_RESTRICT pk, const float* corr,
                                float* HWY_RESTRICT acc, const Prefetcher& next) {
   const int32_t lanes = static_cast<int32_t>(hn::Lanes(df));
@@ -129,7 +158,7 @@ HWY_INLINE void AccumulateTile(DF df, const T* HWY_RESTRICT v, int64_t n, int32_
   for (int64_t t = 0; t < n; ++t) {
     next.Row(t);
     hn::Vec<DF> vv[kJ];
-    for (int j = 0; j < kJ; ++j) vv[j] = LoadF32(df, v + t * d + j0 + j * lanes);
+    for (int j = 0; j < kJ; ++j) vv[j] = LoadRow(df, RowAt<T>(v, t, row_bytes) + j0 + j * lanes);
     for (int g = 0; g < kG; ++g) {
       const auto pg = hn::Set(df, pk[t * kG + g]);
       for (int j = 0; j < kJ; ++j) a[g][j] = hn::MulAdd(pg, vv[j], a[g][j]);
@@ -141,9 +170,11 @@ HWY_INLINE void AccumulateTile(DF df, const T* HWY_RESTRICT v, int64_t n, int32_
 
 // acc[g] = acc[g] * corr[g] + sum_t p[g][t] v[t] for kG rows, tokens [0, n).
 // The first pass over the tokens prefetches `next`.
+// `vscale` (int8 rows: each token's V scale, folded into its probability)
+// is null for plain types.
 template <int kG, class DF, typename T>
-HWY_INLINE void AccumulateRows(DF df, const T* HWY_RESTRICT v, int64_t n, int32_t d,
-                               const float* HWY_RESTRICT p, int32_t stride, const float* corr,
+HWY_INLINE void AccumulateRows(DF df, const std::byte* HWY_RESTRICT v, int64_t row_bytes, int64_t n, int32_t d,
+                               const float* HWY_RESTRICT p, int32_t stride, const float* vscale, const float* corr,
                                float* HWY_RESTRICT acc, const Prefetcher& next) {
   // Tiles of kJ vectors of head_dim, the widest that fits the remaining
   // vectors: 8, then 4, 2, 1 (head_dim 128 in f32x16 is 8 vectors).
@@ -151,19 +182,24 @@ HWY_INLINE void AccumulateRows(DF df, const T* HWY_RESTRICT v, int64_t n, int32_
   const int32_t lanes = static_cast<int32_t>(hn::Lanes(df));
   const Prefetcher none;
   HWY_ALIGN float pk[kMaxBlockLen * kG];
-  for (int64_t t = 0; t < n; ++t)
-    for (int g = 0; g < kG; ++g) pk[t * kG + g] = p[g * stride + t];
+  if (vscale != nullptr) {
+    for (int64_t t = 0; t < n; ++t)
+      for (int g = 0; g < kG; ++g) pk[t * kG + g] = p[g * stride + t] * vscale[t];
+  } else {
+    for (int64_t t = 0; t < n; ++t)
+      for (int g = 0; g < kG; ++g) pk[t * kG + g] = p[g * stride + t];
+  }
   int32_t j0 = 0;
   for (; j0 + kJ * lanes <= d; j0 += kJ * lanes) {
-    AccumulateTile<kG, kJ>(df, v, n, d, j0, pk, corr, acc, j0 == 0 ? next : none);
+    AccumulateTile<kG, kJ, DF, T>(df, v, row_bytes, n, d, j0, pk, corr, acc, j0 == 0 ? next : none);
   }
   if constexpr (kJ > 4) {
-    for (; j0 + 4 * lanes <= d; j0 += 4 * lanes) AccumulateTile<kG, 4>(df, v, n, d, j0, pk, corr, acc, j0 == 0 ? next : none);
+    for (; j0 + 4 * lanes <= d; j0 += 4 * lanes) AccumulateTile<kG, 4, DF, T>(df, v, row_bytes, n, d, j0, pk, corr, acc, j0 == 0 ? next : none);
   }
   if constexpr (kJ > 2) {
-    for (; j0 + 2 * lanes <= d; j0 += 2 * lanes) AccumulateTile<kG, 2>(df, v, n, d, j0, pk, corr, acc, j0 == 0 ? next : none);
+    for (; j0 + 2 * lanes <= d; j0 += 2 * lanes) AccumulateTile<kG, 2, DF, T>(df, v, row_bytes, n, d, j0, pk, corr, acc, j0 == 0 ? next : none);
   }
-  for (; j0 < d; j0 += lanes) AccumulateTile<kG, 1>(df, v, n, d, j0, pk, corr, acc, j0 == 0 ? next : none);
+  for (; j0 < d; j0 += lanes) AccumulateTile<kG, 1, DF, T>(df, v, row_bytes, n, d, j0, pk, corr, acc, j0 == 0 ? next : none);
 }
 
 template <class DF, typename T>
@@ -172,7 +208,9 @@ void AttendRowsT(DF df, const RowTask& task) {
   const int32_t rows = task.rows;
   const int32_t bl = task.block_len;
   const int32_t stride = task.score_stride;
-  const int64_t row_bytes = static_cast<int64_t>(d) * sizeof(T);
+  const int64_t row_bytes = task.row_bytes > 0 ? task.row_bytes : static_cast<int64_t>(d) * sizeof(T);
+  constexpr bool kScaled = std::is_same_v<T, int8_t>;
+  HWY_ALIGN float kscale[kMaxBlockLen], vscale[kMaxBlockLen];
   const int32_t lanes = static_cast<int32_t>(hn::Lanes(df));
   float corr[8];
   float* HWY_RESTRICT scores = task.scores;
@@ -183,8 +221,8 @@ void AttendRowsT(DF df, const RowTask& task) {
   for (int64_t start = task.tok_begin; start < end; start += bl) {
     const int64_t n = std::min<int64_t>(bl, end - start);
     const int64_t block = ToInt(task.blocks[start / bl]);
-    const auto* k = reinterpret_cast<const T*>(task.k_region + block * task.slab_stride);
-    const auto* v = reinterpret_cast<const T*>(task.v_region + block * task.slab_stride);
+    const std::byte* k = task.k_region + block * task.slab_stride;
+    const std::byte* v = task.v_region + block * task.slab_stride;
     // Distance: kPrefetchBlocks blocks ahead. The scores of block b prefetch
     // K(b + distance); the accumulation of block b prefetches V(b + distance).
     Prefetcher score_pf, acc_pf;
@@ -199,9 +237,21 @@ void AttendRowsT(DF df, const RowTask& task) {
     // 1. Scores for every row (rows beyond their limit are masked below).
     int32_t r = 0;
     const Prefetcher none;
-    for (; r + 4 <= rows; r += 4) ScoreRows<4>(df, k, n, d, task.q + r * d, scores + r * stride, stride, r == 0 ? score_pf : none);
-    for (; r + 2 <= rows; r += 2) ScoreRows<2>(df, k, n, d, task.q + r * d, scores + r * stride, stride, r == 0 ? score_pf : none);
-    for (; r < rows; ++r) ScoreRows<1>(df, k, n, d, task.q + r * d, scores + r * stride, stride, r == 0 ? score_pf : none);
+    for (; r + 4 <= rows; r += 4) ScoreRows<4, DF, T>(df, k, row_bytes, n, d, task.q + r * d, scores + r * stride, stride, r == 0 ? score_pf : none);
+    for (; r + 2 <= rows; r += 2) ScoreRows<2, DF, T>(df, k, row_bytes, n, d, task.q + r * d, scores + r * stride, stride, r == 0 ? score_pf : none);
+    for (; r < rows; ++r) ScoreRows<1, DF, T>(df, k, row_bytes, n, d, task.q + r * d, scores + r * stride, stride, r == 0 ? score_pf : none);
+    if constexpr (kScaled) {
+      // int8: each token's K scale multiplies its dot products (the values
+      // were summed unscaled); its V scale is folded into the probabilities.
+      for (int64_t t = 0; t < n; ++t) {
+        kscale[t] = Int8Scale(k + t * row_bytes + d);
+        vscale[t] = Int8Scale(v + t * row_bytes + d);
+      }
+      for (r = 0; r < rows; ++r) {
+        float* HWY_RESTRICT s = scores + r * stride;
+        for (int64_t t = 0; t < n; ++t) s[t] *= kscale[t];
+      }
+    }
 
     // 2. Online softmax per row: new max, rescale factor, p = exp(s - max).
     int64_t group_n = 0;  // the longest valid prefix among the rows
@@ -251,13 +301,13 @@ void AttendRowsT(DF df, const RowTask& task) {
       const Prefetcher& pf = r == 0 ? acc_pf : none;
       static_assert(kRowsPerPass == 4, "the dispatch below covers groups of 4, 2 and 1 rows");
       if (g == 4) {
-        AccumulateRows<4>(df, v, group_n, d, p, stride, corr, a, pf);
+        AccumulateRows<4, DF, T>(df, v, row_bytes, group_n, d, p, stride, kScaled ? vscale : nullptr, corr, a, pf);
         r += 4;
       } else if (g >= 2) {
-        AccumulateRows<2>(df, v, group_n, d, p, stride, corr, a, pf);
+        AccumulateRows<2, DF, T>(df, v, row_bytes, group_n, d, p, stride, kScaled ? vscale : nullptr, corr, a, pf);
         r += 2;
       } else {
-        AccumulateRows<1>(df, v, group_n, d, p, stride, corr, a, pf);
+        AccumulateRows<1, DF, T>(df, v, row_bytes, group_n, d, p, stride, kScaled ? vscale : nullptr, corr, a, pf);
         r += 1;
       }
     }
@@ -284,6 +334,7 @@ void AttendRowsImpl(const RowTask& task) {
     case DType::kF32: return AttendRowsDim<float>(task);
     case DType::kF16: return AttendRowsDim<hwy::float16_t>(task);
     case DType::kBF16: return AttendRowsDim<hwy::bfloat16_t>(task);
+    case DType::kInt8: return AttendRowsDim<int8_t>(task);
     default: return;  // rejected by the entry points
   }
 }

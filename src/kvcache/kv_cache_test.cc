@@ -405,11 +405,28 @@ TEST(KvCacheMlaTest, StoresOneLatentRowPerTokenAndRejectsAV) {
 }
 
 TEST(KvCacheCreateTest, RejectsQuantizedFormatsUntilTheyAreStored) {
-  CacheConfig c = Config(8, DType::kF16, 4);
-  c.format = KvFormat{DType::kInt8, ScaleAxis::kPerToken, 16, DType::kF16};
+  CacheConfig c = Config(8, DType::kF16, 4);  // head_dim 16
+  c.format = KvFormat{DType::kInt8, ScaleAxis::kPerToken, 8, DType::kF16};  // two scales per row: not stored
   auto cache = KvCache::Create({.config = c});
   ASSERT_FALSE(cache.ok());
   EXPECT_EQ(cache.status().code(), StatusCode::kUnimplemented);
+  c.format = KvFormat{DType::kFP8E4M3, ScaleAxis::kPerToken, 16, DType::kF16};
+  EXPECT_EQ(KvCache::Create({.config = c}).status().code(), StatusCode::kUnimplemented);
+  c.format = KvFormat::Int8(16);  // one f16 scale per row: stored
+  EXPECT_TRUE(KvCache::Create({.config = c}).ok());
+}
+
+TEST(KvCacheCreateTest, Int8RowsAreStoredAndReadBackAsBytes) {
+  CacheConfig c = Config(8, DType::kF16, 4);
+  c.format = KvFormat::Int8(16);
+  auto cache = MakeCache(c);
+  EXPECT_EQ(cache->layout().row_bytes(), 16 + 2);
+  std::mt19937 rng(3);
+  const SeqId s = cache->AddSequence();
+  const Tokens t = RandomTokens(cache->layout(), 11, rng);
+  ASSERT_TRUE(*cache->Append(s, t.In()));
+  EXPECT_EQ(ReadAll(*cache, s).k, t.k);
+  EXPECT_EQ(ReadAll(*cache, s).v, t.v);
 }
 
 TEST(KvCacheCreateTest, InvalidConfigIsRejected) {

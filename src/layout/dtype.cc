@@ -45,6 +45,11 @@ Result<DType> ParseDType(std::string_view name) {
                               "': use one of f32, f16, bf16, fp8_e4m3, fp8_e5m2, int8, int4");
 }
 
+bool KvFormat::IsStoredQuantized(int32_t row_elems) const {
+  return dtype == DType::kInt8 && scale_axis == ScaleAxis::kPerToken && group_size == row_elems &&
+         scale_dtype == DType::kF16;
+}
+
 bool KvFormat::IsPlainFloat() const {
   return scale_axis == ScaleAxis::kNone &&
          (dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16);

@@ -13,6 +13,7 @@
 #include <unordered_set>
 
 #include "layout/float16.h"
+#include "layout/quantize.h"
 #include "pagekv/attention.h"
 
 namespace pagekv {
@@ -264,7 +265,7 @@ CacheConfig LlamaModel::CacheGeometry(int32_t block_len, DType dtype, int64_t nu
   cc.num_kv_heads = config_.num_kv_heads;
   cc.head_dim = config_.head_dim;
   cc.block_len = block_len;
-  cc.format = KvFormat::Plain(dtype);
+  cc.format = dtype == DType::kInt8 ? KvFormat::Int8(config_.head_dim) : KvFormat::Plain(dtype);
   cc.num_blocks = num_blocks;
   return cc;
 }
@@ -292,7 +293,9 @@ Result<bool> LlamaModel::ForwardBatch(KvCache& cache, std::span<const ForwardIte
       cc.num_q_heads != c.num_heads) {
     return InvalidArgumentError("the cache's geometry does not match the model: build it from CacheGeometry()");
   }
-  if (!cc.format.IsPlainFloat()) return UnimplementedError("forward: KV format not supported");
+  if (!cc.format.IsPlainFloat() && !cc.format.IsStoredQuantized(c.head_dim)) {
+    return UnimplementedError("forward: KV format " + cc.format.ToString() + " not supported");
+  }
   Batch batch;
   std::unordered_set<int64_t> seen;
   for (const ForwardItem& item : items) {
@@ -349,8 +352,9 @@ Status LlamaModel::Compute(KvCache& cache, std::span<const ForwardItem> items, c
   auto rows = [](int64_t n, int64_t width) { return std::vector<float>(static_cast<size_t>(n * width)); };
   std::vector<float> x = rows(T, d), xb = rows(T, d), q = rows(T, d), att = rows(T, d), tmp = rows(T, d),
                      k = rows(T, kv_dim), v = rows(T, kv_dim), h1 = rows(T, hd), h2 = rows(T, hd);
-  const size_t elem = static_cast<size_t>(DTypeBits(cc.format.dtype) / 8);
-  std::vector<std::byte> k_rows(static_cast<size_t>(T * kv_dim) * elem), v_rows(k_rows.size());
+  // Bytes of one token's K (or V) rows over all KV heads, as the cache stores them.
+  const auto token_bytes = static_cast<size_t>(cache.layout().row_bytes() * c.num_kv_heads);
+  std::vector<std::byte> k_rows(static_cast<size_t>(T) * token_bytes), v_rows(k_rows.size());
   auto matmul = [&](const Matrix& w, const float* in, int64_t n, float* out) {
     Stopwatch watch(matmul_time);
     return MatMul(w, in, n, out, options.threads);
@@ -382,6 +386,11 @@ Status LlamaModel::Compute(KvCache& cache, std::span<const ForwardItem> items, c
     }
   };
   auto store = [&](const float* src, std::byte* dst, int64_t n) {
+    if (cc.format.dtype == DType::kInt8) {  // one scaled row per (token, head)
+      const int64_t row = cache.layout().row_bytes();
+      for (int64_t r = 0; r < n / c.head_dim; ++r) quant::EncodeInt8Row(src + r * c.head_dim, c.head_dim, dst + r * row);
+      return;
+    }
     for (int64_t j = 0; j < n; ++j) {
       switch (cc.format.dtype) {
         case DType::kF32: std::memcpy(dst + 4 * j, src + j, 4); break;
@@ -409,7 +418,7 @@ Status LlamaModel::Compute(KvCache& cache, std::span<const ForwardItem> items, c
     store(v.data(), v_rows.data(), T * kv_dim);
     for (size_t i = 0; i < items.size(); ++i) {
       const auto n = static_cast<int64_t>(items[i].tokens.size());
-      const size_t offset = static_cast<size_t>(batch.first[i] * kv_dim) * elem;
+      const size_t offset = static_cast<size_t>(batch.first[i]) * token_bytes;
       PAGEKV_RETURN_IF_ERROR(cache.WriteLayer(items[i].seq, l, batch.start[i], {n, k_rows.data() + offset, v_rows.data() + offset}));
       PAGEKV_ASSIGN_OR_RETURN(SequenceView view, cache.View(items[i].seq));
       prefill[i] = {view.blocks, view.num_tokens, n};

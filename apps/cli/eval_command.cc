@@ -1,0 +1,98 @@
+// `pagekv eval kv`: what a smaller KV format costs on a real model.
+#include <cstdio>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "pagekv/pagekv.h"
+
+namespace pagekv::cli {
+namespace {
+
+struct EvalArgs {
+  std::string model, tokenizer, goldens = "../shared/goldens/stories260K.json", kv_dtype = "int8", policy = "none";
+  double budget = 1.0;
+  int32_t continuations = 4, block_len = 16;
+  int threads = 0;
+  bool json = false, no_speed = false;
+};
+
+int RunEvalKv(const EvalArgs& a) {
+  KvEvalOptions o;
+  o.model_path = a.model;
+  o.tokenizer_path = a.tokenizer;
+  o.goldens_path = a.goldens;
+  Result<DType> dt = ParseDType(a.kv_dtype);
+  if (!dt.ok()) {
+    std::fprintf(stderr, "error: --kv-dtype: %s\n", dt.status().message().c_str());
+    return kExitBadInput;
+  }
+  o.kv_dtype = *dt;
+  o.policy = a.policy;
+  o.budget = a.budget;
+  o.continuations = a.continuations;
+  o.block_len = a.block_len;
+  o.threads = a.threads;
+  o.measure_speed = !a.no_speed;
+  Result<KvEvalReport> r = EvalKv(o);
+  if (!r.ok()) {
+    std::fprintf(stderr, "error: %s\n", r.status().message().c_str());
+    return r.status().code() == StatusCode::kInternal ? kExitFailed : kExitBadInput;
+  }
+  if (a.json) {
+    nlohmann::ordered_json j{{"kv_dtype", r->kv_dtype},
+                             {"policy", r->policy},
+                             {"budget", r->budget},
+                             {"positions", r->positions},
+                             {"kl_mean", r->kl_mean},
+                             {"kl_max", r->kl_max},
+                             {"top1_agreement", r->top1_agreement},
+                             {"nll_ref", r->nll_ref},
+                             {"nll", r->nll},
+                             {"nll_change_rel", r->nll_change_rel},
+                             {"bytes_per_token", r->bytes_per_token},
+                             {"bytes_per_token_f16", r->bytes_per_token_f16},
+                             {"bytes_ratio_vs_f16", r->bytes_ratio_vs_f16},
+                             {"decode_speedup_vs_f16", r->decode_speedup_vs_f16},
+                             {"speed_shape", r->speed_shape}};
+    std::printf("%s\n", j.dump(2).c_str());
+    return kExitOk;
+  }
+  std::printf("KV %s, policy %s (budget %.0f%%), against the f32 cache over %ld positions\n", r->kv_dtype.c_str(),
+              r->policy.c_str(), 100 * r->budget, static_cast<long>(r->positions));
+  std::printf("  next-token KL divergence  mean %.3g nats, max %.3g\n", r->kl_mean, r->kl_max);
+  std::printf("  top-1 agreement           %.2f%%\n", 100 * r->top1_agreement);
+  std::printf("  golden text NLL           %.6f -> %.6f nats (%+.3f%%)\n", r->nll_ref, r->nll, 100 * r->nll_change_rel);
+  std::printf("  KV bytes per token        %ld (%.3fx f16's %ld)\n", static_cast<long>(r->bytes_per_token),
+              r->bytes_ratio_vs_f16, static_cast<long>(r->bytes_per_token_f16));
+  if (r->decode_speedup_vs_f16 > 0) {
+    std::printf("  decode attention          %.2fx f16's speed (%s)\n", r->decode_speedup_vs_f16, r->speed_shape.c_str());
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+CLI::App* AddEvalCommand(CLI::App& app, int& exit_code) {
+  static EvalArgs args;
+  CLI::App* eval = app.add_subcommand("eval", "Measure what a compressed KV cache costs in fidelity");
+  eval->require_subcommand(1);
+  CLI::App* kv = eval->add_subcommand("kv", "A KV format against the f32 cache: KL, top-1 agreement, NLL, bytes, speed");
+  kv->add_option("--model", args.model, "Model: a .gguf file, or a llama2.c .bin (with --tokenizer)")->required();
+  kv->add_option("--tokenizer", args.tokenizer, "llama2.c tokenizer.bin (for .bin checkpoints)");
+  kv->add_option("--goldens", args.goldens, "Goldens JSON with prompts and the NLL text (default ../shared/goldens/stories260K.json)");
+  kv->add_option("--kv-dtype", args.kv_dtype, "KV format under test: int8 (default), f16, bf16, f32");
+  kv->add_option("--policy", args.policy, "Token eviction policy (only none today)");
+  kv->add_option("--budget", args.budget, "Fraction of tokens kept, (0, 1] (default 1)");
+  kv->add_option("--continuations", args.continuations, "Sampled sequences to the full context (default 4)")
+      ->check(CLI::Range(0, 64));
+  kv->add_option("--block-len", args.block_len, "Tokens per KV block (default 16)");
+  kv->add_option("--threads", args.threads, "Threads (default: all cores)")->check(CLI::Range(0, 4096));
+  kv->add_flag("--no-speed", args.no_speed, "Skip the decode-kernel speed comparison");
+  kv->add_flag("--json", args.json, "One JSON object");
+  kv->callback([&exit_code] { exit_code = RunEvalKv(args); });
+  return eval;
+}
+
+}  // namespace pagekv::cli

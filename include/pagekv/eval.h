@@ -1,0 +1,59 @@
+// KV-compression fidelity: what storing KV in a smaller format costs on a
+// real model, measured against the uncompressed f32 cache (`pagekv eval kv`).
+//
+// On a llama model (stories260K in the table), seeded sampled
+// continuations of the goldens' prompts up to the model's full context are
+// teacher-forced through an f32 cache and through a cache of the format
+// under test; at every position the two next-token distributions are
+// compared (KL divergence, top-1 agreement). The golden NLL text is scored
+// the same way (relative change of the mean NLL). Bytes per token come from
+// the layout; the decode speed-up from the paged decode kernel on the
+// attention benchmark's memory-bound MHA shape, f16 against the format, in
+// the same run.
+//
+// Thread safety: uses the process-wide kernel thread pool; one at a time.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "pagekv/dtype.h"
+#include "pagekv/status.h"
+
+namespace pagekv {
+
+struct KvEvalOptions {
+  std::string model_path;       // GGUF, or llama2.c .bin with tokenizer_path
+  std::string tokenizer_path;
+  std::string goldens_path;     // e.g. ../shared/goldens/stories260K.json (prompts and the NLL text)
+  DType kv_dtype = DType::kInt8;
+  std::string policy = "none";  // token eviction; only "none" (keep every token) is implemented
+  double budget = 1.0;          // fraction of tokens kept, (0, 1]; 1 with policy none
+  int32_t continuations = 4;    // sampled sequences (seeds 1..n), each to the full context
+  float temperature = 1.0f;
+  int32_t block_len = 16;
+  bool measure_speed = true;    // the decode kernel comparison (a few seconds)
+  int threads = 0;
+};
+
+struct KvEvalReport {
+  std::string kv_dtype, policy;
+  double budget = 1;
+  int64_t positions = 0;         // next-token distributions compared
+  double kl_mean = 0;            // mean KL(P_f32 || P_format), nats
+  double kl_max = 0;
+  double top1_agreement = 0;     // 0..1
+  double nll_ref = 0, nll = 0;   // mean NLL of the golden text, f32 cache and format
+  double nll_change_rel = 0;     // (nll - nll_ref) / nll_ref
+  int64_t bytes_per_token = 0;   // this model, all layers, K and V, scales included
+  int64_t bytes_per_token_f16 = 0;
+  double bytes_ratio_vs_f16 = 0;
+  double decode_speedup_vs_f16 = 0;  // 0 when not measured
+  std::string speed_shape;           // the kernel shape it was measured on
+};
+
+// Errors: unreadable model or goldens (named), a format the cache does not
+// store, a policy other than "none", a budget outside (0, 1].
+Result<KvEvalReport> EvalKv(const KvEvalOptions& options);
+
+}  // namespace pagekv

@@ -1,0 +1,192 @@
+// EvalKv (include/pagekv/eval.h).
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "model/llama_model.h"
+#include "model/model_loader.h"
+#include "model/sampler.h"
+#include "pagekv/bench.h"
+#include "pagekv/eval.h"
+#include "pagekv/kv_cache.h"
+
+namespace pagekv {
+namespace {
+
+// Logits at every position of `tokens`, teacher-forced through a fresh cache
+// of `dtype`: [tokens.size()][vocab].
+Result<std::vector<float>> AllLogits(const LlamaModel& model, DType dtype, int32_t block_len,
+                                     std::span<const int32_t> tokens, int threads) {
+  const int64_t blocks = (static_cast<int64_t>(tokens.size()) + block_len - 1) / block_len;
+  KvCacheOptions co;
+  co.config = model.CacheGeometry(block_len, dtype, blocks);
+  co.prefault = false;
+  PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache, KvCache::Create(co));
+  const int32_t vocab = model.config().vocab_size;
+  std::vector<float> logits(tokens.size() * static_cast<size_t>(vocab));
+  const SeqId seq = cache->AddSequence("eval");
+  const ForwardItem item{seq, tokens, logits.data(), true};
+  PAGEKV_ASSIGN_OR_RETURN(bool fit, model.ForwardBatch(*cache, {&item, 1}, {threads, nullptr}));
+  if (!fit) return InternalError("eval: the cache sized for the sequence did not hold it");
+  return logits;
+}
+
+void LogSoftmax(const float* x, int32_t n, std::vector<double>& out) {
+  out.resize(static_cast<size_t>(n));
+  double m = -std::numeric_limits<double>::infinity();
+  for (int32_t i = 0; i < n; ++i) m = std::max(m, static_cast<double>(x[i]));
+  double sum = 0;
+  for (int32_t i = 0; i < n; ++i) sum += std::exp(static_cast<double>(x[i]) - m);
+  const double lse = m + std::log(sum);
+  for (int32_t i = 0; i < n; ++i) out[static_cast<size_t>(i)] = static_cast<double>(x[i]) - lse;
+}
+
+int32_t ArgMax(const float* x, int32_t n) { return static_cast<int32_t>(std::max_element(x, x + n) - x); }
+
+// A sampled continuation of `prompt` to `length` tokens with an f32 cache.
+Result<std::vector<int32_t>> Continue(const LlamaModel& model, std::vector<int32_t> tokens, int64_t length,
+                                      float temperature, uint64_t seed, int32_t block_len, int threads) {
+  KvCacheOptions co;
+  co.config = model.CacheGeometry(block_len, DType::kF32, (length + block_len - 1) / block_len);
+  co.prefault = false;
+  PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache, KvCache::Create(co));
+  const int32_t vocab = model.config().vocab_size;
+  std::vector<float> logits(static_cast<size_t>(vocab));
+  SamplingOptions so;
+  so.temperature = temperature;
+  so.seed = seed;
+  Sampler sampler(so);
+  const SeqId seq = cache->AddSequence("continuation");
+  size_t fed = 0;
+  while (static_cast<int64_t>(tokens.size()) < length) {
+    const ForwardItem item{seq, std::span<const int32_t>(tokens).subspan(fed), logits.data(), false};
+    PAGEKV_ASSIGN_OR_RETURN(bool fit, model.ForwardBatch(*cache, {&item, 1}, {threads, nullptr}));
+    if (!fit) return InternalError("eval: the continuation outgrew its cache");
+    fed = tokens.size();
+    tokens.push_back(sampler.Sample(logits, tokens));
+  }
+  return tokens;
+}
+
+}  // namespace
+
+Result<KvEvalReport> EvalKv(const KvEvalOptions& o) {
+  if (o.policy != "none") {
+    return UnimplementedError("eval kv: policy '" + o.policy +
+                              "' is not implemented yet; only 'none' (every token kept) is available");
+  }
+  if (!(o.budget > 0 && o.budget <= 1)) {
+    return InvalidArgumentError("eval kv: budget " + std::to_string(o.budget) + " outside (0, 1]");
+  }
+  if (o.continuations < 0 || o.continuations > 64) return InvalidArgumentError("eval kv: continuations must be in 0..64");
+  std::ifstream in(o.goldens_path);
+  if (!in) return NotFoundError("eval kv: cannot read the goldens file '" + o.goldens_path + "'");
+  nlohmann::json goldens;
+  try {
+    in >> goldens;
+  } catch (const std::exception& e) {
+    return InvalidArgumentError("eval kv: goldens '" + o.goldens_path + "' is not JSON: " + e.what());
+  }
+  if (!goldens.contains("nll") || !goldens["nll"].contains("token_ids") || !goldens.contains("prompts")) {
+    return InvalidArgumentError("eval kv: goldens '" + o.goldens_path + "' lacks prompts or nll.token_ids");
+  }
+  PAGEKV_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(o.model_path, o.tokenizer_path));
+  const LlamaModel& model = *m.model;
+  const int32_t vocab = model.config().vocab_size;
+  // The trained context: the goldens' seq_len when they give one (a GGUF may
+  // state a longer context than the model was trained for).
+  int64_t context = model.config().context_len;
+  if (goldens.contains("config") && goldens["config"].contains("seq_len")) {
+    context = std::min<int64_t>(context, goldens["config"]["seq_len"].get<int64_t>());
+  }
+  // The format must be one the cache stores: check before any work.
+  {
+    KvCacheOptions co;
+    co.config = model.CacheGeometry(o.block_len, o.kv_dtype, 1);
+    co.prefault = false;
+    PAGEKV_RETURN_IF_ERROR(KvCache::Create(co).status());
+  }
+
+  KvEvalReport r;
+  r.kv_dtype = std::string(DTypeName(o.kv_dtype));
+  r.policy = o.policy;
+  r.budget = o.budget;
+  {
+    PAGEKV_ASSIGN_OR_RETURN(KvLayout lf, KvLayout::Create(model.CacheGeometry(o.block_len, o.kv_dtype, 1)));
+    PAGEKV_ASSIGN_OR_RETURN(KvLayout lh, KvLayout::Create(model.CacheGeometry(o.block_len, DType::kF16, 1)));
+    r.bytes_per_token = lf.bytes_per_token();
+    r.bytes_per_token_f16 = lh.bytes_per_token();
+    r.bytes_ratio_vs_f16 = static_cast<double>(r.bytes_per_token) / static_cast<double>(r.bytes_per_token_f16);
+  }
+
+  // 1. Sampled continuations to the full context, compared position by position.
+  const auto& prompts = goldens["prompts"];
+  std::vector<double> lp_ref, lp;
+  double kl_sum = 0;
+  int64_t agree = 0;
+  for (int32_t c = 0; c < o.continuations; ++c) {
+    const auto& p = prompts[static_cast<size_t>(c) % prompts.size()];
+    PAGEKV_ASSIGN_OR_RETURN(std::vector<int32_t> seq,
+                            Continue(model, p["prompt_ids"].get<std::vector<int32_t>>(), context, o.temperature,
+                                     static_cast<uint64_t>(c + 1), o.block_len, o.threads));
+    PAGEKV_ASSIGN_OR_RETURN(std::vector<float> ref, AllLogits(model, DType::kF32, o.block_len, seq, o.threads));
+    PAGEKV_ASSIGN_OR_RETURN(std::vector<float> got, AllLogits(model, o.kv_dtype, o.block_len, seq, o.threads));
+    for (size_t t = 0; t < seq.size(); ++t) {
+      const float* a = ref.data() + t * static_cast<size_t>(vocab);
+      const float* b = got.data() + t * static_cast<size_t>(vocab);
+      LogSoftmax(a, vocab, lp_ref);
+      LogSoftmax(b, vocab, lp);
+      double kl = 0;
+      for (int32_t i = 0; i < vocab; ++i) kl += std::exp(lp_ref[static_cast<size_t>(i)]) * (lp_ref[static_cast<size_t>(i)] - lp[static_cast<size_t>(i)]);
+      kl = std::max(kl, 0.0);
+      kl_sum += kl;
+      r.kl_max = std::max(r.kl_max, kl);
+      agree += ArgMax(a, vocab) == ArgMax(b, vocab) ? 1 : 0;
+      ++r.positions;
+    }
+  }
+  if (r.positions > 0) {
+    r.kl_mean = kl_sum / static_cast<double>(r.positions);
+    r.top1_agreement = static_cast<double>(agree) / static_cast<double>(r.positions);
+  }
+
+  // 2. The golden text's mean NLL under both caches.
+  const std::vector<int32_t> text = goldens["nll"]["token_ids"].get<std::vector<int32_t>>();
+  if (text.size() < 2) return InvalidArgumentError("eval kv: the goldens' NLL text has fewer than 2 tokens");
+  for (int pass = 0; pass < 2; ++pass) {
+    PAGEKV_ASSIGN_OR_RETURN(std::vector<float> logits,
+                            AllLogits(model, pass == 0 ? DType::kF32 : o.kv_dtype, o.block_len, text, o.threads));
+    double nll = 0;
+    for (size_t t = 0; t + 1 < text.size(); ++t) {
+      LogSoftmax(logits.data() + t * static_cast<size_t>(vocab), vocab, lp);
+      nll -= lp[static_cast<size_t>(text[t + 1])];
+    }
+    (pass == 0 ? r.nll_ref : r.nll) = nll / static_cast<double>(text.size() - 1);
+  }
+  r.nll_change_rel = (r.nll - r.nll_ref) / r.nll_ref;
+
+  // 3. Decode kernel speed, f16 against the format, on the memory-bound MHA shape.
+  if (o.measure_speed) {
+    AttentionBenchOptions bo;
+    bo.set = BenchSet::kDefault;  // every axis replaced below
+    bo.num_threads = o.threads;
+    bo.scalar_baseline = false;
+    bo.batches = {8};
+    bo.contexts = {4096};
+    bo.block_lens = {128};
+    bo.heads = {{32, 32}};
+    bo.dtypes = {DType::kF16, o.kv_dtype};
+    PAGEKV_ASSIGN_OR_RETURN(AttentionBenchReport br, RunAttentionBench(bo));
+    if (br.results.size() == 2 && br.results[1].seconds_per_call > 0) {
+      r.decode_speedup_vs_f16 = br.results[0].seconds_per_call / br.results[1].seconds_per_call;
+      r.speed_shape = "decode, 32 query / 32 KV heads of 128, batch 8, context 4096, block_len 128";
+    }
+  }
+  return r;
+}
+
+}  // namespace pagekv
