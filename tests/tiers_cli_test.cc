@@ -115,6 +115,19 @@ TEST_F(TiersCliTest, FlippedBytesInRedisAreMissesCountedAndLogged) {
   EXPECT_EQ(r.ids, Want());
   EXPECT_EQ(r.stats["redis_hit_blocks"], 0);
   EXPECT_GE(r.stats["tier_errors"].get<int>(), 1);
+  EXPECT_NE(r.out.find("failed its checks"), std::string::npos) << "the fallback is logged:\n" << r.out;
+}
+
+TEST_F(TiersCliTest, AFullDiskTierEvictsAndChangesNoToken) {
+  // Room for two blocks: every run evicts, and whatever is found still checks out.
+  const std::string flags = "--disk-cache " + disk_ + " --disk-cache-size 24KiB";
+  for (int run = 0; run < 3; ++run) {
+    const CliRun r = Generate(flags);
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    EXPECT_EQ(r.ids, Want());
+    EXPECT_LE(r.stats["disk_hit_blocks"].get<int>(), 2);
+    EXPECT_EQ(r.stats["tier_errors"], 0);
+  }
 }
 
 TEST_F(TiersCliTest, RedisDownOrRestartedEmptyChangesNoToken) {
@@ -157,6 +170,7 @@ TEST_F(TiersCliTest, DiskCacheSurvivesRestartsAndCorruptionNeverServesWrongKv) {
   EXPECT_EQ(flipped.ids, Want());
   EXPECT_EQ(flipped.stats["disk_hit_blocks"], 0);
   EXPECT_GE(flipped.stats["tier_errors"].get<int>(), 1);
+  EXPECT_NE(flipped.out.find("tiers: disk get"), std::string::npos) << "the fallback is logged:\n" << flipped.out;
   // A truncated file: recreated, no hit, same tokens.
   std::filesystem::resize_file(disk_, 5000);
   const CliRun cut = Generate(DiskFlags());

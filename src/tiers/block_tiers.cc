@@ -184,10 +184,15 @@ struct BlockTiers::State {
       if (s == nullptr || metas.empty()) continue;
       std::vector<std::vector<std::byte>> bufs(metas.size(), std::vector<std::byte>(static_cast<size_t>(kv_bytes)));
       std::vector<std::span<std::byte>> kvs(bufs.begin(), bufs.end());
+      const int64_t corrupt_before = s->Stats().corrupt;
       Result<std::vector<bool>> got = s->GetMany(metas, kvs);
       if (!got.ok()) {
         Log(std::string(TierName(s->tier())) + " prefetch", got.status());
         continue;
+      }
+      if (const int64_t bad = s->Stats().corrupt - corrupt_before; bad > 0) {
+        Log(std::string(TierName(s->tier())) + " prefetch",
+            DataLossError(std::to_string(bad) + " block(s) failed their checks (checksum, size, key or tokens); dropped"));
       }
       std::vector<BlockMeta> missing;
       for (size_t i = 0; i < metas.size(); ++i) {
@@ -346,12 +351,20 @@ std::optional<Tier> BlockTiers::Load(const BlockMeta& meta, std::span<std::byte>
   for (int t = 1; t < kNumTiers; ++t) {
     BlockStore* s = st.by_tier[t];
     if (s == nullptr) continue;
+    const int64_t corrupt_before = s->Stats().corrupt;
     Result<bool> got = s->Get(meta, kv);
     if (!got.ok()) {
       st.Log(std::string(TierName(s->tier())) + " get", got.status());
       continue;  // the block may also be further down
     }
-    if (!*got) continue;
+    if (!*got) {
+      if (s->Stats().corrupt > corrupt_before) {
+        st.Log(std::string(TierName(s->tier())) + " get",
+               DataLossError("block " + meta.key.Hex().substr(0, 16) + " failed its checks (checksum, size, key or "
+                             "tokens); dropped"));
+      }
+      continue;
+    }
     std::lock_guard lock(st.mu);
     ++st.load_hits[t];
     return s->tier();
