@@ -54,6 +54,15 @@ TEST(CliPlanTest, DeepSeekV3MlaPrintsTheExactBytesPerToken) {
   EXPECT_EQ(j["per_head_bytes_per_token"], 4997120);
 }
 
+TEST(CliPlanTest, Int8CountsItsScalesInEveryByte) {
+  RunResult r = RunCli("plan --preset llama3-8b --dtype int8 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["bytes_per_token"], 32 * 2 * 8 * (128 + 2));  // 0.508x f16's 131,072
+  EXPECT_EQ(j["dtype"], "int8");
+  EXPECT_EQ(RunCli("plan --preset llama3-8b --dtype int4").exit_code, 2);
+}
+
 TEST(CliPlanTest, TableSaysHowMuchSmallerMlaIs) {
   RunResult r = RunCli("plan --preset deepseek-v3 --dtype bf16 --budget 24GiB --seq-len 32768");
   ASSERT_EQ(r.exit_code, 0) << r.out;

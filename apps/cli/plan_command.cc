@@ -73,11 +73,12 @@ Result<PlanRequest> BuildRequest(const PlanArgs& a, const CLI::App& cmd, std::st
   if (cmd.count("--block-len")) c.block_len = Narrow(a.block_len);
   if (cmd.count("--dtype")) {
     PAGEKV_ASSIGN_OR_RETURN(DType d, ParseDType(a.dtype));
-    if (d != DType::kF32 && d != DType::kF16 && d != DType::kBF16) {
+    if (d != DType::kF32 && d != DType::kF16 && d != DType::kBF16 && d != DType::kInt8) {
       return UnimplementedError("--dtype " + a.dtype +
-                                ": quantized KV formats are not stored yet; use f32, f16 or bf16");
+                                ": this quantized KV format is not stored yet; use f32, f16, bf16 or int8");
     }
-    c.format = KvFormat::Plain(d);
+    // int8: one f16 scale per row (the row is set below, once the shape is known).
+    c.format = d == DType::kInt8 ? KvFormat::Int8(0) : KvFormat::Plain(d);
   }
   if (cmd.count("--max-blocks")) {
     if (a.max_blocks <= 0) {
@@ -99,6 +100,9 @@ Result<PlanRequest> BuildRequest(const PlanArgs& a, const CLI::App& cmd, std::st
     if (a.batch <= 0) return InvalidArgumentError("--batch " + std::to_string(a.batch) + ": must be positive");
     req.batch = a.batch;
     if (req.seq_len == 0) req.seq_len = context;  // a batch of full-context sequences
+  }
+  if (c.format.dtype == DType::kInt8) {
+    c.format = KvFormat::Int8(c.kind == CacheKind::kMla ? c.kv_lora_rank + c.rope_dim : c.head_dim);
   }
   if (c.num_blocks == 0 && c.budget_bytes == 0 && req.batch == 0 && context > 0) {
     // No pool size at all: plan the cache of one full-context sequence.
@@ -164,7 +168,6 @@ std::string Bytes(int64_t b) { return fmt::format("{} B ({})", Group(b), FormatB
 
 void PrintTable(const Plan& p, const std::string& title) {
   const CacheConfig& c = p.config;
-  const int64_t elem = DTypeBits(c.format.dtype) / 8;
   std::printf("PageKV plan: %s\n\n", title.c_str());
   if (c.kind == CacheKind::kMla) {
     PrintRow("attention", fmt::format("MLA: one latent row per token and layer ({} compressed kv + {} rope key)",
@@ -176,7 +179,9 @@ void PrintTable(const Plan& p, const std::string& title) {
     PrintRow("head_dim", std::to_string(c.head_dim));
   }
   PrintRow("layers", std::to_string(c.num_layers));
-  PrintRow("dtype", fmt::format("{} ({} bytes per element)", DTypeName(c.format.dtype), elem));
+  PrintRow("dtype", c.format.IsPlainFloat()
+                        ? fmt::format("{} ({} bytes per element)", DTypeName(c.format.dtype), DTypeBits(c.format.dtype) / 8)
+                        : fmt::format("{} (1 byte per element, one f16 scale per row)", DTypeName(c.format.dtype)));
   PrintRow("block_len", fmt::format("{} tokens", c.block_len));
   std::printf("\n");
   PrintRow("per token, one layer", Bytes(p.bytes_per_token_per_layer));
@@ -207,15 +212,15 @@ void PrintTable(const Plan& p, const std::string& title) {
 
 void PrintExplain(const Plan& p, const PlanArgs& a) {
   const CacheConfig& c = p.config;
-  const int64_t elem = DTypeBits(c.format.dtype) / 8;
+  const int64_t elem = std::max(1, DTypeBits(c.format.dtype) / 8);
   const bool mla = c.kind == CacheKind::kMla;
   const int64_t planes = mla ? 1 : 2, heads = mla ? 1 : c.num_kv_heads;
   const int64_t row_elems = mla ? c.kv_lora_rank + c.rope_dim : c.head_dim;
   std::printf("\nHow each number is derived:\n");
-  std::printf("  row_bytes        = %s x %ld bytes = %ld\n",
+  std::printf("  row_bytes        = %s x %ld bytes%s = %ld\n",
               mla ? fmt::format("(kv_lora_rank {} + rope_dim {})", c.kv_lora_rank, c.rope_dim).c_str()
                   : fmt::format("head_dim {}", c.head_dim).c_str(),
-              elem, p.row_bytes);
+              elem, c.format.IsPlainFloat() ? "" : " + a 2-byte f16 scale", p.row_bytes);
   std::printf("  slab             = block_len %d x row_bytes %ld = %ld bytes, padded to a 64-byte multiple: %ld\n",
               c.block_len, p.row_bytes, p.slab_bytes, p.slab_stride);
   std::printf("  bytes_per_token  = layers %d x planes %ld (%s) x heads %ld x row_bytes %ld = %s\n", c.num_layers,
