@@ -115,7 +115,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"plan --layers 4 --kv-heads 8 --head-dim 64", "pool size missing"},
         BadCase{"plan --kv-heads 8", "no model geometry"},
         BadCase{"plan --preset llama3-8b --dtype f64 --max-blocks 4", "unknown dtype 'f64'"},
-        BadCase{"plan --preset llama3-8b --dtype int8 --max-blocks 4", "use f32, f16 or bf16"},
+        BadCase{"plan --preset llama3-8b --dtype int4 --max-blocks 4", "use f32, f16, bf16, int8 or fp8"},
         BadCase{"plan --preset llama3-8b --budget 1KiB", "smaller than one block"},
         BadCase{"plan --preset llama3-8b --max-blocks 4 --frobnicate", "frobnicate"},
         BadCase{"plan --preset llama3-8b --max-blocks many", "many"},
@@ -152,8 +152,9 @@ TEST(CliBenchTest, QuickAttentionBenchPrintsTheRooflineObject) {
     // (a little slack for the ceilings' own measurement noise).
     EXPECT_GT(row["ratio_to_roofline"].get<double>(), 0.0);
     EXPECT_LT(row["ratio_to_roofline"].get<double>(), 2.0);
-    // K and V rows of 128 elements: 2 bytes each in f16/bf16, 1 byte plus a 2-byte scale per row in int8.
-    const int64_t row_bytes = row["dtype"] == "int8" ? 128 + 2 : 128 * 2;
+    // K and V rows of 128 elements: 2 bytes each in f16/bf16, 1 byte plus a 2-byte scale per row in int8 and fp8.
+    const std::string dtype = row["dtype"];
+    const int64_t row_bytes = dtype == "int8" || dtype.rfind("fp8", 0) == 0 ? 128 + 2 : 128 * 2;
     EXPECT_EQ(row["kv_bytes"].get<int64_t>(),
               row["batch"].get<int64_t>() * row["ctx"].get<int64_t>() * row["kv_heads"].get<int64_t>() * row_bytes * 2);
   }

@@ -73,12 +73,12 @@ Result<PlanRequest> BuildRequest(const PlanArgs& a, const CLI::App& cmd, std::st
   if (cmd.count("--block-len")) c.block_len = Narrow(a.block_len);
   if (cmd.count("--dtype")) {
     PAGEKV_ASSIGN_OR_RETURN(DType d, ParseDType(a.dtype));
-    if (d != DType::kF32 && d != DType::kF16 && d != DType::kBF16 && d != DType::kInt8) {
+    if (d == DType::kInt4) {
       return UnimplementedError("--dtype " + a.dtype +
-                                ": this quantized KV format is not stored yet; use f32, f16, bf16 or int8");
+                                ": this quantized KV format is not stored yet; use f32, f16, bf16, int8 or fp8");
     }
-    // int8: one f16 scale per row (the row is set below, once the shape is known).
-    c.format = d == DType::kInt8 ? KvFormat::Int8(0) : KvFormat::Plain(d);
+    // int8 / fp8: one f16 scale per row (the row is set below, once the shape is known).
+    c.format = KvFormat::ForDType(d, 0);
   }
   if (cmd.count("--max-blocks")) {
     if (a.max_blocks <= 0) {
@@ -101,8 +101,8 @@ Result<PlanRequest> BuildRequest(const PlanArgs& a, const CLI::App& cmd, std::st
     req.batch = a.batch;
     if (req.seq_len == 0) req.seq_len = context;  // a batch of full-context sequences
   }
-  if (c.format.dtype == DType::kInt8) {
-    c.format = KvFormat::Int8(c.kind == CacheKind::kMla ? c.kv_lora_rank + c.rope_dim : c.head_dim);
+  if (!c.format.IsPlainFloat()) {
+    c.format = KvFormat::ForDType(c.format.dtype, c.kind == CacheKind::kMla ? c.kv_lora_rank + c.rope_dim : c.head_dim);
   }
   if (c.num_blocks == 0 && c.budget_bytes == 0 && req.batch == 0 && context > 0) {
     // No pool size at all: plan the cache of one full-context sequence.

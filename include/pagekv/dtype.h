@@ -61,8 +61,16 @@ struct KvFormat {
   static constexpr KvFormat Int8(int32_t row_elems) {
     return KvFormat{DType::kInt8, ScaleAxis::kPerToken, row_elems, DType::kF16};
   }
+  // FP8 (kFP8E4M3 or kFP8E5M2) with one f16 scale per (token, head) row:
+  // row_bytes = row_elems + 2.
+  static constexpr KvFormat Fp8(DType d, int32_t row_elems) {
+    return KvFormat{d, ScaleAxis::kPerToken, row_elems, DType::kF16};
+  }
+  // The format `--kv-dtype` names for rows of row_elems elements: plain for
+  // f32/f16/bf16, one f16 scale per row for int8 and fp8.
+  static KvFormat ForDType(DType d, int32_t row_elems);
   // True for the quantized formats a KvCache stores and the kernels read:
-  // today INT8 with one f16 scale per row (group_size == row_elems).
+  // int8, fp8 E4M3 and fp8 E5M2 with one f16 scale per row (group_size == row_elems).
   bool IsStoredQuantized(int32_t row_elems) const;
 
   // True for f32, f16 and bf16 without scales: the formats a KvCache stores today.

@@ -69,7 +69,7 @@ std::vector<Shape> Grid(const AttentionBenchOptions& o, int all_threads) {
       if (all_threads > 1) threads = {1, all_threads};
       break;
   }
-  std::vector<DType> dtypes = {DType::kF16, DType::kBF16, DType::kInt8};
+  std::vector<DType> dtypes = {DType::kF16, DType::kBF16, DType::kInt8, DType::kFP8E4M3};
   if (!o.batches.empty()) batches = o.batches;
   if (!o.contexts.empty()) ctxs = o.contexts;
   if (!o.block_lens.empty()) block_lens = o.block_lens;
@@ -155,7 +155,8 @@ Result<AttentionBenchResult> RunShape(const Shape& s, const CeilingProbe& probe,
   c.num_kv_heads = s.heads.kv_heads;
   c.head_dim = kHeadDim;
   c.block_len = s.block_len;
-  c.format = s.dtype == DType::kInt8 ? KvFormat::Int8(kHeadDim) : KvFormat::Plain(s.dtype);
+  c.format = KvFormat::ForDType(s.dtype, kHeadDim);
+  const bool scaled = !c.format.IsPlainFloat();
   c.num_blocks = s.batch * blocks_per_seq;
   c.num_layers = 1;
   const int64_t layer_bytes = KvLayout::Create(c)->layer_stride();
@@ -172,13 +173,18 @@ Result<AttentionBenchResult> RunShape(const Shape& s, const CeilingProbe& probe,
   std::mt19937 rng(1234);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   std::vector<uint16_t> pattern(1 << 19);
-  if (s.dtype == DType::kInt8) {
+  if (scaled) {
     // Whole quantized rows (values and a valid f16 scale), one slab's worth, in every slab.
     std::vector<std::byte> slab(static_cast<size_t>(layout.slab_stride()));
     std::vector<float> row(kHeadDim);
     for (int32_t t = 0; t < s.block_len; ++t) {
       for (float& x : row) x = u(rng);
-      quant::EncodeInt8Row(row.data(), kHeadDim, slab.data() + t * layout.row_bytes());
+      std::byte* dst = slab.data() + t * layout.row_bytes();
+      if (s.dtype == DType::kInt8) {
+        quant::EncodeInt8Row(row.data(), kHeadDim, dst);
+      } else {
+        quant::EncodeFp8Row(row.data(), kHeadDim, s.dtype == DType::kFP8E4M3, dst);
+      }
     }
     for (int64_t off = 0; off + layout.slab_stride() <= layout.total_bytes(); off += layout.slab_stride()) {
       std::memcpy(arena->data() + off, slab.data(), slab.size());
@@ -249,7 +255,7 @@ Result<AttentionBenchResult> RunShape(const Shape& s, const CeilingProbe& probe,
   r.ratio_to_roofline = r.floor_seconds / r.seconds_per_call;
   r.rotation_bytes = layout.total_bytes();
 
-  if (scalar_baseline && s.dtype != DType::kInt8) {  // the scalar loop reads 16-bit values
+  if (scalar_baseline && !scaled) {  // the scalar loop reads 16-bit values
     // The same values, contiguous per (sequence, head), read by a plain loop.
     const size_t n = static_cast<size_t>(s.batch * s.heads.kv_heads * s.ctx * kHeadDim);
     std::vector<uint16_t> k(n), v(n);

@@ -37,7 +37,7 @@ Status ValidateCommon(const PagedKv& kv, const float* q, const float* out, Geome
   }
   if (!c.format.IsPlainFloat() && !c.format.IsStoredQuantized(c.head_dim)) {
     return UnimplementedError("attention: KV format " + c.format.ToString() +
-                              " is not read yet; use f32, f16, bf16 or int8 with one f16 scale per row");
+                              " is not read yet; use f32, f16, bf16, or int8 / fp8 with one f16 scale per row");
   }
   if (kv.layer < 0 || kv.layer >= l.num_layers()) {
     return OutOfRangeError("attention: layer " + std::to_string(kv.layer) + " outside [0, " +

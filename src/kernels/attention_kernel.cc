@@ -65,7 +65,7 @@ struct Prefetcher {
   }
 };
 
-// The f16 scale that ends an int8 row (layout/quantize.h).
+// The f16 scale that ends an int8 or fp8 row (layout/quantize.h).
 HWY_INLINE float Int8Scale(const std::byte* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
@@ -78,11 +78,35 @@ HWY_INLINE const T* RowAt(const std::byte* slab, int64_t t, int64_t row_bytes) {
   return reinterpret_cast<const T*>(slab + t * row_bytes);
 }
 
-// Loads lanes of a row as f32: plain types convert, int8 values promote
-// (their row scale is applied by the caller, once per token).
+// FP8 codes, one byte each (layout/quantize.h).
+struct E4M3 {
+  uint8_t code;
+};
+struct E5M2 {
+  uint8_t code;
+};
+template <typename T>
+constexpr bool kScaledRows = std::is_same_v<T, int8_t> || std::is_same_v<T, E4M3> || std::is_same_v<T, E5M2>;
+
+// Loads lanes of a row as f32: plain types convert, int8 values and fp8
+// codes decode without their row scale (the caller applies it once per
+// token). fp8: the code's bits are placed in an f16 (E5M2 is an f16's top
+// byte; E4M3's exponent sits 8 below, fixed by a multiply by 256).
 template <class DF, typename T>
 HWY_INLINE hn::Vec<DF> LoadRow(DF df, const T* HWY_RESTRICT p) {
-  if constexpr (std::is_same_v<T, int8_t>) {
+  if constexpr (std::is_same_v<T, E4M3> || std::is_same_v<T, E5M2>) {
+    const hn::Rebind<uint8_t, DF> du8;
+    const hn::Rebind<uint16_t, DF> du16;
+    const hn::Rebind<hwy::float16_t, DF> df16;
+    const auto c = hn::PromoteTo(du16, hn::LoadU(du8, reinterpret_cast<const uint8_t*>(p)));
+    if constexpr (std::is_same_v<T, E5M2>) {
+      return hn::PromoteTo(df, hn::BitCast(df16, hn::ShiftLeft<8>(c)));
+    } else {
+      const auto bits = hn::Or(hn::ShiftLeft<8>(hn::And(c, hn::Set(du16, 0x80))),
+                               hn::ShiftLeft<7>(hn::And(c, hn::Set(du16, 0x7F))));
+      return hn::Mul(hn::PromoteTo(df, hn::BitCast(df16, bits)), hn::Set(df, 256.0f));
+    }
+  } else if constexpr (std::is_same_v<T, int8_t>) {
     const hn::Rebind<int32_t, DF> di32;
     const hn::Rebind<int8_t, DF> di8;
     return hn::ConvertTo(df, hn::PromoteTo(di32, hn::LoadU(di8, p)));
@@ -209,7 +233,7 @@ void AttendRowsT(DF df, const RowTask& task) {
   const int32_t bl = task.block_len;
   const int32_t stride = task.score_stride;
   const int64_t row_bytes = task.row_bytes > 0 ? task.row_bytes : static_cast<int64_t>(d) * sizeof(T);
-  constexpr bool kScaled = std::is_same_v<T, int8_t>;
+  constexpr bool kScaled = kScaledRows<T>;
   HWY_ALIGN float kscale[kMaxBlockLen], vscale[kMaxBlockLen];
   const int32_t lanes = static_cast<int32_t>(hn::Lanes(df));
   float corr[8];
@@ -241,8 +265,8 @@ void AttendRowsT(DF df, const RowTask& task) {
     for (; r + 2 <= rows; r += 2) ScoreRows<2, DF, T>(df, k, row_bytes, n, d, task.q + r * d, scores + r * stride, stride, r == 0 ? score_pf : none);
     for (; r < rows; ++r) ScoreRows<1, DF, T>(df, k, row_bytes, n, d, task.q + r * d, scores + r * stride, stride, r == 0 ? score_pf : none);
     if constexpr (kScaled) {
-      // int8: each token's K scale multiplies its dot products (the values
-      // were summed unscaled); its V scale is folded into the probabilities.
+      // int8 / fp8: each token's K scale multiplies its dot products (the
+      // values were summed unscaled); its V scale is folded into the probabilities.
       for (int64_t t = 0; t < n; ++t) {
         kscale[t] = Int8Scale(k + t * row_bytes + d);
         vscale[t] = Int8Scale(v + t * row_bytes + d);
@@ -335,6 +359,8 @@ void AttendRowsImpl(const RowTask& task) {
     case DType::kF16: return AttendRowsDim<hwy::float16_t>(task);
     case DType::kBF16: return AttendRowsDim<hwy::bfloat16_t>(task);
     case DType::kInt8: return AttendRowsDim<int8_t>(task);
+    case DType::kFP8E4M3: return AttendRowsDim<E4M3>(task);
+    case DType::kFP8E5M2: return AttendRowsDim<E5M2>(task);
     default: return;  // rejected by the entry points
   }
 }

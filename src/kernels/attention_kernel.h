@@ -23,8 +23,8 @@
 namespace pagekv::kernels {
 
 struct RowTask {
-  DType dtype = DType::kF32;  // storage of K and V: f32, f16, bf16, or int8 (then an f16 scale ends each row)
-  int64_t row_bytes = 0;      // bytes of one K/V row: head_dim * element size (+ 2 for int8)
+  DType dtype = DType::kF32;  // storage of K and V: f32, f16, bf16, or int8 / fp8 (then an f16 scale ends each row)
+  int64_t row_bytes = 0;      // bytes of one K/V row: head_dim * element size (+ 2 for int8 and fp8)
   int32_t rows = 0;           // R
   int32_t head_dim = 0;       // D
   const float* q = nullptr;   // [R][D], already multiplied by the scale

@@ -8,7 +8,7 @@
 //
 // Tolerances (max |out - ref| / max |ref| per query head), against a
 // reference computed from the stored (already rounded) K and V values:
-//   f32 KV: 1e-5;  f16 and bf16 KV: 2e-3;  int8 KV: 1e-4 (the reference reads
+//   f32 KV: 1e-5;  f16 and bf16 KV: 2e-3;  int8 and fp8 KV: 1e-4 (the reference reads
 //   the dequantized values, so only f32 arithmetic differs; the quantization
 //   error itself is bounded by the codec's tests in layout/).
 #include "pagekv/attention.h"
@@ -30,7 +30,7 @@
 namespace pagekv {
 namespace {
 
-double Tolerance(DType d) { return d == DType::kF32 ? 1e-5 : d == DType::kInt8 ? 1e-4 : 2e-3; }
+double Tolerance(DType d) { return d == DType::kF32 ? 1e-5 : DTypeBits(d) == 8 ? 1e-4 : 2e-3; }
 
 // A paged arena filled by hand: each sequence's blocks are a random subset of
 // the pool in random order; K and V values are kept (as stored) in double for
@@ -46,7 +46,7 @@ class PagedFixture {
     c.num_kv_heads = kv_heads;
     c.head_dim = head_dim;
     c.block_len = block_len;
-    c.format = dtype == DType::kInt8 ? KvFormat::Int8(head_dim) : KvFormat::Plain(dtype);
+    c.format = KvFormat::ForDType(dtype, head_dim);
     int64_t blocks = 0;
     for (int64_t n : lengths_) blocks += (n + block_len - 1) / block_len;
     c.num_blocks = blocks + 3;  // a few blocks nobody uses
@@ -69,11 +69,16 @@ class PagedFixture {
               std::byte* row = arena() + layout_->RowOffset(l, plane, h, ToInt(table[static_cast<size_t>(t / block_len)]),
                                                             static_cast<int32_t>(t % block_len));
               auto& dst = plane == 0 ? k[static_cast<size_t>(l)] : v[static_cast<size_t>(l)];
-              if (dtype == DType::kInt8) {
+              if (!c.format.IsPlainFloat()) {
                 std::vector<float> x(static_cast<size_t>(head_dim)), back(x.size());
                 for (float& e : x) e = static_cast<float>(u(rng_));
-                quant::EncodeInt8Row(x.data(), head_dim, row);
-                quant::DecodeInt8Row(row, head_dim, back.data());
+                if (dtype == DType::kInt8) {
+                  quant::EncodeInt8Row(x.data(), head_dim, row);
+                  quant::DecodeInt8Row(row, head_dim, back.data());
+                } else {
+                  quant::EncodeFp8Row(x.data(), head_dim, dtype == DType::kFP8E4M3, row);
+                  quant::DecodeFp8Row(row, head_dim, dtype == DType::kFP8E4M3, back.data());
+                }
                 dst.insert(dst.end(), back.begin(), back.end());
                 continue;
               }
@@ -186,7 +191,7 @@ void CheckDecode(const Shape& s, DType dtype, int32_t block_len, const Attention
 
 TEST_P(AttentionTargetTest, DecodeMatchesReferenceForEveryShapeAndDtype) {
   uint32_t seed = 1;
-  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16, DType::kInt8}) {
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16, DType::kInt8, DType::kFP8E4M3, DType::kFP8E5M2}) {
     for (Shape s : {Shape{4, 4, 64}, Shape{8, 2, 128}, Shape{16, 2, 80}, Shape{8, 1, 96}, Shape{4, 2, 256},
                     Shape{8, 4, 8}, Shape{6, 3, 13}}) {
       CheckDecode(s, dtype, 16, {}, seed++);
@@ -220,7 +225,7 @@ TEST_P(AttentionTargetTest, ChunkedPrefillSplitAtEveryPositionOfABlockMatchesRef
   const int32_t bl = 16;
   const Shape s{8, 2, 32};
   const int64_t prompt = 2 * bl + 5;
-  for (DType dtype : {DType::kF32, DType::kBF16, DType::kInt8}) {
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kInt8, DType::kFP8E4M3, DType::kFP8E5M2}) {
     PagedFixture f(1, s.q_heads, s.kv_heads, s.head_dim, bl, dtype, {prompt}, 40 + static_cast<uint32_t>(dtype));
     const size_t per_query = static_cast<size_t>(s.q_heads) * s.head_dim;
     std::vector<float> q = RandomQ(f.rng(), per_query * prompt);

@@ -20,8 +20,8 @@ Result<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& options) 
   PAGEKV_ASSIGN_OR_RETURN(KvLayout layout, KvLayout::Create(options.config));
   if (!options.config.format.IsPlainFloat() && !options.config.format.IsStoredQuantized(layout.row_elems())) {
     return UnimplementedError("KV format " + options.config.format.ToString() +
-                              " is not stored by the cache yet: use f32, f16, bf16, or int8 with one f16 scale per "
-                              "row (KvFormat::Int8(head_dim))");
+                              " is not stored by the cache yet: use f32, f16, bf16, or int8 / fp8 with one f16 "
+                              "scale per row (KvFormat::Int8(head_dim), KvFormat::Fp8(dtype, head_dim))");
   }
   PAGEKV_ASSIGN_OR_RETURN(auto arena, KvArena::Create({.size_bytes = layout.total_bytes(),
                                                         .huge_pages = options.huge_pages,

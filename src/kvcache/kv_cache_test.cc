@@ -410,8 +410,10 @@ TEST(KvCacheCreateTest, RejectsQuantizedFormatsUntilTheyAreStored) {
   auto cache = KvCache::Create({.config = c});
   ASSERT_FALSE(cache.ok());
   EXPECT_EQ(cache.status().code(), StatusCode::kUnimplemented);
-  c.format = KvFormat{DType::kFP8E4M3, ScaleAxis::kPerToken, 16, DType::kF16};
+  c.format = KvFormat{DType::kInt4, ScaleAxis::kPerToken, 16, DType::kF16};
   EXPECT_EQ(KvCache::Create({.config = c}).status().code(), StatusCode::kUnimplemented);
+  c.format = KvFormat::Fp8(DType::kFP8E5M2, 16);
+  EXPECT_TRUE(KvCache::Create({.config = c}).ok());
   c.format = KvFormat::Int8(16);  // one f16 scale per row: stored
   EXPECT_TRUE(KvCache::Create({.config = c}).ok());
 }

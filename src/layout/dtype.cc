@@ -45,8 +45,17 @@ Result<DType> ParseDType(std::string_view name) {
                               "': use one of f32, f16, bf16, fp8_e4m3, fp8_e5m2, int8, int4");
 }
 
+KvFormat KvFormat::ForDType(DType d, int32_t row_elems) {
+  switch (d) {
+    case DType::kInt8: return Int8(row_elems);
+    case DType::kFP8E4M3:
+    case DType::kFP8E5M2: return Fp8(d, row_elems);
+    default: return Plain(d);
+  }
+}
+
 bool KvFormat::IsStoredQuantized(int32_t row_elems) const {
-  return dtype == DType::kInt8 && scale_axis == ScaleAxis::kPerToken && group_size == row_elems &&
+  return (dtype == DType::kInt8 || dtype == DType::kFP8E4M3 || dtype == DType::kFP8E5M2) && scale_axis == ScaleAxis::kPerToken && group_size == row_elems &&
          scale_dtype == DType::kF16;
 }
 

@@ -10,6 +10,19 @@
 //
 // Values on the grid (x_i = k_i * s with s an f16 and |k_i| <= 127, one of
 // them 127) round-trip exactly.
+//
+// FP8 (E4M3 "fn": bias 7, max 448, no infinities; E5M2: bias 15, max 57344),
+// one scale per (token, head) row (KvFormat::Fp8(dtype, head_dim)):
+//
+//   row = [E x fp8 codes][f16 scale]          row_bytes = E + 2
+//   s   = the smallest f16 >= max_i |x_i| / max_fp8   (0 for an all-zero row)
+//   c_i = fp8(x_i / s), round to nearest even, subnormals kept
+//   x_i ~ value(c_i) * s                      relative error <= 2^-4 (E4M3), 2^-3 (E5M2)
+//                                             near the top, absolute s * 2^-9 / 2^-16 at the bottom
+//
+// value(c) is the code's f16 with the bits placed so that E5M2 is exactly the
+// top byte of an f16 and E4M3's 4-bit exponent lands 8 below: decode is a
+// shift, an f16 to f32 conversion and (E4M3) a multiply by 256.
 #pragma once
 
 #include <cstddef>
@@ -21,5 +34,11 @@ void EncodeInt8Row(const float* x, int32_t n, std::byte* row);
 void DecodeInt8Row(const std::byte* row, int32_t n, float* x);
 // The row's scale (for kernels that apply it after a dot product).
 float Int8RowScale(const std::byte* row, int32_t n);
+
+// fp8: dtype is DType::kFP8E4M3 or DType::kFP8E5M2.
+uint8_t F32ToFp8(float x, bool e4m3);  // x within the format's range (saturates otherwise)
+float Fp8ToF32(uint8_t c, bool e4m3);
+void EncodeFp8Row(const float* x, int32_t n, bool e4m3, std::byte* row);
+void DecodeFp8Row(const std::byte* row, int32_t n, bool e4m3, float* x);
 
 }  // namespace pagekv::quant

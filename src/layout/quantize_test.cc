@@ -59,7 +59,61 @@ TEST(Int8RowTest, AZeroRowHasAZeroScaleAndDecodesToZeros) {
   EXPECT_EQ(quant::Int8RowScale(row.data(), 16), 0.0f);
 }
 
+// Every fp8 code decodes to a value that encodes back to the same code
+// (the grid round-trips exactly), both signs, subnormals and the maximum.
+TEST(Fp8Test, EveryFiniteCodeRoundTrips) {
+  for (bool e4m3 : {true, false}) {
+    int finite = 0;
+    for (int c = 0; c < 256; ++c) {
+      const auto code = static_cast<uint8_t>(c);
+      const bool nan_or_inf = e4m3 ? (code & 0x7F) == 0x7F : (code & 0x7C) == 0x7C;
+      if (nan_or_inf) continue;
+      const float v = quant::Fp8ToF32(code, e4m3);
+      ASSERT_TRUE(std::isfinite(v));
+      if (v == 0.0f) continue;  // +0 and -0
+      EXPECT_EQ(quant::F32ToFp8(v, e4m3), code) << (e4m3 ? "e4m3 " : "e5m2 ") << c << " " << v;
+      ++finite;
+    }
+    EXPECT_EQ(finite, e4m3 ? 252 : 246);  // less NaN (e4m3: 2) or Inf/NaN (e5m2: 8), less the two zeros
+  }
+  EXPECT_EQ(quant::Fp8ToF32(0x7E, true), 448.0f);
+  EXPECT_EQ(quant::Fp8ToF32(0x7B, false), 57344.0f);
+  EXPECT_EQ(quant::Fp8ToF32(0x01, true), std::ldexp(1.0f, -9));   // the smallest e4m3 subnormal
+  EXPECT_EQ(quant::Fp8ToF32(0x01, false), std::ldexp(1.0f, -16)); // the smallest e5m2 subnormal
+  EXPECT_EQ(quant::F32ToFp8(1e9f, true), 0x7E);   // saturates, never NaN
+  EXPECT_EQ(quant::F32ToFp8(-1e9f, false), 0xFB);
+}
+
+TEST(Fp8Test, RoundingIsToNearestEven) {
+  // Between 1.0 (0x38) and 1.125 (0x39) in e4m3: the midpoint goes to the even code.
+  EXPECT_EQ(quant::F32ToFp8(1.0625f, true), 0x38);
+  EXPECT_EQ(quant::F32ToFp8(1.1875f, true), 0x3A);  // between 1.125 and 1.25: to 1.25 (even)
+  EXPECT_EQ(quant::F32ToFp8(1.07f, true), 0x39);
+  EXPECT_EQ(quant::F32ToFp8(15.5f, true), 0x58);    // rounds up into the next binade: 16
+}
+
+TEST(Fp8Test, RowsStayWithinTheFormatsRelativeError) {
+  std::mt19937 rng(9);
+  std::uniform_real_distribution<float> u(-3.0f, 3.0f);
+  for (bool e4m3 : {true, false}) {
+    std::vector<float> x(64), back(64);
+    for (float& v : x) v = u(rng);
+    std::vector<std::byte> row(66);
+    quant::EncodeFp8Row(x.data(), 64, e4m3, row.data());
+    quant::DecodeFp8Row(row.data(), 64, e4m3, back.data());
+    const float s = quant::Int8RowScale(row.data(), 64);
+    const float rel = e4m3 ? 1.0f / 16 : 1.0f / 8;
+    for (size_t i = 0; i < x.size(); ++i) {
+      const float floor = s * std::ldexp(1.0f, e4m3 ? -10 : -17);  // half the smallest subnormal step
+      EXPECT_LE(std::fabs(back[i] - x[i]), std::fabs(x[i]) * rel + floor) << i;
+    }
+  }
+}
+
 TEST(Int8RowTest, TheFormatIsStoredOnlyWithOneF16ScalePerRow) {
+  EXPECT_TRUE(KvFormat::Fp8(DType::kFP8E4M3, 128).IsStoredQuantized(128));
+  EXPECT_TRUE(KvFormat::ForDType(DType::kFP8E5M2, 64).IsStoredQuantized(64));
+  EXPECT_FALSE(KvFormat::ForDType(DType::kInt4, 64).IsStoredQuantized(64));
   EXPECT_TRUE(KvFormat::Int8(128).IsStoredQuantized(128));
   EXPECT_FALSE(KvFormat::Int8(64).IsStoredQuantized(128));  // two scales per row: not read yet
   EXPECT_FALSE(KvFormat::Plain(DType::kF16).IsStoredQuantized(128));

@@ -265,7 +265,7 @@ CacheConfig LlamaModel::CacheGeometry(int32_t block_len, DType dtype, int64_t nu
   cc.num_kv_heads = config_.num_kv_heads;
   cc.head_dim = config_.head_dim;
   cc.block_len = block_len;
-  cc.format = dtype == DType::kInt8 ? KvFormat::Int8(config_.head_dim) : KvFormat::Plain(dtype);
+  cc.format = KvFormat::ForDType(dtype, config_.head_dim);
   cc.num_blocks = num_blocks;
   return cc;
 }
@@ -386,9 +386,16 @@ Status LlamaModel::Compute(KvCache& cache, std::span<const ForwardItem> items, c
     }
   };
   auto store = [&](const float* src, std::byte* dst, int64_t n) {
-    if (cc.format.dtype == DType::kInt8) {  // one scaled row per (token, head)
+    if (!cc.format.IsPlainFloat()) {  // one scaled row per (token, head): int8 or fp8
       const int64_t row = cache.layout().row_bytes();
-      for (int64_t r = 0; r < n / c.head_dim; ++r) quant::EncodeInt8Row(src + r * c.head_dim, c.head_dim, dst + r * row);
+      const DType q = cc.format.dtype;
+      for (int64_t r = 0; r < n / c.head_dim; ++r) {
+        if (q == DType::kInt8) {
+          quant::EncodeInt8Row(src + r * c.head_dim, c.head_dim, dst + r * row);
+        } else {
+          quant::EncodeFp8Row(src + r * c.head_dim, c.head_dim, q == DType::kFP8E4M3, dst + r * row);
+        }
+      }
       return;
     }
     for (int64_t j = 0; j < n; ++j) {
