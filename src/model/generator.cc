@@ -40,8 +40,9 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
     return InvalidArgumentError("-n " + std::to_string(o.max_new_tokens) + ": generate at least 1 token");
   }
   PAGEKV_RETURN_IF_ERROR(Sampler::Validate(o.sampling));
-  if (o.kv_dtype != DType::kF32 && o.kv_dtype != DType::kF16 && o.kv_dtype != DType::kBF16) {
-    return UnimplementedError("--kv-dtype " + std::string(DTypeName(o.kv_dtype)) + ": use f32, f16 or bf16");
+  if (o.kv_dtype == DType::kInt4) {
+    return UnimplementedError("--kv-dtype " + std::string(DTypeName(o.kv_dtype)) +
+                              ": not stored yet; use f32, f16, bf16, int8, fp8_e4m3 or fp8_e5m2");
   }
   PAGEKV_ASSIGN_OR_RETURN(LoadedModel loaded, LoadModel(o.model_path, o.tokenizer_path));
   const LlamaModel& model = *loaded.model;
