@@ -23,7 +23,7 @@ namespace pagekv {
 
 enum class BenchSet : uint8_t {
   kQuick,    // a seconds-long smoke run (tests)
-  kDefault,  // batch 8, contexts 4096 and 16384, block_len 128, three head configs, f16 and bf16
+  kDefault,  // batch 8, contexts 4096 and 16384, block_len 128, three head configs, f16, bf16 and int8
   kFull,     // the whole grid: batch 1/8/32, contexts 512/4096/16384, block_len 16/64/128, 1 and all threads
 };
 
