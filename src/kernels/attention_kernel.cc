@@ -91,7 +91,8 @@ constexpr bool kScaledRows = std::is_same_v<T, int8_t> || std::is_same_v<T, E4M3
 // Loads lanes of a row as f32: plain types convert, int8 values and fp8
 // codes decode without their row scale (the caller applies it once per
 // token). fp8: the code's bits are placed in an f16 (E5M2 is an f16's top
-// byte; E4M3's exponent sits 8 below, fixed by a multiply by 256).
+// byte; E4M3's exponent sits 8 below: the factor 256 is folded into the
+// row scale, once per token, not applied here).
 template <class DF, typename T>
 HWY_INLINE hn::Vec<DF> LoadRow(DF df, const T* HWY_RESTRICT p) {
   if constexpr (std::is_same_v<T, E4M3> || std::is_same_v<T, E5M2>) {
@@ -104,7 +105,7 @@ HWY_INLINE hn::Vec<DF> LoadRow(DF df, const T* HWY_RESTRICT p) {
     } else {
       const auto bits = hn::Or(hn::ShiftLeft<8>(hn::And(c, hn::Set(du16, 0x80))),
                                hn::ShiftLeft<7>(hn::And(c, hn::Set(du16, 0x7F))));
-      return hn::Mul(hn::PromoteTo(df, hn::BitCast(df16, bits)), hn::Set(df, 256.0f));
+      return hn::PromoteTo(df, hn::BitCast(df16, bits));  // value / 256
     }
   } else if constexpr (std::is_same_v<T, int8_t>) {
     const hn::Rebind<int32_t, DF> di32;
@@ -267,9 +268,10 @@ void AttendRowsT(DF df, const RowTask& task) {
     if constexpr (kScaled) {
       // int8 / fp8: each token's K scale multiplies its dot products (the
       // values were summed unscaled); its V scale is folded into the probabilities.
+      constexpr float kFactor = std::is_same_v<T, E4M3> ? 256.0f : 1.0f;  // see LoadRow
       for (int64_t t = 0; t < n; ++t) {
-        kscale[t] = Int8Scale(k + t * row_bytes + d);
-        vscale[t] = Int8Scale(v + t * row_bytes + d);
+        kscale[t] = Int8Scale(k + t * row_bytes + d) * kFactor;
+        vscale[t] = Int8Scale(v + t * row_bytes + d) * kFactor;
       }
       for (r = 0; r < rows; ++r) {
         float* HWY_RESTRICT s = scores + r * stride;
