@@ -298,7 +298,6 @@ struct Engine::State {
     mx.tokens_stored = stored;
     mx.slots_reserved = o.allocator == Allocator::kContiguous ? reserved : mx.blocks_used * o.block_len;
     if (prefix) mx.prefix = prefix->Stats();
-    if (tiers) mx.tiers = tiers->Stats();
   }
 
   // Appends a sampled token; returns how the request ends (kNone: it goes on).
@@ -550,9 +549,15 @@ std::optional<RequestResult> Engine::TryResult(RequestId id) {
 }
 
 EngineMetrics Engine::Metrics() const {
-  std::lock_guard lock(state_->mu);
-  EngineMetrics m = state_->metrics;
-  m.waiting = state_->queued - m.running;
+  EngineMetrics m;
+  {
+    std::lock_guard lock(state_->mu);
+    m = state_->metrics;
+    m.waiting = state_->queued - m.running;
+  }
+  // Read by the caller, not each step: a store's counters share its lock
+  // with its I/O, which the step loop must never wait for.
+  if (state_->tiers) m.tiers = state_->tiers->Stats();
   return m;
 }
 

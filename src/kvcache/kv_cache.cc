@@ -282,6 +282,23 @@ Result<SequenceView> KvCache::View(SeqId id) const {
   return SequenceView{id, it->second.num_tokens, it->second.blocks};
 }
 
+namespace {
+
+// Calls f(arena offset, payload offset, slab bytes) for every slab of a
+// block, in the payload order of ReadBlock / WriteBlock (layer, plane, head).
+template <typename F>
+void ForEachSlab(const KvLayout& layout, int64_t block, F&& f) {
+  const auto slab = static_cast<size_t>(layout.slab_bytes());
+  size_t at = 0;
+  for (int32_t l = 0; l < layout.num_layers(); ++l) {
+    for (int32_t p = 0; p < layout.num_planes(); ++p) {
+      for (int32_t h = 0; h < layout.num_heads(); ++h, at += slab) f(layout.SlabOffset(l, p, h, block), at, slab);
+    }
+  }
+}
+
+}  // namespace
+
 uint64_t KvCache::GeometryTag() const {
   const KvFormat& f = layout_.config().format;
   const int64_t fields[] = {layout_.num_layers(), layout_.num_planes(), layout_.num_heads(), layout_.row_elems(),
@@ -307,16 +324,9 @@ Status KvCache::ReadBlock(BlockId block, std::span<std::byte> out) const {
     return InvalidArgumentError("read block: the buffer has " + std::to_string(out.size()) + " bytes; a block has " +
                                 std::to_string(block_payload_bytes()));
   }
-  const std::byte* base = state_->arena->data();
-  const auto slab = static_cast<size_t>(layout_.slab_bytes());
-  size_t at = 0;
-  for (int32_t l = 0; l < layout_.num_layers(); ++l) {
-    for (int32_t p = 0; p < layout_.num_planes(); ++p) {
-      for (int32_t h = 0; h < layout_.num_heads(); ++h, at += slab) {
-        std::memcpy(out.data() + at, base + layout_.SlabOffset(l, p, h, ToInt(block)), slab);
-      }
-    }
-  }
+  ForEachSlab(layout_, ToInt(block), [&](int64_t offset, size_t at, size_t slab) {
+    std::memcpy(out.data() + at, state_->arena->data() + offset, slab);
+  });
   return Status::Ok();
 }
 
@@ -337,16 +347,9 @@ Status KvCache::WriteBlock(SeqId id, int64_t index, std::span<const std::byte> d
     return FailedPreconditionError("write block: block " + std::to_string(index) + " of " + SeqName(id) +
                                    " is shared or published to the prefix cache");
   }
-  std::byte* base = state_->arena->data();
-  const auto slab = static_cast<size_t>(layout_.slab_bytes());
-  size_t at = 0;
-  for (int32_t l = 0; l < layout_.num_layers(); ++l) {
-    for (int32_t p = 0; p < layout_.num_planes(); ++p) {
-      for (int32_t h = 0; h < layout_.num_heads(); ++h, at += slab) {
-        std::memcpy(base + layout_.SlabOffset(l, p, h, ToInt(block)), data.data() + at, slab);
-      }
-    }
-  }
+  ForEachSlab(layout_, ToInt(block), [&](int64_t offset, size_t at, size_t slab) {
+    std::memcpy(state_->arena->data() + offset, data.data() + at, slab);
+  });
   return Status::Ok();
 }
 
