@@ -49,9 +49,16 @@ struct PagedKv {
 // One sequence of a decode batch: its block table and its length. The query
 // attends to all num_tokens cached tokens (the new token's K and V must
 // already be appended).
+//
+// Attention weights for token eviction (H2O, SnapKV): when `scores` is set,
+// the call adds to scores[kv_head][t] the softmax weight every query head of
+// that KV head's group gave cached token t (summed over the group), computed
+// from the logits the kernel already has and each row's final log-sum-exp,
+// with no second pass over K.
 struct DecodeSeq {
   std::span<const BlockId> blocks;  // at least ceil(num_tokens / block_len) ids
   int64_t num_tokens = 0;           // >= 1
+  float* scores = nullptr;          // optional [num_kv_heads][num_tokens], accumulated into
 };
 
 // Decode attention for a batch of sequences, one query token each.
@@ -72,12 +79,18 @@ struct PrefillSeq {
   std::span<const BlockId> blocks;
   int64_t num_tokens = 0;   // >= num_queries
   int64_t num_queries = 0;  // >= 1
+  // Optional attention weights as for decode, summed over the group's query
+  // heads and over the last score_queries queries (0 = every query), each
+  // query contributing over the positions it sees.
+  float* scores = nullptr;  // [num_kv_heads][num_tokens], accumulated into
+  int64_t score_queries = 0;
 };
 
 // Prefill attention.
 //   q:   [sum of num_queries][num_q_heads][head_dim] f32, sequences in order
 //   out: same shape
-// Errors as for decode, plus num_queries outside [1, num_tokens].
+// Errors as for decode, plus num_queries outside [1, num_tokens] and
+// score_queries outside [0, num_queries].
 Status PagedPrefillAttention(const PagedKv& kv, std::span<const PrefillSeq> seqs, const float* q,
                              float* out, const AttentionOptions& options = {});
 

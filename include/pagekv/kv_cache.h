@@ -39,6 +39,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "pagekv/ids.h"
@@ -81,7 +82,17 @@ struct SequenceView {
   SeqId id{};
   int64_t num_tokens = 0;
   std::span<const BlockId> blocks;  // [ceil(num_tokens / block_len)]
+  // Tokens dropped by Compact (token eviction): the next token's position
+  // (for rotary embeddings and the context limit) is num_tokens + evicted.
+  int64_t evicted = 0;
 };
+
+// Token eviction's row moves for one (layer, head): the kept slots end up in
+// slots [0, keep.size()). A kept slot below that stays where it is; the kept
+// slots at or above it fill the holes below it, both in ascending order, so
+// at most one row moves per evicted token. Returns (from, to) pairs.
+// REQUIRES: keep holds distinct slots.
+std::vector<std::pair<int32_t, int32_t>> CompactionMoves(std::span<const int32_t> keep);
 
 // What an Append of n tokens would take.
 struct AppendNeed {
@@ -230,6 +241,18 @@ class KvCache {
   // that hold no remaining token go back to the pool. Error: unknown id,
   // new_len outside [0, length].
   Status Truncate(SeqId id, int64_t new_len);
+
+  // Token eviction: keeps keep_count tokens of `id` per (layer, head), a
+  // different set for each if the policy wants, and drops the rest.
+  //   keep: [num_layers][num_heads][keep_count] distinct slots < length
+  // Rows move as CompactionMoves says (K and V of a head together), the
+  // length becomes keep_count, blocks past it go back to the pool, and
+  // evicted grows by the dropped count (positions of later tokens continue
+  // where they were). Errors (nothing changed): unknown id, keep_count
+  // outside [0, length], a wrong-sized or out-of-range or repeated keep list,
+  // a row that would move into a block shared with another sequence or
+  // published to the prefix cache (their content must not change).
+  Status Compact(SeqId id, std::span<const int32_t> keep, int64_t keep_count);
 
   // Releases all of the sequence's blocks and forgets it. Error: unknown id
   // (including a sequence already freed).

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -95,8 +96,22 @@ struct WorkItem {
 
 // Per-thread scratch, reused across calls.
 struct Scratch {
-  std::vector<float> q, scores, m, l, acc;
+  std::vector<float> q, scores, m, l, acc, logits;
   std::vector<int64_t> limit;
+};
+
+// Where one sequence's attention weights go (token eviction).
+struct ScoreOut {
+  // Decode: the raw logits [q_heads][num_tokens] and each row's log-sum-exp
+  // [q_heads] (rows of a split sequence get theirs from the merge); the
+  // weights are added to `scores` after every item and the merge.
+  float* raw = nullptr;
+  float* lse = nullptr;
+  // Prefill: weights of queries >= first_scored added straight to `scores`
+  // [kv_heads][num_tokens] under locks[kv_head] (tiles of one head share rows).
+  float* scores = nullptr;
+  int64_t first_scored = 0;
+  std::mutex* locks = nullptr;
 };
 
 // Runs one item: gathers and scales the rows' queries, runs the kernel, and
@@ -104,7 +119,7 @@ struct Scratch {
 // `partials` for the merge.
 void RunItem(const WorkItem& w, const PagedKv& kv, const Geometry& g, std::span<const BlockId> blocks,
              int64_t num_tokens, int64_t num_queries_total, const float* q_seq, float* out_seq,
-             float* partial_state, float softcap) {
+             float* partial_state, float softcap, const ScoreOut* so) {
   thread_local Scratch s;
   const int32_t rows = w.num_queries * g.group;
   const int32_t d = g.head_dim;
@@ -163,7 +178,40 @@ void RunItem(const WorkItem& w, const PagedKv& kv, const Geometry& g, std::span<
   t.acc = acc;
   t.scores = s.scores.data();
   t.score_stride = stride;
+  const bool prefill_scores =
+      so != nullptr && so->scores != nullptr && w.first_query + w.num_queries > so->first_scored;
+  if (so != nullptr && so->raw != nullptr) {  // decode: rows are the group's heads
+    t.logits_out = so->raw + static_cast<int64_t>(w.kv_head) * g.group * num_tokens + w.tok_begin;
+    t.logits_stride = num_tokens;
+  } else if (prefill_scores) {
+    s.logits.resize(static_cast<size_t>(rows) * static_cast<size_t>(w.tok_end - w.tok_begin));
+    t.logits_out = s.logits.data();
+    t.logits_stride = w.tok_end - w.tok_begin;
+  }
   kernels::AttendRows(t);
+
+  if (so != nullptr && so->raw != nullptr && partial_state == nullptr) {
+    for (int32_t i = 0; i < g.group; ++i) so->lse[w.kv_head * g.group + i] = m[i] + std::log(l[i]);
+  }
+  if (prefill_scores) {
+    // Weights p = exp(logit - lse) of the scored rows, summed per position.
+    const int64_t span = w.tok_end - w.tok_begin;
+    std::vector<float>& sum = s.scores;  // reused: the kernel is done with it
+    sum.assign(static_cast<size_t>(span), 0.0f);
+    for (int32_t j = 0; j < w.num_queries; ++j) {
+      if (w.first_query + j < so->first_scored) continue;
+      for (int32_t i = 0; i < g.group; ++i) {
+        const int32_t r = j * g.group + i;
+        const float lse = m[r] + std::log(l[r]);
+        const int64_t valid = std::min(s.limit[static_cast<size_t>(r)], w.tok_end) - w.tok_begin;
+        const float* lg = s.logits.data() + static_cast<int64_t>(r) * span;
+        for (int64_t p = 0; p < valid; ++p) sum[static_cast<size_t>(p)] += std::exp(lg[p] - lse);
+      }
+    }
+    std::lock_guard<std::mutex> lock(so->locks[w.kv_head]);
+    float* dst = so->scores + static_cast<int64_t>(w.kv_head) * num_tokens + w.tok_begin;
+    for (int64_t p = 0; p < span; ++p) dst[p] += sum[static_cast<size_t>(p)];
+  }
 
   if (partial_state != nullptr) return;
   for (int32_t j = 0; j < w.num_queries; ++j) {
@@ -227,11 +275,34 @@ Status PagedDecodeAttention(const PagedKv& kv, std::span<const DecodeSeq> seqs, 
   std::vector<float> partials(static_cast<size_t>(num_partials * state_floats));
   const int64_t per_seq = static_cast<int64_t>(g.q_heads) * g.head_dim;
 
+  // Attention weights: raw logits and log-sum-exps of the scored sequences.
+  std::vector<ScoreOut> score_out(seqs.size());
+  std::vector<float> raw, lse;
+  {
+    int64_t raw_floats = 0, scored = 0;
+    for (const DecodeSeq& sq : seqs) {
+      if (sq.scores == nullptr) continue;
+      raw_floats += g.q_heads * sq.num_tokens;
+      ++scored;
+    }
+    raw.resize(static_cast<size_t>(raw_floats));
+    lse.resize(static_cast<size_t>(scored * g.q_heads));
+    int64_t r = 0, e = 0;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      if (seqs[i].scores == nullptr) continue;
+      score_out[i].raw = raw.data() + r;
+      score_out[i].lse = lse.data() + e;
+      r += g.q_heads * seqs[i].num_tokens;
+      e += g.q_heads;
+    }
+  }
+
   ThreadPool::Shared().ParallelFor(static_cast<int64_t>(items.size()), threads, [&](int64_t it) {
     const WorkItem& w = items[static_cast<size_t>(it)];
     const DecodeSeq& sq = seqs[static_cast<size_t>(w.seq)];
     RunItem(w, kv, g, sq.blocks, sq.num_tokens, 1, q + w.seq * per_seq, out + w.seq * per_seq,
-            w.partial >= 0 ? partials.data() + w.partial * state_floats : nullptr, options.softcap);
+            w.partial >= 0 ? partials.data() + w.partial * state_floats : nullptr, options.softcap,
+            sq.scores != nullptr ? &score_out[static_cast<size_t>(w.seq)] : nullptr);
   });
 
   // Merge chunk partials: out = sum_c e^(m_c - M) acc_c / sum_c e^(m_c - M) l_c.
@@ -257,10 +328,27 @@ Status PagedDecodeAttention(const PagedKv& kv, std::span<const DecodeSeq> seqs, 
           }
           const float inv = 1.0f / denom;
           for (int32_t x = 0; x < g.head_dim; ++x) dst[x] *= inv;
+          if (score_out[i].lse != nullptr) score_out[i].lse[h * g.group + r] = big_m + std::log(denom);
         }
       }
     });
   }
+  // Weights of the scored sequences: scores[h][t] += sum over the group of
+  // exp(logit - lse).
+  if (lse.empty()) return Status::Ok();
+  ThreadPool::Shared().ParallelFor(static_cast<int64_t>(seqs.size()) * g.kv_heads, threads, [&](int64_t job) {
+    const auto i = static_cast<size_t>(job / g.kv_heads);
+    const auto h = static_cast<int32_t>(job % g.kv_heads);
+    const ScoreOut& so = score_out[i];
+    if (so.raw == nullptr) return;
+    const int64_t n = seqs[i].num_tokens;
+    float* dst = seqs[i].scores + h * n;
+    for (int32_t r = h * g.group; r < (h + 1) * g.group; ++r) {
+      const float* lg = so.raw + r * n;
+      const float e = so.lse[r];
+      for (int64_t t = 0; t < n; ++t) dst[t] += std::exp(lg[t] - e);
+    }
+  });
   return Status::Ok();
 }
 
@@ -275,10 +363,23 @@ Status PagedPrefillAttention(const PagedKv& kv, std::span<const PrefillSeq> seqs
                                   std::to_string(s.num_queries) + ": must be in [1, num_tokens = " +
                                   std::to_string(s.num_tokens) + "] (append the chunk's K and V first)");
     }
+    if (s.score_queries < 0 || s.score_queries > s.num_queries) {
+      return InvalidArgumentError("attention: prefill sequence " + std::to_string(i) + " has score_queries " +
+                                  std::to_string(s.score_queries) + ": must be in [0, num_queries = " +
+                                  std::to_string(s.num_queries) + "] (0 scores every query)");
+    }
     PAGEKV_RETURN_IF_ERROR(ValidateTable(*kv.layout, s.blocks, s.num_tokens, i));
   }
   g.scale = options.scale != 0 ? options.scale : 1.0f / std::sqrt(static_cast<float>(g.head_dim));
   const int threads = Threads(options);
+  std::vector<ScoreOut> score_out(seqs.size());
+  std::vector<std::mutex> locks(seqs.size() * static_cast<size_t>(g.kv_heads));
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    if (seqs[i].scores == nullptr) continue;
+    score_out[i].scores = seqs[i].scores;
+    score_out[i].first_scored = seqs[i].score_queries == 0 ? 0 : seqs[i].num_queries - seqs[i].score_queries;
+    score_out[i].locks = locks.data() + i * static_cast<size_t>(g.kv_heads);
+  }
 
   // Query tiles: as many queries as keep rows <= 64 (K/V of a block is then
   // read once per tile of queries, not once per query).
@@ -311,7 +412,8 @@ Status PagedPrefillAttention(const PagedKv& kv, std::span<const PrefillSeq> seqs
     const WorkItem& w = items[static_cast<size_t>(it)];
     const PrefillSeq& sq = seqs[static_cast<size_t>(w.seq)];
     const int64_t base = q_offset[static_cast<size_t>(w.seq)] * per_query;
-    RunItem(w, kv, g, sq.blocks, sq.num_tokens, sq.num_queries, q + base, out + base, nullptr, options.softcap);
+    RunItem(w, kv, g, sq.blocks, sq.num_tokens, sq.num_queries, q + base, out + base, nullptr, options.softcap,
+            sq.scores != nullptr ? &score_out[static_cast<size_t>(w.seq)] : nullptr);
   });
   return Status::Ok();
 }

@@ -294,6 +294,10 @@ void AttendRowsT(DF df, const RowTask& task) {
       if (task.softcap > 0) {
         for (int64_t t = 0; t < valid; ++t) s[t] = task.softcap * std::tanh(s[t] / task.softcap);
       }
+      if (task.logits_out != nullptr) {
+        std::memcpy(task.logits_out + r * task.logits_stride + (start - task.tok_begin), s,
+                    static_cast<size_t>(valid) * sizeof(float));
+      }
       const auto neg_inf = hn::Set(df, -std::numeric_limits<float>::infinity());
       auto vmax_acc = neg_inf;
       for (int64_t t = 0; t < valid; t += lanes) {

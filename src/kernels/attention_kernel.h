@@ -42,6 +42,12 @@ struct RowTask {
   float* acc = nullptr;     // [R][D] running weighted sum of V, 0 initially
   float* scores = nullptr;  // scratch [R][score_stride]
   int32_t score_stride = 0;  // block_len rounded up to kScoreAlign
+  // Optional: each row's logits (after the soft-cap, before the softmax),
+  // row r's position p at logits_out[r * logits_stride + p - tok_begin],
+  // written for p < limit[r]. Token eviction turns them into attention
+  // weights with the row's final log-sum-exp: no second pass over K.
+  float* logits_out = nullptr;
+  int64_t logits_stride = 0;
 };
 
 inline constexpr int32_t kScoreAlign = 16;

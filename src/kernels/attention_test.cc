@@ -277,6 +277,82 @@ TEST_P(AttentionTargetTest, PrefillBatchOfDifferentLengthsAndGroups) {
   }
 }
 
+// Attention weights for token eviction: summed over the group and the scored
+// queries, against the reference's; starting from a non-zero buffer proves
+// they are added, not written. Each weight is a probability, so the absolute
+// tolerance is that of the outputs.
+void CheckWeights(const std::vector<double>& ref, const std::vector<float>& got, float base, double tol,
+                  const std::string& what) {
+  ASSERT_EQ(ref.size(), got.size());
+  double worst = 0;
+  for (size_t i = 0; i < ref.size(); ++i) worst = std::max(worst, std::fabs(got[i] - base - ref[i]));
+  EXPECT_LE(worst, tol) << what;
+}
+
+TEST_P(AttentionTargetTest, DecodeAttentionWeightsMatchReference) {
+  for (int64_t split : {int64_t{0}, int64_t{16}}) {  // one task per head, and every block its own chunk
+    for (DType dtype : {DType::kF32, DType::kF16, DType::kInt8}) {
+      const Shape s{8, 2, 32};
+      const std::vector<int64_t> lengths = {1, 17, 5 * 16 + 3};
+      PagedFixture f(1, s.q_heads, s.kv_heads, s.head_dim, 16, dtype, lengths, 70 + static_cast<uint32_t>(split));
+      const size_t per_seq = static_cast<size_t>(s.q_heads) * s.head_dim;
+      std::vector<float> q = RandomQ(f.rng(), per_seq * lengths.size()), out(q.size());
+      std::vector<std::vector<float>> w;
+      std::vector<DecodeSeq> seqs;
+      for (size_t i = 0; i < lengths.size(); ++i) w.emplace_back(static_cast<size_t>(s.kv_heads * lengths[i]), 0.25f);
+      for (size_t i = 0; i < lengths.size(); ++i) {
+        seqs.push_back({f.Table(i), lengths[i], i == 1 ? nullptr : w[i].data()});  // one unscored in the batch
+      }
+      AttentionOptions opts;
+      opts.split_tokens = split;
+      opts.softcap = 8.0f;
+      ASSERT_TRUE(PagedDecodeAttention(f.Kv(0), seqs, q.data(), out.data(), opts).ok());
+      for (size_t i = 0; i < lengths.size(); ++i) {
+        if (i == 1) {
+          for (float x : w[i]) ASSERT_EQ(x, 0.25f);
+          continue;
+        }
+        std::vector<double> qd(q.begin() + static_cast<std::ptrdiff_t>(i * per_seq),
+                               q.begin() + static_cast<std::ptrdiff_t>((i + 1) * per_seq));
+        std::vector<double> ref_w;
+        testing::ReferenceAttention({s.q_heads, s.kv_heads, s.head_dim, 0, 8.0}, qd, 1, f.K(i, 0), f.V(i, 0),
+                                    lengths[i], &ref_w);
+        CheckWeights(ref_w, w[i], 0.25f, 4 * Tolerance(dtype),
+                     std::string(DTypeName(dtype)) + " context " + std::to_string(lengths[i]) + " split " +
+                         std::to_string(split));
+      }
+    }
+  }
+}
+
+TEST_P(AttentionTargetTest, PrefillAttentionWeightsOfTheLastQueriesMatchReference) {
+  const Shape s{8, 2, 16};
+  const int64_t prompt = 3 * 16 + 7;  // with G = 4, tiles of 16 queries: several tiles share a head
+  for (int64_t window : {int64_t{0}, int64_t{1}, int64_t{20}}) {
+    PagedFixture f(1, s.q_heads, s.kv_heads, s.head_dim, 16, DType::kF32, {prompt}, 90);
+    const size_t per_query = static_cast<size_t>(s.q_heads) * s.head_dim;
+    std::vector<float> q = RandomQ(f.rng(), per_query * prompt), out(q.size());
+    std::vector<float> w(static_cast<size_t>(s.kv_heads * prompt), 0.0f);
+    PrefillSeq p{f.Table(0), prompt, prompt, w.data(), window};
+    AttentionOptions opts;
+    opts.num_threads = 2;
+    ASSERT_TRUE(PagedPrefillAttention(f.Kv(0), {&p, 1}, q.data(), out.data(), opts).ok());
+    std::vector<double> qd(q.begin(), q.end()), ref_w;
+    testing::ReferenceAttention({s.q_heads, s.kv_heads, s.head_dim, 0, 0}, qd, prompt, f.K(0, 0), f.V(0, 0), prompt,
+                                &ref_w, window);
+    CheckWeights(ref_w, w, 0.0f, 1e-4, "window " + std::to_string(window));
+    // Every scored query's weights sum to 1 per query head: G * (queries) per KV head.
+    double total = 0;
+    for (float x : w) total += x;
+    EXPECT_NEAR(total, static_cast<double>(s.q_heads) * (window == 0 ? prompt : window), 1e-3);
+  }
+  PagedFixture f(1, s.q_heads, s.kv_heads, s.head_dim, 16, DType::kF32, {prompt}, 91);
+  std::vector<float> q(static_cast<size_t>(s.q_heads * s.head_dim * prompt)), out(q.size()),
+      w(static_cast<size_t>(s.kv_heads * prompt));
+  PrefillSeq bad{f.Table(0), prompt, 4, w.data(), 5};
+  EXPECT_EQ(PagedPrefillAttention(f.Kv(0), {&bad, 1}, q.data(), out.data()).code(), StatusCode::kInvalidArgument);
+}
+
 std::string TargetName(const ::testing::TestParamInfo<int64_t>& info) {
   kernels::SetTargetForTest(info.param);
   std::string name = kernels::DispatchedTargetName();

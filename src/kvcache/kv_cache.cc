@@ -243,6 +243,7 @@ Result<SeqId> KvCache::Fork(SeqId parent, std::string label) {
   Sequence child;
   child.blocks = it->second.blocks;
   child.num_tokens = it->second.num_tokens;
+  child.evicted = it->second.evicted;
   child.label = std::move(label);
   state_->sequences.emplace(id, std::move(child));
   return SeqId{id};
@@ -279,7 +280,88 @@ Status KvCache::Free(SeqId id) {
 Result<SequenceView> KvCache::View(SeqId id) const {
   auto it = state_->sequences.find(ToInt(id));
   if (it == state_->sequences.end()) return NotFoundError(SeqName(id) + " does not exist");
-  return SequenceView{id, it->second.num_tokens, it->second.blocks};
+  return SequenceView{id, it->second.num_tokens, it->second.blocks, it->second.evicted};
+}
+
+std::vector<std::pair<int32_t, int32_t>> CompactionMoves(std::span<const int32_t> keep) {
+  const auto k = static_cast<int32_t>(keep.size());
+  std::vector<char> kept_below(static_cast<size_t>(k), 0);
+  std::vector<int32_t> sources;
+  for (int32_t slot : keep) {
+    if (slot < k) {
+      kept_below[static_cast<size_t>(slot)] = 1;
+    } else {
+      sources.push_back(slot);
+    }
+  }
+  std::sort(sources.begin(), sources.end());
+  std::vector<std::pair<int32_t, int32_t>> moves;
+  moves.reserve(sources.size());
+  size_t next = 0;
+  for (int32_t hole = 0; hole < k && next < sources.size(); ++hole) {
+    if (kept_below[static_cast<size_t>(hole)] == 0) moves.emplace_back(sources[next++], hole);
+  }
+  return moves;
+}
+
+Status KvCache::Compact(SeqId id, std::span<const int32_t> keep, int64_t keep_count) {
+  auto it = state_->sequences.find(ToInt(id));
+  if (it == state_->sequences.end()) return NotFoundError("compact: " + SeqName(id) + " does not exist");
+  Sequence& s = it->second;
+  if (keep_count < 0 || keep_count > s.num_tokens) {
+    return OutOfRangeError("compact: keep_count " + std::to_string(keep_count) + " of " + SeqName(id) +
+                           " must be in [0, " + std::to_string(s.num_tokens) + "]");
+  }
+  const int64_t lists = int64_t{layout_.num_layers()} * layout_.num_heads();
+  if (static_cast<int64_t>(keep.size()) != lists * keep_count) {
+    return InvalidArgumentError("compact: keep has " + std::to_string(keep.size()) + " slots; expected " +
+                                std::to_string(lists) + " (layer, head) lists of " + std::to_string(keep_count));
+  }
+  // Validate every list and collect the moves before touching anything.
+  const int64_t bl = layout_.block_len();
+  std::vector<std::vector<std::pair<int32_t, int32_t>>> moves(static_cast<size_t>(lists));
+  std::vector<char> seen(static_cast<size_t>(s.num_tokens));
+  for (int64_t li = 0; li < lists; ++li) {
+    const std::span<const int32_t> list = keep.subspan(static_cast<size_t>(li * keep_count), static_cast<size_t>(keep_count));
+    std::fill(seen.begin(), seen.end(), 0);
+    for (int32_t slot : list) {
+      if (slot < 0 || slot >= s.num_tokens || seen[static_cast<size_t>(slot)] != 0) {
+        return InvalidArgumentError("compact: (layer " + std::to_string(li / layout_.num_heads()) + ", head " +
+                                    std::to_string(li % layout_.num_heads()) + ") keeps slot " + std::to_string(slot) +
+                                    (slot >= 0 && slot < s.num_tokens ? " twice" : " outside [0, " +
+                                     std::to_string(s.num_tokens) + ")"));
+      }
+      seen[static_cast<size_t>(slot)] = 1;
+    }
+    moves[static_cast<size_t>(li)] = CompactionMoves(list);
+    for (const auto& [from, to] : moves[static_cast<size_t>(li)]) {
+      const BlockId b = s.blocks[static_cast<size_t>(to / bl)];
+      if (state_->pool.RefCount(b) > 1 || state_->pool.IsCached(b)) {
+        return FailedPreconditionError("compact: " + SeqName(id) + " would rewrite slot " + std::to_string(to) +
+                                       " in a block shared with another sequence or published to the prefix cache;"
+                                       " evict only from sequences that own their blocks (no fork, no prefix caching)");
+      }
+    }
+  }
+  std::byte* base = state_->arena->data();
+  const auto row = static_cast<size_t>(layout_.row_bytes());
+  for (int64_t li = 0; li < lists; ++li) {
+    const auto layer = static_cast<int32_t>(li / layout_.num_heads());
+    const auto head = static_cast<int32_t>(li % layout_.num_heads());
+    for (const auto& [from, to] : moves[static_cast<size_t>(li)]) {
+      for (int32_t p = 0; p < layout_.num_planes(); ++p) {
+        std::memcpy(base + layout_.RowOffset(layer, p, head, ToInt(s.blocks[static_cast<size_t>(to / bl)]),
+                                             static_cast<int32_t>(to % bl)),
+                    base + layout_.RowOffset(layer, p, head, ToInt(s.blocks[static_cast<size_t>(from / bl)]),
+                                             static_cast<int32_t>(from % bl)),
+                    row);
+      }
+    }
+  }
+  const int64_t dropped = s.num_tokens - keep_count;
+  PAGEKV_RETURN_IF_ERROR(Truncate(id, keep_count));
+  s.evicted += dropped;
+  return Status::Ok();
 }
 
 namespace {

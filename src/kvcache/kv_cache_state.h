@@ -18,6 +18,7 @@ namespace pagekv {
 struct KvCache::Sequence {
   std::vector<BlockId> blocks;  // [ceil(num_tokens / block_len)]
   int64_t num_tokens = 0;
+  int64_t evicted = 0;  // tokens dropped by Compact
   std::string label;
 };
 

@@ -312,13 +312,19 @@ Result<bool> LlamaModel::ForwardBatch(KvCache& cache, std::span<const ForwardIte
                                     std::to_string(c.vocab_size) + ")");
       }
     }
-    if (before.num_tokens + n > c.context_len) {
-      return OutOfRangeError("positions up to " + std::to_string(before.num_tokens + n) +
+    // Positions continue past the tokens eviction dropped; slots do not.
+    const int64_t first_pos = before.num_tokens + before.evicted;
+    if (first_pos + n > c.context_len) {
+      return OutOfRangeError("positions up to " + std::to_string(first_pos + n) +
                              " exceed the model's context of " + std::to_string(c.context_len) + " tokens");
+    }
+    if (item.score_queries < 0 || item.score_queries > n) {
+      return InvalidArgumentError("a step item's score_queries " + std::to_string(item.score_queries) +
+                                  " is outside [0, its " + std::to_string(n) + " tokens]");
     }
     batch.first.push_back(batch.rows);
     batch.start.push_back(before.num_tokens);
-    for (int64_t i = 0; i < n; ++i) batch.pos.push_back(before.num_tokens + i);
+    for (int64_t i = 0; i < n; ++i) batch.pos.push_back(first_pos + i);
     batch.rows += n;
   }
   if (items.empty()) return true;
@@ -428,8 +434,11 @@ Status LlamaModel::Compute(KvCache& cache, std::span<const ForwardItem> items, c
       const size_t offset = static_cast<size_t>(batch.first[i]) * token_bytes;
       PAGEKV_RETURN_IF_ERROR(cache.WriteLayer(items[i].seq, l, batch.start[i], {n, k_rows.data() + offset, v_rows.data() + offset}));
       PAGEKV_ASSIGN_OR_RETURN(SequenceView view, cache.View(items[i].seq));
-      prefill[i] = {view.blocks, view.num_tokens, n};
-      decode[i] = {view.blocks, view.num_tokens};
+      float* scores = items[i].scores == nullptr
+                          ? nullptr
+                          : items[i].scores + static_cast<int64_t>(l) * c.num_kv_heads * view.num_tokens;
+      prefill[i] = {view.blocks, view.num_tokens, n, scores, items[i].score_queries};
+      decode[i] = {view.blocks, view.num_tokens, scores};
     }
     {
       Stopwatch watch(attention_time);

@@ -51,6 +51,12 @@ struct ForwardItem {
   // token only (what sampling needs); null = none.
   float* logits = nullptr;
   bool all_logits = false;
+  // Token eviction: when set, every layer's attention weights are added to
+  // scores[layer][num_kv_heads][cached tokens after the step] (see
+  // DecodeSeq::scores), from the last score_queries tokens of the item (0 =
+  // all of them).
+  float* scores = nullptr;
+  int64_t score_queries = 0;
 };
 
 // Where the time of ForwardBatch calls went (accumulated, seconds).
@@ -91,7 +97,7 @@ class LlamaModel {
   CacheConfig CacheGeometry(int32_t block_len, DType dtype, int64_t num_blocks) const;
 
   // Runs `tokens` at positions [len, len + n) of `seq` (len = its current
-  // length), writing their K and V into the cache, and writes the logits of
+  // length plus the tokens eviction dropped from it), writing their K and V into the cache, and writes the logits of
   // every one of them to logits[n][vocab_size]. Returns false (nothing
   // changed) when the pool lacks the blocks. Errors: token ids outside the
   // vocabulary, positions past the context length, a cache of another

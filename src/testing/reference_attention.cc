@@ -8,12 +8,15 @@ namespace pagekv::testing {
 
 std::vector<double> ReferenceAttention(const ReferenceShape& s, const std::vector<double>& q,
                                        int64_t num_queries, const std::vector<double>& k,
-                                       const std::vector<double>& v, int64_t num_tokens) {
+                                       const std::vector<double>& v, int64_t num_tokens,
+                                       std::vector<double>* weights, int64_t score_queries) {
   const int64_t d = s.head_dim;
   const int64_t group = s.num_q_heads / s.num_kv_heads;
   const double scale = s.scale != 0 ? s.scale : 1.0 / std::sqrt(static_cast<double>(d));
   std::vector<double> out(static_cast<size_t>(num_queries * s.num_q_heads * d), 0.0);
   std::vector<double> logits(static_cast<size_t>(num_tokens));
+  if (weights != nullptr) weights->assign(static_cast<size_t>(s.num_kv_heads * num_tokens), 0.0);
+  const int64_t first_scored = score_queries == 0 ? 0 : num_queries - score_queries;
   for (int64_t j = 0; j < num_queries; ++j) {
     const int64_t last = num_tokens - num_queries + j;  // inclusive
     for (int64_t qh = 0; qh < s.num_q_heads; ++qh) {
@@ -37,6 +40,7 @@ std::vector<double> ReferenceAttention(const ReferenceShape& s, const std::vecto
       double* o = &out[static_cast<size_t>((j * s.num_q_heads + qh) * d)];
       for (int64_t t = 0; t <= last; ++t) {
         const double w = logits[static_cast<size_t>(t)] / sum;
+        if (weights != nullptr && j >= first_scored) (*weights)[static_cast<size_t>(kh * num_tokens + t)] += w;
         const double* vv = &v[static_cast<size_t>((t * s.num_kv_heads + kh) * d)];
         for (int64_t i = 0; i < d; ++i) o[i] += w * vv[i];
       }

@@ -20,8 +20,12 @@ struct ReferenceShape {
 // q:    [num_queries][num_q_heads][head_dim]; query j attends to tokens
 //       [0, num_tokens - num_queries + j] (decode: num_queries = 1, all tokens).
 // Returns [num_queries][num_q_heads][head_dim].
+// weights (optional): [num_kv_heads][num_tokens], the softmax weights each
+// token got, summed over the group's query heads and the last score_queries
+// queries (0 = all).
 std::vector<double> ReferenceAttention(const ReferenceShape& shape, const std::vector<double>& q,
                                        int64_t num_queries, const std::vector<double>& k,
-                                       const std::vector<double>& v, int64_t num_tokens);
+                                       const std::vector<double>& v, int64_t num_tokens,
+                                       std::vector<double>* weights = nullptr, int64_t score_queries = 0);
 
 }  // namespace pagekv::testing
