@@ -12,6 +12,7 @@
 #include "model/sampler.h"
 #include "pagekv/bench.h"
 #include "pagekv/eval.h"
+#include "pagekv/eviction.h"
 #include "pagekv/kv_cache.h"
 
 namespace pagekv {
@@ -47,6 +48,44 @@ void LogSoftmax(const float* x, int32_t n, std::vector<double>& out) {
 
 int32_t ArgMax(const float* x, int32_t n) { return static_cast<int32_t>(std::max_element(x, x + n) - x); }
 
+// Logits through a cache of `dtype` under an eviction policy, the way a
+// server meets them: tokens [0, split) as one prompt step (the policy sees
+// the prompt end there), then one decode step per token. Returns the logits
+// predicting tokens split .. n-1: [n - split][vocab]. kept_sum gains the
+// kept fraction (cached / seen) after every decode step.
+Result<std::vector<float>> DecodedLogits(const LlamaModel& model, DType dtype, const EvictionOptions& policy,
+                                         int32_t block_len, std::span<const int32_t> tokens, int64_t split,
+                                         int threads, double& kept_sum, int64_t& kept_steps) {
+  const auto n = static_cast<int64_t>(tokens.size());
+  KvCacheOptions co;
+  co.config = model.CacheGeometry(block_len, dtype, (n + block_len - 1) / block_len);
+  co.prefault = false;
+  PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache, KvCache::Create(co));
+  PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<TokenEvictor> evictor, TokenEvictor::Create(policy, cache->layout()));
+  const int32_t vocab = model.config().vocab_size;
+  std::vector<float> out(static_cast<size_t>(n - split) * static_cast<size_t>(vocab));
+  const SeqId seq = cache->AddSequence("eval");
+  int64_t fed = 0;
+  while (fed < n - 1) {
+    const int64_t step = fed == 0 ? split : 1;
+    PAGEKV_ASSIGN_OR_RETURN(SequenceView view, cache->View(seq));
+    const StepScores sc = evictor->BeginStep(view.num_tokens, step, fed == 0);
+    ForwardItem item{seq, tokens.subspan(static_cast<size_t>(fed), static_cast<size_t>(step)),
+                     out.data() + static_cast<size_t>(fed + step - split) * static_cast<size_t>(vocab), false};
+    item.scores = sc.scores;
+    item.score_queries = sc.score_queries;
+    PAGEKV_ASSIGN_OR_RETURN(bool fit, model.ForwardBatch(*cache, {&item, 1}, {threads, nullptr}));
+    if (!fit) return InternalError("eval: the cache sized for the sequence did not hold it");
+    PAGEKV_RETURN_IF_ERROR(evictor->EndStep(*cache, seq));
+    fed += step;
+    if (fed > split) {
+      kept_sum += static_cast<double>(evictor->cached()) / static_cast<double>(evictor->seen());
+      ++kept_steps;
+    }
+  }
+  return out;
+}
+
 // A sampled continuation of `prompt` to `length` tokens with an f32 cache.
 Result<std::vector<int32_t>> Continue(const LlamaModel& model, std::vector<int32_t> tokens, int64_t length,
                                       float temperature, uint64_t seed, int32_t block_len, int threads) {
@@ -75,14 +114,15 @@ Result<std::vector<int32_t>> Continue(const LlamaModel& model, std::vector<int32
 }  // namespace
 
 Result<KvEvalReport> EvalKv(const KvEvalOptions& o) {
-  if (o.policy != "none") {
-    return UnimplementedError("eval kv: policy '" + o.policy +
-                              "' is not implemented yet; only 'none' (every token kept) is available");
-  }
-  if (!(o.budget > 0 && o.budget <= 1)) {
-    return InvalidArgumentError("eval kv: budget " + std::to_string(o.budget) + " outside (0, 1]");
+  PAGEKV_ASSIGN_OR_RETURN(EvictionOptions policy, ParseEvictionPolicy(o.policy, o.budget));
+  if (policy.policy == EvictionPolicy::kNone && o.budget != 1) {
+    return InvalidArgumentError("eval kv: policy none keeps every token; its budget must be 1 (got " +
+                                std::to_string(o.budget) + ")");
   }
   if (o.continuations < 0 || o.continuations > 64) return InvalidArgumentError("eval kv: continuations must be in 0..64");
+  if (!(o.prompt_fraction > 0 && o.prompt_fraction < 1)) {
+    return InvalidArgumentError("eval kv: prompt_fraction " + std::to_string(o.prompt_fraction) + " outside (0, 1)");
+  }
   std::ifstream in(o.goldens_path);
   if (!in) return NotFoundError("eval kv: cannot read the goldens file '" + o.goldens_path + "'");
   nlohmann::json goldens;
@@ -123,21 +163,29 @@ Result<KvEvalReport> EvalKv(const KvEvalOptions& o) {
     r.bytes_ratio_vs_f16 = static_cast<double>(r.bytes_per_token) / static_cast<double>(r.bytes_per_token_f16);
   }
 
-  // 1. Sampled continuations to the full context, compared position by position.
+  // 1. Sampled continuations to the full context: the first prompt_fraction
+  // as the prompt, the rest decoded under the format and policy, compared
+  // with the f32 cache's next-token distributions.
   const auto& prompts = goldens["prompts"];
   std::vector<double> lp_ref, lp;
-  double kl_sum = 0;
-  int64_t agree = 0;
+  double kl_sum = 0, kept_sum = 0;
+  int64_t agree = 0, kept_steps = 0;
+  auto split_of = [&](size_t n) {
+    return std::clamp<int64_t>(static_cast<int64_t>(o.prompt_fraction * static_cast<double>(n)), 1,
+                               static_cast<int64_t>(n) - 1);
+  };
   for (int32_t c = 0; c < o.continuations; ++c) {
     const auto& p = prompts[static_cast<size_t>(c) % prompts.size()];
     PAGEKV_ASSIGN_OR_RETURN(std::vector<int32_t> seq,
                             Continue(model, p["prompt_ids"].get<std::vector<int32_t>>(), context, o.temperature,
                                      static_cast<uint64_t>(c + 1), o.block_len, o.threads));
+    const int64_t split = split_of(seq.size());
     PAGEKV_ASSIGN_OR_RETURN(std::vector<float> ref, AllLogits(model, DType::kF32, o.block_len, seq, o.threads));
-    PAGEKV_ASSIGN_OR_RETURN(std::vector<float> got, AllLogits(model, o.kv_dtype, o.block_len, seq, o.threads));
-    for (size_t t = 0; t < seq.size(); ++t) {
+    PAGEKV_ASSIGN_OR_RETURN(std::vector<float> got, DecodedLogits(model, o.kv_dtype, policy, o.block_len, seq, split,
+                                                                  o.threads, kept_sum, kept_steps));
+    for (size_t t = static_cast<size_t>(split) - 1; t + 1 < seq.size(); ++t) {
       const float* a = ref.data() + t * static_cast<size_t>(vocab);
-      const float* b = got.data() + t * static_cast<size_t>(vocab);
+      const float* b = got.data() + (t + 1 - static_cast<size_t>(split)) * static_cast<size_t>(vocab);
       LogSoftmax(a, vocab, lp_ref);
       LogSoftmax(b, vocab, lp);
       double kl = 0;
@@ -154,20 +202,28 @@ Result<KvEvalReport> EvalKv(const KvEvalOptions& o) {
     r.top1_agreement = static_cast<double>(agree) / static_cast<double>(r.positions);
   }
 
-  // 2. The golden text's mean NLL under both caches.
+  // 2. The golden text's mean NLL over its decoded part, both caches.
   const std::vector<int32_t> text = goldens["nll"]["token_ids"].get<std::vector<int32_t>>();
-  if (text.size() < 2) return InvalidArgumentError("eval kv: the goldens' NLL text has fewer than 2 tokens");
-  for (int pass = 0; pass < 2; ++pass) {
-    PAGEKV_ASSIGN_OR_RETURN(std::vector<float> logits,
-                            AllLogits(model, pass == 0 ? DType::kF32 : o.kv_dtype, o.block_len, text, o.threads));
-    double nll = 0;
-    for (size_t t = 0; t + 1 < text.size(); ++t) {
-      LogSoftmax(logits.data() + t * static_cast<size_t>(vocab), vocab, lp);
+  if (text.size() < 3) return InvalidArgumentError("eval kv: the goldens' NLL text has fewer than 3 tokens");
+  const int64_t text_split = split_of(text.size());
+  {
+    PAGEKV_ASSIGN_OR_RETURN(std::vector<float> ref, AllLogits(model, DType::kF32, o.block_len, text, o.threads));
+    PAGEKV_ASSIGN_OR_RETURN(std::vector<float> got, DecodedLogits(model, o.kv_dtype, policy, o.block_len, text,
+                                                                  text_split, o.threads, kept_sum, kept_steps));
+    double nll_ref = 0, nll = 0;
+    for (size_t t = static_cast<size_t>(text_split) - 1; t + 1 < text.size(); ++t) {
+      LogSoftmax(ref.data() + t * static_cast<size_t>(vocab), vocab, lp);
+      nll_ref -= lp[static_cast<size_t>(text[t + 1])];
+      LogSoftmax(got.data() + (t + 1 - static_cast<size_t>(text_split)) * static_cast<size_t>(vocab), vocab, lp);
       nll -= lp[static_cast<size_t>(text[t + 1])];
     }
-    (pass == 0 ? r.nll_ref : r.nll) = nll / static_cast<double>(text.size() - 1);
+    const auto scored = static_cast<double>(static_cast<int64_t>(text.size()) - text_split);
+    r.nll_ref = nll_ref / scored;
+    r.nll = nll / scored;
   }
   r.nll_change_rel = (r.nll - r.nll_ref) / r.nll_ref;
+  r.kept_fraction = kept_steps > 0 ? kept_sum / static_cast<double>(kept_steps) : 1.0;
+  r.effective_bytes_ratio_vs_f16 = r.bytes_ratio_vs_f16 * r.kept_fraction;
 
   // 3. Decode kernel speed, f16 against the format, on the memory-bound MHA shape.
   if (o.measure_speed) {
@@ -176,14 +232,22 @@ Result<KvEvalReport> EvalKv(const KvEvalOptions& o) {
     bo.num_threads = o.threads;
     bo.scalar_baseline = false;
     bo.batches = {8};
-    bo.contexts = {4096};
+    // A policy's decode reads only the kept tokens: the format's run is at
+    // the budgeted context (whole blocks), f16's at the full one.
+    const int64_t kept_context =
+        std::max<int64_t>(128, (static_cast<int64_t>(4096 * policy.budget) + 127) / 128 * 128);
     bo.block_lens = {128};
     bo.heads = {{32, 32}};
-    bo.dtypes = {DType::kF16, o.kv_dtype};
-    PAGEKV_ASSIGN_OR_RETURN(AttentionBenchReport br, RunAttentionBench(bo));
-    if (br.results.size() == 2 && br.results[1].seconds_per_call > 0) {
-      r.decode_speedup_vs_f16 = br.results[0].seconds_per_call / br.results[1].seconds_per_call;
-      r.speed_shape = "decode, 32 query / 32 KV heads of 128, batch 8, context 4096, block_len 128";
+    bo.contexts = {4096};
+    bo.dtypes = {DType::kF16};
+    PAGEKV_ASSIGN_OR_RETURN(AttentionBenchReport base, RunAttentionBench(bo));
+    bo.contexts = {kept_context};
+    bo.dtypes = {o.kv_dtype};
+    PAGEKV_ASSIGN_OR_RETURN(AttentionBenchReport mine, RunAttentionBench(bo));
+    if (base.results.size() == 1 && mine.results.size() == 1 && mine.results[0].seconds_per_call > 0) {
+      r.decode_speedup_vs_f16 = base.results[0].seconds_per_call / mine.results[0].seconds_per_call;
+      r.speed_shape = "decode, 32 query / 32 KV heads of 128, batch 8, block_len 128; f16 at context 4096, " +
+                      r.kv_dtype + " at " + std::to_string(kept_context) + " kept tokens";
     }
   }
   return r;

