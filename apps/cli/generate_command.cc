@@ -28,6 +28,8 @@ struct GenerateArgs {
   bool salt_given = false;
   int kv_events_wait_ms = 0;
   TierArgs tiers;
+  std::string kv_policy = "none";
+  double kv_budget = 1.0;
 };
 
 int RunGenerate(const GenerateArgs& a) {
@@ -64,6 +66,12 @@ int RunGenerate(const GenerateArgs& a) {
     return kExitBadInput;
   }
   o.kv_dtype = *dt;
+  Result<EvictionOptions> ev = ParseEvictionPolicy(a.kv_policy, a.kv_budget);
+  if (!ev.ok()) {
+    std::fprintf(stderr, "error: --kv-policy / --kv-budget: %s\n", ev.status().message().c_str());
+    return kExitBadInput;
+  }
+  o.eviction = *ev;
   const bool stream = !a.json && o.prompts.size() == 1;
   bool streamed = false;  // the prompt is printed with the first token, so an error prints alone
   if (stream) {
@@ -130,6 +138,8 @@ int RunGenerate(const GenerateArgs& a) {
     st["disk_hit_blocks"] = s.disk_hit_blocks;
     st["redis_hit_blocks"] = s.redis_hit_blocks;
     st["tier_errors"] = s.tier_errors;
+    st["tokens_evicted"] = s.tokens_evicted;
+    st["final_cached_tokens"] = s.final_cached_tokens;
     std::printf("%s\n", nlohmann::ordered_json{{"stats", st}}.dump().c_str());
     return kExitOk;
   }
@@ -145,6 +155,10 @@ int RunGenerate(const GenerateArgs& a) {
               a.kv_dtype.c_str());
   std::printf("  peak blocks used        %ld of %ld (%.0f%%), %s\n", s.peak_blocks_used, s.blocks_total,
               100 * s.peak_utilization, FormatBytes(s.peak_bytes).c_str());
+  if (o.eviction.policy != EvictionPolicy::kNone) {
+    std::printf("  token eviction          %s at %.0f%%: %ld tokens dropped, %ld held at the end\n", a.kv_policy.c_str(),
+                100 * a.kv_budget, static_cast<long>(s.tokens_evicted), static_cast<long>(s.final_cached_tokens));
+  }
   if (o.prefix_cache) {
     std::printf("  prefix cache            %ld prompt tokens (%ld blocks) found cached, %ld computed; %ld blocks published\n",
                 static_cast<long>(s.prefix_hit_tokens), static_cast<long>(s.prefix_hit_blocks),
@@ -154,7 +168,7 @@ int RunGenerate(const GenerateArgs& a) {
                   static_cast<long>(s.host_hit_blocks), static_cast<long>(s.disk_hit_blocks),
                   static_cast<long>(s.redis_hit_blocks), static_cast<long>(s.tier_errors));
     }
-  } else {
+  } else if (o.eviction.policy == EvictionPolicy::kNone) {
     std::printf("  shared prompt prefix    %ld tokens prefilled once, forked to every prompt (%ld copy-on-write block%s)\n",
                 s.shared_prefix_tokens, s.copy_on_write_blocks, s.copy_on_write_blocks == 1 ? "" : "s");
   }
@@ -187,7 +201,10 @@ CLI::App* AddGenerateCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--seed", args.seed, "Sampling seed (default 0)");
   cmd->add_option("--block-len", args.block_len, "Tokens per KV block (default 16)");
   cmd->add_option("--blocks", args.blocks, "KV blocks in the pool (default: enough for the batch)");
-  cmd->add_option("--kv-dtype", args.kv_dtype, "KV storage: f32 (default), f16, bf16, int8 (one f16 scale per row)");
+  cmd->add_option("--kv-dtype", args.kv_dtype,
+                  "KV storage: f32 (default), f16, bf16, int8, fp8_e4m3, fp8_e5m2 (int8 / fp8: one f16 scale per row)");
+  cmd->add_option("--kv-policy", args.kv_policy, "Token eviction: none (default), streaming, h2o, snapkv");
+  cmd->add_option("--kv-budget", args.kv_budget, "Fraction of each sequence's tokens kept by --kv-policy, (0, 1] (default 1)");
   cmd->add_option("--dump-logits", args.dump_logits, "With --json: the top-K ids and logits of every step");
   cmd->add_option("--threads", args.threads, "Threads for the kernels (default: every hardware thread)")
       ->check(CLI::Range(0, 4096));

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "pagekv/dtype.h"
+#include "pagekv/eviction.h"
 #include "pagekv/prefix_cache.h"
 #include "pagekv/status.h"
 #include "pagekv/tiers.h"
@@ -60,6 +61,10 @@ struct GenerateOptions {
   // blocks earlier runs or other processes left there. extra_keys'
   // model_fingerprint defaults to the model file's.
   TierOptions tiers;
+  // Token eviction per sequence (pagekv/eviction.h): streaming, h2o or
+  // snapkv at a budget. Not with the prefix cache, tiers or KV events
+  // (eviction rewrites blocks those would share); prompts are then not forked.
+  EvictionOptions eviction;
   // Called with (prompt index, decoded text of the new token) as tokens are made.
   std::function<void(size_t, const std::string&)> on_token;
 };
@@ -97,6 +102,8 @@ struct GenerateStats {
   int64_t disk_hit_blocks = 0;
   int64_t redis_hit_blocks = 0;
   int64_t tier_errors = 0;              // I/O failures and corrupt payloads (each a miss, recomputed)
+  int64_t tokens_evicted = 0;           // eviction: tokens dropped from every sequence
+  int64_t final_cached_tokens = 0;      // eviction: tokens the sequences held at their last step
   double prefill_attention_seconds = 0;  // of prefill_seconds, in the attention kernels
   double decode_attention_seconds = 0;   // of decode_seconds, in the attention kernels
   double decode_matmul_seconds = 0;      // of decode_seconds, in weight products

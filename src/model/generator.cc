@@ -44,6 +44,13 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
     return UnimplementedError("--kv-dtype " + std::string(DTypeName(o.kv_dtype)) +
                               ": not stored yet; use f32, f16, bf16, int8, fp8_e4m3 or fp8_e5m2");
   }
+  const bool evicting = o.eviction.policy != EvictionPolicy::kNone;
+  PAGEKV_RETURN_IF_ERROR(o.eviction.Validate());
+  if (evicting && (o.prefix_cache || TiersConfigured(o.tiers) || !o.kv_events_endpoint.empty())) {
+    return InvalidArgumentError("--kv-policy " + std::string(EvictionPolicyName(o.eviction.policy)) +
+                                " rewrites a sequence's blocks, so it cannot share them: drop --prefix-cache, the KV "
+                                "tiers and --kv-events, or use --kv-policy none");
+  }
   PAGEKV_ASSIGN_OR_RETURN(LoadedModel loaded, LoadModel(o.model_path, o.tokenizer_path));
   const LlamaModel& model = *loaded.model;
   const Tokenizer& tok = *loaded.tokenizer;
@@ -99,7 +106,7 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
   //    its last token to compute). With one: prompt 1 is prefilled and its
   //    full blocks published first; the others then hit them.
   size_t lcp = 0;
-  if (ids.size() > 1 && !o.prefix_cache && !TiersConfigured(o.tiers)) {
+  if (ids.size() > 1 && !o.prefix_cache && !TiersConfigured(o.tiers) && !evicting) {
     size_t shortest = ids[0].size();
     for (const auto& p : ids) shortest = std::min(shortest, p.size());
     while (lcp + 1 < shortest &&
@@ -156,6 +163,30 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
     for (size_t i = 0; i < ids.size(); ++i) seqs.push_back(cache->AddSequence("prompt " + std::to_string(i + 1)));
   }
 
+  // Eviction: one evictor per sequence, told of every step.
+  std::vector<std::unique_ptr<TokenEvictor>> evictors(ids.size());
+  if (evicting) {
+    for (auto& e : evictors) {
+      PAGEKV_ASSIGN_OR_RETURN(e, TokenEvictor::Create(o.eviction, layout));
+    }
+  }
+  auto begin_step = [&](size_t i, ForwardItem& item, bool prompt_ends) {
+    if (!evicting) return;
+    const StepScores sc = evictors[i]->BeginStep(evictors[i]->cached(), static_cast<int64_t>(item.tokens.size()),
+                                                 prompt_ends);
+    item.scores = sc.scores;
+    item.score_queries = sc.score_queries;
+  };
+  auto end_step = [&](size_t i) -> Status {
+    if (!evicting) return Status::Ok();
+    const int64_t before = evictors[i]->stats().tokens_evicted;
+    PAGEKV_RETURN_IF_ERROR(evictors[i]->EndStep(*cache, seqs[i]));
+    st.tokens_evicted += evictors[i]->stats().tokens_evicted - before;
+    st.final_cached_tokens = 0;
+    for (const auto& e : evictors) st.final_cached_tokens += e->cached();
+    return Status::Ok();
+  };
+
   // 2. The rest of every prompt in one step, then the first sampled token.
   std::vector<Sampler> samplers;
   std::vector<int32_t> next(ids.size());
@@ -190,10 +221,12 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
       if (cache->BlocksNeeded(seqs[i], static_cast<int64_t>(rest.size()))->copy_on_write) ++st.copy_on_write_blocks;
       st.prefill_tokens_computed += static_cast<int64_t>(rest.size());
       items.push_back({seqs[i], rest, logits.data() + i * static_cast<size_t>(vocab), false});
+      begin_step(i, items.back(), true);
     }
     PAGEKV_ASSIGN_OR_RETURN(bool fit, model.ForwardBatch(*cache, items, forward));
     if (!fit) return out_of_blocks();
     track();
+    for (size_t i = begin; i < end; ++i) PAGEKV_RETURN_IF_ERROR(end_step(i));
     if (prefix_cache) {
       for (size_t i = begin; i < end; ++i) PAGEKV_RETURN_IF_ERROR(prefix_cache->Publish(seqs[i], ids[i]));
       PAGEKV_RETURN_IF_ERROR(publish_events());
@@ -224,6 +257,7 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
         continue;
       }
       items.push_back({seqs[i], {&next[i], 1}, logits.data() + i * static_cast<size_t>(vocab), false});
+      begin_step(i, items.back(), false);
       owner.push_back(i);
     }
     if (items.empty()) break;
@@ -231,6 +265,7 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
     if (!step_fit) return out_of_blocks();
     st.decode_tokens += static_cast<int64_t>(items.size());
     track();
+    for (size_t i : owner) PAGEKV_RETURN_IF_ERROR(end_step(i));
     for (size_t i : owner) {
       if (prefix_cache) PAGEKV_RETURN_IF_ERROR(prefix_cache->Publish(seqs[i], history[i]));  // blocks as they fill
       const std::span<const float> step(logits.data() + i * static_cast<size_t>(vocab), static_cast<size_t>(vocab));

@@ -39,6 +39,43 @@ TEST(GenerateTest, GreedyReproducesTheGoldenFromBothFiles) {
   }
 }
 
+// Token eviction through Generate: a full budget changes no token of any
+// policy; a 25% budget holds the pool to the budget (the blocks go back) and
+// still writes (different) text; eviction refuses to share blocks.
+TEST(GenerateTest, TokenEvictionHoldsTheBudgetAndAFullBudgetChangesNothing) {
+  const auto g = Golden()["prompts"][0];
+  GenerateOptions o;
+  o.model_path = kGguf;
+  o.prompts = {g["prompt"].get<std::string>(), "Lily and Ben went to the park. They"};
+  o.max_new_tokens = 300;
+  Result<GenerateReport> full = Generate(o);
+  ASSERT_TRUE(full.ok()) << full.status().ToString();
+  for (const char* policy : {"streaming", "h2o", "snapkv"}) {
+    o.eviction = *ParseEvictionPolicy(policy, 1.0);
+    Result<GenerateReport> r = Generate(o);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    for (size_t i = 0; i < 2; ++i) EXPECT_EQ(r->outputs[i].generated_ids, full->outputs[i].generated_ids) << policy;
+    EXPECT_EQ(r->stats.tokens_evicted, 0);
+  }
+  for (const char* policy : {"streaming", "h2o"}) {
+    o.eviction = *ParseEvictionPolicy(policy, 0.25);
+    Result<GenerateReport> r = Generate(o);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->outputs[0].generated_ids.size(), 300u);
+    EXPECT_GT(r->stats.tokens_evicted, 400) << policy;
+    // Each sequence held at most a quarter of its ~305 tokens (plus one
+    // partial block), against every token without eviction.
+    EXPECT_LE(r->stats.peak_blocks_used, 2 * ((305 / 4 + 15) / 16 + 1)) << policy;
+    EXPECT_LT(r->stats.peak_blocks_used, full->stats.peak_blocks_used / 3) << policy;
+    EXPECT_NE(r->outputs[0].generated_ids, full->outputs[0].generated_ids) << policy;
+  }
+  o.eviction = *ParseEvictionPolicy("h2o", 0.5);
+  o.prefix_cache = true;
+  const Status shared = Generate(o).status();
+  EXPECT_EQ(shared.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(shared.message().find("--prefix-cache"), std::string::npos) << shared.ToString();
+}
+
 // Quantized KV on the real model: INT8 keeps all 64 greedy golden tokens
 // (measured); FP8 keeps the first 40 (E4M3 diverges at 44, E5M2 at 49), then
 // drifts, as its 3 or 2 mantissa bits predict.
