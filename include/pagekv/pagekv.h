@@ -25,6 +25,7 @@
 #include "pagekv/server.h"
 #include "pagekv/engine.h"
 #include "pagekv/eval.h"
+#include "pagekv/eviction.h"
 #include "pagekv/status.h"
 #include "pagekv/synth_model.h"
 #include "pagekv/tiers.h"

@@ -233,9 +233,10 @@ Result<KvEvalReport> EvalKv(const KvEvalOptions& o) {
     bo.scalar_baseline = false;
     bo.batches = {8};
     // A policy's decode reads only the kept tokens: the format's run is at
-    // the budgeted context (whole blocks), f16's at the full one.
+    // the measured mean kept fraction of the context (whole blocks), f16's
+    // at the full one.
     const int64_t kept_context =
-        std::max<int64_t>(128, (static_cast<int64_t>(4096 * policy.budget) + 127) / 128 * 128);
+        std::max<int64_t>(128, (static_cast<int64_t>(4096 * r.kept_fraction) + 127) / 128 * 128);
     bo.block_lens = {128};
     bo.heads = {{32, 32}};
     bo.contexts = {4096};
