@@ -16,7 +16,7 @@ namespace pagekv::cli {
 namespace {
 
 struct BenchArgs {
-  bool json = false, quick = false, full = false, no_scalar = false;
+  bool json = false, quick = false, full = false, no_scalar = false, weights = false;
   int threads = 0;
   std::vector<int64_t> batches, contexts;
   std::vector<int32_t> block_lens;
@@ -49,6 +49,7 @@ nlohmann::ordered_json ToJson(const AttentionBenchReport& r) {
     e["floor_seconds"] = x.floor_seconds;
     e["flops"] = x.flops;
     e["calls"] = x.calls;
+    e["attention_weights"] = x.attention_weights;
     e["rotation_bytes"] = x.rotation_bytes;
     e["row_stream_read_gbps"] = x.stream_read_gbps;
     e["row_fma_gflops"] = x.fma_gflops;
@@ -111,6 +112,7 @@ int RunBench(const BenchArgs& a) {
   o.set = a.quick ? BenchSet::kQuick : (a.full ? BenchSet::kFull : BenchSet::kDefault);
   o.num_threads = a.threads;
   o.scalar_baseline = !a.no_scalar;
+  o.attention_weights = a.weights;
   if (!a.json) {
     std::printf("decode attention, head_dim 128, block tables shuffled; ratios against ceilings measured now\n");
     std::printf("%5s %6s %8s %5s %5s %3s %10s %7s %7s %9s %-8s %8s\n", "batch", "ctx", "q/kv", "block", "dtype",
@@ -370,6 +372,7 @@ CLI::App* AddBenchCommand(CLI::App& app, int& exit_code) {
   attn->add_flag("--quick", args.quick, "A seconds-long smoke run");
   attn->add_flag("--full", args.full, "The whole grid (batch, context, block_len, threads)");
   attn->add_flag("--no-scalar", args.no_scalar, "Skip the contiguous scalar baseline");
+  attn->add_flag("--weights", args.weights, "The kernel also reports every token's attention weight (H2O's input)");
   attn->add_option("--threads", args.threads, "Threads (default: all cores)");
   attn->add_option("--batch", args.batches, "Batch sizes to run instead of the set's")->delimiter(',');
   attn->add_option("--ctx", args.contexts, "Context lengths instead of the set's")->delimiter(',');

@@ -50,6 +50,7 @@ struct AttentionBenchResult {
   double fma_gflops = 0;           // right before and after it (the better kept)
   double scalar_seconds = 0;       // straightforward scalar loop over a contiguous cache
   double speedup_vs_scalar = 0;    // scalar_seconds / seconds_per_call
+  bool attention_weights = false;  // the calls also reported attention weights
 };
 
 struct AttentionBenchReport {
@@ -72,6 +73,9 @@ struct AttentionBenchOptions {
   std::vector<int32_t> block_lens;
   std::vector<std::pair<int32_t, int32_t>> heads;  // (q_heads, kv_heads)
   std::vector<DType> dtypes;
+  // Also have the kernel report every token's attention weight (what H2O
+  // needs each step), to measure what that costs.
+  bool attention_weights = false;
 };
 
 // Runs the decode-attention grid. Errors: the OS refusing memory for a shape

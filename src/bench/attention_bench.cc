@@ -147,7 +147,8 @@ class CeilingProbe {
   std::unique_ptr<kernels::StreamProbe> stream_;
 };
 
-Result<AttentionBenchResult> RunShape(const Shape& s, const CeilingProbe& probe, bool quick, bool scalar_baseline) {
+Result<AttentionBenchResult> RunShape(const Shape& s, const CeilingProbe& probe, bool quick, bool scalar_baseline,
+                                      bool weights) {
   constexpr int32_t kHeadDim = 128;
   const int64_t blocks_per_seq = CeilDiv(s.ctx, s.block_len);
   CacheConfig c;
@@ -207,6 +208,10 @@ Result<AttentionBenchResult> RunShape(const Shape& s, const CeilingProbe& probe,
                                                           static_cast<size_t>(blocks_per_seq)),
                     s.ctx});
   }
+  std::vector<float> weight_buf(weights ? static_cast<size_t>(s.batch * s.heads.kv_heads * s.ctx) : 0);
+  if (weights) {
+    for (int64_t b = 0; b < s.batch; ++b) seqs[static_cast<size_t>(b)].scores = weight_buf.data() + b * s.heads.kv_heads * s.ctx;
+  }
   std::vector<float> q(static_cast<size_t>(s.batch * s.heads.q_heads * kHeadDim));
   for (auto& x : q) x = u(rng);
   std::vector<float> out(q.size());
@@ -254,6 +259,7 @@ Result<AttentionBenchResult> RunShape(const Shape& s, const CeilingProbe& probe,
   r.bound = mem_floor >= fma_floor ? "memory" : "compute";
   r.ratio_to_roofline = r.floor_seconds / r.seconds_per_call;
   r.rotation_bytes = layout.total_bytes();
+  r.attention_weights = weights;
 
   if (scalar_baseline && !scaled) {  // the scalar loop reads 16-bit values
     // The same values, contiguous per (sequence, head), read by a plain loop.
@@ -291,7 +297,7 @@ Result<AttentionBenchReport> RunAttentionBench(const AttentionBenchOptions& opti
       if (!single->ok()) return ResourceExhaustedError("could not map the bandwidth probe buffer");
     }
     const CeilingProbe& probe = s.threads == report.threads ? all : *single;
-    Result<AttentionBenchResult> r = RunShape(s, probe, quick, options.scalar_baseline);
+    Result<AttentionBenchResult> r = RunShape(s, probe, quick, options.scalar_baseline, options.attention_weights);
     if (!r.ok()) {
       if (r.status().code() != StatusCode::kResourceExhausted) return r.status();
       report.skipped.push_back("batch " + std::to_string(s.batch) + " ctx " + std::to_string(s.ctx) + " heads " +

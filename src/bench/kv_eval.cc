@@ -244,6 +244,7 @@ Result<KvEvalReport> EvalKv(const KvEvalOptions& o) {
     PAGEKV_ASSIGN_OR_RETURN(AttentionBenchReport base, RunAttentionBench(bo));
     bo.contexts = {kept_context};
     bo.dtypes = {o.kv_dtype};
+    bo.attention_weights = policy.policy == EvictionPolicy::kH2O;  // its every step reports them
     PAGEKV_ASSIGN_OR_RETURN(AttentionBenchReport mine, RunAttentionBench(bo));
     if (base.results.size() == 1 && mine.results.size() == 1 && mine.results[0].seconds_per_call > 0) {
       r.decode_speedup_vs_f16 = base.results[0].seconds_per_call / mine.results[0].seconds_per_call;

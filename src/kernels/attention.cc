@@ -96,16 +96,19 @@ struct WorkItem {
 
 // Per-thread scratch, reused across calls.
 struct Scratch {
-  std::vector<float> q, scores, m, l, acc, logits;
+  std::vector<float> q, scores, m, l, acc, weights, block_max;
   std::vector<int64_t> limit;
 };
 
 // Where one sequence's attention weights go (token eviction).
 struct ScoreOut {
-  // Decode: the raw logits [q_heads][num_tokens] and each row's log-sum-exp
-  // [q_heads] (rows of a split sequence get theirs from the merge); the
-  // weights are added to `scores` after every item and the merge.
+  // Decode: the kernel's unnormalised weights [q_heads][num_tokens], block
+  // maxima [q_heads][blocks] and each row's log-sum-exp [q_heads] (rows of
+  // a split sequence get theirs from the merge); the weights are added to
+  // `scores` after every item and the merge.
   float* raw = nullptr;
+  float* block_max = nullptr;
+  int64_t blocks = 0;
   float* lse = nullptr;
   // Prefill: weights of queries >= first_scored added straight to `scores`
   // [kv_heads][num_tokens] under locks[kv_head] (tiles of one head share rows).
@@ -113,6 +116,16 @@ struct ScoreOut {
   int64_t first_scored = 0;
   std::mutex* locks = nullptr;
 };
+
+// dst[t] += weights[t] * exp(block_max[t / block_len] - lse) for t < n: the
+// kernel's exp(logit - running max) rescaled to the row's final softmax.
+void AddWeights(const float* weights, const float* block_max, int64_t n, int32_t block_len, float lse, float* dst) {
+  for (int64_t b0 = 0, b = 0; b0 < n; b0 += block_len, ++b) {
+    const float f = std::exp(block_max[b] - lse);
+    const int64_t end = std::min<int64_t>(n, b0 + block_len);
+    for (int64_t t = b0; t < end; ++t) dst[t] += weights[t] * f;
+  }
+}
 
 // Runs one item: gathers and scales the rows' queries, runs the kernel, and
 // either writes normalised rows to `out` or leaves the partial state in
@@ -180,13 +193,21 @@ void RunItem(const WorkItem& w, const PagedKv& kv, const Geometry& g, std::span<
   t.score_stride = stride;
   const bool prefill_scores =
       so != nullptr && so->scores != nullptr && w.first_query + w.num_queries > so->first_scored;
+  const int64_t span = w.tok_end - w.tok_begin;
+  const int64_t span_blocks = CeilDiv(span, g.block_len);
   if (so != nullptr && so->raw != nullptr) {  // decode: rows are the group's heads
-    t.logits_out = so->raw + static_cast<int64_t>(w.kv_head) * g.group * num_tokens + w.tok_begin;
-    t.logits_stride = num_tokens;
+    const int64_t row0 = static_cast<int64_t>(w.kv_head) * g.group;
+    t.weights_out = so->raw + row0 * num_tokens + w.tok_begin;
+    t.weights_stride = num_tokens;
+    t.block_max_out = so->block_max + row0 * so->blocks + w.tok_begin / g.block_len;
+    t.block_max_stride = so->blocks;
   } else if (prefill_scores) {
-    s.logits.resize(static_cast<size_t>(rows) * static_cast<size_t>(w.tok_end - w.tok_begin));
-    t.logits_out = s.logits.data();
-    t.logits_stride = w.tok_end - w.tok_begin;
+    s.weights.resize(static_cast<size_t>(rows * span));
+    s.block_max.resize(static_cast<size_t>(rows * span_blocks));
+    t.weights_out = s.weights.data();
+    t.weights_stride = span;
+    t.block_max_out = s.block_max.data();
+    t.block_max_stride = span_blocks;
   }
   kernels::AttendRows(t);
 
@@ -194,18 +215,16 @@ void RunItem(const WorkItem& w, const PagedKv& kv, const Geometry& g, std::span<
     for (int32_t i = 0; i < g.group; ++i) so->lse[w.kv_head * g.group + i] = m[i] + std::log(l[i]);
   }
   if (prefill_scores) {
-    // Weights p = exp(logit - lse) of the scored rows, summed per position.
-    const int64_t span = w.tok_end - w.tok_begin;
+    // Weights of the scored rows, summed per position.
     std::vector<float>& sum = s.scores;  // reused: the kernel is done with it
     sum.assign(static_cast<size_t>(span), 0.0f);
     for (int32_t j = 0; j < w.num_queries; ++j) {
       if (w.first_query + j < so->first_scored) continue;
       for (int32_t i = 0; i < g.group; ++i) {
         const int32_t r = j * g.group + i;
-        const float lse = m[r] + std::log(l[r]);
         const int64_t valid = std::min(s.limit[static_cast<size_t>(r)], w.tok_end) - w.tok_begin;
-        const float* lg = s.logits.data() + static_cast<int64_t>(r) * span;
-        for (int64_t p = 0; p < valid; ++p) sum[static_cast<size_t>(p)] += std::exp(lg[p] - lse);
+        AddWeights(s.weights.data() + r * span, s.block_max.data() + r * span_blocks, valid, g.block_len,
+                   m[r] + std::log(l[r]), sum.data());
       }
     }
     std::lock_guard<std::mutex> lock(so->locks[w.kv_head]);
@@ -277,22 +296,27 @@ Status PagedDecodeAttention(const PagedKv& kv, std::span<const DecodeSeq> seqs, 
 
   // Attention weights: raw logits and log-sum-exps of the scored sequences.
   std::vector<ScoreOut> score_out(seqs.size());
-  std::vector<float> raw, lse;
+  std::vector<float> raw, block_max, lse;
   {
-    int64_t raw_floats = 0, scored = 0;
+    int64_t raw_floats = 0, max_floats = 0, scored = 0;
     for (const DecodeSeq& sq : seqs) {
       if (sq.scores == nullptr) continue;
       raw_floats += g.q_heads * sq.num_tokens;
+      max_floats += g.q_heads * CeilDiv(sq.num_tokens, g.block_len);
       ++scored;
     }
     raw.resize(static_cast<size_t>(raw_floats));
+    block_max.resize(static_cast<size_t>(max_floats));
     lse.resize(static_cast<size_t>(scored * g.q_heads));
-    int64_t r = 0, e = 0;
+    int64_t r = 0, bm = 0, e = 0;
     for (size_t i = 0; i < seqs.size(); ++i) {
       if (seqs[i].scores == nullptr) continue;
       score_out[i].raw = raw.data() + r;
+      score_out[i].blocks = CeilDiv(seqs[i].num_tokens, g.block_len);
+      score_out[i].block_max = block_max.data() + bm;
       score_out[i].lse = lse.data() + e;
       r += g.q_heads * seqs[i].num_tokens;
+      bm += g.q_heads * score_out[i].blocks;
       e += g.q_heads;
     }
   }
@@ -342,11 +366,8 @@ Status PagedDecodeAttention(const PagedKv& kv, std::span<const DecodeSeq> seqs, 
     const ScoreOut& so = score_out[i];
     if (so.raw == nullptr) return;
     const int64_t n = seqs[i].num_tokens;
-    float* dst = seqs[i].scores + h * n;
     for (int32_t r = h * g.group; r < (h + 1) * g.group; ++r) {
-      const float* lg = so.raw + r * n;
-      const float e = so.lse[r];
-      for (int64_t t = 0; t < n; ++t) dst[t] += std::exp(lg[t] - e);
+      AddWeights(so.raw + r * n, so.block_max + r * so.blocks, n, g.block_len, so.lse[r], seqs[i].scores + h * n);
     }
   });
   return Status::Ok();

@@ -294,10 +294,6 @@ void AttendRowsT(DF df, const RowTask& task) {
       if (task.softcap > 0) {
         for (int64_t t = 0; t < valid; ++t) s[t] = task.softcap * std::tanh(s[t] / task.softcap);
       }
-      if (task.logits_out != nullptr) {
-        std::memcpy(task.logits_out + r * task.logits_stride + (start - task.tok_begin), s,
-                    static_cast<size_t>(valid) * sizeof(float));
-      }
       const auto neg_inf = hn::Set(df, -std::numeric_limits<float>::infinity());
       auto vmax_acc = neg_inf;
       for (int64_t t = 0; t < valid; t += lanes) {
@@ -319,6 +315,11 @@ void AttendRowsT(DF df, const RowTask& task) {
       task.l[r] = task.l[r] * c + Sum(df, vsum);
       task.m[r] = m_new;
       corr_all[r] = c;
+      if (task.weights_out != nullptr) {
+        std::memcpy(task.weights_out + r * task.weights_stride + (start - task.tok_begin), s,
+                    static_cast<size_t>(valid) * sizeof(float));
+        task.block_max_out[r * task.block_max_stride + (start - task.tok_begin) / bl] = m_new;
+      }
     }
     if (group_n == 0) continue;
 

@@ -42,12 +42,17 @@ struct RowTask {
   float* acc = nullptr;     // [R][D] running weighted sum of V, 0 initially
   float* scores = nullptr;  // scratch [R][score_stride]
   int32_t score_stride = 0;  // block_len rounded up to kScoreAlign
-  // Optional: each row's logits (after the soft-cap, before the softmax),
-  // row r's position p at logits_out[r * logits_stride + p - tok_begin],
-  // written for p < limit[r]. Token eviction turns them into attention
-  // weights with the row's final log-sum-exp: no second pass over K.
-  float* logits_out = nullptr;
-  int64_t logits_stride = 0;
+  // Optional, for attention weights: each row's exp(logit - m_b) where m_b
+  // is the row's running max after block b (row r's position p at
+  // weights_out[r * weights_stride + p - tok_begin], written for p <
+  // limit[r]), and m_b itself at block_max_out[r * block_max_stride + b]
+  // (b counted from tok_begin's block). The weight of p is then
+  // weights_out * exp(m_b - lse) with the row's final log-sum-exp: one exp
+  // per block, not per token, and no second pass over K.
+  float* weights_out = nullptr;
+  int64_t weights_stride = 0;
+  float* block_max_out = nullptr;
+  int64_t block_max_stride = 0;
 };
 
 inline constexpr int32_t kScoreAlign = 16;
