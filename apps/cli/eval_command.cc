@@ -12,7 +12,8 @@ namespace pagekv::cli {
 namespace {
 
 struct EvalArgs {
-  std::string model, tokenizer, goldens = "../shared/goldens/stories260K.json", kv_dtype = "int8", policy = "none";
+  std::string model, tokenizer, goldens = "../shared/goldens/stories260K.json", kv_dtype = "int8", policy = "none",
+      layer_dtypes;
   double budget = 1.0, prompt_fraction = 0.5;
   int32_t continuations = 4, block_len = 16;
   int threads = 0;
@@ -45,10 +46,11 @@ int RunEvalTable(const EvalArgs& a, KvEvalOptions o) {
   struct Row {
     DType dtype;
     const char* policy;
+    const char* layers = "";
   };
   const double budget = a.budget < 1 ? a.budget : 0.2;
   std::vector<Row> rows = {{DType::kF16, "none"},          {DType::kBF16, "none"},          {DType::kInt8, "none"},
-                           {DType::kFP8E4M3, "none"},      {DType::kFP8E5M2, "none"},       {DType::kF16, "streaming"},
+                           {DType::kInt8, "none", "0=f16,-1=f16"}, {DType::kFP8E4M3, "none"},      {DType::kFP8E5M2, "none"},       {DType::kF16, "streaming"},
                            {DType::kF16, "h2o"},           {DType::kF16, "snapkv"}};
   nlohmann::ordered_json all = nlohmann::ordered_json::array();
   if (!a.json) {
@@ -58,6 +60,7 @@ int RunEvalTable(const EvalArgs& a, KvEvalOptions o) {
   }
   for (const Row& row : rows) {
     o.kv_dtype = row.dtype;
+    o.layer_dtypes = row.layers;
     o.policy = row.policy;
     o.budget = std::string(row.policy) == "none" ? 1.0 : budget;
     Result<KvEvalReport> r = EvalKv(o);
@@ -91,6 +94,7 @@ int RunEvalKv(const EvalArgs& a) {
     return kExitBadInput;
   }
   o.kv_dtype = *dt;
+  o.layer_dtypes = a.layer_dtypes;
   o.policy = a.policy;
   o.budget = a.budget;
   o.continuations = a.continuations;
@@ -136,6 +140,8 @@ CLI::App* AddEvalCommand(CLI::App& app, int& exit_code) {
   kv->add_option("--tokenizer", args.tokenizer, "llama2.c tokenizer.bin (for .bin checkpoints)");
   kv->add_option("--goldens", args.goldens, "Goldens JSON with prompts and the NLL text (default ../shared/goldens/stories260K.json)");
   kv->add_option("--kv-dtype", args.kv_dtype, "KV format under test: int8 (default), f16, bf16, f32");
+  kv->add_option("--kv-layer-dtypes", args.layer_dtypes,
+                 "Per-layer overrides of --kv-dtype: LAYERS=DTYPE,... (index, -1 = last, or a:b), e.g. 0=f16,-1=f16");
   kv->add_option("--policy", args.policy, "Token eviction: none (default), streaming, h2o, snapkv");
   kv->add_option("--budget", args.budget, "Fraction of tokens kept, (0, 1] (default 1; the table's policies: 0.2)");
   kv->add_option("--prompt-fraction", args.prompt_fraction,

@@ -16,7 +16,7 @@ namespace pagekv::cli {
 namespace {
 
 struct GenerateArgs {
-  std::string model, tokenizer, prompts_file, kv_dtype = "f32";
+  std::string model, tokenizer, prompts_file, kv_dtype = "f32", kv_layer_dtypes;
   std::vector<std::string> prompts;
   int32_t n = 64, top_k = 0, block_len = 16, dump_logits = 0;
   float temp = 0.0f, top_p = 1.0f, repeat_penalty = 1.0f;
@@ -72,6 +72,7 @@ int RunGenerate(const GenerateArgs& a) {
     return kExitBadInput;
   }
   o.eviction = *ev;
+  o.kv_layer_dtypes = a.kv_layer_dtypes;
   const bool stream = !a.json && o.prompts.size() == 1;
   bool streamed = false;  // the prompt is printed with the first token, so an error prints alone
   if (stream) {
@@ -203,6 +204,8 @@ CLI::App* AddGenerateCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--blocks", args.blocks, "KV blocks in the pool (default: enough for the batch)");
   cmd->add_option("--kv-dtype", args.kv_dtype,
                   "KV storage: f32 (default), f16, bf16, int8, fp8_e4m3, fp8_e5m2 (int8 / fp8: one f16 scale per row)");
+  cmd->add_option("--kv-layer-dtypes", args.kv_layer_dtypes,
+                  "Per-layer overrides of --kv-dtype: LAYERS=DTYPE,... (index, -1 = last, or a:b), e.g. 0=f16,-1=f16");
   cmd->add_option("--kv-policy", args.kv_policy, "Token eviction: none (default), streaming, h2o, snapkv");
   cmd->add_option("--kv-budget", args.kv_budget, "Fraction of each sequence's tokens kept by --kv-policy, (0, 1] (default 1)");
   cmd->add_option("--dump-logits", args.dump_logits, "With --json: the top-K ids and logits of every step");

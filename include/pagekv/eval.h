@@ -31,6 +31,7 @@ struct KvEvalOptions {
   std::string tokenizer_path;
   std::string goldens_path;     // e.g. ../shared/goldens/stories260K.json (prompts and the NLL text)
   DType kv_dtype = DType::kInt8;
+  std::string layer_dtypes;     // per-layer overrides of kv_dtype, e.g. "0=f16,-1=f16" (ParseLayerFormats)
   std::string policy = "none";  // token eviction: none, streaming, h2o, snapkv (pagekv/eviction.h)
   double budget = 1.0;          // fraction of tokens kept, (0, 1]; 1 with policy none
   double prompt_fraction = 0.5; // each sequence's first part, prefilled as the prompt; the rest is decoded
@@ -42,7 +43,7 @@ struct KvEvalOptions {
 };
 
 struct KvEvalReport {
-  std::string kv_dtype, policy;
+  std::string kv_dtype, policy;  // kv_dtype: the dtype, then any layer overrides ("int8,0=f16,-1=f16")
   double budget = 1;
   int64_t positions = 0;         // next-token distributions compared (the decoded parts)
   double kl_mean = 0;            // mean KL(P_f32 || P_format), nats

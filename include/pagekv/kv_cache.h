@@ -58,7 +58,8 @@ struct KvCacheOptions {
 };
 
 // Rows of `num_tokens` consecutive tokens, in the cache's storage format.
-//   k: [num_layers][num_tokens][num_heads][row_bytes]
+//   k: [num_layers][num_tokens][num_heads][row_bytes]  (layer after layer,
+//      each with its own row_bytes(layer) when the layers' formats differ)
 //   v: same shape; must be null for an MLA cache (its latent row is in k)
 // where num_heads and row_bytes are the KvLayout's (num_kv_heads and
 // head_dim * element size for per-head caches; 1 and (rank + rope) * element
@@ -198,9 +199,11 @@ class KvCache {
   // Whole blocks as bytes, for moving them to and from other storage tiers:
   // a block's slabs in layout order (layer, plane, head), each slab_bytes
   // long, with no padding: [slabs_per_block][block_len][row_bytes].
-  int64_t block_payload_bytes() const { return layout_.slabs_per_block() * layout_.slab_bytes(); }
+  int64_t block_payload_bytes() const {
+    return (layout_.bytes_per_block() - layout_.padding_bytes_per_block());
+  }
   // A 64-bit tag of everything that shapes a block's bytes (layers, planes,
-  // heads, row elements and bytes, block_len, format): blocks of caches with
+  // heads, row elements, block_len, every layer's format and row bytes): blocks of caches with
   // different tags are never interchangeable.
   uint64_t GeometryTag() const;
   // Copies block `block` of the pool into out. Errors: an id outside the

@@ -27,6 +27,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
+#include <vector>
 
 #include "pagekv/dtype.h"
 #include "pagekv/status.h"
@@ -59,6 +61,16 @@ struct CacheConfig {
   int32_t rope_dim = 0;      // kMla only: decoupled rope-key elements per token, >= 0
   int32_t block_len = 128;   // tokens per block; a power of two in [8, 1024]
   KvFormat format = KvFormat::Plain(DType::kF16);
+  // Per-layer formats (sensitivity differs by layer, e.g. the first and last
+  // layers in f16, the rest int8): empty = `format` for every layer, else
+  // exactly num_layers entries. Each layer's rows, slabs and strides follow
+  // its own format; see ParseLayerFormats.
+  std::vector<KvFormat> layer_formats;
+
+  // The format of one layer. REQUIRES: layer in [0, num_layers).
+  const KvFormat& FormatOf(int32_t layer) const {
+    return layer_formats.empty() ? format : layer_formats[static_cast<size_t>(layer)];
+  }
 
   // Pool size: exactly one of the two must be set (> 0).
   int64_t num_blocks = 0;    // blocks in the pool
@@ -89,13 +101,28 @@ class KvLayout {
   int32_t block_len() const { return config_.block_len; }
   int64_t num_blocks() const { return num_blocks_; }
   int32_t row_elems() const { return row_elems_; }    // head_dim, or rank + rope_dim
-  int64_t row_bytes() const { return row_bytes_; }
+  // True when every layer has the same format (the usual case).
+  bool uniform() const { return uniform_; }
 
-  int64_t slab_bytes() const { return slab_bytes_; }    // block_len * row_bytes
-  int64_t slab_stride() const { return slab_stride_; }  // slab_bytes rounded up to 64
-  int64_t head_stride() const { return head_stride_; }
-  int64_t plane_stride() const { return plane_stride_; }
-  int64_t layer_stride() const { return layer_stride_; }
+  // Per layer: its format, bytes of one row, of one block's slab
+  // (block_len rows) and the slab's 64-byte-aligned stride.
+  const KvFormat& format(int32_t layer) const { return config_.FormatOf(layer); }
+  int64_t row_bytes(int32_t layer) const { return layers_[static_cast<size_t>(layer)].row_bytes; }
+  int64_t slab_bytes(int32_t layer) const { return layers_[static_cast<size_t>(layer)].slab_bytes; }
+  int64_t slab_stride(int32_t layer) const { return layers_[static_cast<size_t>(layer)].slab_stride; }
+  int64_t head_stride(int32_t layer) const { return layers_[static_cast<size_t>(layer)].head_stride; }
+  int64_t plane_stride(int32_t layer) const { return layers_[static_cast<size_t>(layer)].plane_stride; }
+  int64_t layer_offset(int32_t layer) const { return layers_[static_cast<size_t>(layer)].offset; }
+
+  // The same for a uniform layout (every layer alike). REQUIRES: uniform();
+  // a per-layer layout aborts here, so code that forgot a layer fails loudly.
+  int64_t row_bytes() const;
+  int64_t slab_bytes() const;
+  int64_t slab_stride() const;
+  int64_t head_stride() const;
+  int64_t plane_stride() const;
+  int64_t layer_stride() const;
+
   int64_t total_bytes() const { return total_bytes_; }  // the whole arena
 
   // Bytes one block occupies across all layers, planes and heads (with padding).
@@ -105,40 +132,57 @@ class KvLayout {
   // Number of slabs a block id names: num_layers * num_planes * num_heads.
   int64_t slabs_per_block() const { return slabs_per_block_; }
 
+  // Slab alignment padding inside one block, all slabs together.
+  int64_t padding_bytes_per_block() const { return padding_bytes_per_block_; }
+
   // Byte offset of the first row of a slab. REQUIRES: all indices in range.
   int64_t SlabOffset(int32_t layer, int32_t plane, int32_t head, int64_t block) const {
-    return layer * layer_stride_ + plane * plane_stride_ + head * head_stride_ +
-           block * slab_stride_;
+    const Layer& L = layers_[static_cast<size_t>(layer)];
+    return L.offset + plane * L.plane_stride + head * L.head_stride + block * L.slab_stride;
   }
   // Byte offset of one row. REQUIRES: all indices in range.
   int64_t RowOffset(int32_t layer, int32_t plane, int32_t head, int64_t block,
                     int32_t slot) const {
-    return SlabOffset(layer, plane, head, block) + slot * row_bytes_;
+    return SlabOffset(layer, plane, head, block) + slot * layers_[static_cast<size_t>(layer)].row_bytes;
   }
 
  private:
   KvLayout() = default;
+
+  struct Layer {
+    int64_t row_bytes = 0, slab_bytes = 0, slab_stride = 0;
+    int64_t head_stride = 0, plane_stride = 0, offset = 0;
+  };
 
   CacheConfig config_;
   int32_t num_planes_ = 0;
   int32_t num_heads_ = 0;
   int32_t row_elems_ = 0;
   int64_t num_blocks_ = 0;
-  int64_t row_bytes_ = 0;
-  int64_t slab_bytes_ = 0;
-  int64_t slab_stride_ = 0;
-  int64_t head_stride_ = 0;
-  int64_t plane_stride_ = 0;
-  int64_t layer_stride_ = 0;
+  bool uniform_ = true;
+  std::vector<Layer> layers_;
   int64_t total_bytes_ = 0;
   int64_t bytes_per_block_ = 0;
   int64_t bytes_per_token_ = 0;
   int64_t slabs_per_block_ = 0;
+  int64_t padding_bytes_per_block_ = 0;
 };
 
 // Bytes that `elems` elements of `format` occupy, including scale overhead
 // for per-token groups. Per-channel scales (shared by a group of tokens) are
 // accounted per block; see KvLayout. Returns nullopt-like -1 on overflow.
 int64_t FormatRowBytes(const KvFormat& format, int64_t elems);
+
+// Per-layer formats from a spec of comma-separated LAYERS=DTYPE overrides on
+// top of `base` for every other layer; LAYERS is an index (negative counts
+// from the end: -1 is the last layer) or an inclusive range a:b. Example,
+// the first and last layers in f16 and the rest in the base int8:
+//   "0=f16,-1=f16"
+// Each dtype is stored the way KvFormat::ForDType says for rows of
+// row_elems elements. An empty spec gives an empty list (every layer uses
+// the base). Errors name the bad entry: a missing '=', a layer outside the
+// model, an unknown dtype, a layer given twice.
+Result<std::vector<KvFormat>> ParseLayerFormats(std::string_view spec, int32_t num_layers, int32_t row_elems,
+                                                const KvFormat& base);
 
 }  // namespace pagekv

@@ -53,12 +53,14 @@ int32_t ArgMax(const float* x, int32_t n) { return static_cast<int32_t>(std::max
 // the prompt end there), then one decode step per token. Returns the logits
 // predicting tokens split .. n-1: [n - split][vocab]. kept_sum gains the
 // kept fraction (cached / seen) after every decode step.
-Result<std::vector<float>> DecodedLogits(const LlamaModel& model, DType dtype, const EvictionOptions& policy,
-                                         int32_t block_len, std::span<const int32_t> tokens, int64_t split,
-                                         int threads, double& kept_sum, int64_t& kept_steps) {
+Result<std::vector<float>> DecodedLogits(const LlamaModel& model, DType dtype, const std::vector<KvFormat>& layers,
+                                         const EvictionOptions& policy, int32_t block_len,
+                                         std::span<const int32_t> tokens, int64_t split, int threads,
+                                         double& kept_sum, int64_t& kept_steps) {
   const auto n = static_cast<int64_t>(tokens.size());
   KvCacheOptions co;
   co.config = model.CacheGeometry(block_len, dtype, (n + block_len - 1) / block_len);
+  co.config.layer_formats = layers;
   co.prefault = false;
   PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache, KvCache::Create(co));
   PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<TokenEvictor> evictor, TokenEvictor::Create(policy, cache->layout()));
@@ -144,19 +146,26 @@ Result<KvEvalReport> EvalKv(const KvEvalOptions& o) {
     context = std::min<int64_t>(context, goldens["config"]["seq_len"].get<int64_t>());
   }
   // The format must be one the cache stores: check before any work.
+  PAGEKV_ASSIGN_OR_RETURN(
+      std::vector<KvFormat> layers,
+      ParseLayerFormats(o.layer_dtypes, model.config().num_layers, model.config().head_dim,
+                        KvFormat::ForDType(o.kv_dtype, model.config().head_dim)));
   {
     KvCacheOptions co;
     co.config = model.CacheGeometry(o.block_len, o.kv_dtype, 1);
+    co.config.layer_formats = layers;
     co.prefault = false;
     PAGEKV_RETURN_IF_ERROR(KvCache::Create(co).status());
   }
 
   KvEvalReport r;
-  r.kv_dtype = std::string(DTypeName(o.kv_dtype));
+  r.kv_dtype = std::string(DTypeName(o.kv_dtype)) + (o.layer_dtypes.empty() ? "" : "," + o.layer_dtypes);
   r.policy = o.policy;
   r.budget = o.budget;
   {
-    PAGEKV_ASSIGN_OR_RETURN(KvLayout lf, KvLayout::Create(model.CacheGeometry(o.block_len, o.kv_dtype, 1)));
+    CacheConfig cf = model.CacheGeometry(o.block_len, o.kv_dtype, 1);
+    cf.layer_formats = layers;
+    PAGEKV_ASSIGN_OR_RETURN(KvLayout lf, KvLayout::Create(cf));
     PAGEKV_ASSIGN_OR_RETURN(KvLayout lh, KvLayout::Create(model.CacheGeometry(o.block_len, DType::kF16, 1)));
     r.bytes_per_token = lf.bytes_per_token();
     r.bytes_per_token_f16 = lh.bytes_per_token();
@@ -181,7 +190,7 @@ Result<KvEvalReport> EvalKv(const KvEvalOptions& o) {
                                      static_cast<uint64_t>(c + 1), o.block_len, o.threads));
     const int64_t split = split_of(seq.size());
     PAGEKV_ASSIGN_OR_RETURN(std::vector<float> ref, AllLogits(model, DType::kF32, o.block_len, seq, o.threads));
-    PAGEKV_ASSIGN_OR_RETURN(std::vector<float> got, DecodedLogits(model, o.kv_dtype, policy, o.block_len, seq, split,
+    PAGEKV_ASSIGN_OR_RETURN(std::vector<float> got, DecodedLogits(model, o.kv_dtype, layers, policy, o.block_len, seq, split,
                                                                   o.threads, kept_sum, kept_steps));
     for (size_t t = static_cast<size_t>(split) - 1; t + 1 < seq.size(); ++t) {
       const float* a = ref.data() + t * static_cast<size_t>(vocab);
@@ -208,7 +217,7 @@ Result<KvEvalReport> EvalKv(const KvEvalOptions& o) {
   const int64_t text_split = split_of(text.size());
   {
     PAGEKV_ASSIGN_OR_RETURN(std::vector<float> ref, AllLogits(model, DType::kF32, o.block_len, text, o.threads));
-    PAGEKV_ASSIGN_OR_RETURN(std::vector<float> got, DecodedLogits(model, o.kv_dtype, policy, o.block_len, text,
+    PAGEKV_ASSIGN_OR_RETURN(std::vector<float> got, DecodedLogits(model, o.kv_dtype, layers, policy, o.block_len, text,
                                                                   text_split, o.threads, kept_sum, kept_steps));
     double nll_ref = 0, nll = 0;
     for (size_t t = static_cast<size_t>(text_split) - 1; t + 1 < text.size(); ++t) {
@@ -249,7 +258,8 @@ Result<KvEvalReport> EvalKv(const KvEvalOptions& o) {
     if (base.results.size() == 1 && mine.results.size() == 1 && mine.results[0].seconds_per_call > 0) {
       r.decode_speedup_vs_f16 = base.results[0].seconds_per_call / mine.results[0].seconds_per_call;
       r.speed_shape = "decode, 32 query / 32 KV heads of 128, batch 8, block_len 128; f16 at context 4096, " +
-                      r.kv_dtype + " at " + std::to_string(kept_context) + " kept tokens";
+                      std::string(DTypeName(o.kv_dtype)) + " at " + std::to_string(kept_context) + " kept tokens" +
+                      (o.layer_dtypes.empty() ? "" : " (the base format; overridden layers run at their own speed)");
     }
   }
   return r;

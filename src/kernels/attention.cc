@@ -23,6 +23,8 @@ using kernels::RowTask;
 struct Geometry {
   int32_t q_heads = 0, kv_heads = 0, group = 0, head_dim = 0, block_len = 0;
   int64_t slab_stride = 0;
+  int64_t row_bytes = 0;  // this layer's
+  DType dtype = DType::kF32;
   float scale = 0;
 };
 
@@ -36,13 +38,14 @@ Status ValidateCommon(const PagedKv& kv, const float* q, const float* out, Geome
   if (c.kind == CacheKind::kMla) {
     return UnimplementedError("attention: MLA latent caches need the absorbed-weight kernel; these kernels read per-head K and V");
   }
-  if (!c.format.IsPlainFloat() && !c.format.IsStoredQuantized(c.head_dim)) {
-    return UnimplementedError("attention: KV format " + c.format.ToString() +
-                              " is not read yet; use f32, f16, bf16, or int8 / fp8 with one f16 scale per row");
-  }
   if (kv.layer < 0 || kv.layer >= l.num_layers()) {
     return OutOfRangeError("attention: layer " + std::to_string(kv.layer) + " outside [0, " +
                            std::to_string(l.num_layers()) + ")");
+  }
+  const KvFormat& f = l.format(kv.layer);
+  if (!f.IsPlainFloat() && !f.IsStoredQuantized(c.head_dim)) {
+    return UnimplementedError("attention: KV format " + f.ToString() +
+                              " is not read yet; use f32, f16, bf16, or int8 / fp8 with one f16 scale per row");
   }
   if (c.num_kv_heads <= 0 || c.num_q_heads % c.num_kv_heads != 0) {
     return InvalidArgumentError("attention: num_q_heads " + std::to_string(c.num_q_heads) +
@@ -57,7 +60,9 @@ Status ValidateCommon(const PagedKv& kv, const float* q, const float* out, Geome
   }
   g.head_dim = c.head_dim;
   g.block_len = c.block_len;
-  g.slab_stride = l.slab_stride();
+  g.slab_stride = l.slab_stride(kv.layer);
+  g.row_bytes = l.row_bytes(kv.layer);
+  g.dtype = f.dtype;
   return Status::Ok();
 }
 
@@ -172,8 +177,8 @@ void RunItem(const WorkItem& w, const PagedKv& kv, const Geometry& g, std::span<
 
   const KvLayout& layout = *kv.layout;
   RowTask t;
-  t.dtype = layout.config().format.dtype;
-  t.row_bytes = layout.row_bytes();
+  t.dtype = g.dtype;
+  t.row_bytes = g.row_bytes;
   t.rows = rows;
   t.head_dim = d;
   t.q = s.q.data();

@@ -37,8 +37,9 @@ double Tolerance(DType d) { return d == DType::kF32 ? 1e-5 : DTypeBits(d) == 8 ?
 // the reference.
 class PagedFixture {
  public:
+  // layer_dtypes (optional): a format per layer instead of dtype everywhere.
   PagedFixture(int32_t layers, int32_t q_heads, int32_t kv_heads, int32_t head_dim, int32_t block_len, DType dtype,
-               std::vector<int64_t> lengths, uint32_t seed)
+               std::vector<int64_t> lengths, uint32_t seed, std::vector<DType> layer_dtypes = {})
       : rng_(seed), lengths_(std::move(lengths)) {
     CacheConfig c;
     c.num_layers = layers;
@@ -47,6 +48,8 @@ class PagedFixture {
     c.head_dim = head_dim;
     c.block_len = block_len;
     c.format = KvFormat::ForDType(dtype, head_dim);
+    for (DType d : layer_dtypes) c.layer_formats.push_back(KvFormat::ForDType(d, head_dim));
+    auto dtype_of = [&](int32_t l) { return layer_dtypes.empty() ? dtype : layer_dtypes[static_cast<size_t>(l)]; };
     int64_t blocks = 0;
     for (int64_t n : lengths_) blocks += (n + block_len - 1) / block_len;
     c.num_blocks = blocks + 3;  // a few blocks nobody uses
@@ -63,26 +66,27 @@ class PagedFixture {
       // Values per layer: [token][kv_head][head_dim] for K and V.
       std::vector<std::vector<double>> k(static_cast<size_t>(layers)), v(static_cast<size_t>(layers));
       for (int32_t l = 0; l < layers; ++l) {
+        const DType ld = dtype_of(l);
         for (int64_t t = 0; t < n; ++t) {
           for (int32_t h = 0; h < kv_heads; ++h) {
             for (int32_t plane = 0; plane < 2; ++plane) {
               std::byte* row = arena() + layout_->RowOffset(l, plane, h, ToInt(table[static_cast<size_t>(t / block_len)]),
                                                             static_cast<int32_t>(t % block_len));
               auto& dst = plane == 0 ? k[static_cast<size_t>(l)] : v[static_cast<size_t>(l)];
-              if (!c.format.IsPlainFloat()) {
+              if (!c.FormatOf(l).IsPlainFloat()) {
                 std::vector<float> x(static_cast<size_t>(head_dim)), back(x.size());
                 for (float& e : x) e = static_cast<float>(u(rng_));
-                if (dtype == DType::kInt8) {
+                if (ld == DType::kInt8) {
                   quant::EncodeInt8Row(x.data(), head_dim, row);
                   quant::DecodeInt8Row(row, head_dim, back.data());
                 } else {
-                  quant::EncodeFp8Row(x.data(), head_dim, dtype == DType::kFP8E4M3, row);
-                  quant::DecodeFp8Row(row, head_dim, dtype == DType::kFP8E4M3, back.data());
+                  quant::EncodeFp8Row(x.data(), head_dim, ld == DType::kFP8E4M3, row);
+                  quant::DecodeFp8Row(row, head_dim, ld == DType::kFP8E4M3, back.data());
                 }
                 dst.insert(dst.end(), back.begin(), back.end());
                 continue;
               }
-              for (int32_t x = 0; x < head_dim; ++x) dst.push_back(Store(dtype, row, x, u(rng_)));
+              for (int32_t x = 0; x < head_dim; ++x) dst.push_back(Store(ld, row, x, u(rng_)));
             }
           }
         }
@@ -287,6 +291,32 @@ void CheckWeights(const std::vector<double>& ref, const std::vector<float>& got,
   double worst = 0;
   for (size_t i = 0; i < ref.size(); ++i) worst = std::max(worst, std::fabs(got[i] - base - ref[i]));
   EXPECT_LE(worst, tol) << what;
+}
+
+// Per-layer formats: each layer's rows, slabs and strides follow its own
+// format, and the kernels read each layer by its own.
+TEST_P(AttentionTargetTest, EveryLayerOfAMixedFormatLayoutMatchesReference) {
+  const Shape s{8, 2, 32};
+  const std::vector<DType> layers = {DType::kF16, DType::kInt8, DType::kFP8E4M3, DType::kF32, DType::kBF16};
+  const std::vector<int64_t> lengths = {1, 16, 3 * 16 + 5};
+  PagedFixture f(5, s.q_heads, s.kv_heads, s.head_dim, 16, DType::kF16, lengths, 61, layers);
+  ASSERT_FALSE(f.layout().uniform());
+  const size_t per_seq = static_cast<size_t>(s.q_heads) * s.head_dim;
+  std::vector<float> q = RandomQ(f.rng(), per_seq * lengths.size());
+  std::vector<DecodeSeq> seqs;
+  for (size_t i = 0; i < lengths.size(); ++i) seqs.push_back({f.Table(i), lengths[i]});
+  for (int32_t l = 0; l < 5; ++l) {
+    std::vector<float> out(q.size(), std::nanf(""));
+    ASSERT_TRUE(PagedDecodeAttention(f.Kv(l), seqs, q.data(), out.data()).ok());
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      std::vector<double> qd(q.begin() + static_cast<std::ptrdiff_t>(i * per_seq),
+                             q.begin() + static_cast<std::ptrdiff_t>((i + 1) * per_seq));
+      const std::vector<double> ref = testing::ReferenceAttention({s.q_heads, s.kv_heads, s.head_dim, 0, 0}, qd, 1,
+                                                                  f.K(i, l), f.V(i, l), lengths[i]);
+      EXPECT_LE(RelError(out.data() + i * per_seq, ref, s.q_heads, s.head_dim), Tolerance(layers[static_cast<size_t>(l)]))
+          << "layer " << l << " (" << DTypeName(layers[static_cast<size_t>(l)]) << ") context " << lengths[i];
+    }
+  }
 }
 
 TEST_P(AttentionTargetTest, DecodeAttentionWeightsMatchReference) {

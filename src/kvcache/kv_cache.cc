@@ -18,10 +18,13 @@ std::string SeqName(SeqId id) { return "sequence " + std::to_string(ToInt(id)); 
 
 Result<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& options) {
   PAGEKV_ASSIGN_OR_RETURN(KvLayout layout, KvLayout::Create(options.config));
-  if (!options.config.format.IsPlainFloat() && !options.config.format.IsStoredQuantized(layout.row_elems())) {
-    return UnimplementedError("KV format " + options.config.format.ToString() +
-                              " is not stored by the cache yet: use f32, f16, bf16, or int8 / fp8 with one f16 "
-                              "scale per row (KvFormat::Int8(head_dim), KvFormat::Fp8(dtype, head_dim))");
+  for (int32_t l = 0; l < layout.num_layers(); ++l) {
+    const KvFormat& f = layout.format(l);
+    if (!f.IsPlainFloat() && !f.IsStoredQuantized(layout.row_elems())) {
+      return UnimplementedError("KV format " + f.ToString() + (layout.uniform() ? "" : " (layer " + std::to_string(l) + ")") +
+                                " is not stored by the cache yet: use f32, f16, bf16, or int8 / fp8 with one f16 "
+                                "scale per row (KvFormat::Int8(head_dim), KvFormat::Fp8(dtype, head_dim))");
+    }
   }
   PAGEKV_ASSIGN_OR_RETURN(auto arena, KvArena::Create({.size_bytes = layout.total_bytes(),
                                                         .huge_pages = options.huge_pages,
@@ -100,8 +103,8 @@ Result<bool> KvCache::Reserve(SeqId id, int64_t n) {
     const BlockId shared = s.blocks.back();
     const BlockId copy = fresh[next++];
     const int32_t fill = static_cast<int32_t>(s.num_tokens % layout_.block_len());
-    const size_t bytes = static_cast<size_t>(fill * layout_.row_bytes());
     for (int32_t l = 0; l < layout_.num_layers(); ++l) {
+      const auto bytes = static_cast<size_t>(fill * layout_.row_bytes(l));
       for (int32_t p = 0; p < layout_.num_planes(); ++p) {
         for (int32_t h = 0; h < layout_.num_heads(); ++h) {
           std::memcpy(base + layout_.SlabOffset(l, p, h, ToInt(copy)),
@@ -145,7 +148,7 @@ Status KvCache::WriteLayer(SeqId id, int32_t layer, int64_t pos, const KvTokens&
     }
   }
   std::byte* base = state_->arena->data();
-  const int64_t row = layout_.row_bytes();
+  const int64_t row = layout_.row_bytes(layer);
   const int64_t heads = layout_.num_heads();
   const void* planes[2] = {rows.k, rows.v};
   for (int32_t p = 0; p < layout_.num_planes(); ++p) {
@@ -167,16 +170,16 @@ void KvCache::WriteRows(Sequence& s, int64_t first_pos, const KvTokens& tokens) 
   // the rows of consecutive tokens land next to each other within a block.
   std::byte* base = state_->arena->data();
   const int64_t n = tokens.num_tokens;
-  const int64_t row = layout_.row_bytes();
   const int64_t heads = layout_.num_heads();
-  const int64_t token_stride = heads * row;
-  const int64_t src_layer_stride = n * token_stride;
   const int shift = __builtin_ctz(static_cast<unsigned>(layout_.block_len()));
   const int64_t mask = layout_.block_len() - 1;
   const void* src_planes[2] = {tokens.k, tokens.v};
+  int64_t src_layer_offset = 0;  // layers follow each other, each with its own row size
   for (int32_t l = 0; l < layout_.num_layers(); ++l) {
+    const int64_t row = layout_.row_bytes(l);
+    const int64_t token_stride = heads * row;
     for (int32_t p = 0; p < layout_.num_planes(); ++p) {
-      const auto* src = static_cast<const std::byte*>(src_planes[p]) + l * src_layer_stride;
+      const auto* src = static_cast<const std::byte*>(src_planes[p]) + src_layer_offset;
       for (int32_t h = 0; h < heads; ++h) {
         const std::byte* src_h = src + h * row;
         for (int64_t i = 0; i < n; ++i) {
@@ -187,6 +190,7 @@ void KvCache::WriteRows(Sequence& s, int64_t first_pos, const KvTokens& tokens) 
         }
       }
     }
+    src_layer_offset += n * token_stride;
   }
 }
 
@@ -344,10 +348,10 @@ Status KvCache::Compact(SeqId id, std::span<const int32_t> keep, int64_t keep_co
     }
   }
   std::byte* base = state_->arena->data();
-  const auto row = static_cast<size_t>(layout_.row_bytes());
   for (int64_t li = 0; li < lists; ++li) {
     const auto layer = static_cast<int32_t>(li / layout_.num_heads());
     const auto head = static_cast<int32_t>(li % layout_.num_heads());
+    const auto row = static_cast<size_t>(layout_.row_bytes(layer));
     for (const auto& [from, to] : moves[static_cast<size_t>(li)]) {
       for (int32_t p = 0; p < layout_.num_planes(); ++p) {
         std::memcpy(base + layout_.RowOffset(layer, p, head, ToInt(s.blocks[static_cast<size_t>(to / bl)]),
@@ -370,9 +374,9 @@ namespace {
 // block, in the payload order of ReadBlock / WriteBlock (layer, plane, head).
 template <typename F>
 void ForEachSlab(const KvLayout& layout, int64_t block, F&& f) {
-  const auto slab = static_cast<size_t>(layout.slab_bytes());
   size_t at = 0;
   for (int32_t l = 0; l < layout.num_layers(); ++l) {
+    const auto slab = static_cast<size_t>(layout.slab_bytes(l));
     for (int32_t p = 0; p < layout.num_planes(); ++p) {
       for (int32_t h = 0; h < layout.num_heads(); ++h, at += slab) f(layout.SlabOffset(l, p, h, block), at, slab);
     }
@@ -382,10 +386,13 @@ void ForEachSlab(const KvLayout& layout, int64_t block, F&& f) {
 }  // namespace
 
 uint64_t KvCache::GeometryTag() const {
-  const KvFormat& f = layout_.config().format;
-  const int64_t fields[] = {layout_.num_layers(), layout_.num_planes(), layout_.num_heads(), layout_.row_elems(),
-                            layout_.row_bytes(),  layout_.block_len(),  static_cast<int64_t>(f.dtype),
-                            static_cast<int64_t>(f.scale_axis), f.group_size, static_cast<int64_t>(f.scale_dtype)};
+  std::vector<int64_t> fields = {layout_.num_layers(), layout_.num_planes(), layout_.num_heads(), layout_.row_elems(),
+                                 layout_.block_len()};
+  for (int32_t l = 0; l < layout_.num_layers(); ++l) {  // every layer's format and row size
+    const KvFormat& f = layout_.format(l);
+    fields.insert(fields.end(), {layout_.row_bytes(l), static_cast<int64_t>(f.dtype), static_cast<int64_t>(f.scale_axis),
+                                 f.group_size, static_cast<int64_t>(f.scale_dtype)});
+  }
   uint64_t h = 0x9e3779b97f4a7c15ULL;
   for (int64_t v : fields) {  // splitmix64 over the fields
     h += static_cast<uint64_t>(v) + 0x9e3779b97f4a7c15ULL;
@@ -449,12 +456,13 @@ Status KvCache::Read(SeqId id, int64_t begin, const KvTokensOut& out) const {
   if (out.k == nullptr || (per_head && out.v == nullptr)) return InvalidArgumentError("read: null output");
   const std::byte* base = state_->arena->data();
   const int64_t n = out.num_tokens;
-  const int64_t row = layout_.row_bytes();
   const int64_t heads = layout_.num_heads();
   void* planes[2] = {out.k, out.v};
+  int64_t dst_layer_offset = 0;  // layers follow each other, each with its own row size
   for (int32_t l = 0; l < layout_.num_layers(); ++l) {
+    const int64_t row = layout_.row_bytes(l);
     for (int32_t p = 0; p < layout_.num_planes(); ++p) {
-      auto* dst = static_cast<std::byte*>(planes[p]) + l * n * heads * row;
+      auto* dst = static_cast<std::byte*>(planes[p]) + dst_layer_offset;
       for (int64_t i = 0; i < n; ++i) {
         const int64_t pos = begin + i;
         const BlockId b = s.blocks[static_cast<size_t>(pos / layout_.block_len())];
@@ -465,6 +473,7 @@ Status KvCache::Read(SeqId id, int64_t begin, const KvTokensOut& out) const {
         }
       }
     }
+    dst_layer_offset += n * heads * row;
   }
   return Status::Ok();
 }

@@ -85,8 +85,7 @@ MemoryReport KvCache::Memory() const {
   r.allocated_bytes = st.bytes_allocated;
   r.pool_bytes = st.bytes_pool;
   r.free_bytes = st.blocks_free * r.bytes_per_block;
-  r.padding_bytes_per_block =
-      layout_.slabs_per_block() * (layout_.slab_stride() - layout_.slab_bytes());
+  r.padding_bytes_per_block = layout_.padding_bytes_per_block();
   return r;
 }
 

@@ -515,3 +515,98 @@ TEST(KvCacheBlockBytesTest, ReadBlockThenWriteBlockMovesAWholeBlockBitExact) {
 
 }  // namespace
 }  // namespace pagekv
+
+namespace pagekv {
+namespace {
+
+// Per-layer formats through the whole write path: Append, copy-on-write
+// after a fork, Read, ReadBlock / WriteBlock and Compact all move each
+// layer's rows at that layer's size. Row bytes are random: the cache never
+// looks inside a row.
+TEST(KvCachePerLayerTest, EveryPathMovesEachLayerAtItsOwnRowSize) {
+  CacheConfig c = Config(8, DType::kF16, 16, /*layers=*/3, /*kv_heads=*/2, /*head_dim=*/16);
+  c.layer_formats = *ParseLayerFormats("1=int8,2=f32", 3, 16, c.format);
+  auto cache = MakeCache(c);
+  const KvLayout& l = cache->layout();
+  ASSERT_FALSE(l.uniform());
+  // Token bytes per layer: heads x row_bytes(layer), layers one after another.
+  auto token_bytes = [&](int32_t layer) { return l.num_heads() * l.row_bytes(layer); };
+  const int64_t n = 13;
+  int64_t total = 0;
+  for (int32_t layer = 0; layer < 3; ++layer) total += n * token_bytes(layer);
+  std::mt19937 rng(5);
+  std::vector<uint8_t> k(static_cast<size_t>(total)), v(k.size());
+  for (auto& b : k) b = static_cast<uint8_t>(rng());
+  for (auto& b : v) b = static_cast<uint8_t>(rng());
+  const SeqId seq = cache->AddSequence();
+  ASSERT_TRUE(*cache->Append(seq, {n, k.data(), v.data()}));
+  std::vector<uint8_t> rk(k.size()), rv(v.size());
+  ASSERT_TRUE(cache->Read(seq, 0, {n, rk.data(), rv.data()}).ok());
+  EXPECT_EQ(rk, k);
+  EXPECT_EQ(rv, v);
+
+  // Fork, then append to the child: the shared partial block is copied
+  // layer by layer; the parent's rows stay as they were.
+  const SeqId child = *cache->Fork(seq);
+  std::vector<uint8_t> one_k(static_cast<size_t>(total / n)), one_v(one_k.size());
+  for (auto& b : one_k) b = static_cast<uint8_t>(rng());
+  for (auto& b : one_v) b = static_cast<uint8_t>(rng());
+  ASSERT_TRUE(*cache->Append(child, {1, one_k.data(), one_v.data()}));
+  std::vector<uint8_t> ck(static_cast<size_t>(total + total / n)), cv(ck.size());
+  ASSERT_TRUE(cache->Read(child, 0, {n + 1, ck.data(), cv.data()}).ok());
+  int64_t at = 0, at_child = 0, at_one = 0;
+  for (int32_t layer = 0; layer < 3; ++layer) {
+    const int64_t tb = token_bytes(layer);
+    EXPECT_TRUE(std::equal(k.begin() + at, k.begin() + at + n * tb, ck.begin() + at_child)) << "layer " << layer;
+    EXPECT_TRUE(std::equal(one_k.begin() + at_one, one_k.begin() + at_one + tb, ck.begin() + at_child + n * tb));
+    at += n * tb;
+    at_child += (n + 1) * tb;
+    at_one += tb;
+  }
+  ASSERT_TRUE(cache->Read(seq, 0, {n, rk.data(), rv.data()}).ok());
+  EXPECT_EQ(rk, k);
+
+  // Whole blocks: the payload is every slab without padding.
+  EXPECT_EQ(cache->block_payload_bytes(), 2 * 2 * 8 * (32 + 18 + 64));
+  const BlockId b0 = cache->View(seq)->blocks[0];
+  std::vector<std::byte> payload(static_cast<size_t>(cache->block_payload_bytes()));
+  ASSERT_TRUE(cache->ReadBlock(b0, payload).ok());
+  const SeqId copy = cache->AddSequence();
+  ASSERT_TRUE(*cache->Reserve(copy, 8));
+  ASSERT_TRUE(cache->WriteBlock(copy, 0, payload).ok());
+  std::vector<uint8_t> pk(static_cast<size_t>(total / n * 8)), pv(pk.size());
+  ASSERT_TRUE(cache->Read(copy, 0, {8, pk.data(), pv.data()}).ok());
+  at = 0;
+  int64_t at_copy = 0;
+  for (int32_t layer = 0; layer < 3; ++layer) {
+    const int64_t tb = token_bytes(layer);
+    EXPECT_TRUE(std::equal(k.begin() + at, k.begin() + at + 8 * tb, pk.begin() + at_copy)) << "layer " << layer;
+    EXPECT_TRUE(std::equal(v.begin() + at, v.begin() + at + 8 * tb, pv.begin() + at_copy)) << "layer " << layer;
+    at += n * tb;
+    at_copy += 8 * tb;
+  }
+  EXPECT_NE(cache->GeometryTag(), MakeCache(Config(8, DType::kF16, 16, 3, 2, 16))->GeometryTag());
+
+  // Compact: keep tokens 12 and 3 of every (layer, head); both move down,
+  // in ascending order (3 to slot 0, 12 to slot 1).
+  ASSERT_TRUE(cache->Free(child).ok());
+  ASSERT_TRUE(cache->Free(copy).ok());
+  std::vector<int32_t> keep;
+  for (int i = 0; i < 3 * 2; ++i) keep.insert(keep.end(), {12, 3});
+  ASSERT_TRUE(cache->Compact(seq, keep, 2).ok());
+  std::vector<uint8_t> kk(static_cast<size_t>(total / n * 2)), kv(kk.size());
+  ASSERT_TRUE(cache->Read(seq, 0, {2, kk.data(), kv.data()}).ok());
+  at = 0;
+  int64_t at_kept = 0;
+  for (int32_t layer = 0; layer < 3; ++layer) {
+    const int64_t tb = token_bytes(layer);
+    EXPECT_TRUE(std::equal(k.begin() + at + 3 * tb, k.begin() + at + 4 * tb, kk.begin() + at_kept)) << layer;
+    EXPECT_TRUE(std::equal(v.begin() + at + 12 * tb, v.begin() + at + 13 * tb, kv.begin() + at_kept + tb)) << layer;
+    at += n * tb;
+    at_kept += 2 * tb;
+  }
+  cache->CheckInvariants();
+}
+
+}  // namespace
+}  // namespace pagekv

@@ -158,3 +158,81 @@ TEST(KvLayoutTest, PerTokenScalesAreCountedInRowBytes) {
 
 }  // namespace
 }  // namespace pagekv
+
+namespace pagekv {
+namespace {
+
+// Per-layer formats: the first and last layers f16, the middle one int8.
+TEST(KvLayoutPerLayerTest, EachLayerHasItsOwnRowsSlabsAndStridesWithoutOverlap) {
+  CacheConfig c = Small();
+  c.format = KvFormat::Int8(24);
+  Result<std::vector<KvFormat>> formats = ParseLayerFormats("0=f16,-1=f16", 3, 24, c.format);
+  ASSERT_TRUE(formats.ok()) << formats.status().ToString();
+  c.layer_formats = *formats;
+  Result<KvLayout> l = KvLayout::Create(c);
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  EXPECT_FALSE(l->uniform());
+  EXPECT_EQ(l->row_bytes(0), 48);
+  EXPECT_EQ(l->row_bytes(1), 26);  // 24 int8 + an f16 scale
+  EXPECT_EQ(l->row_bytes(2), 48);
+  EXPECT_EQ(l->slab_stride(1), 256);  // 8 x 26 = 208, rounded up to 64
+  EXPECT_EQ(l->bytes_per_token(), 2 * 2 * (48 + 26 + 48));
+  EXPECT_EQ(l->bytes_per_block(), 2 * 2 * (384 + 256 + 384));
+  EXPECT_EQ(l->padding_bytes_per_block(), 2 * 2 * (256 - 208));
+  // Walk every row in nesting order: each starts after the previous one
+  // ends, and the last ends inside the arena.
+  int64_t end = 0;
+  for (int32_t layer = 0; layer < 3; ++layer) {
+    for (int32_t plane = 0; plane < 2; ++plane) {
+      for (int32_t head = 0; head < 2; ++head) {
+        for (int64_t block = 0; block < 5; ++block) {
+          EXPECT_EQ(l->SlabOffset(layer, plane, head, block) % kSlabAlignment, 0);
+          for (int32_t slot = 0; slot < 8; ++slot) {
+            const int64_t at = l->RowOffset(layer, plane, head, block, slot);
+            ASSERT_GE(at, end) << layer << " " << plane << " " << head << " " << block << " " << slot;
+            end = at + l->row_bytes(layer);
+          }
+        }
+      }
+    }
+  }
+  EXPECT_LE(end, l->total_bytes());
+  EXPECT_EQ(l->total_bytes(), 5 * l->bytes_per_block());
+  // Every layer the same: uniform, and the uniform accessors answer.
+  c.layer_formats = *ParseLayerFormats("0:2=int8", 3, 24, KvFormat::Plain(DType::kF16));
+  Result<KvLayout> same = KvLayout::Create(c);
+  ASSERT_TRUE(same.ok());
+  EXPECT_TRUE(same->uniform());
+  EXPECT_EQ(same->row_bytes(), 26);
+}
+
+TEST(KvLayoutPerLayerTest, UniformAccessorsRefuseAMixedLayout) {
+  CacheConfig c = Small();
+  c.layer_formats = *ParseLayerFormats("1=int8", 3, 24, c.format);
+  const KvLayout l = *KvLayout::Create(c);
+  EXPECT_DEATH((void)l.row_bytes(), "per-layer overload");
+}
+
+TEST(KvLayoutPerLayerTest, SpecsAndTheirErrors) {
+  const KvFormat base = KvFormat::Int8(8);
+  Result<std::vector<KvFormat>> r = ParseLayerFormats("1:3=f16,-1=bf16", 5, 8, base);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->size(), 5u);
+  EXPECT_EQ((*r)[0].dtype, DType::kInt8);
+  EXPECT_EQ((*r)[2].dtype, DType::kF16);
+  EXPECT_EQ((*r)[4].dtype, DType::kBF16);
+  EXPECT_TRUE(ParseLayerFormats("", 5, 8, base)->empty());
+  for (const char* bad : {"1", "7=f16", "-6=f16", "x=f16", "1=f17", "3:1=f16", "1=f16,1:2=int8", "1=f16,"}) {
+    const Status st = ParseLayerFormats(bad, 5, 8, base).status();
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_FALSE(st.message().empty());
+  }
+  CacheConfig c = Small();
+  c.layer_formats = {KvFormat::Plain(DType::kF16)};  // one entry for three layers
+  const Status st = KvLayout::Create(c).status();
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("layer_formats has 1 entries for 3 layers"), std::string::npos) << st.ToString();
+}
+
+}  // namespace
+}  // namespace pagekv

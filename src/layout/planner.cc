@@ -75,13 +75,13 @@ Result<Plan> MakePlan(const PlanRequest& req) {
   plan.config.num_blocks = layout.num_blocks();
   plan.config.budget_bytes = 0;
   plan.attention = config.attention_kind();
-  plan.row_bytes = layout.row_bytes();
-  plan.slab_bytes = layout.slab_bytes();
-  plan.slab_stride = layout.slab_stride();
+  plan.row_bytes = layout.row_bytes(0);  // layer 0's when the layers differ
+  plan.slab_bytes = layout.slab_bytes(0);
+  plan.slab_stride = layout.slab_stride(0);
   plan.bytes_per_token = layout.bytes_per_token();
   plan.bytes_per_token_per_layer = layout.bytes_per_token() / layout.num_layers();
   plan.bytes_per_block = layout.bytes_per_block();
-  plan.padding_bytes_per_block = layout.slabs_per_block() * (layout.slab_stride() - layout.slab_bytes());
+  plan.padding_bytes_per_block = layout.padding_bytes_per_block();
   plan.num_blocks = layout.num_blocks();
   plan.total_bytes = layout.total_bytes();
   plan.tokens_capacity = layout.num_blocks() * layout.block_len();

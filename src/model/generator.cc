@@ -84,6 +84,9 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
   }
   KvCacheOptions co;
   co.config = model.CacheGeometry(o.block_len, o.kv_dtype, o.num_blocks > 0 ? o.num_blocks : blocks_needed);
+  PAGEKV_ASSIGN_OR_RETURN(co.config.layer_formats,
+                          ParseLayerFormats(o.kv_layer_dtypes, model.config().num_layers, model.config().head_dim,
+                                            co.config.format));
   PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache, KvCache::Create(co));
   const KvLayout& layout = cache->layout();
   GenerateStats& st = report.stats;

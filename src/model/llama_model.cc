@@ -293,8 +293,11 @@ Result<bool> LlamaModel::ForwardBatch(KvCache& cache, std::span<const ForwardIte
       cc.num_q_heads != c.num_heads) {
     return InvalidArgumentError("the cache's geometry does not match the model: build it from CacheGeometry()");
   }
-  if (!cc.format.IsPlainFloat() && !cc.format.IsStoredQuantized(c.head_dim)) {
-    return UnimplementedError("forward: KV format " + cc.format.ToString() + " not supported");
+  for (int32_t l = 0; l < cc.num_layers; ++l) {
+    const KvFormat& f = cc.FormatOf(l);
+    if (!f.IsPlainFloat() && !f.IsStoredQuantized(c.head_dim)) {
+      return UnimplementedError("forward: KV format " + f.ToString() + " (layer " + std::to_string(l) + ") not supported");
+    }
   }
   Batch batch;
   std::unordered_set<int64_t> seen;
@@ -358,9 +361,11 @@ Status LlamaModel::Compute(KvCache& cache, std::span<const ForwardItem> items, c
   auto rows = [](int64_t n, int64_t width) { return std::vector<float>(static_cast<size_t>(n * width)); };
   std::vector<float> x = rows(T, d), xb = rows(T, d), q = rows(T, d), att = rows(T, d), tmp = rows(T, d),
                      k = rows(T, kv_dim), v = rows(T, kv_dim), h1 = rows(T, hd), h2 = rows(T, hd);
-  // Bytes of one token's K (or V) rows over all KV heads, as the cache stores them.
-  const auto token_bytes = static_cast<size_t>(cache.layout().row_bytes() * c.num_kv_heads);
-  std::vector<std::byte> k_rows(static_cast<size_t>(T) * token_bytes), v_rows(k_rows.size());
+  // Bytes of one token's K (or V) rows over all KV heads, as the cache
+  // stores them: the buffers fit the widest layer; each layer uses its own.
+  int64_t widest_row = 0;
+  for (int32_t l = 0; l < c.num_layers; ++l) widest_row = std::max(widest_row, cache.layout().row_bytes(l));
+  std::vector<std::byte> k_rows(static_cast<size_t>(T * widest_row * c.num_kv_heads)), v_rows(k_rows.size());
   auto matmul = [&](const Matrix& w, const float* in, int64_t n, float* out) {
     Stopwatch watch(matmul_time);
     return MatMul(w, in, n, out, options.threads);
@@ -391,10 +396,10 @@ Status LlamaModel::Compute(KvCache& cache, std::span<const ForwardItem> items, c
       row[j + 1] = a * sn[i] + b * cs[i];
     }
   };
-  auto store = [&](const float* src, std::byte* dst, int64_t n) {
-    if (!cc.format.IsPlainFloat()) {  // one scaled row per (token, head): int8 or fp8
-      const int64_t row = cache.layout().row_bytes();
-      const DType q = cc.format.dtype;
+  auto store = [&](const KvFormat& format, const float* src, std::byte* dst, int64_t n) {
+    if (!format.IsPlainFloat()) {  // one scaled row per (token, head): int8 or fp8
+      const int64_t row = FormatRowBytes(format, c.head_dim);
+      const DType q = format.dtype;
       for (int64_t r = 0; r < n / c.head_dim; ++r) {
         if (q == DType::kInt8) {
           quant::EncodeInt8Row(src + r * c.head_dim, c.head_dim, dst + r * row);
@@ -405,7 +410,7 @@ Status LlamaModel::Compute(KvCache& cache, std::span<const ForwardItem> items, c
       return;
     }
     for (int64_t j = 0; j < n; ++j) {
-      switch (cc.format.dtype) {
+      switch (format.dtype) {
         case DType::kF32: std::memcpy(dst + 4 * j, src + j, 4); break;
         case DType::kF16: { const uint16_t h = F32ToF16(src[j]); std::memcpy(dst + 2 * j, &h, 2); break; }
         default: { const uint16_t h = F32ToBF16(src[j]); std::memcpy(dst + 2 * j, &h, 2); break; }
@@ -427,8 +432,10 @@ Status LlamaModel::Compute(KvCache& cache, std::span<const ForwardItem> items, c
       rope(&q[static_cast<size_t>(t * d)], t, d);
       rope(&k[static_cast<size_t>(t * kv_dim)], t, kv_dim);
     }
-    store(k.data(), k_rows.data(), T * kv_dim);
-    store(v.data(), v_rows.data(), T * kv_dim);
+    const KvFormat& format = cc.FormatOf(l);
+    store(format, k.data(), k_rows.data(), T * kv_dim);
+    store(format, v.data(), v_rows.data(), T * kv_dim);
+    const auto token_bytes = static_cast<size_t>(cache.layout().row_bytes(l) * c.num_kv_heads);
     for (size_t i = 0; i < items.size(); ++i) {
       const auto n = static_cast<int64_t>(items[i].tokens.size());
       const size_t offset = static_cast<size_t>(batch.first[i]) * token_bytes;
