@@ -16,7 +16,7 @@ struct PlanArgs {
   std::string preset;
   int64_t layers = 0, q_heads = 0, kv_heads = 0, head_dim = 0, block_len = 0, max_blocks = 0;
   int64_t mla_rank = 0, rope_dim = 0, seq_len = 0, batch = 0;
-  std::string dtype, budget;
+  std::string dtype, budget, layer_dtypes;
   bool json = false, explain = false;
 };
 
@@ -101,8 +101,10 @@ Result<PlanRequest> BuildRequest(const PlanArgs& a, const CLI::App& cmd, std::st
     req.batch = a.batch;
     if (req.seq_len == 0) req.seq_len = context;  // a batch of full-context sequences
   }
-  if (!c.format.IsPlainFloat()) {
-    c.format = KvFormat::ForDType(c.format.dtype, c.kind == CacheKind::kMla ? c.kv_lora_rank + c.rope_dim : c.head_dim);
+  const int32_t row_elems = c.kind == CacheKind::kMla ? c.kv_lora_rank + c.rope_dim : c.head_dim;
+  if (!c.format.IsPlainFloat()) c.format = KvFormat::ForDType(c.format.dtype, row_elems);
+  if (!a.layer_dtypes.empty()) {
+    PAGEKV_ASSIGN_OR_RETURN(c.layer_formats, ParseLayerFormats(a.layer_dtypes, c.num_layers, row_elems, c.format));
   }
   if (c.num_blocks == 0 && c.budget_bytes == 0 && req.batch == 0 && context > 0) {
     // No pool size at all: plan the cache of one full-context sequence.
@@ -130,6 +132,11 @@ nlohmann::ordered_json ToJson(const Plan& p, const std::string& preset) {
   j["head_dim"] = c.head_dim;
   j["block_len"] = c.block_len;
   j["dtype"] = std::string(DTypeName(c.format.dtype));
+  if (!c.layer_formats.empty()) {
+    nlohmann::ordered_json layers = nlohmann::ordered_json::array();
+    for (const KvFormat& f : c.layer_formats) layers.push_back(std::string(DTypeName(f.dtype)));
+    j["layer_dtypes"] = layers;
+  }
   j["row_bytes"] = p.row_bytes;
   j["bytes_per_token_per_layer"] = p.bytes_per_token_per_layer;
   j["bytes_per_token"] = p.bytes_per_token;
@@ -182,6 +189,13 @@ void PrintTable(const Plan& p, const std::string& title) {
   PrintRow("dtype", c.format.IsPlainFloat()
                         ? fmt::format("{} ({} bytes per element)", DTypeName(c.format.dtype), DTypeBits(c.format.dtype) / 8)
                         : fmt::format("{} (1 byte per element, one f16 scale per row)", DTypeName(c.format.dtype)));
+  if (!c.layer_formats.empty()) {
+    std::string layers;
+    for (size_t i = 0; i < c.layer_formats.size(); ++i) {
+      layers += (i == 0 ? "" : " ") + std::string(DTypeName(c.layer_formats[i].dtype));
+    }
+    PrintRow("per layer", layers);
+  }
   PrintRow("block_len", fmt::format("{} tokens", c.block_len));
   std::printf("\n");
   PrintRow("per token, one layer", Bytes(p.bytes_per_token_per_layer));
@@ -299,7 +313,9 @@ CLI::App* AddPlanCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--rope-dim", args->rope_dim, "MLA: decoupled rope-key elements per token");
   cmd->add_option("--block-len", args->block_len, "Tokens per block: a power of two in [8, 1024] (default 128)");
   cmd->add_option("--max-blocks", args->max_blocks, "Blocks in the pool");
-  cmd->add_option("--dtype", args->dtype, "Element type: f32, f16, bf16 (default f16)");
+  cmd->add_option("--dtype", args->dtype, "Element type: f32, f16, bf16, int8, fp8_e4m3, fp8_e5m2 (default f16)");
+  cmd->add_option("--layer-dtypes", args->layer_dtypes,
+                  "Per-layer overrides of --dtype: LAYERS=DTYPE,... (index, -1 = last, or a:b), e.g. 0=f16,-1=f16");
   cmd->add_option("--budget", args->budget, "Byte budget for the pool, e.g. 24GiB, 512MiB, 1073741824");
   cmd->add_option("--seq-len", args->seq_len, "Tokens per sequence (default with --batch: the model's context)");
   cmd->add_option("--batch", args->batch, "Sequences wanted at once");
