@@ -60,7 +60,15 @@ TEST(CliPlanTest, Int8CountsItsScalesInEveryByte) {
   nlohmann::json j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["bytes_per_token"], 32 * 2 * 8 * (128 + 2));  // 0.508x f16's 131,072
   EXPECT_EQ(j["dtype"], "int8");
-  EXPECT_EQ(RunCli("plan --preset llama3-8b --dtype int4").exit_code, 2);
+  // int4 KIVI: 4-bit keys and values, f16 scale and minimum per channel over
+  // 32 tokens (keys) and per row (values): (64 + 16) + (64 + 4) bytes per
+  // token and head, 0.289x f16.
+  RunResult int4 = RunCli("plan --preset llama3-8b --dtype int4 --json");
+  ASSERT_EQ(int4.exit_code, 0) << int4.out;
+  nlohmann::json k = nlohmann::json::parse(int4.out);
+  EXPECT_EQ(k["bytes_per_token"], 32 * 8 * ((64 + 16) + (64 + 4)));
+  EXPECT_EQ(k["tail_bytes_per_sequence"], 32 * 2 * 8 * 32 * 128 * 2);
+  EXPECT_EQ(RunCli("plan --preset llama3-8b --dtype int4 --block-len 16").exit_code, 2);  // group 32 > block 16
 }
 
 TEST(CliPlanTest, TableSaysHowMuchSmallerMlaIs) {
@@ -115,7 +123,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"plan --layers 4 --kv-heads 8 --head-dim 64", "pool size missing"},
         BadCase{"plan --kv-heads 8", "no model geometry"},
         BadCase{"plan --preset llama3-8b --dtype f64 --max-blocks 4", "unknown dtype 'f64'"},
-        BadCase{"plan --preset llama3-8b --dtype int4 --max-blocks 4", "use f32, f16, bf16, int8 or fp8"},
+        BadCase{"plan --preset llama3-8b --dtype int4 --block-len 16", "does not divide block_len 16"},
         BadCase{"plan --preset llama3-8b --budget 1KiB", "smaller than one block"},
         BadCase{"plan --preset llama3-8b --max-blocks 4 --frobnicate", "frobnicate"},
         BadCase{"plan --preset llama3-8b --max-blocks many", "many"},
@@ -164,7 +172,7 @@ TEST(CliBenchTest, BadBenchFlagsExitTwo) {
   EXPECT_EQ(RunCli("bench attention --quick --full").exit_code, 2);
   EXPECT_EQ(RunCli("bench attention --heads 30/8").exit_code, 2);
   EXPECT_EQ(RunCli("bench attention --block-len 100").exit_code, 2);
-  EXPECT_EQ(RunCli("bench attention --dtype int4").exit_code, 2);
+  EXPECT_EQ(RunCli("bench attention --dtype int5").exit_code, 2);
   EXPECT_EQ(RunCli("bench").exit_code, 2);
 }
 

@@ -95,8 +95,8 @@ int RunBench(const BenchArgs& a) {
   }
   for (const std::string& d : a.dtypes) {
     Result<DType> dt = ParseDType(d);
-    if (!dt.ok() || *dt == DType::kInt4) {
-      std::fprintf(stderr, "error: --dtype %s: use f32, f16, bf16, int8, fp8_e4m3 or fp8_e5m2\n", d.c_str());
+    if (!dt.ok()) {
+      std::fprintf(stderr, "error: --dtype %s: use f32, f16, bf16, int8, fp8_e4m3, fp8_e5m2 or int4\n", d.c_str());
       return kExitBadInput;
     }
     o.dtypes.push_back(*dt);
@@ -378,7 +378,7 @@ CLI::App* AddBenchCommand(CLI::App& app, int& exit_code) {
   attn->add_option("--ctx", args.contexts, "Context lengths instead of the set's")->delimiter(',');
   attn->add_option("--block-len", args.block_lens, "Block lengths instead of the set's")->delimiter(',');
   attn->add_option("--heads", args.heads, "Head configs Q/KV instead of the set's, e.g. 32/8")->delimiter(',');
-  attn->add_option("--dtype", args.dtypes, "KV dtypes instead of the set's (f16, bf16, int8; also f32, fp8_e4m3, fp8_e5m2)")->delimiter(',');
+  attn->add_option("--dtype", args.dtypes, "KV dtypes instead of the set's (f16, bf16, int8; also f32, fp8_e4m3, fp8_e5m2, int4)")->delimiter(',');
   attn->callback([&exit_code] { exit_code = RunBench(args); });
 
   static ServeBenchArgs serve;

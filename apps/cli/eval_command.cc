@@ -15,7 +15,7 @@ struct EvalArgs {
   std::string model, tokenizer, goldens = "../shared/goldens/stories260K.json", kv_dtype = "int8", policy = "none",
       layer_dtypes;
   double budget = 1.0, prompt_fraction = 0.5;
-  int32_t continuations = 4, block_len = 16;
+  int32_t continuations = 4, block_len = 32;
   int threads = 0;
   bool json = false, no_speed = false, table = false;
 };
@@ -50,7 +50,8 @@ int RunEvalTable(const EvalArgs& a, KvEvalOptions o) {
   };
   const double budget = a.budget < 1 ? a.budget : 0.2;
   std::vector<Row> rows = {{DType::kF16, "none"},          {DType::kBF16, "none"},          {DType::kInt8, "none"},
-                           {DType::kInt8, "none", "0=f16,-1=f16"}, {DType::kFP8E4M3, "none"},      {DType::kFP8E5M2, "none"},       {DType::kF16, "streaming"},
+                           {DType::kInt8, "none", "0=f16,-1=f16"}, {DType::kInt4, "none"},
+                           {DType::kFP8E4M3, "none"},      {DType::kFP8E5M2, "none"},       {DType::kF16, "streaming"},
                            {DType::kF16, "h2o"},           {DType::kF16, "snapkv"}};
   nlohmann::ordered_json all = nlohmann::ordered_json::array();
   if (!a.json) {
@@ -147,11 +148,11 @@ CLI::App* AddEvalCommand(CLI::App& app, int& exit_code) {
   kv->add_option("--prompt-fraction", args.prompt_fraction,
                  "Share of each sequence prefilled as the prompt; the rest is decoded and scored (default 0.5)");
   kv->add_flag("--table", args.table,
-               "The whole results table: f16, bf16, int8, fp8 with every token kept, then streaming, h2o and snapkv "
+               "The whole results table: f16, bf16, int8 (and with f16 ends), int4, fp8 with every token kept, then streaming, h2o and snapkv "
                "at --budget (0.2 unless given) on f16");
   kv->add_option("--continuations", args.continuations, "Sampled sequences to the full context (default 4)")
       ->check(CLI::Range(0, 64));
-  kv->add_option("--block-len", args.block_len, "Tokens per KV block (default 16)");
+  kv->add_option("--block-len", args.block_len, "Tokens per KV block (default 32; int4 needs a multiple of its 32-token groups)");
   kv->add_option("--threads", args.threads, "Threads (default: all cores)")->check(CLI::Range(0, 4096));
   kv->add_flag("--no-speed", args.no_speed, "Skip the decode-kernel speed comparison");
   kv->add_flag("--json", args.json, "One JSON object");

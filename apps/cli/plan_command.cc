@@ -73,11 +73,8 @@ Result<PlanRequest> BuildRequest(const PlanArgs& a, const CLI::App& cmd, std::st
   if (cmd.count("--block-len")) c.block_len = Narrow(a.block_len);
   if (cmd.count("--dtype")) {
     PAGEKV_ASSIGN_OR_RETURN(DType d, ParseDType(a.dtype));
-    if (d == DType::kInt4) {
-      return UnimplementedError("--dtype " + a.dtype +
-                                ": this quantized KV format is not stored yet; use f32, f16, bf16, int8 or fp8");
-    }
-    // int8 / fp8: one f16 scale per row (the row is set below, once the shape is known).
+    // int8 / fp8: one f16 scale per row (the row is set below, once the shape
+    // is known); int4: KIVI groups of 32 tokens.
     c.format = KvFormat::ForDType(d, 0);
   }
   if (cmd.count("--max-blocks")) {
@@ -138,6 +135,7 @@ nlohmann::ordered_json ToJson(const Plan& p, const std::string& preset) {
     j["layer_dtypes"] = layers;
   }
   j["row_bytes"] = p.row_bytes;
+  if (p.tail_bytes_per_sequence > 0) j["tail_bytes_per_sequence"] = p.tail_bytes_per_sequence;
   j["bytes_per_token_per_layer"] = p.bytes_per_token_per_layer;
   j["bytes_per_token"] = p.bytes_per_token;
   j["bytes_per_block"] = p.bytes_per_block;
@@ -188,6 +186,10 @@ void PrintTable(const Plan& p, const std::string& title) {
   PrintRow("layers", std::to_string(c.num_layers));
   PrintRow("dtype", c.format.IsPlainFloat()
                         ? fmt::format("{} ({} bytes per element)", DTypeName(c.format.dtype), DTypeBits(c.format.dtype) / 8)
+                    : c.format.IsKivi()
+                        ? fmt::format("int4 KIVI (4 bits per element; keys: f16 scale and min per channel over {} "
+                                      "tokens, values: f16 scale and min per row)",
+                                      c.format.group_size)
                         : fmt::format("{} (1 byte per element, one f16 scale per row)", DTypeName(c.format.dtype)));
   if (!c.layer_formats.empty()) {
     std::string layers;
@@ -201,6 +203,9 @@ void PrintTable(const Plan& p, const std::string& title) {
   PrintRow("per token, one layer", Bytes(p.bytes_per_token_per_layer));
   PrintRow("per token", Bytes(p.bytes_per_token));
   PrintRow("per block", Bytes(p.bytes_per_block));
+  if (p.tail_bytes_per_sequence > 0) {
+    PrintRow("f16 tail per sequence", Bytes(p.tail_bytes_per_sequence) + " (the not-yet-full KIVI group, beside the pool)");
+  }
   PrintRow("blocks", Group(p.num_blocks));
   PrintRow("total", Bytes(p.total_bytes));
   PrintRow("token capacity", Group(p.tokens_capacity));

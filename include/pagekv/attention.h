@@ -11,8 +11,13 @@
 // dispatch (AVX-512, AVX2, SSE4 or scalar: whatever the CPU has); threads
 // from one process-wide pool (one thread per hardware thread).
 //
-// Storage dtypes: f32, f16, bf16. Any head_dim works; multiples of the vector
-// width (16 floats on AVX-512, 8 on AVX2) take the fastest path.
+// Storage formats: f32, f16, bf16; int8 and fp8 (E4M3, E5M2) rows with an f16
+// scale, dequantized in registers; INT4 KIVI (keys per channel over token
+// groups, values per token, the not-yet-full group in the sequence's f16
+// tail), unpacked with SIMD 16 tokens at a time into an L1 tile and read
+// there. Any head_dim works (KIVI: even, at most 512); multiples of the
+// vector width (16 floats on AVX-512, 8 on AVX2) take the fastest path.
+// Per-layer formats: each call reads its layer's.
 //
 // Thread safety: the functions may be called from several threads at once
 // and may read the same arena; calls share the process-wide pool, so
@@ -59,6 +64,8 @@ struct DecodeSeq {
   std::span<const BlockId> blocks;  // at least ceil(num_tokens / block_len) ids
   int64_t num_tokens = 0;           // >= 1
   float* scores = nullptr;          // optional [num_kv_heads][num_tokens], accumulated into
+  const std::byte* tail = nullptr;  // INT4 KIVI layers: SequenceView::tail (needed when
+                                    // num_tokens is not a multiple of the group)
 };
 
 // Decode attention for a batch of sequences, one query token each.
@@ -84,6 +91,7 @@ struct PrefillSeq {
   // query contributing over the positions it sees.
   float* scores = nullptr;  // [num_kv_heads][num_tokens], accumulated into
   int64_t score_queries = 0;
+  const std::byte* tail = nullptr;  // INT4 KIVI layers: SequenceView::tail
 };
 
 // Prefill attention.

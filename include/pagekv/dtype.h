@@ -4,10 +4,11 @@
 // DType lists every element type PageKV knows. KvFormat describes how a row of
 // K, V or MLA latent is stored: the element type and, for the quantized types,
 // how scales are grouped. Plain f32 / f16 / bf16 have no scales. The quantized
-// formats (fp8, int8, int4 with per-group scales) can already be described, so
-// configs, the planner and files written today stay valid when their kernels
-// land; a KvCache today accepts only the plain float formats and rejects the
-// others with kUnimplemented.
+// formats a KvCache stores and the kernels read: int8 and fp8 with one f16
+// scale per (token, head) row, and int4 KIVI (keys per channel over token
+// groups, values per token). Other combinations can be described (configs
+// and the planner accept them) but a KvCache rejects them with
+// kUnimplemented.
 //
 // Thread safety: plain values and pure functions.
 #pragma once
@@ -66,9 +67,23 @@ struct KvFormat {
   static constexpr KvFormat Fp8(DType d, int32_t row_elems) {
     return KvFormat{d, ScaleAxis::kPerToken, row_elems, DType::kF16};
   }
+  // INT4, KIVI-style (docs/KV_LAYOUT.md): keys quantized per channel over
+  // groups of `group` tokens, values per token, both asymmetric 4-bit codes
+  // with an f16 scale and minimum; a sequence's most recent, not-yet-full
+  // group stays in f16 beside the pool until it fills. group: a power of two
+  // in [8, 256] dividing block_len; head_dim even.
+  static constexpr KvFormat Int4Kivi(int32_t group) {
+    return KvFormat{DType::kInt4, ScaleAxis::kPerChannel, group, DType::kF16};
+  }
+  static constexpr int32_t kDefaultKiviGroup = 32;
   // The format `--kv-dtype` names for rows of row_elems elements: plain for
-  // f32/f16/bf16, one f16 scale per row for int8 and fp8.
+  // f32/f16/bf16, one f16 scale per row for int8 and fp8, KIVI with groups
+  // of kDefaultKiviGroup tokens for int4.
   static KvFormat ForDType(DType d, int32_t row_elems);
+  // True for the INT4 KIVI format (Int4Kivi).
+  bool IsKivi() const {
+    return dtype == DType::kInt4 && scale_axis == ScaleAxis::kPerChannel && scale_dtype == DType::kF16;
+  }
   // True for the quantized formats a KvCache stores and the kernels read:
   // int8, fp8 E4M3 and fp8 E5M2 with one f16 scale per row (group_size == row_elems).
   bool IsStoredQuantized(int32_t row_elems) const;

@@ -37,7 +37,7 @@ struct KvEvalOptions {
   double prompt_fraction = 0.5; // each sequence's first part, prefilled as the prompt; the rest is decoded
   int32_t continuations = 4;    // sampled sequences (seeds 1..n), each to the full context
   float temperature = 1.0f;
-  int32_t block_len = 16;
+  int32_t block_len = 32;         // a multiple of int4 KIVI's 32-token groups
   bool measure_speed = true;    // the decode kernel comparison (a few seconds)
   int threads = 0;
 };

@@ -86,6 +86,9 @@ struct SequenceView {
   // Tokens dropped by Compact (token eviction): the next token's position
   // (for rotary embeddings and the context limit) is num_tokens + evicted.
   int64_t evicted = 0;
+  // INT4 KIVI layers: the sequence's f16 tail (KvLayout::TailOffset) holding
+  // its last num_tokens % G tokens of each such layer; null when none.
+  const std::byte* tail = nullptr;
 };
 
 // Token eviction's row moves for one (layer, head): the kept slots end up in

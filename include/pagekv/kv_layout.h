@@ -106,13 +106,37 @@ class KvLayout {
 
   // Per layer: its format, bytes of one row, of one block's slab
   // (block_len rows) and the slab's 64-byte-aligned stride.
+  //
+  // INT4 KIVI layers (format(layer).IsKivi()) differ: a row as exchanged
+  // (KvTokens, WriteLayer, Read, the f16 tail) is head_dim f16 values, so
+  // row_bytes(layer) = 2 * head_dim; inside the pool the K slab is
+  // block_len / G key groups and the V slab block_len value rows
+  // (layout/quantize.h), of different sizes: use the plane overloads, and
+  // never RowOffset, on such a layer.
   const KvFormat& format(int32_t layer) const { return config_.FormatOf(layer); }
+  bool kivi(int32_t layer) const { return layers_[static_cast<size_t>(layer)].kivi; }
   int64_t row_bytes(int32_t layer) const { return layers_[static_cast<size_t>(layer)].row_bytes; }
-  int64_t slab_bytes(int32_t layer) const { return layers_[static_cast<size_t>(layer)].slab_bytes; }
-  int64_t slab_stride(int32_t layer) const { return layers_[static_cast<size_t>(layer)].slab_stride; }
-  int64_t head_stride(int32_t layer) const { return layers_[static_cast<size_t>(layer)].head_stride; }
-  int64_t plane_stride(int32_t layer) const { return layers_[static_cast<size_t>(layer)].plane_stride; }
+  int64_t slab_bytes(int32_t layer, int32_t plane) const {
+    return layers_[static_cast<size_t>(layer)].slab_bytes[plane];
+  }
+  int64_t slab_stride(int32_t layer, int32_t plane) const {
+    return layers_[static_cast<size_t>(layer)].slab_stride[plane];
+  }
+  int64_t head_stride(int32_t layer, int32_t plane) const {
+    return layers_[static_cast<size_t>(layer)].head_stride[plane];
+  }
   int64_t layer_offset(int32_t layer) const { return layers_[static_cast<size_t>(layer)].offset; }
+
+  // INT4 KIVI: the tokens per key group (0 on other layers), and the bytes of
+  // the f16 tail a sequence keeps beside the pool for its not-yet-full group
+  // (every KIVI layer, K and V, every head; 0 without KIVI layers).
+  int32_t kivi_group(int32_t layer) const { return layers_[static_cast<size_t>(layer)].kivi ? config_.FormatOf(layer).group_size : 0; }
+  int64_t tail_bytes_per_sequence() const { return tail_bytes_per_sequence_; }
+  // Offset of one (layer, plane, head)'s G f16 rows within a sequence's tail.
+  int64_t TailOffset(int32_t layer, int32_t plane, int32_t head) const {
+    return layers_[static_cast<size_t>(layer)].tail_offset +
+           (int64_t{plane} * num_heads_ + head) * int64_t{config_.FormatOf(layer).group_size} * row_bytes(layer);
+  }
 
   // The same for a uniform layout (every layer alike). REQUIRES: uniform();
   // a per-layer layout aborts here, so code that forgot a layer fails loudly.
@@ -122,12 +146,15 @@ class KvLayout {
   int64_t head_stride() const;
   int64_t plane_stride() const;
   int64_t layer_stride() const;
+  // (Uniform means every layer has the same format and no layer is KIVI.)
 
   int64_t total_bytes() const { return total_bytes_; }  // the whole arena
 
   // Bytes one block occupies across all layers, planes and heads (with padding).
   int64_t bytes_per_block() const { return bytes_per_block_; }
-  // Bytes one token's rows occupy across all layers, planes and heads (no padding).
+  // Bytes one token's rows occupy across all layers, planes and heads (no
+  // padding; a KIVI layer's key-group parameters are shared out over the
+  // group's tokens, rounded up to whole bytes).
   int64_t bytes_per_token() const { return bytes_per_token_; }
   // Number of slabs a block id names: num_layers * num_planes * num_heads.
   int64_t slabs_per_block() const { return slabs_per_block_; }
@@ -138,9 +165,9 @@ class KvLayout {
   // Byte offset of the first row of a slab. REQUIRES: all indices in range.
   int64_t SlabOffset(int32_t layer, int32_t plane, int32_t head, int64_t block) const {
     const Layer& L = layers_[static_cast<size_t>(layer)];
-    return L.offset + plane * L.plane_stride + head * L.head_stride + block * L.slab_stride;
+    return L.offset + L.plane_offset[plane] + head * L.head_stride[plane] + block * L.slab_stride[plane];
   }
-  // Byte offset of one row. REQUIRES: all indices in range.
+  // Byte offset of one row. REQUIRES: all indices in range; not a KIVI layer.
   int64_t RowOffset(int32_t layer, int32_t plane, int32_t head, int64_t block,
                     int32_t slot) const {
     return SlabOffset(layer, plane, head, block) + slot * layers_[static_cast<size_t>(layer)].row_bytes;
@@ -150,8 +177,11 @@ class KvLayout {
   KvLayout() = default;
 
   struct Layer {
-    int64_t row_bytes = 0, slab_bytes = 0, slab_stride = 0;
-    int64_t head_stride = 0, plane_stride = 0, offset = 0;
+    bool kivi = false;
+    int64_t row_bytes = 0;
+    int64_t slab_bytes[2] = {0, 0}, slab_stride[2] = {0, 0}, head_stride[2] = {0, 0}, plane_offset[2] = {0, 0};
+    int64_t offset = 0;
+    int64_t tail_offset = 0;
   };
 
   CacheConfig config_;
@@ -166,6 +196,7 @@ class KvLayout {
   int64_t bytes_per_token_ = 0;
   int64_t slabs_per_block_ = 0;
   int64_t padding_bytes_per_block_ = 0;
+  int64_t tail_bytes_per_sequence_ = 0;
 };
 
 // Bytes that `elems` elements of `format` occupy, including scale overhead

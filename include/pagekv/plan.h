@@ -56,6 +56,9 @@ struct Plan {
   int64_t num_blocks = 0;
   int64_t total_bytes = 0;
   int64_t tokens_capacity = 0;  // num_blocks * block_len
+  // INT4 KIVI: the f16 rows of each sequence's not-yet-full key/value group,
+  // kept beside the pool (KvLayout::tail_bytes_per_sequence); 0 otherwise.
+  int64_t tail_bytes_per_sequence = 0;
 
   int64_t budget_bytes = 0;     // 0 when no budget was given
   bool fits_budget = true;      // total_bytes <= budget_bytes

@@ -160,7 +160,8 @@ Result<AttentionBenchResult> RunShape(const Shape& s, const CeilingProbe& probe,
   const bool scaled = !c.format.IsPlainFloat();
   c.num_blocks = s.batch * blocks_per_seq;
   c.num_layers = 1;
-  const int64_t layer_bytes = KvLayout::Create(c)->layer_stride();
+  PAGEKV_ASSIGN_OR_RETURN(KvLayout one_layer, KvLayout::Create(c));
+  const int64_t layer_bytes = one_layer.total_bytes();
   const int64_t target = quick ? kQuickRotationBytes : kRotationBytes;
   c.num_layers = static_cast<int32_t>(std::max<int64_t>(1, CeilDiv(target, layer_bytes)));
   if (layer_bytes * c.num_layers > kMaxFootprint) {
@@ -174,7 +175,29 @@ Result<AttentionBenchResult> RunShape(const Shape& s, const CeilingProbe& probe,
   std::mt19937 rng(1234);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   std::vector<uint16_t> pattern(1 << 19);
-  if (scaled) {
+  if (c.format.IsKivi()) {
+    // Valid key groups and value rows (codes and f16 parameters), one K and
+    // one V slab's worth, in every slab of their plane.
+    const int32_t g = c.format.group_size;
+    std::vector<std::byte> k_slab(static_cast<size_t>(layout.slab_bytes(0, 0))), v_slab(static_cast<size_t>(layout.slab_bytes(0, 1)));
+    std::vector<float> x(static_cast<size_t>(g) * kHeadDim);
+    for (int32_t grp = 0; grp < s.block_len / g; ++grp) {
+      for (float& e : x) e = u(rng);
+      quant::EncodeInt4KeyGroup(x.data(), g, kHeadDim, k_slab.data() + grp * quant::Int4KeyGroupBytes(g, kHeadDim));
+    }
+    for (int32_t t = 0; t < s.block_len; ++t) {
+      for (int32_t i = 0; i < kHeadDim; ++i) x[static_cast<size_t>(i)] = u(rng);
+      quant::EncodeInt4ValueRow(x.data(), kHeadDim, v_slab.data() + t * quant::Int4ValueRowBytes(kHeadDim));
+    }
+    for (int32_t l = 0; l < layout.num_layers(); ++l) {
+      for (int32_t h = 0; h < layout.num_heads(); ++h) {
+        for (int64_t b = 0; b < layout.num_blocks(); ++b) {
+          std::memcpy(arena->data() + layout.SlabOffset(l, 0, h, b), k_slab.data(), k_slab.size());
+          std::memcpy(arena->data() + layout.SlabOffset(l, 1, h, b), v_slab.data(), v_slab.size());
+        }
+      }
+    }
+  } else if (scaled) {
     // Whole quantized rows (values and a valid f16 scale), one slab's worth, in every slab.
     std::vector<std::byte> slab(static_cast<size_t>(layout.slab_stride()));
     std::vector<float> row(kHeadDim);
@@ -249,7 +272,8 @@ Result<AttentionBenchResult> RunShape(const Shape& s, const CeilingProbe& probe,
   r.calls = static_cast<int64_t>(times.size());
   r.seconds_per_call = Median(times);
   const int64_t group = s.heads.q_heads / s.heads.kv_heads;
-  r.kv_bytes = s.batch * s.ctx * s.heads.kv_heads * layout.row_bytes() * 2;  // K and V, scales included
+  // K and V of one layer, scales (and KIVI's key-group parameters) included.
+  r.kv_bytes = s.batch * s.ctx * (layout.bytes_per_token() / layout.num_layers());
   r.flops = static_cast<double>(s.batch * s.ctx * s.heads.kv_heads) * 2.0 * (2.0 * group * kHeadDim);
   r.gbps = static_cast<double>(r.kv_bytes) / r.seconds_per_call / 1e9;
   r.ratio_to_stream = r.gbps / ceilings.stream_gbps;

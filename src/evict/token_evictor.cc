@@ -69,7 +69,7 @@ Result<std::unique_ptr<TokenEvictor>> TokenEvictor::Create(const EvictionOptions
   if (layout.config().kind == CacheKind::kMla) {
     return UnimplementedError("token eviction needs per-head K and V rows; an MLA latent cache has none");
   }
-  for (int32_t l = 0; l < layout.num_layers(); ++l) {
+  for (int32_t l = 0; l < layout.num_layers() && options.policy != EvictionPolicy::kNone; ++l) {
     const KvFormat& f = layout.format(l);
     if (!f.IsPlainFloat() && !f.IsStoredQuantized(layout.config().head_dim)) {
       return UnimplementedError("token eviction moves whole rows; format " + f.ToString() +

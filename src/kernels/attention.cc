@@ -22,9 +22,10 @@ using kernels::RowTask;
 // Shape facts every task shares.
 struct Geometry {
   int32_t q_heads = 0, kv_heads = 0, group = 0, head_dim = 0, block_len = 0;
-  int64_t slab_stride = 0;
+  int64_t slab_stride = 0, v_slab_stride = 0;
   int64_t row_bytes = 0;  // this layer's
   DType dtype = DType::kF32;
+  int32_t kivi_group = 0;  // INT4 KIVI layers: tokens per key group
   float scale = 0;
 };
 
@@ -43,9 +44,9 @@ Status ValidateCommon(const PagedKv& kv, const float* q, const float* out, Geome
                            std::to_string(l.num_layers()) + ")");
   }
   const KvFormat& f = l.format(kv.layer);
-  if (!f.IsPlainFloat() && !f.IsStoredQuantized(c.head_dim)) {
+  if (!f.IsPlainFloat() && !f.IsStoredQuantized(c.head_dim) && !f.IsKivi()) {
     return UnimplementedError("attention: KV format " + f.ToString() +
-                              " is not read yet; use f32, f16, bf16, or int8 / fp8 with one f16 scale per row");
+                              " is not read yet; use f32, f16, bf16, int8 / fp8 with one f16 scale per row, or int4 KIVI");
   }
   if (c.num_kv_heads <= 0 || c.num_q_heads % c.num_kv_heads != 0) {
     return InvalidArgumentError("attention: num_q_heads " + std::to_string(c.num_q_heads) +
@@ -60,9 +61,11 @@ Status ValidateCommon(const PagedKv& kv, const float* q, const float* out, Geome
   }
   g.head_dim = c.head_dim;
   g.block_len = c.block_len;
-  g.slab_stride = l.slab_stride(kv.layer);
+  g.slab_stride = l.slab_stride(kv.layer, 0);
+  g.v_slab_stride = l.slab_stride(kv.layer, l.num_planes() - 1);
   g.row_bytes = l.row_bytes(kv.layer);
   g.dtype = f.dtype;
+  g.kivi_group = l.kivi_group(kv.layer);
   return Status::Ok();
 }
 
@@ -80,6 +83,20 @@ Status ValidateTable(const KvLayout& l, std::span<const BlockId> blocks, int64_t
                                   std::to_string(i) + " = " + std::to_string(b) + " is outside the pool [0, " +
                                   std::to_string(l.num_blocks()) + ")");
     }
+  }
+  return Status::Ok();
+}
+
+// An INT4 KIVI layer needs the sequence's tail when its last group is not
+// full, and gives no attention weights (token eviction cannot move its rows).
+Status ValidateKivi(const Geometry& g, int64_t num_tokens, const std::byte* tail, bool scores, size_t index) {
+  if (g.kivi_group == 0) return Status::Ok();
+  if (tail == nullptr && num_tokens % g.kivi_group != 0) {
+    return InvalidArgumentError("attention: sequence " + std::to_string(index) + " has " + std::to_string(num_tokens) +
+                                " tokens on an int4 KIVI layer but no tail: pass SequenceView::tail");
+  }
+  if (scores) {
+    return UnimplementedError("attention: weights for token eviction are not produced on int4 KIVI layers");
   }
   return Status::Ok();
 }
@@ -137,7 +154,7 @@ void AddWeights(const float* weights, const float* block_max, int64_t n, int32_t
 // `partials` for the merge.
 void RunItem(const WorkItem& w, const PagedKv& kv, const Geometry& g, std::span<const BlockId> blocks,
              int64_t num_tokens, int64_t num_queries_total, const float* q_seq, float* out_seq,
-             float* partial_state, float softcap, const ScoreOut* so) {
+             float* partial_state, float softcap, const ScoreOut* so, const std::byte* tail) {
   thread_local Scratch s;
   const int32_t rows = w.num_queries * g.group;
   const int32_t d = g.head_dim;
@@ -186,7 +203,16 @@ void RunItem(const WorkItem& w, const PagedKv& kv, const Geometry& g, std::span<
   t.k_region = kv.arena + layout.SlabOffset(kv.layer, 0, w.kv_head, 0);
   t.v_region = kv.arena + layout.SlabOffset(kv.layer, 1, w.kv_head, 0);
   t.slab_stride = g.slab_stride;
+  t.v_slab_stride = g.v_slab_stride;
   t.block_len = g.block_len;
+  if (g.kivi_group > 0) {
+    t.kivi_group = g.kivi_group;
+    t.tail_begin = num_tokens / g.kivi_group * g.kivi_group;
+    if (tail != nullptr) {
+      t.tail_k = tail + layout.TailOffset(kv.layer, 0, w.kv_head);
+      t.tail_v = tail + layout.TailOffset(kv.layer, 1, w.kv_head);
+    }
+  }
   t.blocks = blocks.data();
   t.tok_begin = w.tok_begin;
   t.tok_end = w.tok_end;
@@ -261,6 +287,7 @@ Status PagedDecodeAttention(const PagedKv& kv, std::span<const DecodeSeq> seqs, 
                                   " has no tokens: append the new token's K and V first");
     }
     PAGEKV_RETURN_IF_ERROR(ValidateTable(*kv.layout, seqs[i].blocks, seqs[i].num_tokens, i));
+    PAGEKV_RETURN_IF_ERROR(ValidateKivi(g, seqs[i].num_tokens, seqs[i].tail, seqs[i].scores != nullptr, i));
     total_tokens += seqs[i].num_tokens;
   }
   g.scale = options.scale != 0 ? options.scale : 1.0f / std::sqrt(static_cast<float>(g.head_dim));
@@ -331,7 +358,7 @@ Status PagedDecodeAttention(const PagedKv& kv, std::span<const DecodeSeq> seqs, 
     const DecodeSeq& sq = seqs[static_cast<size_t>(w.seq)];
     RunItem(w, kv, g, sq.blocks, sq.num_tokens, 1, q + w.seq * per_seq, out + w.seq * per_seq,
             w.partial >= 0 ? partials.data() + w.partial * state_floats : nullptr, options.softcap,
-            sq.scores != nullptr ? &score_out[static_cast<size_t>(w.seq)] : nullptr);
+            sq.scores != nullptr ? &score_out[static_cast<size_t>(w.seq)] : nullptr, sq.tail);
   });
 
   // Merge chunk partials: out = sum_c e^(m_c - M) acc_c / sum_c e^(m_c - M) l_c.
@@ -395,6 +422,7 @@ Status PagedPrefillAttention(const PagedKv& kv, std::span<const PrefillSeq> seqs
                                   std::to_string(s.num_queries) + "] (0 scores every query)");
     }
     PAGEKV_RETURN_IF_ERROR(ValidateTable(*kv.layout, s.blocks, s.num_tokens, i));
+    PAGEKV_RETURN_IF_ERROR(ValidateKivi(g, s.num_tokens, s.tail, s.scores != nullptr, i));
   }
   g.scale = options.scale != 0 ? options.scale : 1.0f / std::sqrt(static_cast<float>(g.head_dim));
   const int threads = Threads(options);
@@ -439,7 +467,7 @@ Status PagedPrefillAttention(const PagedKv& kv, std::span<const PrefillSeq> seqs
     const PrefillSeq& sq = seqs[static_cast<size_t>(w.seq)];
     const int64_t base = q_offset[static_cast<size_t>(w.seq)] * per_query;
     RunItem(w, kv, g, sq.blocks, sq.num_tokens, sq.num_queries, q + base, out + base, nullptr, options.softcap,
-            sq.scores != nullptr ? &score_out[static_cast<size_t>(w.seq)] : nullptr);
+            sq.scores != nullptr ? &score_out[static_cast<size_t>(w.seq)] : nullptr, sq.tail);
   });
   return Status::Ok();
 }

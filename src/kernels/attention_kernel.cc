@@ -21,6 +21,7 @@
 #include <cstring>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
 #include "kernels/attention_kernel.h"
 #include "kernels/simd-inl.h"
@@ -246,8 +247,9 @@ void AttendRowsT(DF df, const RowTask& task) {
   for (int64_t start = task.tok_begin; start < end; start += bl) {
     const int64_t n = std::min<int64_t>(bl, end - start);
     const int64_t block = ToInt(task.blocks[start / bl]);
+    const int64_t v_stride = task.v_slab_stride > 0 ? task.v_slab_stride : task.slab_stride;
     const std::byte* k = task.k_region + block * task.slab_stride;
-    const std::byte* v = task.v_region + block * task.slab_stride;
+    const std::byte* v = task.v_region + block * v_stride;
     // Distance: kPrefetchBlocks blocks ahead. The scores of block b prefetch
     // K(b + distance); the accumulation of block b prefetches V(b + distance).
     Prefetcher score_pf, acc_pf;
@@ -256,7 +258,7 @@ void AttendRowsT(DF df, const RowTask& task) {
       const int64_t nb = ToInt(task.blocks[ahead / bl]);
       const int64_t rows_ahead = std::min<int64_t>(bl, end - ahead);
       score_pf = {task.k_region + nb * task.slab_stride, rows_ahead, row_bytes};
-      acc_pf = {task.v_region + nb * task.slab_stride, rows_ahead, row_bytes};
+      acc_pf = {task.v_region + nb * v_stride, rows_ahead, row_bytes};
     }
 
     // 1. Scores for every row (rows beyond their limit are masked below).
@@ -360,6 +362,148 @@ void AttendRowsDim(const RowTask& task) {
   return AttendRowsT<decltype(c1), T>(c1, task);
 }
 
+// --- INT4 KIVI -------------------------------------------------------------
+
+// Codes j .. j + N of a row of packed nibbles (element 2i in the low nibble
+// of byte i) as f32: N / 2 bytes loaded, split, interleaved and widened.
+#if HWY_TARGET != HWY_SCALAR  // one lane: the scalar loop below does it
+template <class DF>
+HWY_INLINE hn::Vec<DF> Nibbles(DF df, const uint8_t* HWY_RESTRICT bytes) {
+  const hn::Rebind<uint8_t, DF> du8;
+  const hn::Half<decltype(du8)> dh;
+  const hn::Rebind<uint32_t, DF> du32;
+  const hn::Rebind<int32_t, DF> di32;
+  const auto b = hn::ZeroExtendVector(du8, hn::LoadU(dh, bytes));
+  const auto lo = hn::And(b, hn::Set(du8, 0x0F));
+  const auto hi = hn::ShiftRight<4>(b);
+  return hn::ConvertTo(df, hn::BitCast(di32, hn::PromoteTo(du32, hn::InterleaveLower(lo, hi))));
+}
+#endif
+
+HWY_INLINE float Nibble(const uint8_t* bytes, int32_t i) {
+  return static_cast<float>(i % 2 == 0 ? (bytes[i / 2] & 0x0F) : (bytes[i / 2] >> 4));
+}
+
+// out[t][c] = code(t, c) * scale[c] + min[c] for n rows of d packed codes
+// rows_bytes apart (per-channel parameters: keys), or with one scale and
+// minimum per row read from the row's end (per_token: values).
+template <class DF>
+void DequantInt4(DF df, const std::byte* rows, int64_t row_bytes, int64_t n, int32_t d, const float* scale,
+                 const float* min, bool per_token, float* HWY_RESTRICT out) {
+  const auto lanes = static_cast<int32_t>(hn::Lanes(df));
+  for (int64_t t = 0; t < n; ++t) {
+    const auto* codes = reinterpret_cast<const uint8_t*>(rows + t * row_bytes);
+    float* o = out + t * d;
+    float s = 0, m = 0;
+    if (per_token) {
+      s = Int8Scale(rows + t * row_bytes + d / 2);
+      m = Int8Scale(rows + t * row_bytes + d / 2 + 2);
+    }
+    int32_t j = 0;
+#if HWY_TARGET != HWY_SCALAR
+    if constexpr (hn::MaxLanes(df) >= 2) {
+      for (; j + lanes <= d; j += lanes) {
+        const auto c = Nibbles(df, codes + j / 2);
+        const auto r = per_token ? hn::MulAdd(c, hn::Set(df, s), hn::Set(df, m))
+                                 : hn::MulAdd(c, hn::LoadU(df, scale + j), hn::LoadU(df, min + j));
+        hn::StoreU(r, df, o + j);
+      }
+    }
+#else
+    (void)lanes;
+#endif
+    for (; j < d; ++j) o[j] = Nibble(codes, j) * (per_token ? s : scale[j]) + (per_token ? m : min[j]);
+  }
+}
+
+constexpr int32_t kKiviChunk = 64;
+
+template <class DF>
+void AttendRowsKiviT(DF df, const RowTask& task) {
+  const int32_t d = task.head_dim, g = task.kivi_group, bl = task.block_len;
+  // Tokens dequantized at a time: up to 64 of one block (whole groups, or
+  // part of one), so the f32 tiles stay in L1/L2 and each sub-task is long
+  // enough to amortise its set-up.
+  const int32_t chunk = std::min<int32_t>(bl, std::max<int32_t>(g, kKiviChunk));
+  const int64_t group_bytes = int64_t{g} * d / 2 + 4 * int64_t{d};
+  const int64_t value_row = d / 2 + 4;
+  thread_local std::vector<float> ktile_buf, vtile_buf;
+  ktile_buf.resize(static_cast<size_t>(chunk) * static_cast<size_t>(d));
+  vtile_buf.resize(ktile_buf.size());
+  float* HWY_RESTRICT ktile = ktile_buf.data();
+  float* HWY_RESTRICT vtile = vtile_buf.data();
+  float kscale[kMaxKiviHeadDim], kmin[kMaxKiviHeadDim];
+  int64_t limit[kMaxRows];
+  int64_t max_limit = 0;
+  for (int32_t r = 0; r < task.rows; ++r) max_limit = std::max(max_limit, task.limit[r]);
+  const int64_t end = std::min(task.tok_end, max_limit);
+  const BlockId zero{0};
+  // The online-softmax state (m, l, acc) carries across the sub-tasks: each
+  // is one chunk of dequantized f32 rows (or the f16 tail) as one block.
+  RowTask sub = task;
+  sub.blocks = &zero;
+  sub.slab_stride = 0;
+  sub.v_slab_stride = 0;
+  sub.tok_begin = 0;
+  sub.limit = limit;
+  sub.weights_out = nullptr;
+  auto run = [&](int64_t first, int64_t n) {
+    for (int32_t r = 0; r < task.rows; ++r) limit[r] = std::clamp<int64_t>(task.limit[r] - first, 0, n);
+    sub.tok_end = n;
+    sub.block_len = static_cast<int32_t>(std::max<int64_t>(n, 1));
+  };
+  const int64_t sealed_end = std::min(end, task.tail_begin);
+  int64_t params_group = -1;  // the key group whose parameters are loaded
+  for (int64_t start = task.tok_begin; start < sealed_end; start += chunk) {
+    const int64_t n = std::min<int64_t>(chunk, sealed_end - start);
+    const int64_t block = ToInt(task.blocks[start / bl]);
+    const int64_t in_block = start % bl;
+    // Keys group by group (each with its own per-channel parameters).
+    for (int64_t t = 0; t < n;) {
+      const int64_t at = in_block + t;
+      const std::byte* group = task.k_region + block * task.slab_stride + (at / g) * group_bytes;
+      const int64_t group_id = (start + t) / g;
+      if (group_id != params_group) {
+        const std::byte* params = group + int64_t{g} * d / 2;
+        for (int32_t c = 0; c < d; ++c) {
+          kscale[c] = Int8Scale(params + 4 * c);
+          kmin[c] = Int8Scale(params + 4 * c + 2);
+        }
+        params_group = group_id;
+      }
+      const int64_t rows = std::min<int64_t>(n - t, g - at % g);
+      DequantInt4(df, group + (at % g) * (d / 2), d / 2, rows, d, kscale, kmin, false, ktile + t * d);
+      t += rows;
+    }
+    DequantInt4(df, task.v_region + block * task.v_slab_stride + in_block * value_row, value_row, n, d, nullptr,
+                nullptr, true, vtile);
+    run(start, n);
+    sub.dtype = DType::kF32;
+    sub.row_bytes = int64_t{d} * 4;
+    sub.k_region = reinterpret_cast<const std::byte*>(ktile);
+    sub.v_region = reinterpret_cast<const std::byte*>(vtile);
+    AttendRowsDim<float>(sub);
+  }
+  if (end > task.tail_begin) {  // the not-yet-full group, in f16
+    run(task.tail_begin, end - task.tail_begin);
+    sub.dtype = DType::kF16;
+    sub.row_bytes = int64_t{d} * 2;
+    sub.k_region = task.tail_k;
+    sub.v_region = task.tail_v;
+    AttendRowsDim<hwy::float16_t>(sub);
+  }
+}
+
+void AttendRowsKivi(const RowTask& task) {
+  const hn::ScalableTag<float> full;
+  const int32_t d = task.head_dim;
+  if (d % static_cast<int32_t>(hn::Lanes(full)) == 0) return AttendRowsKiviT(full, task);
+  const hn::CappedTag<float, 4> c4;
+  if (d % static_cast<int32_t>(hn::Lanes(c4)) == 0) return AttendRowsKiviT(c4, task);
+  const hn::CappedTag<float, 1> c1;
+  return AttendRowsKiviT(c1, task);
+}
+
 void AttendRowsImpl(const RowTask& task) {
   switch (task.dtype) {
     case DType::kF32: return AttendRowsDim<float>(task);
@@ -368,6 +512,7 @@ void AttendRowsImpl(const RowTask& task) {
     case DType::kInt8: return AttendRowsDim<int8_t>(task);
     case DType::kFP8E4M3: return AttendRowsDim<E4M3>(task);
     case DType::kFP8E5M2: return AttendRowsDim<E5M2>(task);
+    case DType::kInt4: return AttendRowsKivi(task);
     default: return;  // rejected by the entry points
   }
 }

@@ -31,7 +31,8 @@ struct RowTask {
   const int64_t* limit = nullptr;  // [R] exclusive end position of each row
   const std::byte* k_region = nullptr;  // slab of block 0 in this (layer, K, head)
   const std::byte* v_region = nullptr;  // slab of block 0 in this (layer, V, head)
-  int64_t slab_stride = 0;
+  int64_t slab_stride = 0;     // between blocks' K slabs
+  int64_t v_slab_stride = 0;   // between blocks' V slabs (0: the same as K's)
   int32_t block_len = 0;
   const BlockId* blocks = nullptr;  // the sequence's block table
   int64_t tok_begin = 0;            // a multiple of block_len
@@ -49,6 +50,14 @@ struct RowTask {
   // (b counted from tok_begin's block). The weight of p is then
   // weights_out * exp(m_b - lse) with the row's final log-sum-exp: one exp
   // per block, not per token, and no second pass over K.
+  // INT4 KIVI (dtype kInt4): keys per channel over groups of kivi_group
+  // tokens, values per token (layout/quantize.h); positions at or past
+  // tail_begin come from the sequence's f16 tail rows of this head instead
+  // (tail_k, tail_v: [kivi_group][head_dim] f16). No weights_out.
+  int32_t kivi_group = 0;
+  int64_t tail_begin = 0;
+  const std::byte* tail_k = nullptr;
+  const std::byte* tail_v = nullptr;
   float* weights_out = nullptr;
   int64_t weights_stride = 0;
   float* block_max_out = nullptr;
@@ -60,6 +69,9 @@ inline constexpr int32_t kScoreAlign = 16;
 inline constexpr int32_t kMaxBlockLen = 1024;
 // Most rows one task may carry (REQUIRES: rows <= kMaxRows).
 inline constexpr int32_t kMaxRows = 128;
+// Largest head_dim the INT4 KIVI path supports (its dequantized tiles live
+// on the stack); KvLayout refuses larger ones for KIVI.
+inline constexpr int32_t kMaxKiviHeadDim = 512;
 
 // Runs the task on the best SIMD target of this CPU (or the one forced by
 // SetTargetForTest).

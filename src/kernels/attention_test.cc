@@ -293,6 +293,135 @@ void CheckWeights(const std::vector<double>& ref, const std::vector<float>& got,
   EXPECT_LE(worst, tol) << what;
 }
 
+// INT4 KIVI, on every target: sealed groups read from the pool (keys per
+// channel, values per row), the rest from the sequence's f16 tail; against
+// the reference over the same decoded values. Lengths cover an empty tail,
+// a one-token tail, a tail of all but one, and many blocks; decode with and
+// without splitting, and prefill in chunks.
+TEST_P(AttentionTargetTest, Int4KiviMatchesReferenceOverSealedGroupsAndTheTail) {
+  const Shape s{8, 2, 64};
+  const int32_t g = 16, bl = 32;
+  const std::vector<int64_t> lengths = {1, 16, 17, 31, 32, 4 * 32 + 5};
+  CacheConfig c;
+  c.num_layers = 1;
+  c.num_q_heads = s.q_heads;
+  c.num_kv_heads = s.kv_heads;
+  c.head_dim = s.head_dim;
+  c.block_len = bl;
+  c.format = KvFormat::Int4Kivi(g);
+  int64_t blocks = 0;
+  for (int64_t n : lengths) blocks += (n + bl - 1) / bl;
+  c.num_blocks = blocks;
+  const KvLayout layout = *KvLayout::Create(c);
+  std::vector<std::byte> arena(static_cast<size_t>(layout.total_bytes()));
+  std::mt19937 rng(77);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<std::vector<BlockId>> tables;
+  std::vector<std::vector<std::byte>> tails;
+  std::vector<std::vector<double>> ks, vs;  // [token][head][dim] as the kernel must see them
+  int32_t next = static_cast<int32_t>(blocks) - 1;  // tables run backwards through the pool
+  const int32_t d = s.head_dim;
+  for (int64_t n : lengths) {
+    std::vector<BlockId> table;
+    for (int64_t b = 0; b < (n + bl - 1) / bl; ++b) table.push_back(BlockId{next--});
+    std::vector<std::byte> tail(static_cast<size_t>(layout.tail_bytes_per_sequence()));
+    std::vector<double> kd(static_cast<size_t>(n * s.kv_heads * d)), vd(kd.size());
+    for (int32_t h = 0; h < s.kv_heads; ++h) {
+      for (int64_t first = 0; first < n; first += g) {
+        const int64_t rows = std::min<int64_t>(g, n - first);
+        std::vector<float> kx(static_cast<size_t>(g * d)), vx(kx.size()), kb(kx.size()), vb(kx.size());
+        for (float& x : kx) x = u(rng);
+        for (float& x : vx) x = u(rng);
+        for (int32_t i = 0; i < d; ++i) kx[static_cast<size_t>(i)] *= i == 5 ? 30.0f : 1.0f;  // an outlier channel
+        if (rows == g) {  // sealed: into the block
+          const int64_t block = ToInt(table[static_cast<size_t>(first / bl)]);
+          std::byte* kg = arena.data() + layout.SlabOffset(0, 0, h, block) + (first % bl) / g * quant::Int4KeyGroupBytes(g, d);
+          std::byte* vr = arena.data() + layout.SlabOffset(0, 1, h, block) + (first % bl) * quant::Int4ValueRowBytes(d);
+          quant::EncodeInt4KeyGroup(kx.data(), g, d, kg);
+          quant::DecodeInt4KeyGroup(kg, g, d, kb.data());
+          for (int32_t t = 0; t < g; ++t) {
+            quant::EncodeInt4ValueRow(vx.data() + t * d, d, vr + t * quant::Int4ValueRowBytes(d));
+            quant::DecodeInt4ValueRow(vr + t * quant::Int4ValueRowBytes(d), d, vb.data() + t * d);
+          }
+        } else {  // the tail, in f16
+          for (int64_t i = 0; i < rows * d; ++i) {
+            const uint16_t hk = F32ToF16(kx[static_cast<size_t>(i)]), hv = F32ToF16(vx[static_cast<size_t>(i)]);
+            std::memcpy(tail.data() + layout.TailOffset(0, 0, h) + 2 * i, &hk, 2);
+            std::memcpy(tail.data() + layout.TailOffset(0, 1, h) + 2 * i, &hv, 2);
+            kb[static_cast<size_t>(i)] = F16ToF32(hk);
+            vb[static_cast<size_t>(i)] = F16ToF32(hv);
+          }
+        }
+        for (int64_t t = 0; t < rows; ++t) {
+          for (int32_t i = 0; i < d; ++i) {
+            kd[static_cast<size_t>(((first + t) * s.kv_heads + h) * d + i)] = kb[static_cast<size_t>(t * d + i)];
+            vd[static_cast<size_t>(((first + t) * s.kv_heads + h) * d + i)] = vb[static_cast<size_t>(t * d + i)];
+          }
+        }
+      }
+    }
+    tables.push_back(std::move(table));
+    tails.push_back(std::move(tail));
+    ks.push_back(std::move(kd));
+    vs.push_back(std::move(vd));
+  }
+  const PagedKv kv{&layout, arena.data(), 0};
+  const size_t per_seq = static_cast<size_t>(s.q_heads) * d;
+  std::vector<float> q = RandomQ(rng, per_seq * lengths.size());
+  for (int64_t split : {int64_t{0}, int64_t{32}}) {
+    std::vector<DecodeSeq> seqs;
+    for (size_t i = 0; i < lengths.size(); ++i) seqs.push_back({tables[i], lengths[i], nullptr, tails[i].data()});
+    std::vector<float> out(q.size(), std::nanf(""));
+    AttentionOptions opts;
+    opts.split_tokens = split;
+    ASSERT_TRUE(PagedDecodeAttention(kv, seqs, q.data(), out.data(), opts).ok());
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      std::vector<double> qd(q.begin() + static_cast<std::ptrdiff_t>(i * per_seq),
+                             q.begin() + static_cast<std::ptrdiff_t>((i + 1) * per_seq));
+      const std::vector<double> ref = testing::ReferenceAttention({s.q_heads, s.kv_heads, d, 0, 0}, qd, 1, ks[i], vs[i], lengths[i]);
+      EXPECT_LE(RelError(out.data() + i * per_seq, ref, s.q_heads, d), 1e-4)
+          << "context " << lengths[i] << " split " << split;
+    }
+  }
+  // Prefill of the longest sequence in two chunks (split inside a group).
+  const size_t last = lengths.size() - 1;
+  const int64_t n = lengths[last];
+  std::vector<float> pq = RandomQ(rng, per_seq * static_cast<size_t>(n)), pout(pq.size(), std::nanf(""));
+  const int64_t cut = 40;
+  // The first chunk sees a cache of `cut` tokens: its groups up to 32 sealed, 32..39 in the tail.
+  std::vector<std::byte> cut_tail(tails[last].size());
+  for (int32_t h = 0; h < s.kv_heads; ++h) {
+    for (int32_t p = 0; p < 2; ++p) {
+      for (int64_t t = 0; t < cut - 32; ++t) {
+        for (int32_t i = 0; i < d; ++i) {
+          const double x = (p == 0 ? ks : vs)[last][static_cast<size_t>(((32 + t) * s.kv_heads + h) * d + i)];
+          const uint16_t hx = F32ToF16(static_cast<float>(x));
+          std::memcpy(cut_tail.data() + layout.TailOffset(0, p, h) + 2 * (t * d + i), &hx, 2);
+        }
+      }
+    }
+  }
+  PrefillSeq first{tables[last], cut, cut, nullptr, 0, cut_tail.data()};
+  ASSERT_TRUE(PagedPrefillAttention(kv, {&first, 1}, pq.data(), pout.data()).ok());
+  PrefillSeq second{tables[last], n, n - cut, nullptr, 0, tails[last].data()};
+  ASSERT_TRUE(PagedPrefillAttention(kv, {&second, 1}, pq.data() + cut * per_seq, pout.data() + cut * per_seq).ok());
+  std::vector<double> pqd(pq.begin(), pq.end());
+  const std::vector<double> pref = testing::ReferenceAttention({s.q_heads, s.kv_heads, d, 0, 0}, pqd, n, ks[last], vs[last], n);
+  EXPECT_LE(RelError(pout.data() + cut * per_seq, std::vector<double>(pref.begin() + static_cast<std::ptrdiff_t>(cut * per_seq), pref.end()),
+                     (n - cut) * s.q_heads, d), 1e-4);
+  // Tokens 32..39 are in the pool for the second chunk but the tail for the
+  // first: the first chunk's rows 32..39 of the reference used the decoded
+  // group values, so compare only its queries before 32.
+  EXPECT_LE(RelError(pout.data(), pref, 32 * s.q_heads, d), 1e-4);
+  // A KIVI layer without its tail, and with attention weights, is refused.
+  DecodeSeq no_tail{tables[2], lengths[2]};
+  std::vector<float> out(per_seq);
+  EXPECT_EQ(PagedDecodeAttention(kv, {&no_tail, 1}, q.data(), out.data()).code(), StatusCode::kInvalidArgument);
+  std::vector<float> w(static_cast<size_t>(s.kv_heads * lengths[2]));
+  DecodeSeq weights{tables[2], lengths[2], w.data(), tails[2].data()};
+  EXPECT_EQ(PagedDecodeAttention(kv, {&weights, 1}, q.data(), out.data()).code(), StatusCode::kUnimplemented);
+}
+
 // Per-layer formats: each layer's rows, slabs and strides follow its own
 // format, and the kernels read each layer by its own.
 TEST_P(AttentionTargetTest, EveryLayerOfAMixedFormatLayoutMatchesReference) {

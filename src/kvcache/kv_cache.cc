@@ -6,6 +6,7 @@
 
 #include "base/check.h"
 #include "base/checked_math.h"
+#include "kvcache/kivi_rows.h"
 #include "kvcache/kv_cache_state.h"
 
 namespace pagekv {
@@ -14,16 +15,24 @@ namespace {
 
 std::string SeqName(SeqId id) { return "sequence " + std::to_string(ToInt(id)); }
 
+// The sequence's KIVI tail, allocated on first use (none without KIVI layers).
+std::byte* TailOf(const KvLayout& layout, std::vector<std::byte>& tail) {
+  if (tail.empty() && layout.tail_bytes_per_sequence() > 0) {
+    tail.resize(static_cast<size_t>(layout.tail_bytes_per_sequence()));
+  }
+  return tail.data();
+}
+
 }  // namespace
 
 Result<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& options) {
   PAGEKV_ASSIGN_OR_RETURN(KvLayout layout, KvLayout::Create(options.config));
   for (int32_t l = 0; l < layout.num_layers(); ++l) {
     const KvFormat& f = layout.format(l);
-    if (!f.IsPlainFloat() && !f.IsStoredQuantized(layout.row_elems())) {
+    if (!f.IsPlainFloat() && !f.IsStoredQuantized(layout.row_elems()) && !f.IsKivi()) {
       return UnimplementedError("KV format " + f.ToString() + (layout.uniform() ? "" : " (layer " + std::to_string(l) + ")") +
                                 " is not stored by the cache yet: use f32, f16, bf16, or int8 / fp8 with one f16 "
-                                "scale per row (KvFormat::Int8(head_dim), KvFormat::Fp8(dtype, head_dim))");
+                                "scale per row (KvFormat::Int8(head_dim), KvFormat::Fp8(dtype, head_dim)), or int4 KIVI (KvFormat::Int4Kivi)");
     }
   }
   PAGEKV_ASSIGN_OR_RETURN(auto arena, KvArena::Create({.size_bytes = layout.total_bytes(),
@@ -104,8 +113,9 @@ Result<bool> KvCache::Reserve(SeqId id, int64_t n) {
     const BlockId copy = fresh[next++];
     const int32_t fill = static_cast<int32_t>(s.num_tokens % layout_.block_len());
     for (int32_t l = 0; l < layout_.num_layers(); ++l) {
-      const auto bytes = static_cast<size_t>(fill * layout_.row_bytes(l));
       for (int32_t p = 0; p < layout_.num_planes(); ++p) {
+        // KIVI slabs are groups, not rows: copy the whole slab.
+        const auto bytes = static_cast<size_t>(layout_.kivi(l) ? layout_.slab_bytes(l, p) : fill * layout_.row_bytes(l));
         for (int32_t h = 0; h < layout_.num_heads(); ++h) {
           std::memcpy(base + layout_.SlabOffset(l, p, h, ToInt(copy)),
                       base + layout_.SlabOffset(l, p, h, ToInt(shared)), bytes);
@@ -150,6 +160,11 @@ Status KvCache::WriteLayer(SeqId id, int32_t layer, int64_t pos, const KvTokens&
   std::byte* base = state_->arena->data();
   const int64_t row = layout_.row_bytes(layer);
   const int64_t heads = layout_.num_heads();
+  if (layout_.kivi(layer)) {
+    kivi::WriteRows(layout_, base, s.blocks, TailOf(layout_, s.tail), layer, pos, rows.num_tokens,
+                    static_cast<const std::byte*>(rows.k), static_cast<const std::byte*>(rows.v), heads * row);
+    return Status::Ok();
+  }
   const void* planes[2] = {rows.k, rows.v};
   for (int32_t p = 0; p < layout_.num_planes(); ++p) {
     const auto* src = static_cast<const std::byte*>(planes[p]);
@@ -178,6 +193,13 @@ void KvCache::WriteRows(Sequence& s, int64_t first_pos, const KvTokens& tokens) 
   for (int32_t l = 0; l < layout_.num_layers(); ++l) {
     const int64_t row = layout_.row_bytes(l);
     const int64_t token_stride = heads * row;
+    if (layout_.kivi(l)) {
+      kivi::WriteRows(layout_, base, s.blocks, TailOf(layout_, s.tail), l, first_pos, n,
+                      static_cast<const std::byte*>(tokens.k) + src_layer_offset,
+                      static_cast<const std::byte*>(tokens.v) + src_layer_offset, token_stride);
+      src_layer_offset += n * token_stride;
+      continue;
+    }
     for (int32_t p = 0; p < layout_.num_planes(); ++p) {
       const auto* src = static_cast<const std::byte*>(src_planes[p]) + src_layer_offset;
       for (int32_t h = 0; h < heads; ++h) {
@@ -248,6 +270,7 @@ Result<SeqId> KvCache::Fork(SeqId parent, std::string label) {
   child.blocks = it->second.blocks;
   child.num_tokens = it->second.num_tokens;
   child.evicted = it->second.evicted;
+  child.tail = it->second.tail;
   child.label = std::move(label);
   state_->sequences.emplace(id, std::move(child));
   return SeqId{id};
@@ -260,6 +283,13 @@ Status KvCache::Truncate(SeqId id, int64_t new_len) {
   if (new_len < 0 || new_len > s.num_tokens) {
     return OutOfRangeError("truncate: new length " + std::to_string(new_len) + " of " + SeqName(id) +
                            " must be in [0, " + std::to_string(s.num_tokens) + "]");
+  }
+  if (layout_.tail_bytes_per_sequence() > 0 && new_len < s.num_tokens) {
+    for (int32_t l = 0; l < layout_.num_layers(); ++l) {
+      if (layout_.kivi(l)) {
+        kivi::RefillTail(layout_, state_->arena->data(), s.blocks, TailOf(layout_, s.tail), l, s.num_tokens, new_len);
+      }
+    }
   }
   const auto keep = static_cast<size_t>(CeilDiv(new_len, layout_.block_len()));
   // Deepest block first: blocks released together age in chain order, so an
@@ -284,7 +314,8 @@ Status KvCache::Free(SeqId id) {
 Result<SequenceView> KvCache::View(SeqId id) const {
   auto it = state_->sequences.find(ToInt(id));
   if (it == state_->sequences.end()) return NotFoundError(SeqName(id) + " does not exist");
-  return SequenceView{id, it->second.num_tokens, it->second.blocks, it->second.evicted};
+  return SequenceView{id, it->second.num_tokens, it->second.blocks, it->second.evicted,
+                      it->second.tail.empty() ? nullptr : it->second.tail.data()};
 }
 
 std::vector<std::pair<int32_t, int32_t>> CompactionMoves(std::span<const int32_t> keep) {
@@ -315,6 +346,13 @@ Status KvCache::Compact(SeqId id, std::span<const int32_t> keep, int64_t keep_co
   if (keep_count < 0 || keep_count > s.num_tokens) {
     return OutOfRangeError("compact: keep_count " + std::to_string(keep_count) + " of " + SeqName(id) +
                            " must be in [0, " + std::to_string(s.num_tokens) + "]");
+  }
+  for (int32_t l = 0; l < layout_.num_layers(); ++l) {
+    if (layout_.kivi(l)) {
+      return UnimplementedError("compact: layer " + std::to_string(l) + " is int4 KIVI, whose keys share scales "
+                                "across a group of tokens; token eviction needs self-contained rows (f16, bf16, "
+                                "f32, int8, fp8)");
+    }
   }
   const int64_t lists = int64_t{layout_.num_layers()} * layout_.num_heads();
   if (static_cast<int64_t>(keep.size()) != lists * keep_count) {
@@ -376,8 +414,8 @@ template <typename F>
 void ForEachSlab(const KvLayout& layout, int64_t block, F&& f) {
   size_t at = 0;
   for (int32_t l = 0; l < layout.num_layers(); ++l) {
-    const auto slab = static_cast<size_t>(layout.slab_bytes(l));
     for (int32_t p = 0; p < layout.num_planes(); ++p) {
+      const auto slab = static_cast<size_t>(layout.slab_bytes(l, p));
       for (int32_t h = 0; h < layout.num_heads(); ++h, at += slab) f(layout.SlabOffset(l, p, h, block), at, slab);
     }
   }
@@ -461,6 +499,13 @@ Status KvCache::Read(SeqId id, int64_t begin, const KvTokensOut& out) const {
   int64_t dst_layer_offset = 0;  // layers follow each other, each with its own row size
   for (int32_t l = 0; l < layout_.num_layers(); ++l) {
     const int64_t row = layout_.row_bytes(l);
+    if (layout_.kivi(l)) {
+      kivi::ReadRows(layout_, base, s.blocks, s.tail.data(), l, s.num_tokens, begin, n,
+                     static_cast<std::byte*>(out.k) + dst_layer_offset, static_cast<std::byte*>(out.v) + dst_layer_offset,
+                     heads * row);
+      dst_layer_offset += n * heads * row;
+      continue;
+    }
     for (int32_t p = 0; p < layout_.num_planes(); ++p) {
       auto* dst = static_cast<std::byte*>(planes[p]) + dst_layer_offset;
       for (int64_t i = 0; i < n; ++i) {

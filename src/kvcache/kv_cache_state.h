@@ -20,6 +20,9 @@ struct KvCache::Sequence {
   int64_t num_tokens = 0;
   int64_t evicted = 0;  // tokens dropped by Compact
   std::string label;
+  // INT4 KIVI layers: the f16 rows of the not-yet-full group
+  // ([KvLayout::tail_bytes_per_sequence()], allocated on first use).
+  std::vector<std::byte> tail;
 };
 
 struct KvCache::State {

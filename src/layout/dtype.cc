@@ -50,6 +50,7 @@ KvFormat KvFormat::ForDType(DType d, int32_t row_elems) {
     case DType::kInt8: return Int8(row_elems);
     case DType::kFP8E4M3:
     case DType::kFP8E5M2: return Fp8(d, row_elems);
+    case DType::kInt4: return Int4Kivi(kDefaultKiviGroup);
     default: return Plain(d);
   }
 }
@@ -71,7 +72,9 @@ std::string KvFormat::ToString() const {
   out += DTypeName(scale_dtype);
   out += " scale per ";
   out += std::to_string(group_size);
-  out += scale_axis == ScaleAxis::kPerToken ? " elements of a token)" : " tokens of a channel)";
+  out += scale_axis == ScaleAxis::kPerToken ? " elements of a token)" : " tokens of a channel";
+  if (IsKivi()) out += " for keys, per token for values; KIVI";
+  if (scale_axis != ScaleAxis::kPerToken) out += ")";
   return out;
 }
 

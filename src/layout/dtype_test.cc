@@ -33,7 +33,9 @@ TEST(DTypeTest, UnknownNameListsTheAcceptedOnes) {
 TEST(KvFormatTest, DescribesQuantizedFormatsWithScales) {
   KvFormat int4{DType::kInt4, ScaleAxis::kPerChannel, 32, DType::kF16};
   EXPECT_FALSE(int4.IsPlainFloat());
-  EXPECT_EQ(int4.ToString(), "int4 (f16 scale per 32 tokens of a channel)");
+  EXPECT_EQ(int4.ToString(), "int4 (f16 scale per 32 tokens of a channel for keys, per token for values; KIVI)");
+  EXPECT_TRUE(int4.IsKivi());
+  EXPECT_EQ(KvFormat::ForDType(DType::kInt4, 128).group_size, KvFormat::kDefaultKiviGroup);
   KvFormat int8{DType::kInt8, ScaleAxis::kPerToken, 128, DType::kF32};
   EXPECT_EQ(int8.ToString(), "int8 (f32 scale per 128 elements of a token)");
   EXPECT_TRUE(KvFormat::Plain(DType::kBF16).IsPlainFloat());

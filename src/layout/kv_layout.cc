@@ -1,5 +1,6 @@
 #include "pagekv/kv_layout.h"
 
+#include <algorithm>
 #include <charconv>
 #include <string>
 #include <system_error>
@@ -7,6 +8,7 @@
 
 #include "base/check.h"
 #include "base/checked_math.h"
+#include "layout/quantize.h"
 
 namespace pagekv {
 namespace {
@@ -52,9 +54,14 @@ Status ValidateFormat(const KvFormat& f, const std::string& what) {
       }
       break;
     case ScaleAxis::kPerChannel:
-      return UnimplementedError(
-          "per-channel (token-group) scales are not laid out yet; use a plain f32, f16 or bf16 "
-          "format");
+      if (!f.IsKivi()) {
+        return UnimplementedError(what + ": per-channel scales are laid out only for int4 KIVI with f16 scales "
+                                  "(KvFormat::Int4Kivi)");
+      }
+      if (!IsPowerOfTwo(f.group_size) || f.group_size < 8 || f.group_size > 256) {
+        return FieldError(what + " group_size", f.group_size, "int4 KIVI groups are a power of two in [8, 256] tokens (32 or 64 usual)");
+      }
+      break;
   }
   return Status::Ok();
 }
@@ -132,6 +139,23 @@ Status CacheConfig::Validate() const {
       PAGEKV_RETURN_IF_ERROR(ValidateFormat(layer_formats[l], "layer " + std::to_string(l) + " format"));
     }
   }
+  for (size_t l = 0; l < std::max<size_t>(1, layer_formats.size()); ++l) {
+    const KvFormat& f = layer_formats.empty() ? format : layer_formats[l];
+    if (!f.IsKivi()) continue;
+    if (kind == CacheKind::kMla) {
+      return UnimplementedError("int4 KIVI stores per-head K and V; an MLA latent cache has neither");
+    }
+    if (block_len % f.group_size != 0) {
+      return InvalidArgumentError("int4 KIVI group of " + std::to_string(f.group_size) +
+                                  " tokens does not divide block_len " + std::to_string(block_len) +
+                                  ": use a block_len that is a multiple of the group (e.g. " +
+                                  std::to_string(std::max(f.group_size, block_len)) + ") or a smaller group");
+    }
+    if (head_dim % 2 != 0 || head_dim > 512) {
+      return InvalidArgumentError("int4 KIVI packs two values per byte and supports head_dim up to 512: head_dim " +
+                                  std::to_string(head_dim) + " must be even and at most 512");
+    }
+  }
   if ((num_blocks > 0) == (budget_bytes > 0)) {
     if (num_blocks < 0) return FieldError("num_blocks", num_blocks, "must be positive");
     if (budget_bytes < 0) return FieldError("budget_bytes", budget_bytes, "must be positive");
@@ -165,30 +189,54 @@ Result<KvLayout> KvLayout::Create(const CacheConfig& config) {
   // Per layer: row and slab sizes; block and token totals over every slab.
   const int64_t slabs_per_layer = int64_t{l.num_planes_} * l.num_heads_;
   l.layers_.resize(static_cast<size_t>(config.num_layers));
+  bool any_kivi = false;
   for (int32_t i = 0; i < config.num_layers; ++i) {
     Layer& L = l.layers_[static_cast<size_t>(i)];
-    L.row_bytes = FormatRowBytes(config.FormatOf(i), l.row_elems_);
-    if (L.row_bytes < 0) return too_big("row size");
-    auto slab = CheckedMul(L.row_bytes, config.block_len);
-    if (!slab) return too_big("block size");
-    L.slab_bytes = *slab;
-    L.slab_stride = RoundUp(L.slab_bytes, kSlabAlignment);
-    auto per_block = CheckedMul(slabs_per_layer, L.slab_stride);
-    auto per_token = CheckedMul(slabs_per_layer, L.row_bytes);
-    if (!per_block || !per_token) return too_big("bytes per block");
-    auto block_sum = CheckedAdd(l.bytes_per_block_, *per_block);
-    auto token_sum = CheckedAdd(l.bytes_per_token_, *per_token);
+    const KvFormat& f = config.FormatOf(i);
+    L.kivi = f.IsKivi();
+    int64_t token_bytes = 0;  // this layer's share of bytes_per_token
+    if (L.kivi) {
+      any_kivi = true;
+      L.row_bytes = 2 * int64_t{l.row_elems_};  // f16 rows in and out
+      const int64_t groups = config.block_len / f.group_size;
+      auto k = CheckedMul(groups, quant::Int4KeyGroupBytes(f.group_size, l.row_elems_));
+      auto v = CheckedMul(config.block_len, quant::Int4ValueRowBytes(l.row_elems_));
+      if (!k || !v) return too_big("block size");
+      L.slab_bytes[0] = *k;
+      L.slab_bytes[1] = *v;
+      token_bytes = l.num_heads_ * CeilDiv(*k + *v, config.block_len);
+      L.tail_offset = l.tail_bytes_per_sequence_;
+      l.tail_bytes_per_sequence_ += slabs_per_layer * f.group_size * L.row_bytes;
+    } else {
+      L.row_bytes = FormatRowBytes(f, l.row_elems_);
+      if (L.row_bytes < 0) return too_big("row size");
+      auto slab = CheckedMul(L.row_bytes, config.block_len);
+      if (!slab) return too_big("block size");
+      L.slab_bytes[0] = L.slab_bytes[1] = *slab;
+      auto per_token = CheckedMul(slabs_per_layer, L.row_bytes);
+      if (!per_token) return too_big("bytes per token");
+      token_bytes = *per_token;
+    }
+    int64_t block_bytes = 0;
+    for (int32_t p = 0; p < l.num_planes_; ++p) {
+      L.slab_stride[p] = RoundUp(L.slab_bytes[p], kSlabAlignment);
+      auto plane_block = CheckedMul(int64_t{l.num_heads_}, L.slab_stride[p]);
+      if (!plane_block) return too_big("bytes per block");
+      block_bytes += *plane_block;
+      l.padding_bytes_per_block_ += l.num_heads_ * (L.slab_stride[p] - L.slab_bytes[p]);
+    }
+    auto block_sum = CheckedAdd(l.bytes_per_block_, block_bytes);
+    auto token_sum = CheckedAdd(l.bytes_per_token_, token_bytes);
     if (!block_sum || !token_sum) return too_big("bytes per block");
     l.bytes_per_block_ = *block_sum;
     l.bytes_per_token_ = *token_sum;
-    l.padding_bytes_per_block_ += slabs_per_layer * (L.slab_stride - L.slab_bytes);
-    const KvFormat& a = config.FormatOf(i);
     const KvFormat& b = config.FormatOf(0);
-    if (a.dtype != b.dtype || a.scale_axis != b.scale_axis || a.group_size != b.group_size ||
-        a.scale_dtype != b.scale_dtype) {
+    if (f.dtype != b.dtype || f.scale_axis != b.scale_axis || f.group_size != b.group_size ||
+        f.scale_dtype != b.scale_dtype) {
       l.uniform_ = false;
     }
   }
+  if (any_kivi) l.uniform_ = false;
   l.slabs_per_block_ = slabs_per_layer * config.num_layers;
 
   if (config.num_blocks > 0) {
@@ -203,19 +251,23 @@ Result<KvLayout> KvLayout::Create(const CacheConfig& config) {
     }
     if (l.num_blocks_ > (int64_t{1} << 31) - 2) l.num_blocks_ = (int64_t{1} << 31) - 2;
   }
-  // Strides: [layer][plane][head][block], each layer sized by its own slabs.
+  // Strides: [layer][plane][head][block], each layer and plane sized by its own slabs.
   int64_t offset = 0;
   for (Layer& L : l.layers_) {
-    auto head = CheckedMul(l.num_blocks_, L.slab_stride);
-    if (!head) return too_big("arena size");
-    L.head_stride = *head;
-    auto plane = CheckedMul(L.head_stride, l.num_heads_);
-    if (!plane) return too_big("arena size");
-    L.plane_stride = *plane;
-    auto layer = CheckedMul(L.plane_stride, l.num_planes_);
-    if (!layer) return too_big("arena size");
     L.offset = offset;
-    auto next = CheckedAdd(offset, *layer);
+    int64_t plane_offset = 0;
+    for (int32_t p = 0; p < l.num_planes_; ++p) {
+      auto head = CheckedMul(l.num_blocks_, L.slab_stride[p]);
+      if (!head) return too_big("arena size");
+      L.head_stride[p] = *head;
+      auto plane = CheckedMul(L.head_stride[p], l.num_heads_);
+      if (!plane) return too_big("arena size");
+      L.plane_offset[p] = plane_offset;
+      auto next_plane = CheckedAdd(plane_offset, *plane);
+      if (!next_plane) return too_big("arena size");
+      plane_offset = *next_plane;
+    }
+    auto next = CheckedAdd(offset, plane_offset);
     if (!next) return too_big("arena size");
     offset = *next;
   }
@@ -236,23 +288,23 @@ int64_t KvLayout::row_bytes() const {
 }
 int64_t KvLayout::slab_bytes() const {
   PAGEKV_CHECK_MSG(uniform_, kUniformOnly);
-  return layers_[0].slab_bytes;
+  return layers_[0].slab_bytes[0];
 }
 int64_t KvLayout::slab_stride() const {
   PAGEKV_CHECK_MSG(uniform_, kUniformOnly);
-  return layers_[0].slab_stride;
+  return layers_[0].slab_stride[0];
 }
 int64_t KvLayout::head_stride() const {
   PAGEKV_CHECK_MSG(uniform_, kUniformOnly);
-  return layers_[0].head_stride;
+  return layers_[0].head_stride[0];
 }
 int64_t KvLayout::plane_stride() const {
   PAGEKV_CHECK_MSG(uniform_, kUniformOnly);
-  return layers_[0].plane_stride;
+  return layers_[0].head_stride[0] * num_heads_;
 }
 int64_t KvLayout::layer_stride() const {
   PAGEKV_CHECK_MSG(uniform_, kUniformOnly);
-  return layers_[0].plane_stride * num_planes_;
+  return layers_[0].head_stride[0] * num_heads_ * num_planes_;
 }
 
 Result<std::vector<KvFormat>> ParseLayerFormats(std::string_view spec, int32_t num_layers, int32_t row_elems,

@@ -175,7 +175,7 @@ TEST(KvLayoutPerLayerTest, EachLayerHasItsOwnRowsSlabsAndStridesWithoutOverlap) 
   EXPECT_EQ(l->row_bytes(0), 48);
   EXPECT_EQ(l->row_bytes(1), 26);  // 24 int8 + an f16 scale
   EXPECT_EQ(l->row_bytes(2), 48);
-  EXPECT_EQ(l->slab_stride(1), 256);  // 8 x 26 = 208, rounded up to 64
+  EXPECT_EQ(l->slab_stride(1, 0), 256);  // 8 x 26 = 208, rounded up to 64
   EXPECT_EQ(l->bytes_per_token(), 2 * 2 * (48 + 26 + 48));
   EXPECT_EQ(l->bytes_per_block(), 2 * 2 * (384 + 256 + 384));
   EXPECT_EQ(l->padding_bytes_per_block(), 2 * 2 * (256 - 208));
@@ -232,6 +232,66 @@ TEST(KvLayoutPerLayerTest, SpecsAndTheirErrors) {
   const Status st = KvLayout::Create(c).status();
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("layer_formats has 1 entries for 3 layers"), std::string::npos) << st.ToString();
+}
+
+}  // namespace
+}  // namespace pagekv
+
+namespace pagekv {
+namespace {
+
+TEST(KvLayoutKiviTest, KeyGroupsAndValueRowsHaveTheirOwnSlabsAndTheTailIsCounted) {
+  CacheConfig c = Small();  // 3 layers, 2 KV heads, head_dim 24, block_len 8
+  c.block_len = 64;
+  c.format = KvFormat::Int4Kivi(32);
+  Result<KvLayout> l = KvLayout::Create(c);
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  EXPECT_FALSE(l->uniform());
+  EXPECT_TRUE(l->kivi(0));
+  EXPECT_EQ(l->row_bytes(0), 48);  // rows travel as f16
+  EXPECT_EQ(l->slab_bytes(0, 0), 2 * (32 * 12 + 24 * 4));  // two key groups
+  EXPECT_EQ(l->slab_bytes(0, 1), 64 * (12 + 4));          // 64 value rows
+  EXPECT_EQ(l->bytes_per_token(), 3 * 2 * ((960 + 1024 + 63) / 64));
+  EXPECT_EQ(l->tail_bytes_per_sequence(), 3 * 2 * 2 * 32 * 48);
+  EXPECT_EQ(l->TailOffset(1, 1, 1), l->TailOffset(1, 0, 0) + 3 * 32 * 48);
+  // Slabs tile the arena without overlap, each plane at its own stride.
+  int64_t end = 0;
+  for (int32_t layer = 0; layer < 3; ++layer) {
+    for (int32_t plane = 0; plane < 2; ++plane) {
+      for (int32_t head = 0; head < 2; ++head) {
+        for (int64_t block = 0; block < 5; ++block) {
+          const int64_t at = l->SlabOffset(layer, plane, head, block);
+          ASSERT_GE(at, end);
+          EXPECT_EQ(at % kSlabAlignment, 0);
+          end = at + l->slab_bytes(layer, plane);
+        }
+      }
+    }
+  }
+  EXPECT_LE(end, l->total_bytes());
+}
+
+TEST(KvLayoutKiviTest, BadGroupsAndShapesAreConfigurationErrors) {
+  CacheConfig c = Small();
+  c.format = KvFormat::Int4Kivi(32);  // block_len 8
+  Status st = KvLayout::Create(c).status();
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("does not divide block_len 8"), std::string::npos) << st.ToString();
+  c.block_len = 64;
+  c.format = KvFormat::Int4Kivi(48);
+  EXPECT_EQ(KvLayout::Create(c).status().code(), StatusCode::kInvalidArgument);
+  c.format = KvFormat::Int4Kivi(32);
+  c.head_dim = 25;
+  st = KvLayout::Create(c).status();
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("even"), std::string::npos) << st.ToString();
+  c.head_dim = 24;
+  c.layer_formats = *ParseLayerFormats("0=f16", 3, 24, c.format);  // KIVI in layers 1 and 2 only
+  Result<KvLayout> mixed = KvLayout::Create(c);
+  ASSERT_TRUE(mixed.ok()) << mixed.status().ToString();
+  EXPECT_FALSE(mixed->kivi(0));
+  EXPECT_TRUE(mixed->kivi(2));
+  EXPECT_EQ(mixed->tail_bytes_per_sequence(), 2 * 2 * 2 * 32 * 48);
 }
 
 }  // namespace

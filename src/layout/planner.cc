@@ -76,8 +76,8 @@ Result<Plan> MakePlan(const PlanRequest& req) {
   plan.config.budget_bytes = 0;
   plan.attention = config.attention_kind();
   plan.row_bytes = layout.row_bytes(0);  // layer 0's when the layers differ
-  plan.slab_bytes = layout.slab_bytes(0);
-  plan.slab_stride = layout.slab_stride(0);
+  plan.slab_bytes = layout.slab_bytes(0, 0);
+  plan.slab_stride = layout.slab_stride(0, 0);
   plan.bytes_per_token = layout.bytes_per_token();
   plan.bytes_per_token_per_layer = layout.bytes_per_token() / layout.num_layers();
   plan.bytes_per_block = layout.bytes_per_block();
@@ -85,6 +85,7 @@ Result<Plan> MakePlan(const PlanRequest& req) {
   plan.num_blocks = layout.num_blocks();
   plan.total_bytes = layout.total_bytes();
   plan.tokens_capacity = layout.num_blocks() * layout.block_len();
+  plan.tail_bytes_per_sequence = layout.tail_bytes_per_sequence();
 
   plan.budget_bytes = budget > 0 ? budget : 0;
   plan.fits_budget = plan.budget_bytes == 0 || plan.total_bytes <= plan.budget_bytes;

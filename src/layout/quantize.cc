@@ -103,4 +103,98 @@ void DecodeFp8Row(const std::byte* row, int32_t n, bool e4m3, float* x) {
   for (int32_t i = 0; i < n; ++i) x[i] = Fp8ToF32(static_cast<uint8_t>(row[i]), e4m3) * s;
 }
 
+namespace {
+
+// The (scale, minimum) of values spanning [lo, hi], as f16 bits.
+void Int4Params(float lo, float hi, uint16_t& s16, uint16_t& m16) {
+  m16 = F32ToF16(lo);
+  const float m = F16ToF32(m16);
+  // The range from the stored minimum: the top code must reach hi.
+  s16 = ScaleAtLeast(std::max(0.0f, hi - m) / 15.0f);
+}
+
+uint8_t Int4Code(float x, float s, float m) {
+  const float q = s > 0.0f ? std::nearbyint((x - m) / s) : 0.0f;
+  return static_cast<uint8_t>(std::clamp(q, 0.0f, 15.0f));
+}
+
+void PutNibble(std::byte* codes, int32_t i, uint8_t c) {
+  auto& b = reinterpret_cast<uint8_t&>(codes[i / 2]);
+  b = (i % 2 == 0) ? static_cast<uint8_t>((b & 0xF0) | c) : static_cast<uint8_t>((b & 0x0F) | (c << 4));
+}
+
+uint8_t GetNibble(const std::byte* codes, int32_t i) {
+  const auto b = static_cast<uint8_t>(codes[i / 2]);
+  return (i % 2 == 0) ? (b & 0x0F) : (b >> 4);
+}
+
+float F16At(const std::byte* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return F16ToF32(h);
+}
+
+}  // namespace
+
+int64_t Int4ValueRowBytes(int32_t d) { return d / 2 + 4; }
+int64_t Int4KeyGroupBytes(int32_t g, int32_t d) { return int64_t{g} * d / 2 + 4 * int64_t{d}; }
+
+void EncodeInt4ValueRow(const float* x, int32_t d, std::byte* row) {
+  float lo = x[0], hi = x[0];
+  for (int32_t i = 1; i < d; ++i) {
+    lo = std::min(lo, x[i]);
+    hi = std::max(hi, x[i]);
+  }
+  uint16_t s16, m16;
+  Int4Params(lo, hi, s16, m16);
+  const float s = F16ToF32(s16), m = F16ToF32(m16);
+  for (int32_t i = 0; i < d; ++i) PutNibble(row, i, Int4Code(x[i], s, m));
+  std::memcpy(row + d / 2, &s16, 2);
+  std::memcpy(row + d / 2 + 2, &m16, 2);
+}
+
+void Int4ValueParams(const std::byte* row, int32_t d, float& scale, float& min) {
+  scale = F16At(row + d / 2);
+  min = F16At(row + d / 2 + 2);
+}
+
+void DecodeInt4ValueRow(const std::byte* row, int32_t d, float* x) {
+  float s, m;
+  Int4ValueParams(row, d, s, m);
+  for (int32_t i = 0; i < d; ++i) x[i] = static_cast<float>(GetNibble(row, i)) * s + m;
+}
+
+void EncodeInt4KeyGroup(const float* x, int32_t g, int32_t d, std::byte* group) {
+  std::byte* params = group + int64_t{g} * d / 2;
+  for (int32_t c = 0; c < d; ++c) {
+    float lo = x[c], hi = x[c];
+    for (int32_t t = 1; t < g; ++t) {
+      lo = std::min(lo, x[int64_t{t} * d + c]);
+      hi = std::max(hi, x[int64_t{t} * d + c]);
+    }
+    uint16_t s16, m16;
+    Int4Params(lo, hi, s16, m16);
+    const float s = F16ToF32(s16), m = F16ToF32(m16);
+    for (int32_t t = 0; t < g; ++t) PutNibble(group + int64_t{t} * d / 2, c, Int4Code(x[int64_t{t} * d + c], s, m));
+    std::memcpy(params + 4 * c, &s16, 2);
+    std::memcpy(params + 4 * c + 2, &m16, 2);
+  }
+}
+
+void Int4KeyParams(const std::byte* group, int32_t g, int32_t d, int32_t c, float& scale, float& min) {
+  const std::byte* params = group + int64_t{g} * d / 2;
+  scale = F16At(params + 4 * c);
+  min = F16At(params + 4 * c + 2);
+}
+
+void DecodeInt4KeyGroup(const std::byte* group, int32_t g, int32_t d, float* x) {
+  for (int32_t c = 0; c < d; ++c) {
+    float s, m;
+    Int4KeyParams(group, g, d, c, s, m);
+    for (int32_t t = 0; t < g; ++t) {
+      x[int64_t{t} * d + c] = static_cast<float>(GetNibble(group + int64_t{t} * d / 2, c)) * s + m;
+    }
+  }
+}
+
 }  // namespace pagekv::quant

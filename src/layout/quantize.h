@@ -23,6 +23,18 @@
 // value(c) is the code's f16 with the bits placed so that E5M2 is exactly the
 // top byte of an f16 and E4M3's 4-bit exponent lands 8 below: decode is a
 // shift, an f16 to f32 conversion and (E4M3) a multiply by 256.
+// INT4 KIVI (KvFormat::Int4Kivi(G)), asymmetric 4-bit codes c in [0, 15]:
+//
+//   x ~ c * s + m,  s = the smallest f16 >= (max - min) / 15 (0 when max == min),
+//                   m = the f16 nearest min, c = clamp(round_half_even((x - m) / s), 0, 15)
+//   |error| <= s / 2 plus m's f16 rounding (at most half an f16 ulp of min)
+//
+// Two codes per byte, element 2i in the low nibble of byte i.
+//   value row (per token): [D/2 code bytes][f16 s][f16 m]        D/2 + 4 bytes
+//   key group (per channel over G tokens):
+//     [G rows of D/2 code bytes][D x (f16 s, f16 m)]             G*D/2 + 4*D bytes
+// Values on the grid (x = c * s + m with s, m f16 and both 0 and 15 used)
+// round-trip exactly.
 #pragma once
 
 #include <cstddef>
@@ -40,5 +52,17 @@ uint8_t F32ToFp8(float x, bool e4m3);  // x within the format's range (saturates
 float Fp8ToF32(uint8_t c, bool e4m3);
 void EncodeFp8Row(const float* x, int32_t n, bool e4m3, std::byte* row);
 void DecodeFp8Row(const std::byte* row, int32_t n, bool e4m3, float* x);
+
+// int4 KIVI. REQUIRES: d even.
+int64_t Int4ValueRowBytes(int32_t d);             // d / 2 + 4
+int64_t Int4KeyGroupBytes(int32_t g, int32_t d);  // g * d / 2 + 4 * d
+void EncodeInt4ValueRow(const float* x, int32_t d, std::byte* row);
+void DecodeInt4ValueRow(const std::byte* row, int32_t d, float* x);
+// x: [g][d] (row t of the group at x + t * d); group: Int4KeyGroupBytes.
+void EncodeInt4KeyGroup(const float* x, int32_t g, int32_t d, std::byte* group);
+void DecodeInt4KeyGroup(const std::byte* group, int32_t g, int32_t d, float* x);
+// The f16 (scale, minimum) pair of a key group's channel c, and of a value row.
+void Int4KeyParams(const std::byte* group, int32_t g, int32_t d, int32_t c, float& scale, float& min);
+void Int4ValueParams(const std::byte* row, int32_t d, float& scale, float& min);
 
 }  // namespace pagekv::quant

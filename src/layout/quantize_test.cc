@@ -113,10 +113,58 @@ TEST(Fp8Test, RowsStayWithinTheFormatsRelativeError) {
 TEST(Int8RowTest, TheFormatIsStoredOnlyWithOneF16ScalePerRow) {
   EXPECT_TRUE(KvFormat::Fp8(DType::kFP8E4M3, 128).IsStoredQuantized(128));
   EXPECT_TRUE(KvFormat::ForDType(DType::kFP8E5M2, 64).IsStoredQuantized(64));
-  EXPECT_FALSE(KvFormat::ForDType(DType::kInt4, 64).IsStoredQuantized(64));
+  EXPECT_FALSE(KvFormat::ForDType(DType::kInt4, 64).IsStoredQuantized(64));  // KIVI, not a per-row format
+  EXPECT_TRUE(KvFormat::ForDType(DType::kInt4, 64).IsKivi());
   EXPECT_TRUE(KvFormat::Int8(128).IsStoredQuantized(128));
   EXPECT_FALSE(KvFormat::Int8(64).IsStoredQuantized(128));  // two scales per row: not read yet
   EXPECT_FALSE(KvFormat::Plain(DType::kF16).IsStoredQuantized(128));
+}
+
+// INT4 KIVI: values per row and keys per channel over a group, each code
+// within half a step (plus the f16 rounding of the minimum) of the input;
+// values on the grid round-trip exactly; the bytes are as documented.
+TEST(Int4KiviTest, ValueRowsAndKeyGroupsStayWithinHalfAStep) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-2.0f, 3.0f);
+  const int32_t d = 16, g = 32;
+  EXPECT_EQ(quant::Int4ValueRowBytes(d), 12);
+  EXPECT_EQ(quant::Int4KeyGroupBytes(g, d), 32 * 8 + 16 * 4);
+  std::vector<float> x(static_cast<size_t>(g * d)), back(x.size());
+  for (float& v : x) v = u(rng);
+  // A channel with an outlier: per-channel scales keep the other channels fine.
+  for (int32_t t = 0; t < g; ++t) x[static_cast<size_t>(t * d + 3)] *= 40.0f;
+  std::vector<std::byte> group(static_cast<size_t>(quant::Int4KeyGroupBytes(g, d)));
+  quant::EncodeInt4KeyGroup(x.data(), g, d, group.data());
+  quant::DecodeInt4KeyGroup(group.data(), g, d, back.data());
+  for (int32_t c = 0; c < d; ++c) {
+    float s, m;
+    quant::Int4KeyParams(group.data(), g, d, c, s, m);
+    float lo = x[static_cast<size_t>(c)];
+    for (int32_t t = 0; t < g; ++t) lo = std::min(lo, x[static_cast<size_t>(t * d + c)]);
+    for (int32_t t = 0; t < g; ++t) {
+      const size_t i = static_cast<size_t>(t * d + c);
+      EXPECT_LE(std::fabs(back[i] - x[i]), s / 2 + std::fabs(m - lo) + 1e-6f) << "channel " << c;
+    }
+    if (c != 3) {
+      EXPECT_LT(s, 5.0f / 15 * 1.01f) << "channel " << c << " paid for channel 3's outlier";
+    }
+  }
+  std::vector<std::byte> row(12);
+  quant::EncodeInt4ValueRow(x.data(), d, row.data());
+  quant::DecodeInt4ValueRow(row.data(), d, back.data());
+  float s, m;
+  quant::Int4ValueParams(row.data(), d, s, m);
+  for (int32_t i = 0; i < d; ++i) EXPECT_LE(std::fabs(back[static_cast<size_t>(i)] - x[static_cast<size_t>(i)]), s / 2 + 0.01f);
+  // On the grid: c * 0.25 + (-1) with codes 0..15 in use.
+  for (int32_t i = 0; i < d; ++i) x[static_cast<size_t>(i)] = static_cast<float>(i % 16) * 0.25f - 1.0f;
+  quant::EncodeInt4ValueRow(x.data(), d, row.data());
+  quant::DecodeInt4ValueRow(row.data(), d, back.data());
+  for (int32_t i = 0; i < d; ++i) EXPECT_EQ(back[static_cast<size_t>(i)], x[static_cast<size_t>(i)]);
+  // A constant row: scale 0, every value exact.
+  std::fill(x.begin(), x.begin() + d, 0.75f);
+  quant::EncodeInt4ValueRow(x.data(), d, row.data());
+  quant::DecodeInt4ValueRow(row.data(), d, back.data());
+  for (int32_t i = 0; i < d; ++i) EXPECT_EQ(back[static_cast<size_t>(i)], 0.75f);
 }
 
 }  // namespace

@@ -40,10 +40,6 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
     return InvalidArgumentError("-n " + std::to_string(o.max_new_tokens) + ": generate at least 1 token");
   }
   PAGEKV_RETURN_IF_ERROR(Sampler::Validate(o.sampling));
-  if (o.kv_dtype == DType::kInt4) {
-    return UnimplementedError("--kv-dtype " + std::string(DTypeName(o.kv_dtype)) +
-                              ": not stored yet; use f32, f16, bf16, int8, fp8_e4m3 or fp8_e5m2");
-  }
   const bool evicting = o.eviction.policy != EvictionPolicy::kNone;
   PAGEKV_RETURN_IF_ERROR(o.eviction.Validate());
   if (evicting && (o.prefix_cache || TiersConfigured(o.tiers) || !o.kv_events_endpoint.empty())) {

@@ -295,7 +295,7 @@ Result<bool> LlamaModel::ForwardBatch(KvCache& cache, std::span<const ForwardIte
   }
   for (int32_t l = 0; l < cc.num_layers; ++l) {
     const KvFormat& f = cc.FormatOf(l);
-    if (!f.IsPlainFloat() && !f.IsStoredQuantized(c.head_dim)) {
+    if (!f.IsPlainFloat() && !f.IsStoredQuantized(c.head_dim) && !f.IsKivi()) {
       return UnimplementedError("forward: KV format " + f.ToString() + " (layer " + std::to_string(l) + ") not supported");
     }
   }
@@ -397,6 +397,13 @@ Status LlamaModel::Compute(KvCache& cache, std::span<const ForwardItem> items, c
     }
   };
   auto store = [&](const KvFormat& format, const float* src, std::byte* dst, int64_t n) {
+    if (format.IsKivi()) {  // f16 rows: the cache quantizes each group when it fills
+      for (int64_t j = 0; j < n; ++j) {
+        const uint16_t h = F32ToF16(src[j]);
+        std::memcpy(dst + 2 * j, &h, 2);
+      }
+      return;
+    }
     if (!format.IsPlainFloat()) {  // one scaled row per (token, head): int8 or fp8
       const int64_t row = FormatRowBytes(format, c.head_dim);
       const DType q = format.dtype;
@@ -444,8 +451,8 @@ Status LlamaModel::Compute(KvCache& cache, std::span<const ForwardItem> items, c
       float* scores = items[i].scores == nullptr
                           ? nullptr
                           : items[i].scores + static_cast<int64_t>(l) * c.num_kv_heads * view.num_tokens;
-      prefill[i] = {view.blocks, view.num_tokens, n, scores, items[i].score_queries};
-      decode[i] = {view.blocks, view.num_tokens, scores};
+      prefill[i] = {view.blocks, view.num_tokens, n, scores, items[i].score_queries, view.tail};
+      decode[i] = {view.blocks, view.num_tokens, scores, view.tail};
     }
     {
       Stopwatch watch(attention_time);
