@@ -66,11 +66,13 @@ struct Prefetcher {
   }
 };
 
-// The f16 scale that ends an int8 or fp8 row (layout/quantize.h).
+// The f16 scale that ends an int8 or fp8 row (layout/quantize.h), and any
+// other f16 parameter: one lane through the target's conversion (F16C's
+// vcvtph2ps where the CPU has it), not the branchy software one.
 HWY_INLINE float Int8Scale(const std::byte* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return F16ToF32(h);
+  const hn::CappedTag<float, 1> d1;
+  const hn::Rebind<hwy::float16_t, decltype(d1)> dh1;
+  return hn::GetLane(hn::PromoteTo(d1, hn::LoadU(dh1, reinterpret_cast<const hwy::float16_t*>(p))));
 }
 
 // Element j of row t of a slab whose rows are row_bytes apart.
@@ -386,37 +388,61 @@ HWY_INLINE float Nibble(const uint8_t* bytes, int32_t i) {
 
 // out[t][c] = code(t, c) * scale[c] + min[c] for n rows of d packed codes
 // rows_bytes apart (per-channel parameters: keys), or with one scale and
-// minimum per row read from the row's end (per_token: values).
-template <class DF>
+// minimum per row read from the row's end (kPerToken: values). The main loop
+// takes 2N codes from N bytes: split into low and high nibbles, interleaved
+// back into element order, widened and converted.
+template <bool kPerToken, class DF>
 void DequantInt4(DF df, const std::byte* rows, int64_t row_bytes, int64_t n, int32_t d, const float* scale,
-                 const float* min, bool per_token, float* HWY_RESTRICT out) {
+                 const float* min, float* HWY_RESTRICT out) {
   const auto lanes = static_cast<int32_t>(hn::Lanes(df));
   for (int64_t t = 0; t < n; ++t) {
     const auto* codes = reinterpret_cast<const uint8_t*>(rows + t * row_bytes);
     float* o = out + t * d;
     float s = 0, m = 0;
-    if (per_token) {
+    if constexpr (kPerToken) {
       s = Int8Scale(rows + t * row_bytes + d / 2);
       m = Int8Scale(rows + t * row_bytes + d / 2 + 2);
     }
     int32_t j = 0;
 #if HWY_TARGET != HWY_SCALAR
     if constexpr (hn::MaxLanes(df) >= 2) {
+      const hn::Rebind<uint8_t, DF> du8;
+      const hn::Rebind<uint32_t, DF> du32;
+      const hn::Rebind<int32_t, DF> di32;
+      const auto vs = hn::Set(df, s), vm = hn::Set(df, m);
+      auto put = [&](hn::Vec<decltype(du8)> c8, int32_t at) {
+        const auto c = hn::ConvertTo(df, hn::BitCast(di32, hn::PromoteTo(du32, c8)));
+        if constexpr (kPerToken) {
+          hn::StoreU(hn::MulAdd(c, vs, vm), df, o + at);
+        } else {
+          hn::StoreU(hn::MulAdd(c, hn::LoadU(df, scale + at), hn::LoadU(df, min + at)), df, o + at);
+        }
+      };
+      for (; j + 2 * lanes <= d; j += 2 * lanes) {
+        const auto b = hn::LoadU(du8, codes + j / 2);
+        const auto lo = hn::And(b, hn::Set(du8, 0x0F));
+        const auto hi = hn::ShiftRight<4>(b);
+        put(hn::InterleaveLower(du8, lo, hi), j);
+        put(hn::InterleaveUpper(du8, lo, hi), j + lanes);
+      }
       for (; j + lanes <= d; j += lanes) {
         const auto c = Nibbles(df, codes + j / 2);
-        const auto r = per_token ? hn::MulAdd(c, hn::Set(df, s), hn::Set(df, m))
-                                 : hn::MulAdd(c, hn::LoadU(df, scale + j), hn::LoadU(df, min + j));
-        hn::StoreU(r, df, o + j);
+        if constexpr (kPerToken) {
+          hn::StoreU(hn::MulAdd(c, vs, vm), df, o + j);
+        } else {
+          hn::StoreU(hn::MulAdd(c, hn::LoadU(df, scale + j), hn::LoadU(df, min + j)), df, o + j);
+        }
       }
     }
 #else
     (void)lanes;
 #endif
-    for (; j < d; ++j) o[j] = Nibble(codes, j) * (per_token ? s : scale[j]) + (per_token ? m : min[j]);
+    for (; j < d; ++j) o[j] = Nibble(codes, j) * (kPerToken ? s : scale[j]) + (kPerToken ? m : min[j]);
   }
 }
 
 constexpr int32_t kKiviChunk = 64;
+constexpr int32_t kKiviPrefetchChunks = 4;  // how far ahead the KIVI path prefetches
 
 template <class DF>
 void AttendRowsKiviT(DF df, const RowTask& task) {
@@ -454,29 +480,52 @@ void AttendRowsKiviT(DF df, const RowTask& task) {
   };
   const int64_t sealed_end = std::min(end, task.tail_begin);
   int64_t params_group = -1;  // the key group whose parameters are loaded
+  // The bytes of chunk `start`: its key codes (and their group's parameters)
+  // and its value rows, prefetched kKiviPrefetchChunks chunks ahead into L2
+  // (blocks are scattered, so the hardware prefetchers do not follow).
+  auto prefetch = [&](int64_t at) {
+    if (at >= sealed_end) return;
+    const int64_t n = std::min<int64_t>(chunk, sealed_end - at);
+    const int64_t block = ToInt(task.blocks[at / bl]);
+    const int64_t in_block = at % bl;
+    const std::byte* k = task.k_region + block * task.slab_stride + (in_block / g) * group_bytes + (in_block % g) * (d / 2);
+    const int64_t k_bytes = (n + g - 1) / g * group_bytes;  // codes and parameters of the groups it touches
+    for (int64_t o = 0; o < k_bytes; o += 64) __builtin_prefetch(k + o, 0, 2);
+    const std::byte* v = task.v_region + block * task.v_slab_stride + in_block * value_row;
+    for (int64_t o = 0; o < n * value_row; o += 64) __builtin_prefetch(v + o, 0, 2);
+  };
+  for (int32_t a = 0; a < kKiviPrefetchChunks; ++a) prefetch(task.tok_begin + a * chunk);
   for (int64_t start = task.tok_begin; start < sealed_end; start += chunk) {
     const int64_t n = std::min<int64_t>(chunk, sealed_end - start);
     const int64_t block = ToInt(task.blocks[start / bl]);
     const int64_t in_block = start % bl;
+    prefetch(start + kKiviPrefetchChunks * chunk);
     // Keys group by group (each with its own per-channel parameters).
     for (int64_t t = 0; t < n;) {
       const int64_t at = in_block + t;
       const std::byte* group = task.k_region + block * task.slab_stride + (at / g) * group_bytes;
       const int64_t group_id = (start + t) / g;
-      if (group_id != params_group) {
-        const std::byte* params = group + int64_t{g} * d / 2;
-        for (int32_t c = 0; c < d; ++c) {
-          kscale[c] = Int8Scale(params + 4 * c);
-          kmin[c] = Int8Scale(params + 4 * c + 2);
+      if (group_id != params_group) {  // d f16 scales then d f16 minimums, to f32
+        const auto* params = reinterpret_cast<const hwy::float16_t*>(group + int64_t{g} * d / 2);
+        int32_t c = 0;
+        const hn::Rebind<hwy::float16_t, DF> df16;
+        const auto lanes = static_cast<int32_t>(hn::Lanes(df));
+        for (; c + lanes <= d; c += lanes) {
+          hn::StoreU(hn::PromoteTo(df, hn::LoadU(df16, params + c)), df, kscale + c);
+          hn::StoreU(hn::PromoteTo(df, hn::LoadU(df16, params + d + c)), df, kmin + c);
+        }
+        for (; c < d; ++c) {
+          kscale[c] = Int8Scale(reinterpret_cast<const std::byte*>(params + c));
+          kmin[c] = Int8Scale(reinterpret_cast<const std::byte*>(params + d + c));
         }
         params_group = group_id;
       }
       const int64_t rows = std::min<int64_t>(n - t, g - at % g);
-      DequantInt4(df, group + (at % g) * (d / 2), d / 2, rows, d, kscale, kmin, false, ktile + t * d);
+      DequantInt4<false>(df, group + (at % g) * (d / 2), d / 2, rows, d, kscale, kmin, ktile + t * d);
       t += rows;
     }
-    DequantInt4(df, task.v_region + block * task.v_slab_stride + in_block * value_row, value_row, n, d, nullptr,
-                nullptr, true, vtile);
+    DequantInt4<true>(df, task.v_region + block * task.v_slab_stride + in_block * value_row, value_row, n, d, nullptr,
+                      nullptr, vtile);
     run(start, n);
     sub.dtype = DType::kF32;
     sub.row_bytes = int64_t{d} * 4;

@@ -176,15 +176,15 @@ void EncodeInt4KeyGroup(const float* x, int32_t g, int32_t d, std::byte* group) 
     Int4Params(lo, hi, s16, m16);
     const float s = F16ToF32(s16), m = F16ToF32(m16);
     for (int32_t t = 0; t < g; ++t) PutNibble(group + int64_t{t} * d / 2, c, Int4Code(x[int64_t{t} * d + c], s, m));
-    std::memcpy(params + 4 * c, &s16, 2);
-    std::memcpy(params + 4 * c + 2, &m16, 2);
+    std::memcpy(params + 2 * c, &s16, 2);          // the d scales
+    std::memcpy(params + 2 * (d + c), &m16, 2);    // then the d minimums
   }
 }
 
 void Int4KeyParams(const std::byte* group, int32_t g, int32_t d, int32_t c, float& scale, float& min) {
   const std::byte* params = group + int64_t{g} * d / 2;
-  scale = F16At(params + 4 * c);
-  min = F16At(params + 4 * c + 2);
+  scale = F16At(params + 2 * c);
+  min = F16At(params + 2 * (d + c));
 }
 
 void DecodeInt4KeyGroup(const std::byte* group, int32_t g, int32_t d, float* x) {

@@ -32,7 +32,8 @@
 // Two codes per byte, element 2i in the low nibble of byte i.
 //   value row (per token): [D/2 code bytes][f16 s][f16 m]        D/2 + 4 bytes
 //   key group (per channel over G tokens):
-//     [G rows of D/2 code bytes][D x (f16 s, f16 m)]             G*D/2 + 4*D bytes
+//     [G rows of D/2 code bytes][D f16 s][D f16 m]               G*D/2 + 4*D bytes
+//   (scales and minimums each contiguous, so a kernel converts them a vector at a time)
 // Values on the grid (x = c * s + m with s, m f16 and both 0 and 15 used)
 // round-trip exactly.
 #pragma once
