@@ -348,6 +348,9 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& o) {
   KvCacheOptions co;
   co.config = st->m.model->CacheGeometry(o.block_len, o.kv_dtype, o.num_blocks);
   co.config.budget_bytes = o.kv_budget_bytes;
+  PAGEKV_ASSIGN_OR_RETURN(co.config.layer_formats,
+                          ParseLayerFormats(o.kv_layer_dtypes, st->m.model->config().num_layers,
+                                            st->m.model->config().head_dim, co.config.format));
   PAGEKV_ASSIGN_OR_RETURN(st->cache, KvCache::Create(co));
   if (TiersConfigured(o.tiers)) {
     if (o.allocator != Allocator::kPaged || !o.prefix_cache) {

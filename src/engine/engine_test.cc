@@ -3,6 +3,7 @@
 // nothing when it says no, cancellation, and invariants after every step of
 // a seeded random workload, all against the same requests run alone.
 #include "pagekv/engine.h"
+#include "pagekv/generate.h"
 
 #include <random>
 #include <thread>
@@ -67,6 +68,43 @@ TEST(EngineTest, PreemptionUnderBlockPressureResumesWithIdenticalOutput) {
   EXPECT_GT(preemptions, 0) << "the pool was meant to be too small";
   EXPECT_EQ(e->Metrics().preemptions, preemptions);
   EXPECT_EQ(e->Metrics().blocks_used, 0);
+}
+
+// INT4 KIVI through the engine, the prefix cache included: a prompt's full
+// blocks are sealed KIVI groups; a second request with the same prompt hits
+// them and continues from an empty tail, writing the same tokens as the
+// first, which match Generate's for the same format.
+TEST(EngineTest, Int4KiviWithThePrefixCacheGivesTheSameTokensAsGenerate) {
+  EngineOptions o = Options(64);
+  o.block_len = 32;
+  o.kv_dtype = DType::kInt4;
+  o.kv_layer_dtypes = "0=f16";
+  auto e = std::move(*Engine::Create(o));
+  const std::string prompt =
+      "Once upon a time, there was a little girl named Lily. She loved to play outside in the park with her friends.";
+  std::vector<RequestId> ids;
+  for (int i = 0; i < 2; ++i) {
+    EngineRequest r;
+    r.prompt = e->Encode(prompt);
+    r.max_tokens = 40;
+    r.ignore_eos = true;
+    ids.push_back(*e->Submit(r));
+    ASSERT_TRUE(e->RunUntilIdle().ok());
+  }
+  const RequestResult first = e->Wait(ids[0]), second = e->Wait(ids[1]);
+  EXPECT_GE(second.cached_prompt_tokens, 32) << "the second request was meant to hit the first one's blocks";
+  EXPECT_EQ(first.tokens, second.tokens);
+  EXPECT_EQ(e->Metrics().blocks_used, 0);
+  GenerateOptions g;
+  g.model_path = kGguf;
+  g.prompts = {prompt};
+  g.max_new_tokens = 40;
+  g.block_len = 32;
+  g.kv_dtype = DType::kInt4;
+  g.kv_layer_dtypes = "0=f16";
+  Result<GenerateReport> alone = Generate(g);
+  ASSERT_TRUE(alone.ok()) << alone.status().ToString();
+  EXPECT_EQ(alone->outputs[0].generated_ids, first.tokens);
 }
 
 TEST(EngineTest, ChunkedPrefillAtEverySplitGivesIdenticalOutput) {
