@@ -140,7 +140,7 @@ CLI::App* AddEvalCommand(CLI::App& app, int& exit_code) {
   kv->add_option("--model", args.model, "Model: a .gguf file, or a llama2.c .bin (with --tokenizer)")->required();
   kv->add_option("--tokenizer", args.tokenizer, "llama2.c tokenizer.bin (for .bin checkpoints)");
   kv->add_option("--goldens", args.goldens, "Goldens JSON with prompts and the NLL text (default ../shared/goldens/stories260K.json)");
-  kv->add_option("--kv-dtype", args.kv_dtype, "KV format under test: int8 (default), f16, bf16, f32");
+  kv->add_option("--kv-dtype", args.kv_dtype, "KV format under test: int8 (default), int4 (KIVI), fp8_e4m3, fp8_e5m2, f16, bf16, f32");
   kv->add_option("--kv-layer-dtypes", args.layer_dtypes,
                  "Per-layer overrides of --kv-dtype: LAYERS=DTYPE,... (index, -1 = last, or a:b), e.g. 0=f16,-1=f16");
   kv->add_option("--policy", args.policy, "Token eviction: none (default), streaming, h2o, snapkv");

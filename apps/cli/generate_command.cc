@@ -203,7 +203,7 @@ CLI::App* AddGenerateCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--block-len", args.block_len, "Tokens per KV block (default 16)");
   cmd->add_option("--blocks", args.blocks, "KV blocks in the pool (default: enough for the batch)");
   cmd->add_option("--kv-dtype", args.kv_dtype,
-                  "KV storage: f32 (default), f16, bf16, int8, fp8_e4m3, fp8_e5m2 (int8 / fp8: one f16 scale per row)");
+                  "KV storage: f32 (default), f16, bf16, int8, fp8_e4m3, fp8_e5m2 (one f16 scale per row), int4 (KIVI; --block-len a multiple of 32)");
   cmd->add_option("--kv-layer-dtypes", args.kv_layer_dtypes,
                   "Per-layer overrides of --kv-dtype: LAYERS=DTYPE,... (index, -1 = last, or a:b), e.g. 0=f16,-1=f16");
   cmd->add_option("--kv-policy", args.kv_policy, "Token eviction: none (default), streaming, h2o, snapkv");
