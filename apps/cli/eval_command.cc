@@ -18,6 +18,7 @@ struct EvalArgs {
   int32_t continuations = 4, block_len = 32;
   int threads = 0;
   bool json = false, no_speed = false, table = false;
+  std::string rotate = "none";
 };
 
 nlohmann::ordered_json ReportJson(const KvEvalReport& r) {
@@ -47,9 +48,11 @@ int RunEvalTable(const EvalArgs& a, KvEvalOptions o) {
     DType dtype;
     const char* policy;
     const char* layers = "";
+    bool hadamard = false;
   };
   const double budget = a.budget < 1 ? a.budget : 0.2;
   std::vector<Row> rows = {{DType::kF16, "none"},          {DType::kBF16, "none"},          {DType::kInt8, "none"},
+                           {DType::kInt8, "none", "", true},
                            {DType::kInt8, "none", "0=f16,-1=f16"}, {DType::kInt4, "none"},
                            {DType::kFP8E4M3, "none"},      {DType::kFP8E5M2, "none"},       {DType::kF16, "streaming"},
                            {DType::kF16, "h2o"},           {DType::kF16, "snapkv"}};
@@ -62,6 +65,7 @@ int RunEvalTable(const EvalArgs& a, KvEvalOptions o) {
   for (const Row& row : rows) {
     o.kv_dtype = row.dtype;
     o.layer_dtypes = row.layers;
+    o.hadamard = row.hadamard;
     o.policy = row.policy;
     o.budget = std::string(row.policy) == "none" ? 1.0 : budget;
     Result<KvEvalReport> r = EvalKv(o);
@@ -96,6 +100,11 @@ int RunEvalKv(const EvalArgs& a) {
   }
   o.kv_dtype = *dt;
   o.layer_dtypes = a.layer_dtypes;
+  if (a.rotate != "none" && a.rotate != "hadamard") {
+    std::fprintf(stderr, "error: --kv-rotate %s: use none or hadamard\n", a.rotate.c_str());
+    return kExitBadInput;
+  }
+  o.hadamard = a.rotate == "hadamard";
   o.policy = a.policy;
   o.budget = a.budget;
   o.continuations = a.continuations;
@@ -143,6 +152,8 @@ CLI::App* AddEvalCommand(CLI::App& app, int& exit_code) {
   kv->add_option("--kv-dtype", args.kv_dtype, "KV format under test: int8 (default), int4 (KIVI), fp8_e4m3, fp8_e5m2, f16, bf16, f32");
   kv->add_option("--kv-layer-dtypes", args.layer_dtypes,
                  "Per-layer overrides of --kv-dtype: LAYERS=DTYPE,... (index, -1 = last, or a:b), e.g. 0=f16,-1=f16");
+  kv->add_option("--kv-rotate", args.rotate,
+                 "none (default) or hadamard: int8 / fp8 rows stored rotated by the Hadamard transform");
   kv->add_option("--policy", args.policy, "Token eviction: none (default), streaming, h2o, snapkv");
   kv->add_option("--budget", args.budget, "Fraction of tokens kept, (0, 1] (default 1; the table's policies: 0.2)");
   kv->add_option("--prompt-fraction", args.prompt_fraction,

@@ -28,7 +28,7 @@ struct GenerateArgs {
   bool salt_given = false;
   int kv_events_wait_ms = 0;
   TierArgs tiers;
-  std::string kv_policy = "none";
+  std::string kv_policy = "none", kv_rotate = "none";
   double kv_budget = 1.0;
 };
 
@@ -73,6 +73,11 @@ int RunGenerate(const GenerateArgs& a) {
   }
   o.eviction = *ev;
   o.kv_layer_dtypes = a.kv_layer_dtypes;
+  if (a.kv_rotate != "none" && a.kv_rotate != "hadamard") {
+    std::fprintf(stderr, "error: --kv-rotate %s: use none or hadamard\n", a.kv_rotate.c_str());
+    return kExitBadInput;
+  }
+  o.kv_hadamard = a.kv_rotate == "hadamard";
   const bool stream = !a.json && o.prompts.size() == 1;
   bool streamed = false;  // the prompt is printed with the first token, so an error prints alone
   if (stream) {
@@ -206,6 +211,8 @@ CLI::App* AddGenerateCommand(CLI::App& app, int& exit_code) {
                   "KV storage: f32 (default), f16, bf16, int8, fp8_e4m3, fp8_e5m2 (one f16 scale per row), int4 (KIVI; --block-len a multiple of 32)");
   cmd->add_option("--kv-layer-dtypes", args.kv_layer_dtypes,
                   "Per-layer overrides of --kv-dtype: LAYERS=DTYPE,... (index, -1 = last, or a:b), e.g. 0=f16,-1=f16");
+  cmd->add_option("--kv-rotate", args.kv_rotate,
+                  "none (default) or hadamard: int8 / fp8 rows stored rotated by the Hadamard transform");
   cmd->add_option("--kv-policy", args.kv_policy, "Token eviction: none (default), streaming, h2o, snapkv");
   cmd->add_option("--kv-budget", args.kv_budget, "Fraction of each sequence's tokens kept by --kv-policy, (0, 1] (default 1)");
   cmd->add_option("--dump-logits", args.dump_logits, "With --json: the top-K ids and logits of every step");

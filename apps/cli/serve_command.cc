@@ -16,7 +16,7 @@ std::atomic<bool> g_stop{false};
 void OnSignal(int) { g_stop = true; }
 
 struct ServeArgs {
-  std::string model, tokenizer, host = "127.0.0.1", api_key, kv_budget = "256MiB", kv_dtype = "f32", name, kv_layer_dtypes;
+  std::string model, tokenizer, host = "127.0.0.1", api_key, kv_budget = "256MiB", kv_dtype = "f32", name, kv_layer_dtypes, kv_rotate = "none";
   int port = 8080;
   int64_t max_body = 1 << 20, max_queue = 256, step_tokens = 256, blocks = 0;
   int32_t block_len = 16, max_running = 64;
@@ -43,6 +43,11 @@ int RunServe(const ServeArgs& a) {
   }
   o.engine.kv_dtype = *dt;
   o.engine.kv_layer_dtypes = a.kv_layer_dtypes;
+  if (a.kv_rotate != "none" && a.kv_rotate != "hadamard") {
+    std::fprintf(stderr, "error: --kv-rotate %s: use none or hadamard\n", a.kv_rotate.c_str());
+    return kExitBadInput;
+  }
+  o.engine.kv_hadamard = a.kv_rotate == "hadamard";
   if (a.blocks > 0) {
     o.engine.num_blocks = a.blocks;
   } else {
@@ -94,6 +99,8 @@ CLI::App* AddServeCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--kv-dtype", args.kv_dtype,
                   "KV storage: f32 (default), f16, bf16, int8, fp8_e4m3, fp8_e5m2 (one f16 scale per row), int4 (KIVI; "
                   "--block-len a multiple of 32)");
+  cmd->add_option("--kv-rotate", args.kv_rotate,
+                  "none (default) or hadamard: int8 / fp8 rows stored rotated by the Hadamard transform");
   cmd->add_option("--kv-layer-dtypes", args.kv_layer_dtypes,
                   "Per-layer overrides of --kv-dtype: LAYERS=DTYPE,... (index, -1 = last, or a:b), e.g. 0=f16,-1=f16");
   cmd->add_option("--max-step-tokens", args.step_tokens, "Tokens per engine step (chunked prefill; default 256)")

@@ -55,17 +55,30 @@ struct KvFormat {
   ScaleAxis scale_axis = ScaleAxis::kNone;
   int32_t group_size = 0;          // elements per scale; 0 when scale_axis == kNone
   DType scale_dtype = DType::kF16;  // storage type of each scale
+  // int8 / fp8 rows: the row is stored rotated by the orthonormal Hadamard
+  // transform (layout/quantize.h), which spreads a row's outlier channels
+  // over all of its elements before one scale is chosen for them. The
+  // attention kernels rotate the query the same way and rotate the output
+  // back, so results are those of the unrotated values. Needs a power-of-two
+  // row length.
+  bool hadamard = false;
 
-  static constexpr KvFormat Plain(DType d) { return KvFormat{d, ScaleAxis::kNone, 0, DType::kF16}; }
+  static constexpr KvFormat Plain(DType d) { return KvFormat{d, ScaleAxis::kNone, 0, DType::kF16, false}; }
+  // The same format with Hadamard-rotated rows (int8 and fp8 only).
+  KvFormat WithHadamard() const {
+    KvFormat f = *this;
+    f.hadamard = true;
+    return f;
+  }
   // INT8 with one f16 scale per (token, head) row of `row_elems` elements
   // (docs/KV_LAYOUT.md): row_bytes = row_elems + 2.
   static constexpr KvFormat Int8(int32_t row_elems) {
-    return KvFormat{DType::kInt8, ScaleAxis::kPerToken, row_elems, DType::kF16};
+    return KvFormat{DType::kInt8, ScaleAxis::kPerToken, row_elems, DType::kF16, false};
   }
   // FP8 (kFP8E4M3 or kFP8E5M2) with one f16 scale per (token, head) row:
   // row_bytes = row_elems + 2.
   static constexpr KvFormat Fp8(DType d, int32_t row_elems) {
-    return KvFormat{d, ScaleAxis::kPerToken, row_elems, DType::kF16};
+    return KvFormat{d, ScaleAxis::kPerToken, row_elems, DType::kF16, false};
   }
   // INT4, KIVI-style (docs/KV_LAYOUT.md): keys quantized per channel over
   // groups of `group` tokens, values per token, both asymmetric 4-bit codes
@@ -73,7 +86,7 @@ struct KvFormat {
   // group stays in f16 beside the pool until it fills. group: a power of two
   // in [8, 256] dividing block_len; head_dim even.
   static constexpr KvFormat Int4Kivi(int32_t group) {
-    return KvFormat{DType::kInt4, ScaleAxis::kPerChannel, group, DType::kF16};
+    return KvFormat{DType::kInt4, ScaleAxis::kPerChannel, group, DType::kF16, false};
   }
   static constexpr int32_t kDefaultKiviGroup = 32;
   // The format `--kv-dtype` names for rows of row_elems elements: plain for

@@ -90,6 +90,7 @@ struct EngineOptions {
   int32_t block_len = 16;
   DType kv_dtype = DType::kF32;
   std::string kv_layer_dtypes;  // per-layer overrides, e.g. "0=f16,-1=f16" (ParseLayerFormats)
+  bool kv_hadamard = false;     // int8 / fp8 rows stored Hadamard-rotated (RotateQuantizedRows)
   int64_t num_blocks = 0;        // the pool; or
   int64_t kv_budget_bytes = 0;   // a byte budget (one of the two)
   int64_t max_step_tokens = 256; // tokens per step over all sequences (chunked prefill)

@@ -32,6 +32,7 @@ struct KvEvalOptions {
   std::string goldens_path;     // e.g. ../shared/goldens/stories260K.json (prompts and the NLL text)
   DType kv_dtype = DType::kInt8;
   std::string layer_dtypes;     // per-layer overrides of kv_dtype, e.g. "0=f16,-1=f16" (ParseLayerFormats)
+  bool hadamard = false;        // int8 / fp8 rows stored Hadamard-rotated (RotateQuantizedRows)
   std::string policy = "none";  // token eviction: none, streaming, h2o, snapkv (pagekv/eviction.h)
   double budget = 1.0;          // fraction of tokens kept, (0, 1]; 1 with policy none
   double prompt_fraction = 0.5; // each sequence's first part, prefilled as the prompt; the rest is decoded

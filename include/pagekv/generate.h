@@ -42,6 +42,7 @@ struct GenerateOptions {
   int32_t block_len = 16;
   DType kv_dtype = DType::kF32;
   std::string kv_layer_dtypes;  // per-layer overrides, e.g. "0=f16,-1=f16" (ParseLayerFormats in kv_layout.h)
+  bool kv_hadamard = false;     // int8 / fp8 rows stored Hadamard-rotated (RotateQuantizedRows)
   int64_t num_blocks = 0;  // 0 = enough for every prompt plus max_new_tokens
   int32_t top_logits = 0;  // > 0: record the top-k (id, logit) of every step
   int threads = 0;         // 0 = every hardware thread

@@ -216,4 +216,9 @@ int64_t FormatRowBytes(const KvFormat& format, int64_t elems);
 Result<std::vector<KvFormat>> ParseLayerFormats(std::string_view spec, int32_t num_layers, int32_t row_elems,
                                                 const KvFormat& base);
 
+// Marks every int8 and fp8 format of the config (the base and the layer
+// overrides) Hadamard-rotated (KvFormat::hadamard). Error: none of them is
+// int8 or fp8. KvLayout::Create then checks the row length is a power of two.
+Status RotateQuantizedRows(CacheConfig& config);
+
 }  // namespace pagekv

@@ -54,13 +54,14 @@ int32_t ArgMax(const float* x, int32_t n) { return static_cast<int32_t>(std::max
 // predicting tokens split .. n-1: [n - split][vocab]. kept_sum gains the
 // kept fraction (cached / seen) after every decode step.
 Result<std::vector<float>> DecodedLogits(const LlamaModel& model, DType dtype, const std::vector<KvFormat>& layers,
-                                         const EvictionOptions& policy, int32_t block_len,
+                                         bool hadamard, const EvictionOptions& policy, int32_t block_len,
                                          std::span<const int32_t> tokens, int64_t split, int threads,
                                          double& kept_sum, int64_t& kept_steps) {
   const auto n = static_cast<int64_t>(tokens.size());
   KvCacheOptions co;
   co.config = model.CacheGeometry(block_len, dtype, (n + block_len - 1) / block_len);
   co.config.layer_formats = layers;
+  if (hadamard) PAGEKV_RETURN_IF_ERROR(RotateQuantizedRows(co.config));
   co.prefault = false;
   PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache, KvCache::Create(co));
   PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<TokenEvictor> evictor, TokenEvictor::Create(policy, cache->layout()));
@@ -154,12 +155,14 @@ Result<KvEvalReport> EvalKv(const KvEvalOptions& o) {
     KvCacheOptions co;
     co.config = model.CacheGeometry(o.block_len, o.kv_dtype, 1);
     co.config.layer_formats = layers;
+    if (o.hadamard) PAGEKV_RETURN_IF_ERROR(RotateQuantizedRows(co.config));
     co.prefault = false;
     PAGEKV_RETURN_IF_ERROR(KvCache::Create(co).status());
   }
 
   KvEvalReport r;
-  r.kv_dtype = std::string(DTypeName(o.kv_dtype)) + (o.layer_dtypes.empty() ? "" : "," + o.layer_dtypes);
+  r.kv_dtype = std::string(DTypeName(o.kv_dtype)) + (o.hadamard ? "+hadamard" : "") +
+               (o.layer_dtypes.empty() ? "" : "," + o.layer_dtypes);
   r.policy = o.policy;
   r.budget = o.budget;
   {
@@ -190,7 +193,7 @@ Result<KvEvalReport> EvalKv(const KvEvalOptions& o) {
                                      static_cast<uint64_t>(c + 1), o.block_len, o.threads));
     const int64_t split = split_of(seq.size());
     PAGEKV_ASSIGN_OR_RETURN(std::vector<float> ref, AllLogits(model, DType::kF32, o.block_len, seq, o.threads));
-    PAGEKV_ASSIGN_OR_RETURN(std::vector<float> got, DecodedLogits(model, o.kv_dtype, layers, policy, o.block_len, seq, split,
+    PAGEKV_ASSIGN_OR_RETURN(std::vector<float> got, DecodedLogits(model, o.kv_dtype, layers, o.hadamard, policy, o.block_len, seq, split,
                                                                   o.threads, kept_sum, kept_steps));
     for (size_t t = static_cast<size_t>(split) - 1; t + 1 < seq.size(); ++t) {
       const float* a = ref.data() + t * static_cast<size_t>(vocab);
@@ -217,7 +220,7 @@ Result<KvEvalReport> EvalKv(const KvEvalOptions& o) {
   const int64_t text_split = split_of(text.size());
   {
     PAGEKV_ASSIGN_OR_RETURN(std::vector<float> ref, AllLogits(model, DType::kF32, o.block_len, text, o.threads));
-    PAGEKV_ASSIGN_OR_RETURN(std::vector<float> got, DecodedLogits(model, o.kv_dtype, layers, policy, o.block_len, text,
+    PAGEKV_ASSIGN_OR_RETURN(std::vector<float> got, DecodedLogits(model, o.kv_dtype, layers, o.hadamard, policy, o.block_len, text,
                                                                   text_split, o.threads, kept_sum, kept_steps));
     double nll_ref = 0, nll = 0;
     for (size_t t = static_cast<size_t>(text_split) - 1; t + 1 < text.size(); ++t) {

@@ -150,6 +150,24 @@ TEST(KvEvalTest, Int4KiviMeetsTheNllTarget) {
   EXPECT_EQ(r->bytes_per_token, 5 * 4 * ((4 + 1) + (4 + 4)));
 }
 
+// Hadamard-rotated INT8 rows on the real model: the same bytes, 43% less KL
+// (0.00101 against 0.00176 over 8 continuations), top-1 98.4% against
+// 97.75%, and the golden NLL change within the 0.5% (+0.43%).
+TEST(KvEvalTest, HadamardRotatedInt8MeetsTheNllTarget) {
+  Result<KvEvalReport> plain = EvalKv(Options(DType::kInt8));
+  KvEvalOptions o = Options(DType::kInt8);
+  o.hadamard = true;
+  Result<KvEvalReport> r = EvalKv(o);
+  ASSERT_TRUE(plain.ok() && r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->kv_dtype, "int8+hadamard");
+  EXPECT_EQ(r->bytes_per_token, plain->bytes_per_token);
+  EXPECT_LE(std::abs(r->nll_change_rel), 0.005);
+  EXPECT_LT(r->kl_mean, plain->kl_mean * 0.8);
+  EXPECT_GE(r->top1_agreement, plain->top1_agreement);
+  o.kv_dtype = DType::kF16;  // nothing to rotate: named before any work
+  EXPECT_EQ(EvalKv(o).status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST(KvEvalTest, BadConfigurationsAreNamedUpFront) {
   KvEvalOptions o = Options(DType::kInt8);
   o.policy = "lru";

@@ -351,6 +351,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& o) {
   PAGEKV_ASSIGN_OR_RETURN(co.config.layer_formats,
                           ParseLayerFormats(o.kv_layer_dtypes, st->m.model->config().num_layers,
                                             st->m.model->config().head_dim, co.config.format));
+  if (o.kv_hadamard) PAGEKV_RETURN_IF_ERROR(RotateQuantizedRows(co.config));
   PAGEKV_ASSIGN_OR_RETURN(st->cache, KvCache::Create(co));
   if (TiersConfigured(o.tiers)) {
     if (o.allocator != Allocator::kPaged || !o.prefix_cache) {

@@ -13,6 +13,7 @@
 #include "base/checked_math.h"
 #include "base/thread_pool.h"
 #include "kernels/attention_kernel.h"
+#include "layout/quantize.h"
 
 namespace pagekv {
 namespace {
@@ -26,6 +27,7 @@ struct Geometry {
   int64_t row_bytes = 0;  // this layer's
   DType dtype = DType::kF32;
   int32_t kivi_group = 0;  // INT4 KIVI layers: tokens per key group
+  bool hadamard = false;   // rows stored Hadamard-rotated: rotate q, rotate the output back
   float scale = 0;
 };
 
@@ -66,6 +68,7 @@ Status ValidateCommon(const PagedKv& kv, const float* q, const float* out, Geome
   g.row_bytes = l.row_bytes(kv.layer);
   g.dtype = f.dtype;
   g.kivi_group = l.kivi_group(kv.layer);
+  g.hadamard = f.hadamard;
   return Status::Ok();
 }
 
@@ -188,6 +191,8 @@ void RunItem(const WorkItem& w, const PagedKv& kv, const Geometry& g, std::span<
       s.limit[static_cast<size_t>(r)] = pos + 1;
       m[r] = -std::numeric_limits<float>::infinity();
       l[r] = 0.0f;
+      // (H q) . (H k) = q . k for the orthonormal H the rows were stored with.
+      if (g.hadamard) quant::HadamardInPlace(s.q.data() + static_cast<size_t>(r) * d, d);
     }
   }
   std::fill(acc, acc + static_cast<int64_t>(rows) * d, 0.0f);
@@ -270,6 +275,7 @@ void RunItem(const WorkItem& w, const PagedKv& kv, const Geometry& g, std::span<
       float* dst = out_seq + ((w.first_query + j) * g.q_heads + w.kv_head * g.group + i) * d;
       const float inv = 1.0f / l[r];
       for (int32_t x = 0; x < d; ++x) dst[x] = acc[static_cast<size_t>(r) * d + x] * inv;
+      if (g.hadamard) quant::HadamardInPlace(dst, d);  // sum p (H v) = H (sum p v); H is its own inverse
     }
   }
 }
@@ -384,6 +390,7 @@ Status PagedDecodeAttention(const PagedKv& kv, std::span<const DecodeSeq> seqs, 
           }
           const float inv = 1.0f / denom;
           for (int32_t x = 0; x < g.head_dim; ++x) dst[x] *= inv;
+          if (g.hadamard) quant::HadamardInPlace(dst, g.head_dim);
           if (score_out[i].lse != nullptr) score_out[i].lse[h * g.group + r] = big_m + std::log(denom);
         }
       }

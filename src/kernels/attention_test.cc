@@ -39,7 +39,7 @@ class PagedFixture {
  public:
   // layer_dtypes (optional): a format per layer instead of dtype everywhere.
   PagedFixture(int32_t layers, int32_t q_heads, int32_t kv_heads, int32_t head_dim, int32_t block_len, DType dtype,
-               std::vector<int64_t> lengths, uint32_t seed, std::vector<DType> layer_dtypes = {})
+               std::vector<int64_t> lengths, uint32_t seed, std::vector<DType> layer_dtypes = {}, bool hadamard = false)
       : rng_(seed), lengths_(std::move(lengths)) {
     CacheConfig c;
     c.num_layers = layers;
@@ -49,6 +49,7 @@ class PagedFixture {
     c.block_len = block_len;
     c.format = KvFormat::ForDType(dtype, head_dim);
     for (DType d : layer_dtypes) c.layer_formats.push_back(KvFormat::ForDType(d, head_dim));
+    if (hadamard) c.format = c.format.WithHadamard();
     auto dtype_of = [&](int32_t l) { return layer_dtypes.empty() ? dtype : layer_dtypes[static_cast<size_t>(l)]; };
     int64_t blocks = 0;
     for (int64_t n : lengths_) blocks += (n + block_len - 1) / block_len;
@@ -76,6 +77,7 @@ class PagedFixture {
               if (!c.FormatOf(l).IsPlainFloat()) {
                 std::vector<float> x(static_cast<size_t>(head_dim)), back(x.size());
                 for (float& e : x) e = static_cast<float>(u(rng_));
+                if (hadamard) quant::HadamardInPlace(x.data(), head_dim);  // stored as H x
                 if (ld == DType::kInt8) {
                   quant::EncodeInt8Row(x.data(), head_dim, row);
                   quant::DecodeInt8Row(row, head_dim, back.data());
@@ -83,6 +85,7 @@ class PagedFixture {
                   quant::EncodeFp8Row(x.data(), head_dim, ld == DType::kFP8E4M3, row);
                   quant::DecodeFp8Row(row, head_dim, ld == DType::kFP8E4M3, back.data());
                 }
+                if (hadamard) quant::HadamardInPlace(back.data(), head_dim);  // what the kernel must see: H^T of the stored row
                 dst.insert(dst.end(), back.begin(), back.end());
                 continue;
               }
@@ -420,6 +423,45 @@ TEST_P(AttentionTargetTest, Int4KiviMatchesReferenceOverSealedGroupsAndTheTail) 
   std::vector<float> w(static_cast<size_t>(s.kv_heads * lengths[2]));
   DecodeSeq weights{tables[2], lengths[2], w.data(), tails[2].data()};
   EXPECT_EQ(PagedDecodeAttention(kv, {&weights, 1}, q.data(), out.data()).code(), StatusCode::kUnimplemented);
+}
+
+// Hadamard-rotated int8 / fp8 rows: the kernel rotates the query and the
+// output, so attention equals the reference over the unrotated values
+// (H^T of each stored row), in decode (with and without the split merge)
+// and in prefill.
+TEST_P(AttentionTargetTest, HadamardRotatedRowsMatchReferenceOverTheUnrotatedValues) {
+  for (DType dtype : {DType::kInt8, DType::kFP8E4M3}) {
+    const Shape s{8, 2, 64};
+    const std::vector<int64_t> lengths = {1, 16, 5 * 16 + 3};
+    PagedFixture f(1, s.q_heads, s.kv_heads, s.head_dim, 16, dtype, lengths, 81, {}, true);
+    ASSERT_TRUE(f.layout().format(0).hadamard);
+    const size_t per_seq = static_cast<size_t>(s.q_heads) * s.head_dim;
+    std::vector<float> q = RandomQ(f.rng(), per_seq * lengths.size());
+    for (int64_t split : {int64_t{0}, int64_t{16}}) {
+      std::vector<DecodeSeq> seqs;
+      for (size_t i = 0; i < lengths.size(); ++i) seqs.push_back({f.Table(i), lengths[i]});
+      std::vector<float> out(q.size(), std::nanf(""));
+      AttentionOptions opts;
+      opts.split_tokens = split;
+      ASSERT_TRUE(PagedDecodeAttention(f.Kv(0), seqs, q.data(), out.data(), opts).ok());
+      for (size_t i = 0; i < lengths.size(); ++i) {
+        std::vector<double> qd(q.begin() + static_cast<std::ptrdiff_t>(i * per_seq),
+                               q.begin() + static_cast<std::ptrdiff_t>((i + 1) * per_seq));
+        const std::vector<double> ref = testing::ReferenceAttention({s.q_heads, s.kv_heads, s.head_dim, 0, 0}, qd, 1,
+                                                                    f.K(i, 0), f.V(i, 0), lengths[i]);
+        EXPECT_LE(RelError(out.data() + i * per_seq, ref, s.q_heads, s.head_dim), 1e-4)
+            << DTypeName(dtype) << " context " << lengths[i] << " split " << split;
+      }
+    }
+    const int64_t n = lengths[2];
+    std::vector<float> pq = RandomQ(f.rng(), per_seq * static_cast<size_t>(n)), pout(pq.size(), std::nanf(""));
+    PrefillSeq p{f.Table(2), n, n};
+    ASSERT_TRUE(PagedPrefillAttention(f.Kv(0), {&p, 1}, pq.data(), pout.data()).ok());
+    std::vector<double> pqd(pq.begin(), pq.end());
+    const std::vector<double> pref =
+        testing::ReferenceAttention({s.q_heads, s.kv_heads, s.head_dim, 0, 0}, pqd, n, f.K(2, 0), f.V(2, 0), n);
+    EXPECT_LE(RelError(pout.data(), pref, n * s.q_heads, s.head_dim), 1e-4) << DTypeName(dtype) << " prefill";
+  }
 }
 
 // Per-layer formats: each layer's rows, slabs and strides follow its own

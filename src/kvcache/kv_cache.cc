@@ -429,7 +429,7 @@ uint64_t KvCache::GeometryTag() const {
   for (int32_t l = 0; l < layout_.num_layers(); ++l) {  // every layer's format and row size
     const KvFormat& f = layout_.format(l);
     fields.insert(fields.end(), {layout_.row_bytes(l), static_cast<int64_t>(f.dtype), static_cast<int64_t>(f.scale_axis),
-                                 f.group_size, static_cast<int64_t>(f.scale_dtype)});
+                                 f.group_size, static_cast<int64_t>(f.scale_dtype), f.hadamard ? 1 : 0});
   }
   uint64_t h = 0x9e3779b97f4a7c15ULL;
   for (int64_t v : fields) {  // splitmix64 over the fields

@@ -68,6 +68,7 @@ bool KvFormat::IsPlainFloat() const {
 std::string KvFormat::ToString() const {
   std::string out(DTypeName(dtype));
   if (scale_axis == ScaleAxis::kNone) return out;
+  if (hadamard) out += ", Hadamard-rotated";
   out += " (";
   out += DTypeName(scale_dtype);
   out += " scale per ";

@@ -141,6 +141,20 @@ Status CacheConfig::Validate() const {
   }
   for (size_t l = 0; l < std::max<size_t>(1, layer_formats.size()); ++l) {
     const KvFormat& f = layer_formats.empty() ? format : layer_formats[l];
+    if (f.hadamard) {
+      if (!(f.dtype == DType::kInt8 || f.dtype == DType::kFP8E4M3 || f.dtype == DType::kFP8E5M2) ||
+          f.scale_axis != ScaleAxis::kPerToken) {
+        return InvalidArgumentError("Hadamard rotation applies to int8 and fp8 rows; " + f.ToString() + " has none");
+      }
+      const int32_t elems = kind == CacheKind::kMla ? kv_lora_rank + rope_dim : head_dim;
+      if (!IsPowerOfTwo(elems)) {
+        return InvalidArgumentError("Hadamard rotation needs a power-of-two row length; rows have " +
+                                    std::to_string(elems) + " elements: drop the rotation for this model");
+      }
+      if (kind == CacheKind::kMla) {
+        return UnimplementedError("Hadamard rotation is read by the per-head kernels; not for an MLA latent cache");
+      }
+    }
     if (!f.IsKivi()) continue;
     if (kind == CacheKind::kMla) {
       return UnimplementedError("int4 KIVI stores per-head K and V; an MLA latent cache has neither");
@@ -232,7 +246,7 @@ Result<KvLayout> KvLayout::Create(const CacheConfig& config) {
     l.bytes_per_token_ = *token_sum;
     const KvFormat& b = config.FormatOf(0);
     if (f.dtype != b.dtype || f.scale_axis != b.scale_axis || f.group_size != b.group_size ||
-        f.scale_dtype != b.scale_dtype) {
+        f.scale_dtype != b.scale_dtype || f.hadamard != b.hadamard) {
       l.uniform_ = false;
     }
   }
@@ -305,6 +319,29 @@ int64_t KvLayout::plane_stride() const {
 int64_t KvLayout::layer_stride() const {
   PAGEKV_CHECK_MSG(uniform_, kUniformOnly);
   return layers_[0].head_stride[0] * num_heads_ * num_planes_;
+}
+
+Status RotateQuantizedRows(CacheConfig& config) {
+  auto rotatable = [](const KvFormat& f) {
+    return (f.dtype == DType::kInt8 || f.dtype == DType::kFP8E4M3 || f.dtype == DType::kFP8E5M2) &&
+           f.scale_axis == ScaleAxis::kPerToken;
+  };
+  bool any = false;
+  if (rotatable(config.format)) {
+    config.format.hadamard = true;
+    any = true;
+  }
+  for (KvFormat& f : config.layer_formats) {
+    if (rotatable(f)) {
+      f.hadamard = true;
+      any = true;
+    }
+  }
+  if (!any) {
+    return InvalidArgumentError("Hadamard rotation applies to int8 and fp8 KV; the cache stores " +
+                                config.format.ToString() + (config.layer_formats.empty() ? "" : " and its layer overrides"));
+  }
+  return Status::Ok();
 }
 
 Result<std::vector<KvFormat>> ParseLayerFormats(std::string_view spec, int32_t num_layers, int32_t row_elems,

@@ -296,3 +296,28 @@ TEST(KvLayoutKiviTest, BadGroupsAndShapesAreConfigurationErrors) {
 
 }  // namespace
 }  // namespace pagekv
+
+namespace pagekv {
+namespace {
+
+TEST(KvLayoutHadamardTest, RotationIsForInt8AndFp8RowsOfPowerOfTwoLength) {
+  CacheConfig c = Small();  // head_dim 24
+  c.format = KvFormat::Int8(24).WithHadamard();
+  Status st = KvLayout::Create(c).status();
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("power-of-two"), std::string::npos) << st.ToString();
+  c.head_dim = 32;
+  c.format = KvFormat::Int8(32);
+  ASSERT_TRUE(RotateQuantizedRows(c).ok());
+  EXPECT_TRUE(c.format.hadamard);
+  Result<KvLayout> l = KvLayout::Create(c);
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  EXPECT_EQ(l->row_bytes(), 34);  // the same bytes as unrotated int8
+  c.format = KvFormat::Plain(DType::kF16);
+  EXPECT_EQ(RotateQuantizedRows(c).code(), StatusCode::kInvalidArgument);
+  c.format = KvFormat::Plain(DType::kF16).WithHadamard();
+  EXPECT_EQ(KvLayout::Create(c).status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace pagekv

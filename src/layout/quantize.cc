@@ -20,6 +20,20 @@ uint16_t ScaleAtLeast(float want) {
 
 }  // namespace
 
+void HadamardInPlace(float* x, int32_t n) {
+  for (int32_t len = 1; len < n; len <<= 1) {
+    for (int32_t i = 0; i < n; i += 2 * len) {
+      for (int32_t j = i; j < i + len; ++j) {
+        const float a = x[j], b = x[j + len];
+        x[j] = a + b;
+        x[j + len] = a - b;
+      }
+    }
+  }
+  const float norm = 1.0f / std::sqrt(static_cast<float>(n));
+  for (int32_t i = 0; i < n; ++i) x[i] *= norm;
+}
+
 void EncodeInt8Row(const float* x, int32_t n, std::byte* row) {
   float amax = 0.0f;
   for (int32_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));

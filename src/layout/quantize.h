@@ -43,6 +43,11 @@
 
 namespace pagekv::quant {
 
+// The orthonormal Hadamard transform of x[0, n) in place (Sylvester order,
+// scaled by 1/sqrt(n)); its own inverse. REQUIRES: n a power of two. Rows of
+// a Hadamard-rotated format (KvFormat::hadamard) are encoded from H x.
+void HadamardInPlace(float* x, int32_t n);
+
 void EncodeInt8Row(const float* x, int32_t n, std::byte* row);
 void DecodeInt8Row(const std::byte* row, int32_t n, float* x);
 // The row's scale (for kernels that apply it after a dot product).

@@ -120,6 +120,39 @@ TEST(Int8RowTest, TheFormatIsStoredOnlyWithOneF16ScalePerRow) {
   EXPECT_FALSE(KvFormat::Plain(DType::kF16).IsStoredQuantized(128));
 }
 
+// The Hadamard transform is orthonormal (norms and dot products kept) and
+// its own inverse; it spreads one outlier over the whole row.
+TEST(HadamardTest, OrthonormalSelfInverseAndSpreadsOutliers) {
+  std::mt19937 rng(13);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (int32_t n : {1, 2, 8, 64, 128}) {
+    std::vector<float> a(static_cast<size_t>(n)), b(a.size());
+    for (float& x : a) x = u(rng);
+    for (float& x : b) x = u(rng);
+    double dot = 0, norm = 0;
+    for (int32_t i = 0; i < n; ++i) {
+      dot += a[static_cast<size_t>(i)] * b[static_cast<size_t>(i)];
+      norm += a[static_cast<size_t>(i)] * a[static_cast<size_t>(i)];
+    }
+    std::vector<float> ha = a, hb = b;
+    quant::HadamardInPlace(ha.data(), n);
+    quant::HadamardInPlace(hb.data(), n);
+    double hdot = 0, hnorm = 0;
+    for (int32_t i = 0; i < n; ++i) {
+      hdot += ha[static_cast<size_t>(i)] * hb[static_cast<size_t>(i)];
+      hnorm += ha[static_cast<size_t>(i)] * ha[static_cast<size_t>(i)];
+    }
+    EXPECT_NEAR(hdot, dot, 1e-4) << n;
+    EXPECT_NEAR(hnorm, norm, 1e-4) << n;
+    quant::HadamardInPlace(ha.data(), n);
+    for (int32_t i = 0; i < n; ++i) EXPECT_NEAR(ha[static_cast<size_t>(i)], a[static_cast<size_t>(i)], 1e-5) << n;
+  }
+  std::vector<float> spike(8, 0.0f);
+  spike[3] = 8.0f;
+  quant::HadamardInPlace(spike.data(), 8);
+  for (float x : spike) EXPECT_NEAR(std::fabs(x), 8.0f / std::sqrt(8.0f), 1e-5);
+}
+
 // INT4 KIVI: values per row and keys per channel over a group, each code
 // within half a step (plus the f16 rounding of the minimum) of the input;
 // values on the grid round-trip exactly; the bytes are as documented.

@@ -83,6 +83,7 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
   PAGEKV_ASSIGN_OR_RETURN(co.config.layer_formats,
                           ParseLayerFormats(o.kv_layer_dtypes, model.config().num_layers, model.config().head_dim,
                                             co.config.format));
+  if (o.kv_hadamard) PAGEKV_RETURN_IF_ERROR(RotateQuantizedRows(co.config));
   PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache, KvCache::Create(co));
   const KvLayout& layout = cache->layout();
   GenerateStats& st = report.stats;

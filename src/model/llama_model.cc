@@ -407,11 +407,18 @@ Status LlamaModel::Compute(KvCache& cache, std::span<const ForwardItem> items, c
     if (!format.IsPlainFloat()) {  // one scaled row per (token, head): int8 or fp8
       const int64_t row = FormatRowBytes(format, c.head_dim);
       const DType q = format.dtype;
+      std::vector<float> rotated(format.hadamard ? static_cast<size_t>(c.head_dim) : 0);
       for (int64_t r = 0; r < n / c.head_dim; ++r) {
+        const float* x = src + r * c.head_dim;
+        if (format.hadamard) {  // the row is stored as H x (layout/quantize.h)
+          std::copy(x, x + c.head_dim, rotated.begin());
+          quant::HadamardInPlace(rotated.data(), c.head_dim);
+          x = rotated.data();
+        }
         if (q == DType::kInt8) {
-          quant::EncodeInt8Row(src + r * c.head_dim, c.head_dim, dst + r * row);
+          quant::EncodeInt8Row(x, c.head_dim, dst + r * row);
         } else {
-          quant::EncodeFp8Row(src + r * c.head_dim, c.head_dim, q == DType::kFP8E4M3, dst + r * row);
+          quant::EncodeFp8Row(x, c.head_dim, q == DType::kFP8E4M3, dst + r * row);
         }
       }
       return;
