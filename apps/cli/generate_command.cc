@@ -29,7 +29,7 @@ struct GenerateArgs {
   int kv_events_wait_ms = 0;
   TierArgs tiers;
   std::string kv_policy = "none", kv_rotate = "none";
-  double kv_budget = 1.0;
+  double kv_keep = 1.0;
 };
 
 int RunGenerate(const GenerateArgs& a) {
@@ -66,9 +66,9 @@ int RunGenerate(const GenerateArgs& a) {
     return kExitBadInput;
   }
   o.kv_dtype = *dt;
-  Result<EvictionOptions> ev = ParseEvictionPolicy(a.kv_policy, a.kv_budget);
+  Result<EvictionOptions> ev = ParseEvictionPolicy(a.kv_policy, a.kv_keep);
   if (!ev.ok()) {
-    std::fprintf(stderr, "error: --kv-policy / --kv-budget: %s\n", ev.status().message().c_str());
+    std::fprintf(stderr, "error: --kv-policy / --kv-keep: %s\n", ev.status().message().c_str());
     return kExitBadInput;
   }
   o.eviction = *ev;
@@ -163,7 +163,7 @@ int RunGenerate(const GenerateArgs& a) {
               100 * s.peak_utilization, FormatBytes(s.peak_bytes).c_str());
   if (o.eviction.policy != EvictionPolicy::kNone) {
     std::printf("  token eviction          %s at %.0f%%: %ld tokens dropped, %ld held at the end\n", a.kv_policy.c_str(),
-                100 * a.kv_budget, static_cast<long>(s.tokens_evicted), static_cast<long>(s.final_cached_tokens));
+                100 * a.kv_keep, static_cast<long>(s.tokens_evicted), static_cast<long>(s.final_cached_tokens));
   }
   if (o.prefix_cache) {
     std::printf("  prefix cache            %ld prompt tokens (%ld blocks) found cached, %ld computed; %ld blocks published\n",
@@ -214,7 +214,7 @@ CLI::App* AddGenerateCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--kv-rotate", args.kv_rotate,
                   "none (default) or hadamard: int8 / fp8 rows stored rotated by the Hadamard transform");
   cmd->add_option("--kv-policy", args.kv_policy, "Token eviction: none (default), streaming, h2o, snapkv");
-  cmd->add_option("--kv-budget", args.kv_budget, "Fraction of each sequence's tokens kept by --kv-policy, (0, 1] (default 1)");
+  cmd->add_option("--kv-keep", args.kv_keep, "Fraction of each sequence's tokens kept by --kv-policy, (0, 1] (default 1)");
   cmd->add_option("--dump-logits", args.dump_logits, "With --json: the top-K ids and logits of every step");
   cmd->add_option("--threads", args.threads, "Threads for the kernels (default: every hardware thread)")
       ->check(CLI::Range(0, 4096));

@@ -16,7 +16,8 @@ std::atomic<bool> g_stop{false};
 void OnSignal(int) { g_stop = true; }
 
 struct ServeArgs {
-  std::string model, tokenizer, host = "127.0.0.1", api_key, kv_budget = "256MiB", kv_dtype = "f32", name, kv_layer_dtypes, kv_rotate = "none";
+  std::string model, tokenizer, host = "127.0.0.1", api_key, kv_budget = "256MiB", kv_dtype = "f32", name, kv_layer_dtypes, kv_rotate = "none", kv_policy = "none";
+  double kv_budget_fraction = 1.0;
   int port = 8080;
   int64_t max_body = 1 << 20, max_queue = 256, step_tokens = 256, blocks = 0;
   int32_t block_len = 16, max_running = 64;
@@ -48,6 +49,12 @@ int RunServe(const ServeArgs& a) {
     return kExitBadInput;
   }
   o.engine.kv_hadamard = a.kv_rotate == "hadamard";
+  Result<EvictionOptions> ev = ParseEvictionPolicy(a.kv_policy, a.kv_budget_fraction);
+  if (!ev.ok()) {
+    std::fprintf(stderr, "error: --kv-policy / --kv-keep: %s\n", ev.status().message().c_str());
+    return kExitBadInput;
+  }
+  o.engine.eviction = *ev;
   if (a.blocks > 0) {
     o.engine.num_blocks = a.blocks;
   } else {
@@ -101,6 +108,9 @@ CLI::App* AddServeCommand(CLI::App& app, int& exit_code) {
                   "--block-len a multiple of 32)");
   cmd->add_option("--kv-rotate", args.kv_rotate,
                   "none (default) or hadamard: int8 / fp8 rows stored rotated by the Hadamard transform");
+  cmd->add_option("--kv-policy", args.kv_policy,
+                  "Token eviction per request: none (default), streaming, h2o, snapkv (needs --no-prefix-cache)");
+  cmd->add_option("--kv-keep", args.kv_budget_fraction, "Fraction of each request's tokens --kv-policy keeps, (0, 1]");
   cmd->add_option("--kv-layer-dtypes", args.kv_layer_dtypes,
                   "Per-layer overrides of --kv-dtype: LAYERS=DTYPE,... (index, -1 = last, or a:b), e.g. 0=f16,-1=f16");
   cmd->add_option("--max-step-tokens", args.step_tokens, "Tokens per engine step (chunked prefill; default 256)")

@@ -35,6 +35,7 @@
 
 #include "pagekv/dtype.h"
 #include "pagekv/generate.h"
+#include "pagekv/eviction.h"
 #include "pagekv/prefix_cache.h"
 #include "pagekv/status.h"
 #include "pagekv/tiers.h"
@@ -99,6 +100,12 @@ struct EngineOptions {
   int64_t max_queue = 1 << 20;   // waiting requests beyond which Submit refuses
   Allocator allocator = Allocator::kPaged;
   bool prefix_cache = true;      // paged only
+  // Token eviction per request (pagekv/eviction.h): each running sequence
+  // keeps its budget of tokens. Needs the paged allocator without the prefix
+  // cache and tiers (eviction rewrites blocks they would share). A preempted
+  // request is recomputed from all its tokens as one prompt, so its kept set
+  // (and later tokens) may differ from an uninterrupted run.
+  EvictionOptions eviction;
   int threads = 0;
   // Lower KV tiers under the prefix cache (paged with prefix_cache only):
   // blocks evicted from the pool move to RAM / disk / Redis, and admission
@@ -118,6 +125,7 @@ struct EngineMetrics {
   int64_t steps = 0;
   int64_t slots_reserved = 0;  // contiguous: reserved slots of running sequences; paged: allocated slots
   int64_t tokens_stored = 0;   // KV slots holding tokens of running sequences
+  int64_t tokens_evicted = 0;  // token eviction: tokens dropped so far
   PrefixCacheStats prefix;
   std::optional<TiersStats> tiers;  // when tiers are configured
   std::string model_fingerprint;    // of the model file, with tiers

@@ -50,6 +50,7 @@ struct Seq {
   bool preempted = false;
   bool admitted_once = false;
   bool prefetched = false;      // lower-tier hits requested ahead of admission
+  std::unique_ptr<TokenEvictor> evictor;  // token eviction, while running
   Sampler sampler;
   std::string text;             // generated text
   size_t streamed = 0;          // bytes of text already sent
@@ -109,6 +110,7 @@ struct Engine::State {
     if (!s->seq) return;
     PAGEKV_CHECK((prefix ? prefix->Free(*s->seq) : cache->Free(*s->seq)).ok());
     s->seq.reset();
+    s->evictor.reset();
   }
 
   void Preempt(Seq* s) {
@@ -240,6 +242,9 @@ struct Engine::State {
       } else {
         s->seq = cache->AddSequence("request " + std::to_string(s->id));
         s->computed = 0;
+        if (o.eviction.policy != EvictionPolicy::kNone) {
+          s->evictor = std::move(*TokenEvictor::Create(o.eviction, cache->layout()));  // validated at Create
+        }
       }
       if (!s->admitted_once) {
         s->result.cached_prompt_tokens = s->computed;
@@ -282,7 +287,7 @@ struct Engine::State {
     const int64_t total = cache->layout().num_blocks(), free = cache->FreeBlockCount();
     int64_t stored = 0, reserved = 0;
     for (const Seq* s : running) {
-      stored += s->computed;
+      stored += s->evictor ? s->evictor->cached() : s->computed;
       reserved += s->reserved_blocks * o.block_len;
     }
     std::lock_guard lock(mu);
@@ -353,6 +358,15 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& o) {
                                             st->m.model->config().head_dim, co.config.format));
   if (o.kv_hadamard) PAGEKV_RETURN_IF_ERROR(RotateQuantizedRows(co.config));
   PAGEKV_ASSIGN_OR_RETURN(st->cache, KvCache::Create(co));
+  if (o.eviction.policy != EvictionPolicy::kNone) {
+    PAGEKV_RETURN_IF_ERROR(o.eviction.Validate());
+    if (o.allocator != Allocator::kPaged || o.prefix_cache || TiersConfigured(o.tiers)) {
+      return InvalidArgumentError(
+          "engine: token eviction rewrites a sequence's blocks, so it needs the paged allocator without the prefix "
+          "cache or KV tiers (serve: --no-prefix-cache)");
+    }
+    PAGEKV_RETURN_IF_ERROR(TokenEvictor::Create(o.eviction, st->cache->layout()).status());
+  }
   if (TiersConfigured(o.tiers)) {
     if (o.allocator != Allocator::kPaged || !o.prefix_cache) {
       return InvalidArgumentError("engine: KV tiers need the paged allocator with the prefix cache");
@@ -460,6 +474,16 @@ Result<bool> Engine::Step() {
     items.push_back({*s->seq, std::span<const int32_t>(s->tokens).subspan(static_cast<size_t>(s->computed), static_cast<size_t>(plan[i].count)),
                      samples ? logits.data() + i * static_cast<size_t>(vocab) : nullptr, false});
   }
+  // Token eviction: each evicting sequence's step reports the attention
+  // weights its policy needs (the step that completes the prompt marks its end).
+  for (size_t i = 0; i < plan.size(); ++i) {
+    Seq* s = plan[i].s;
+    if (!s->evictor) continue;
+    const bool prompt_ends = s->computed < s->prompt_len && s->computed + plan[i].count >= s->prompt_len;
+    const StepScores sc = s->evictor->BeginStep(s->evictor->cached(), plan[i].count, prompt_ends);
+    items[i].scores = sc.scores;
+    items[i].score_queries = sc.score_queries;
+  }
   Result<bool> fit = st.m.model->ForwardBatch(*st.cache, items, {st.o.threads, nullptr});
   if (!fit.ok() || !*fit) {
     const Status error = fit.ok() ? InternalError("scheduler planned a step the pool could not hold") : fit.status();
@@ -472,6 +496,12 @@ Result<bool> Engine::Step() {
     Seq* s = plan[i].s;
     s->computed += plan[i].count;
     if (st.prefix) PAGEKV_RETURN_IF_ERROR(st.prefix->Publish(*s->seq, s->tokens));
+    if (s->evictor) {
+      const int64_t before = s->evictor->stats().tokens_evicted;
+      PAGEKV_RETURN_IF_ERROR(s->evictor->EndStep(*st.cache, *s->seq));
+      std::lock_guard lock(st.mu);
+      st.metrics.tokens_evicted += s->evictor->stats().tokens_evicted - before;
+    }
     if (items[i].logits == nullptr) continue;
     const int32_t token = s->sampler.Sample({items[i].logits, static_cast<size_t>(vocab)}, s->tokens);
     const FinishReason end = st.Accept(s, token);
@@ -573,7 +603,8 @@ void Engine::CheckInvariants() const {
   int64_t sequences = 0;
   for (const Seq* s : st.running) {
     PAGEKV_CHECK_MSG(s->seq.has_value(), "a running request has no sequence");
-    PAGEKV_CHECK_MSG((*st.cache->View(*s->seq)).num_tokens == s->computed, "a running request's KV length disagrees");
+    const SequenceView view = *st.cache->View(*s->seq);  // evicted tokens were computed, then dropped
+    PAGEKV_CHECK_MSG(view.num_tokens + view.evicted == s->computed, "a running request's KV length disagrees");
     ++sequences;
   }
   for (const Seq* s : st.waiting) PAGEKV_CHECK_MSG(!s->seq.has_value(), "a waiting request holds a sequence");

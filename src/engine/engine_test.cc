@@ -107,6 +107,51 @@ TEST(EngineTest, Int4KiviWithThePrefixCacheGivesTheSameTokensAsGenerate) {
   EXPECT_EQ(alone->outputs[0].generated_ids, first.tokens);
 }
 
+// Token eviction in the engine: each request holds its budget (its blocks
+// go back as it evicts), writes the tokens Generate writes under the same
+// policy, and the prefix cache is refused with it.
+TEST(EngineTest, TokenEvictionHoldsEachRequestsBudgetAndMatchesGenerate) {
+  EngineOptions o = Options(256);
+  o.prefix_cache = false;
+  o.eviction = *ParseEvictionPolicy("h2o", 0.25);
+  auto e = std::move(*Engine::Create(o));
+  std::vector<RequestId> ids;
+  for (size_t i = 0; i < 3; ++i) {
+    EngineRequest r;
+    r.prompt = e->Encode(kPrompts[i]);
+    r.max_tokens = 200;
+    r.ignore_eos = true;
+    ids.push_back(*e->Submit(r));
+  }
+  int64_t peak_blocks = 0;
+  while (*e->Step()) {
+    e->CheckInvariants();
+    peak_blocks = std::max(peak_blocks, e->Metrics().blocks_used);
+  }
+  // Each of 3 sequences of ~207 tokens keeps at most a quarter (52 tokens,
+  // 7 blocks of 8, plus a partial one) at a time; without eviction 27 each.
+  EXPECT_LE(peak_blocks, 3 * 8);
+  EXPECT_GT(e->Metrics().tokens_evicted, 3 * 140);
+  for (size_t i = 0; i < 3; ++i) {
+    const RequestResult r = e->Wait(ids[i]);
+    EXPECT_EQ(r.tokens.size(), 200u);
+    GenerateOptions g;
+    g.model_path = kGguf;
+    g.prompts = {kPrompts[i]};
+    g.max_new_tokens = 200;
+    g.block_len = 8;
+    g.eviction = o.eviction;
+    Result<GenerateReport> alone = Generate(g);
+    ASSERT_TRUE(alone.ok()) << alone.status().ToString();
+    EXPECT_EQ(alone->outputs[0].generated_ids, r.tokens) << "request " << i;
+  }
+  EngineOptions shared = Options(64);
+  shared.eviction = o.eviction;  // with the prefix cache (the default)
+  const Status st = Engine::Create(shared).status();
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("prefix cache"), std::string::npos) << st.ToString();
+}
+
 TEST(EngineTest, ChunkedPrefillAtEverySplitGivesIdenticalOutput) {
   const std::string prompt = "Once upon a time, in a big forest, there lived a bear who liked honey";
   std::vector<int32_t> want;
