@@ -353,6 +353,8 @@ std::string Metrics(Shared& sh) {
         {{"", m.prefix.token_hit_rate}});
   gauge("pagekv_preemptions_total", "Sequences preempted for lack of KV blocks", "counter",
         {{"", static_cast<double>(m.preemptions)}});
+  gauge("pagekv_tokens_evicted_total", "Tokens dropped from running requests by token eviction (--kv-policy)", "counter",
+        {{"", static_cast<double>(m.tokens_evicted)}});
   gauge("pagekv_queue_length", "Requests waiting for admission", "gauge", {{"", static_cast<double>(m.waiting)}});
   gauge("pagekv_running_sequences", "Sequences in the running batch", "gauge", {{"", static_cast<double>(m.running)}});
   gauge("pagekv_generated_tokens_total", "Tokens generated", "counter", {{"", static_cast<double>(m.generated_tokens)}});
