@@ -157,7 +157,9 @@ Result<KvEvalReport> EvalKv(const KvEvalOptions& o) {
     co.config.layer_formats = layers;
     if (o.hadamard) PAGEKV_RETURN_IF_ERROR(RotateQuantizedRows(co.config));
     co.prefault = false;
+    PAGEKV_ASSIGN_OR_RETURN(KvLayout layout, KvLayout::Create(co.config));
     PAGEKV_RETURN_IF_ERROR(KvCache::Create(co).status());
+    PAGEKV_RETURN_IF_ERROR(TokenEvictor::Create(policy, layout).status());  // e.g. eviction of int4 KIVI rows
   }
 
   KvEvalReport r;

@@ -190,6 +190,10 @@ TEST(KvEvalTest, BadConfigurationsAreNamedUpFront) {
   const Status int4 = EvalKv(o).status();
   EXPECT_EQ(int4.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(int4.message().find("does not divide block_len 16"), std::string::npos) << int4.ToString();
+  o = Options(DType::kInt4);  // KIVI rows cannot be evicted: refused before any work
+  o.policy = "streaming";
+  o.budget = 0.5;
+  EXPECT_EQ(EvalKv(o).status().code(), StatusCode::kUnimplemented);
   o = Options(DType::kInt8);
   o.goldens_path = "/nonexistent.json";
   EXPECT_EQ(EvalKv(o).status().code(), StatusCode::kNotFound);
