@@ -100,10 +100,6 @@ int RunEvalKv(const EvalArgs& a) {
   }
   o.kv_dtype = *dt;
   o.layer_dtypes = a.layer_dtypes;
-  if (a.rotate != "none" && a.rotate != "hadamard") {
-    std::fprintf(stderr, "error: --kv-rotate %s: use none or hadamard\n", a.rotate.c_str());
-    return kExitBadInput;
-  }
   o.hadamard = a.rotate == "hadamard";
   o.policy = a.policy;
   o.budget = a.budget;
@@ -153,7 +149,8 @@ CLI::App* AddEvalCommand(CLI::App& app, int& exit_code) {
   kv->add_option("--kv-layer-dtypes", args.layer_dtypes,
                  "Per-layer overrides of --kv-dtype: LAYERS=DTYPE,... (index, -1 = last, or a:b), e.g. 0=f16,-1=f16");
   kv->add_option("--kv-rotate", args.rotate,
-                 "none (default) or hadamard: int8 / fp8 rows stored rotated by the Hadamard transform");
+                 "none (default) or hadamard: int8 / fp8 rows stored rotated by the Hadamard transform")
+      ->check(CLI::IsMember({"none", "hadamard"}));
   kv->add_option("--policy", args.policy, "Token eviction: none (default), streaming, h2o, snapkv");
   kv->add_option("--budget", args.budget, "Fraction of tokens kept, (0, 1] (default 1; the table's policies: 0.2)");
   kv->add_option("--prompt-fraction", args.prompt_fraction,

@@ -73,10 +73,6 @@ int RunGenerate(const GenerateArgs& a) {
   }
   o.eviction = *ev;
   o.kv_layer_dtypes = a.kv_layer_dtypes;
-  if (a.kv_rotate != "none" && a.kv_rotate != "hadamard") {
-    std::fprintf(stderr, "error: --kv-rotate %s: use none or hadamard\n", a.kv_rotate.c_str());
-    return kExitBadInput;
-  }
   o.kv_hadamard = a.kv_rotate == "hadamard";
   const bool stream = !a.json && o.prompts.size() == 1;
   bool streamed = false;  // the prompt is printed with the first token, so an error prints alone
@@ -212,7 +208,8 @@ CLI::App* AddGenerateCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--kv-layer-dtypes", args.kv_layer_dtypes,
                   "Per-layer overrides of --kv-dtype: LAYERS=DTYPE,... (index, -1 = last, or a:b), e.g. 0=f16,-1=f16");
   cmd->add_option("--kv-rotate", args.kv_rotate,
-                  "none (default) or hadamard: int8 / fp8 rows stored rotated by the Hadamard transform");
+                  "none (default) or hadamard: int8 / fp8 rows stored rotated by the Hadamard transform")
+      ->check(CLI::IsMember({"none", "hadamard"}));
   cmd->add_option("--kv-policy", args.kv_policy, "Token eviction: none (default), streaming, h2o, snapkv");
   cmd->add_option("--kv-keep", args.kv_keep, "Fraction of each sequence's tokens kept by --kv-policy, (0, 1] (default 1)");
   cmd->add_option("--dump-logits", args.dump_logits, "With --json: the top-K ids and logits of every step");

@@ -44,10 +44,6 @@ int RunServe(const ServeArgs& a) {
   }
   o.engine.kv_dtype = *dt;
   o.engine.kv_layer_dtypes = a.kv_layer_dtypes;
-  if (a.kv_rotate != "none" && a.kv_rotate != "hadamard") {
-    std::fprintf(stderr, "error: --kv-rotate %s: use none or hadamard\n", a.kv_rotate.c_str());
-    return kExitBadInput;
-  }
   o.engine.kv_hadamard = a.kv_rotate == "hadamard";
   Result<EvictionOptions> ev = ParseEvictionPolicy(a.kv_policy, a.kv_budget_fraction);
   if (!ev.ok()) {
@@ -107,7 +103,8 @@ CLI::App* AddServeCommand(CLI::App& app, int& exit_code) {
                   "KV storage: f32 (default), f16, bf16, int8, fp8_e4m3, fp8_e5m2 (one f16 scale per row), int4 (KIVI; "
                   "--block-len a multiple of 32)");
   cmd->add_option("--kv-rotate", args.kv_rotate,
-                  "none (default) or hadamard: int8 / fp8 rows stored rotated by the Hadamard transform");
+                  "none (default) or hadamard: int8 / fp8 rows stored rotated by the Hadamard transform")
+      ->check(CLI::IsMember({"none", "hadamard"}));
   cmd->add_option("--kv-policy", args.kv_policy,
                   "Token eviction per request: none (default), streaming, h2o, snapkv (needs --no-prefix-cache)");
   cmd->add_option("--kv-keep", args.kv_budget_fraction, "Fraction of each request's tokens --kv-policy keeps, (0, 1]");

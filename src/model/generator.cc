@@ -178,13 +178,7 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
     item.score_queries = sc.score_queries;
   };
   auto end_step = [&](size_t i) -> Status {
-    if (!evicting) return Status::Ok();
-    const int64_t before = evictors[i]->stats().tokens_evicted;
-    PAGEKV_RETURN_IF_ERROR(evictors[i]->EndStep(*cache, seqs[i]));
-    st.tokens_evicted += evictors[i]->stats().tokens_evicted - before;
-    st.final_cached_tokens = 0;
-    for (const auto& e : evictors) st.final_cached_tokens += e->cached();
-    return Status::Ok();
+    return evicting ? evictors[i]->EndStep(*cache, seqs[i]) : Status::Ok();
   };
 
   // 2. The rest of every prompt in one step, then the first sampled token.
@@ -275,6 +269,11 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
     PAGEKV_RETURN_IF_ERROR(publish_events());
   }
   st.decode_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  for (const auto& e : evictors) {  // each evictor keeps its counts after its sequence is freed
+    if (e == nullptr) continue;
+    st.tokens_evicted += e->stats().tokens_evicted;
+    st.final_cached_tokens += e->cached();
+  }
   if (events != nullptr) st.kv_event_batches = static_cast<int64_t>(events->batches_sent());
   if (prefix_cache) {
     const PrefixCacheStats ps = prefix_cache->Stats();
