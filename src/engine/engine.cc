@@ -220,6 +220,19 @@ struct Engine::State {
       planned_blocks += need;
       ++i;
     }
+    // Paged: the blocks the running sequences still need for tokens they
+    // already have (the rest of a prompt prefilled in chunks) stay out of
+    // admission's reach, and a new request is admitted only when its whole
+    // prompt fits beside them: admitting on its first chunk alone would
+    // preempt someone a step later to make room for the rest.
+    int64_t owed = 0;
+    if (paged) {
+      for (const Seq* s : running) {
+        int64_t n = 0;
+        for (const Planned& p : plan) n = p.s == s ? p.count : n;
+        owed += std::max<int64_t>(0, BlocksFor(static_cast<int64_t>(s->tokens.size())) - BlocksFor(s->computed + n));
+      }
+    }
     // 2. Admission, in queue order, while the blocks exist (ask, then act).
     while (budget > 0 && static_cast<int64_t>(running.size()) < o.max_running && !waiting.empty()) {
       Seq* s = waiting.front();
@@ -231,6 +244,9 @@ struct Engine::State {
         for (BlockId b : match.blocks) claimed += cache->BlockRefCount(b) == 0 ? 1 : 0;
         const int64_t n = std::min(static_cast<int64_t>(s->tokens.size()) - match.num_tokens, budget);
         need = BlocksFor(match.num_tokens + n) - static_cast<int64_t>(match.blocks.size()) + claimed;
+        const int64_t rest = BlocksFor(static_cast<int64_t>(s->tokens.size())) - BlocksFor(match.num_tokens + n);
+        if (available() - owed - need - rest < watermark) break;
+        owed += rest;
       } else {
         need = BlocksFor(s->prompt_len + s->req.max_tokens);
       }

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "base/thread_pool.h"
 #include "kernels/matmul.h"
@@ -27,11 +28,13 @@ namespace pagekv::kernels {
 
 constexpr int64_t kQ8Block = 32;       // elements per q8_0 block
 constexpr int64_t kQ8BlockBytes = 34;  // f16 scale + 32 int8
+constexpr int kPanelRows = 16;         // rows per panel (WeightMatrix::panels)
+constexpr int64_t kPanelPadRows = 32;  // packed rows are padded to a multiple of this (the widest tile)
 
 // One call's task, shared by every thread.
 struct MatMulTask {
   WeightMatrix w;
-  int64_t row_bytes = 0;
+  int64_t row_bytes = 0;  // row-major: bytes per row; panels: bytes per panel
   const float* x = nullptr;
   int64_t tokens = 0;
   float* y = nullptr;
@@ -175,6 +178,122 @@ void RowRange(const MatMulTask& task, int64_t row_begin, int64_t row_end) {
   }
 }
 
+// ---- Panels (WeightMatrix::panels): kPanelRows rows per panel, stored
+// column by column, so one vector load brings one column's element of 16
+// rows. Tile: kTileVecs vectors of rows x kPanelTokens tokens of
+// accumulators, each token's element broadcast from X: no horizontal sums,
+// and every weight vector converted once per tile.
+const hn::CappedTag<float, kPanelRows> dp;
+constexpr int kPanelLanes = static_cast<int>(hn::MaxLanes(dp));
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+constexpr int kPanelTileRows = 32;  // two panels: 2 x 12 accumulators of 32 registers
+constexpr int kPanelAccs = 24;
+#else
+constexpr int kPanelTileRows = 16;  // one panel: 12 accumulators of 16 registers
+constexpr int kPanelAccs = 12;
+#endif
+constexpr int kTileVecs = kPanelTileRows / kPanelLanes;
+constexpr int kPanelTokens = kPanelAccs / kTileVecs > 0 ? kPanelAccs / kTileVecs : 1;
+static_assert(kPanelTileRows % kPanelRows == 0 || kPanelRows % kPanelTileRows == 0);
+
+// out[t][0 .. kPanelTileRows) = rows of the tile starting at `w` (a panel
+// start) times token t's X row.
+// `prefetch`, when set: the next tile's weights, fetched into L2 at the pace
+// this tile's are read (one tile's worth of bytes over the columns).
+template <typename T, int kT>
+HWY_INLINE void PanelTile(const T* HWY_RESTRICT w, int64_t panel_elems, const float* HWY_RESTRICT x, int64_t cols,
+                          float* HWY_RESTRICT out, int64_t out_stride, const char* prefetch = nullptr) {
+  constexpr int64_t kTileBytesPerCol = kPanelTileRows * static_cast<int64_t>(sizeof(T));
+  using V = hn::Vec<decltype(dp)>;
+  constexpr int kVecsPerPanel = kPanelRows / kPanelLanes;
+  V acc[kTileVecs][kT];
+  for (int v = 0; v < kTileVecs; ++v) {
+    for (int t = 0; t < kT; ++t) acc[v][t] = hn::Zero(dp);
+  }
+  const T* wv_at[kTileVecs];
+  for (int v = 0; v < kTileVecs; ++v) wv_at[v] = w + (v / kVecsPerPanel) * panel_elems + (v % kVecsPerPanel) * kPanelLanes;
+  for (int64_t c = 0; c < cols; ++c) {
+    if (prefetch != nullptr) {
+      for (int64_t b = 0; b < kTileBytesPerCol; b += 64) __builtin_prefetch(prefetch + c * kTileBytesPerCol + b, 0, 2);
+    }
+    V wv[kTileVecs];
+    for (int v = 0; v < kTileVecs; ++v) wv[v] = LoadF32(dp, wv_at[v] + c * kPanelRows);
+    for (int t = 0; t < kT; ++t) {
+      const V xb = hn::Set(dp, x[t * cols + c]);
+      for (int v = 0; v < kTileVecs; ++v) acc[v][t] = hn::MulAdd(wv[v], xb, acc[v][t]);
+    }
+  }
+  for (int t = 0; t < kT; ++t) {
+    for (int v = 0; v < kTileVecs; ++v) hn::StoreU(acc[v][t], dp, out + t * out_stride + v * kPanelLanes);
+  }
+}
+
+// PanelTile for a run-time token count in [1, kPanelTokens].
+template <typename T, int kT = kPanelTokens>
+HWY_INLINE void PanelTileN(int64_t nt, const T* HWY_RESTRICT w, int64_t panel_elems, const float* HWY_RESTRICT x,
+                           int64_t cols, float* HWY_RESTRICT out, int64_t out_stride, const char* prefetch) {
+  if constexpr (kT == 1) {
+    PanelTile<T, 1>(w, panel_elems, x, cols, out, out_stride, prefetch);
+  } else {
+    if (nt == kT) return PanelTile<T, kT>(w, panel_elems, x, cols, out, out_stride, prefetch);
+    PanelTileN<T, kT - 1>(nt, w, panel_elems, x, cols, out, out_stride, prefetch);
+  }
+}
+
+// Rows [row_begin, row_end) (multiples of kPanelTileRows, the end possibly
+// past w.rows into the zero padding) for every token.
+template <typename T>
+void PanelRange(const MatMulTask& task, int64_t row_begin, int64_t row_end) {
+  const int64_t cols = task.w.cols, rows = task.w.rows;
+  const int64_t panel_elems = cols * kPanelRows;
+  // Tokens per pass: their X rows fit in ~256 KiB of L2 beside the tile's weights.
+  const int64_t token_chunk = std::max<int64_t>(kPanelTokens, (int64_t{256} << 10) / (cols * 4) / kPanelTokens * kPanelTokens);
+  HWY_ALIGN float scratch[kPanelTokens * kPanelTileRows];
+  for (int64_t t0 = 0; t0 < task.tokens; t0 += token_chunk) {
+    const int64_t t_end = std::min(task.tokens, t0 + token_chunk);
+    for (int64_t r0 = row_begin; r0 < row_end; r0 += kPanelTileRows) {
+      const T* w = reinterpret_cast<const T*>(task.w.data) + (r0 / kPanelRows) * panel_elems;
+      const int64_t nr = std::min<int64_t>(kPanelTileRows, rows - r0);
+      if (nr <= 0) break;  // only padding rows left (a 16-row tile of the 32-row padding)
+      // The next tile's weights (contiguous after these) are fetched into
+      // L2 while the first token tile runs: it would otherwise wait on DRAM
+      // for every line of its rows.
+      const char* next = r0 + kPanelTileRows < row_end
+                             ? reinterpret_cast<const char*>(w + (kPanelTileRows / kPanelRows) * panel_elems)
+                             : nullptr;
+      // The chunk's tokens in tiles of near-equal width (30 tokens: 10 + 10
+      // + 10 rather than 12 + 12 + 6), so no tile runs short of accumulators.
+      const int64_t n_tokens = t_end - t0;
+      const int64_t tiles = (n_tokens + kPanelTokens - 1) / kPanelTokens;
+      for (int64_t tile = 0, t = t0; tile < tiles; ++tile) {
+        const char* prefetch = tile == 0 ? next : nullptr;
+        const int64_t nt = n_tokens / tiles + (tile < n_tokens % tiles ? 1 : 0);
+        const float* x = task.x + t * cols;
+        // Full tiles write Y in place; a tile with padding rows goes through scratch.
+        const bool direct = nr == kPanelTileRows;
+        float* out = direct ? task.y + t * rows + r0 : scratch;
+        const int64_t stride = direct ? rows : kPanelTileRows;
+        PanelTileN<T>(nt, w, panel_elems, x, cols, out, stride, prefetch);
+        if (!direct) {
+          for (int64_t i = 0; i < nt; ++i) {
+            std::memcpy(task.y + (t + i) * rows + r0, scratch + i * kPanelTileRows, static_cast<size_t>(nr) * 4);
+          }
+        }
+        t += nt;
+      }
+    }
+  }
+}
+
+void PanelRangeImpl(const MatMulTask& task, int64_t row_begin, int64_t row_end) {
+  switch (task.w.type) {
+    case WeightType::kF32: return PanelRange<float>(task, row_begin, row_end);
+    case WeightType::kF16: return PanelRange<hwy::float16_t>(task, row_begin, row_end);
+    case WeightType::kBF16: return PanelRange<hwy::bfloat16_t>(task, row_begin, row_end);
+    case WeightType::kQ8_0: return;  // never packed (PackWeights refuses it)
+  }
+}
+
 void RowRangeImpl(const MatMulTask& task, int64_t row_begin, int64_t row_end) {
   switch (task.w.type) {
     case WeightType::kF32: return RowRange<WeightType::kF32>(task, row_begin, row_end);
@@ -192,8 +311,12 @@ HWY_AFTER_NAMESPACE();
 namespace pagekv {
 namespace kernels {
 HWY_EXPORT(RowRangeImpl);
+HWY_EXPORT(PanelRangeImpl);
 void RowRange(const MatMulTask& task, int64_t row_begin, int64_t row_end) {
   HWY_DYNAMIC_DISPATCH(RowRangeImpl)(task, row_begin, row_end);
+}
+void PanelRange(const MatMulTask& task, int64_t row_begin, int64_t row_end) {
+  HWY_DYNAMIC_DISPATCH(PanelRangeImpl)(task, row_begin, row_end);
 }
 }  // namespace kernels
 
@@ -208,35 +331,101 @@ int64_t WeightRowBytes(WeightType type, int64_t cols) {
 }
 
 Status MatMul(const WeightMatrix& w, const float* x, int64_t tokens, float* y, int threads) {
-  if (w.data == nullptr || x == nullptr || y == nullptr) return InvalidArgumentError("matmul: null pointer");
-  if (w.rows <= 0 || w.cols <= 0 || tokens <= 0) {
-    return InvalidArgumentError("matmul: rows, cols and tokens must be positive (got " + std::to_string(w.rows) +
-                                ", " + std::to_string(w.cols) + ", " + std::to_string(tokens) + ")");
+  const MatMulOutput one{w, y};
+  return MatMulShared({&one, 1}, x, tokens, threads);
+}
+
+Status MatMulShared(std::span<const MatMulOutput> outputs, const float* x, int64_t tokens, int threads) {
+  if (x == nullptr) return InvalidArgumentError("matmul: null pointer");
+  std::vector<kernels::MatMulTask> tasks;
+  std::vector<int64_t> row_ends, first_chunk;  // per output; first_chunk has one more entry
+  tasks.reserve(outputs.size());
+  int64_t work = 0, chunks = 0;
+  // Chunks of 32 rows (a few per thread at least) for load balance; panels
+  // end on the padded row count (a multiple of the widest tile).
+  constexpr int64_t kChunkRows = kernels::kPanelPadRows;
+  for (const MatMulOutput& out : outputs) {
+    const WeightMatrix& w = out.w;
+    if (w.data == nullptr || out.y == nullptr) return InvalidArgumentError("matmul: null pointer");
+    if (w.rows <= 0 || w.cols <= 0 || tokens <= 0) {
+      return InvalidArgumentError("matmul: rows, cols and tokens must be positive (got " + std::to_string(w.rows) +
+                                  ", " + std::to_string(w.cols) + ", " + std::to_string(tokens) + ")");
+    }
+    if (w.type == WeightType::kQ8_0 && w.cols % kernels::kQ8Block != 0) {
+      return InvalidArgumentError("matmul: q8_0 rows need a multiple of 32 columns, got " + std::to_string(w.cols));
+    }
+    if (w.panels && w.type == WeightType::kQ8_0) return InvalidArgumentError("matmul: q8_0 weights are never in panels");
+    if (w.cols != outputs[0].w.cols) return InvalidArgumentError("matmul: products sharing X need the same column count");
+    tasks.push_back({w, WeightRowBytes(w.type, w.cols), x, tokens, out.y});
+    row_ends.push_back(w.panels ? (w.rows + kChunkRows - 1) / kChunkRows * kChunkRows : w.rows);
+    first_chunk.push_back(chunks);
+    chunks += (row_ends.back() + kChunkRows - 1) / kChunkRows;
+    work += w.rows * w.cols * tokens;
   }
-  if (w.type == WeightType::kQ8_0 && w.cols % kernels::kQ8Block != 0) {
-    return InvalidArgumentError("matmul: q8_0 rows need a multiple of 32 columns, got " + std::to_string(w.cols));
-  }
-  const kernels::MatMulTask task{w, WeightRowBytes(w.type, w.cols), x, tokens, y};
-  auto impl = [&task](int64_t begin, int64_t end) { kernels::RowRange(task, begin, end); };
+  first_chunk.push_back(chunks);
+  auto run = [&](size_t o, int64_t begin, int64_t end) {
+    end = std::min(end, row_ends[o]);
+    if (tasks[o].w.panels) {
+      kernels::PanelRange(tasks[o], begin, end);
+    } else {
+      kernels::RowRange(tasks[o], begin, end);
+    }
+  };
   // Below ~256 K multiply-adds a call is cheaper on one thread than the
   // hand-off to the pool.
-  const int64_t work = w.rows * w.cols * tokens;
   if (threads == 1 || work < (int64_t{1} << 18)) {
-    impl(0, w.rows);
+    for (size_t o = 0; o < tasks.size(); ++o) run(o, 0, row_ends[o]);
     return Status::Ok();
   }
-  // Chunks of 16 rows (a few per thread at least) for load balance.
-  constexpr int64_t kChunkRows = 16;
-  const int64_t chunks = (w.rows + kChunkRows - 1) / kChunkRows;
   ThreadPool::Shared().ParallelFor(chunks, threads, [&](int64_t i) {
-    impl(i * kChunkRows, std::min(w.rows, (i + 1) * kChunkRows));
+    const auto o = static_cast<size_t>(std::upper_bound(first_chunk.begin(), first_chunk.end(), i) - first_chunk.begin() - 1);
+    const int64_t begin = (i - first_chunk[o]) * kChunkRows;
+    run(o, begin, begin + kChunkRows);
   });
   return Status::Ok();
 }
 
+Result<PackedWeights> PackedWeights::Pack(const WeightMatrix& w) {
+  if (w.data == nullptr || w.rows <= 0 || w.cols <= 0) return InvalidArgumentError("pack weights: empty matrix");
+  if (w.panels) return InvalidArgumentError("pack weights: the matrix is already in panels");
+  if (w.type == WeightType::kQ8_0) return InvalidArgumentError("pack weights: q8_0 rows stay row-major (blocks of 32 share a scale)");
+  const int64_t elem = w.type == WeightType::kF32 ? 4 : 2;
+  const int64_t padded = (w.rows + kernels::kPanelPadRows - 1) / kernels::kPanelPadRows * kernels::kPanelPadRows;
+  PackedWeights p;
+  p.bytes_ = padded * w.cols * elem;
+  p.data_.reset(static_cast<std::byte*>(std::aligned_alloc(64, static_cast<size_t>((p.bytes_ + 63) / 64 * 64))));
+  if (p.data_ == nullptr) return ResourceExhaustedError("pack weights: out of memory for " + std::to_string(p.bytes_) + " bytes");
+  std::memset(p.data_.get(), 0, static_cast<size_t>(p.bytes_));
+  const int64_t row_bytes = WeightRowBytes(w.type, w.cols);
+  for (int64_t r = 0; r < w.rows; ++r) {
+    const std::byte* src = w.data + r * row_bytes;
+    std::byte* panel = p.data_.get() + (r / kernels::kPanelRows) * w.cols * kernels::kPanelRows * elem;
+    const int64_t lane = r % kernels::kPanelRows;
+    for (int64_t c = 0; c < w.cols; ++c) {
+      std::memcpy(panel + (c * kernels::kPanelRows + lane) * elem, src + c * elem, static_cast<size_t>(elem));
+    }
+  }
+  p.matrix_ = WeightMatrix{p.data_.get(), w.type, w.rows, w.cols, true};
+  return p;
+}
+
 void WeightRow(const WeightMatrix& w, int64_t r, float* out) {
-  const std::byte* p = w.data + r * WeightRowBytes(w.type, w.cols);
   uint16_t h;
+  if (w.panels) {
+    const int64_t elem = w.type == WeightType::kF32 ? 4 : 2;
+    const std::byte* p = w.data + ((r / kernels::kPanelRows) * w.cols * kernels::kPanelRows + r % kernels::kPanelRows) * elem;
+    for (int64_t i = 0; i < w.cols; ++i) {
+      const std::byte* e = p + i * kernels::kPanelRows * elem;
+      if (w.type == WeightType::kF32) {
+        std::memcpy(&out[i], e, 4);
+      } else {
+        std::memcpy(&h, e, 2);
+        out[i] = w.type == WeightType::kF16 ? F16ToF32(h) : BF16ToF32(h);
+      }
+    }
+    return;
+  }
+  const std::byte* p = w.data + r * WeightRowBytes(w.type, w.cols);
   for (int64_t i = 0; i < w.cols; ++i) {
     switch (w.type) {
       case WeightType::kF32: std::memcpy(&out[i], p + 4 * i, 4); break;

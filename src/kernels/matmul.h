@@ -18,6 +18,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <span>
 
 #include "pagekv/status.h"
 
@@ -30,6 +33,10 @@ struct WeightMatrix {
   WeightType type = WeightType::kF32;
   int64_t rows = 0;
   int64_t cols = 0;  // a multiple of 32 for q8_0
+  // false: row-major [rows][cols]. true: PackedWeights' panel layout, rows in
+  // groups of 16 stored column by column ([rows/16][cols][16], zero rows
+  // padding the count to a multiple of 32); f32, f16 and bf16 only.
+  bool panels = false;
 };
 
 // Bytes one row occupies.
@@ -40,7 +47,39 @@ int64_t WeightRowBytes(WeightType type, int64_t cols);
 // cols not a multiple of 32.
 Status MatMul(const WeightMatrix& w, const float* x, int64_t tokens, float* y, int threads = 0);
 
-// Row r of W converted to f32 (the embedding lookup).
+// Several products of the same X in one hand-off to the pool (the q, k and
+// v projections; the gate and up projections): outputs[i].y = X
+// outputs[i].w^T, every w with the same column count. Same errors as MatMul.
+struct MatMulOutput {
+  WeightMatrix w;
+  float* y = nullptr;
+};
+Status MatMulShared(std::span<const MatMulOutput> outputs, const float* x, int64_t tokens, int threads = 0);
+
+// Row r of W converted to f32 (the embedding lookup); either layout.
 void WeightRow(const WeightMatrix& w, int64_t r, float* out);
+
+// A copy of a row-major f32 / f16 / bf16 matrix regrouped into panels
+// (WeightMatrix::panels), owned here. With panels, a product broadcasts each
+// token's X element against one vector of 16 rows' weights, so it needs no
+// horizontal sums and runs near the FMA peak even when rows are short (a
+// model of dim 256: ~2x the row-major kernel from 8 tokens up); with one
+// token it streams the same bytes as the row-major kernel. docs/PERFORMANCE.md
+// has the figures. Errors: q8_0 (its 32-element blocks share a scale, so
+// its rows stay row-major), a matrix already in panels, out of memory.
+class PackedWeights {
+ public:
+  static Result<PackedWeights> Pack(const WeightMatrix& w);
+  const WeightMatrix& matrix() const { return matrix_; }
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  struct Free {
+    void operator()(std::byte* p) const { std::free(p); }
+  };
+  std::unique_ptr<std::byte, Free> data_;
+  int64_t bytes_ = 0;
+  WeightMatrix matrix_;
+};
 
 }  // namespace pagekv

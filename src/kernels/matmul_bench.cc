@@ -23,7 +23,8 @@ namespace {
 struct Shape {
   int64_t rows, cols;
 };
-constexpr Shape kShapes[] = {{768, 768}, {2560, 768}, {768, 2560}, {32000, 768}};
+// llama-110m's products, then small-16k's (the serving benchmark's model).
+constexpr Shape kShapes[] = {{768, 768}, {2560, 768}, {768, 2560}, {32000, 768}, {256, 256}, {768, 256}, {256, 768}, {32000, 256}};
 
 std::vector<float> Random(int64_t n) {
   std::mt19937 rng(1);
@@ -42,7 +43,9 @@ void Counters(benchmark::State& state, int64_t weight_bytes, double flops) {
 void BM_MatMul(benchmark::State& state) {
   const Shape s = kShapes[state.range(0)];
   const int64_t tokens = state.range(1);
-  const auto type = static_cast<WeightType>(state.range(2));
+  // 0-3: row-major f32, f16, bf16, q8_0; 4, 5: f32, f16 in panels (PackedWeights).
+  const bool panels = state.range(2) >= 4;
+  const auto type = static_cast<WeightType>(panels ? state.range(2) - 4 : state.range(2));
   const std::vector<float> w = Random(s.rows * s.cols);
   std::vector<std::byte> bytes(static_cast<size_t>(s.rows * WeightRowBytes(type, s.cols)));
   for (int64_t i = 0; i < s.rows * s.cols; ++i) {
@@ -62,7 +65,9 @@ void BM_MatMul(benchmark::State& state) {
   }
   const std::vector<float> x = Random(tokens * s.cols);
   std::vector<float> y(static_cast<size_t>(tokens * s.rows));
-  const WeightMatrix m{bytes.data(), type, s.rows, s.cols};
+  WeightMatrix m{bytes.data(), type, s.rows, s.cols};
+  Result<PackedWeights> packed = PackedWeights::Pack(m);
+  if (panels) m = packed->matrix();
   for (auto _ : state) {
     benchmark::DoNotOptimize(MatMul(m, x.data(), tokens, y.data()));
     benchmark::ClobberMemory();
@@ -71,10 +76,10 @@ void BM_MatMul(benchmark::State& state) {
 }
 
 void Args(benchmark::internal::Benchmark* b, bool all_types) {
-  for (int64_t shape = 0; shape < 4; ++shape) {
+  for (int64_t shape = 0; shape < static_cast<int64_t>(std::size(kShapes)); ++shape) {
     for (int64_t tokens : {1, 8, 32, 128}) {
       if (all_types) {
-        for (int64_t type = 0; type < 4; ++type) b->Args({shape, tokens, type});
+        for (int64_t type = 0; type < 6; ++type) b->Args({shape, tokens, type});
       } else {
         b->Args({shape, tokens});
       }

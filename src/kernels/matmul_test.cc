@@ -64,14 +64,16 @@ Weights MakeWeights(WeightType type, int64_t rows, int64_t cols, uint32_t seed) 
   return w;
 }
 
-void ExpectProduct(const Weights& w, int64_t tokens, uint32_t seed, int threads) {
+// `matrix`: w's own, or its panel copy (PackedWeights).
+void ExpectProduct(const Weights& w, int64_t tokens, uint32_t seed, int threads, const WeightMatrix* matrix = nullptr) {
+  const WeightMatrix& m = matrix != nullptr ? *matrix : w.matrix;
   const int64_t rows = w.matrix.rows, cols = w.matrix.cols;
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
   std::vector<float> x(static_cast<size_t>(tokens * cols));
   for (float& v : x) v = uni(rng);
   std::vector<float> y(static_cast<size_t>(tokens * rows), -1e30f);
-  ASSERT_TRUE(MatMul(w.matrix, x.data(), tokens, y.data(), threads).ok());
+  ASSERT_TRUE(MatMul(m, x.data(), tokens, y.data(), threads).ok());
   for (int64_t t = 0; t < tokens; ++t) {
     for (int64_t r = 0; r < rows; ++r) {
       double ref = 0, mag = 0;
@@ -81,7 +83,8 @@ void ExpectProduct(const Weights& w, int64_t tokens, uint32_t seed, int threads)
         mag += std::fabs(p);
       }
       ASSERT_NEAR(y[static_cast<size_t>(t * rows + r)], ref, 1e-5 * mag + 1e-6)
-          << "token " << t << " row " << r << " (" << rows << "x" << cols << ", " << tokens << " tokens)";
+          << "token " << t << " row " << r << " (" << rows << "x" << cols << ", " << tokens << " tokens"
+          << (m.panels ? ", panels)" : ")");
     }
   }
 }
@@ -105,12 +108,80 @@ TEST_P(MatMulTargetTest, EveryTypeAndTail) {
   }
 }
 
+// Panels: rows around the 16-row panel and 32-row padding, token counts
+// around the 12-token (AVX-512) / 6- and 3-token tiles and their remainders.
+TEST_P(MatMulTargetTest, PanelsEveryTypeAndTail) {
+  uint32_t seed = 100;
+  for (WeightType type : {WeightType::kF32, WeightType::kF16, WeightType::kBF16}) {
+    for (int64_t rows : {1, 15, 16, 17, 31, 32, 33, 70}) {
+      for (int64_t cols : {1, 7, 16, 33, 172}) {
+        const Weights w = MakeWeights(type, rows, cols, seed++);
+        Result<PackedWeights> packed = PackedWeights::Pack(w.matrix);
+        ASSERT_TRUE(packed.ok()) << packed.status().message();
+        ASSERT_TRUE(packed->matrix().panels);
+        for (int64_t tokens : {1, 2, 3, 5, 6, 7, 11, 12, 13, 25, 31}) ExpectProduct(w, tokens, seed++, 1, &packed->matrix());
+        // The embedding lookup reads a row back out of the panels.
+        std::vector<float> row(static_cast<size_t>(cols));
+        for (int64_t r : {int64_t{0}, rows / 2, rows - 1}) {
+          WeightRow(packed->matrix(), r, row.data());
+          for (int64_t c = 0; c < cols; ++c) ASSERT_EQ(row[static_cast<size_t>(c)], w.values[static_cast<size_t>(r * cols + c)]);
+        }
+      }
+    }
+  }
+}
+
 TEST_P(MatMulTargetTest, ThreadedLargeMatchesReference) {
   // Large enough to take the pool (rows split in chunks) and the token chunks.
   for (WeightType type : {WeightType::kF32, WeightType::kQ8_0}) {
     const Weights w = MakeWeights(type, 301, 320, 7);
     ExpectProduct(w, 37, 8, 0);
   }
+  // Panels, with more tokens than one L2 chunk (256 KiB of X rows).
+  const Weights w = MakeWeights(WeightType::kF16, 301, 320, 9);
+  Result<PackedWeights> packed = PackedWeights::Pack(w.matrix);
+  ASSERT_TRUE(packed.ok());
+  ExpectProduct(w, 37, 10, 0, &packed->matrix());
+  ExpectProduct(w, 230, 11, 0, &packed->matrix());
+}
+
+// Products sharing X in one hand-off equal the products one at a time, for
+// a mix of layouts and types, on one thread and on the pool.
+TEST(MatMulTest, SharedEqualsSeparate) {
+  const Weights a = MakeWeights(WeightType::kF32, 300, 96, 21), b = MakeWeights(WeightType::kF16, 45, 96, 22),
+                c = MakeWeights(WeightType::kQ8_0, 70, 96, 23);
+  Result<PackedWeights> pa = PackedWeights::Pack(a.matrix);
+  ASSERT_TRUE(pa.ok());
+  const int64_t tokens = 29;
+  std::vector<float> x(static_cast<size_t>(tokens * 96));
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+  for (float& v : x) v = uni(rng);
+  for (int threads : {1, 0}) {
+    const std::vector<WeightMatrix> ms = {pa->matrix(), b.matrix, c.matrix};
+    std::vector<std::vector<float>> shared(3), separate(3);
+    std::vector<MatMulOutput> outs;
+    for (size_t i = 0; i < 3; ++i) {
+      shared[i].assign(static_cast<size_t>(tokens * ms[i].rows), NAN);
+      separate[i].assign(shared[i].size(), NAN);
+      outs.push_back({ms[i], shared[i].data()});
+      ASSERT_TRUE(MatMul(ms[i], x.data(), tokens, separate[i].data(), threads).ok());
+    }
+    ASSERT_TRUE(MatMulShared(outs, x.data(), tokens, threads).ok());
+    for (size_t i = 0; i < 3; ++i) EXPECT_EQ(shared[i], separate[i]) << "output " << i << ", threads " << threads;
+  }
+  const Weights other = MakeWeights(WeightType::kF32, 4, 32, 24);
+  const std::vector<MatMulOutput> mismatched = {{a.matrix, x.data()}, {other.matrix, x.data()}};
+  EXPECT_EQ(MatMulShared(mismatched, x.data(), 1).code(), StatusCode::kInvalidArgument);
+}
+
+TEST(MatMulTest, PackRefusesQ8AndPackedInput) {
+  const Weights q8 = MakeWeights(WeightType::kQ8_0, 4, 64, 3);
+  EXPECT_EQ(PackedWeights::Pack(q8.matrix).status().code(), StatusCode::kInvalidArgument);
+  const Weights f = MakeWeights(WeightType::kF32, 4, 8, 3);
+  Result<PackedWeights> packed = PackedWeights::Pack(f.matrix);
+  ASSERT_TRUE(packed.ok());
+  EXPECT_EQ(PackedWeights::Pack(packed->matrix()).status().code(), StatusCode::kInvalidArgument);
 }
 
 std::string TargetName(const ::testing::TestParamInfo<int64_t>& info) {

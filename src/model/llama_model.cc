@@ -12,6 +12,7 @@
 #include <cstring>
 #include <unordered_set>
 
+#include "base/thread_pool.h"
 #include "layout/float16.h"
 #include "layout/quantize.h"
 #include "pagekv/attention.h"
@@ -154,6 +155,7 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::FromGguf(std::unique_ptr<GgufFil
     m->layers_.push_back(L);
   }
   m->file_ = std::move(file);
+  PAGEKV_RETURN_IF_ERROR(m->PackWeights());
   return m;
 }
 
@@ -232,7 +234,27 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::FromLlama2c(const std::string& p
                                f32(w1 + l * hd * d, hd, d), f32(w3 + l * hd * d, hd, d), f32(w2 + l * d * hd, d, hd)});
   }
   m->mapping_ = std::move(mapping);
+  PAGEKV_RETURN_IF_ERROR(m->PackWeights());
   return m;
+}
+
+Status LlamaModel::PackWeights() {
+  auto pack = [this](Matrix& m) -> Status {
+    if (m.type == WeightType::kQ8_0 || m.panels) return Status::Ok();
+    PAGEKV_ASSIGN_OR_RETURN(PackedWeights p, PackedWeights::Pack(m));
+    m = p.matrix();
+    packed_.push_back(std::move(p));
+    return Status::Ok();
+  };
+  // The embedding stays row-major: a lookup reads one row, which panels
+  // would scatter over 16x the cache lines. A tied classifier gets its own
+  // panel copy.
+  tied_embeddings_ = classifier_.data == embedding_.data;
+  PAGEKV_RETURN_IF_ERROR(pack(classifier_));
+  for (Layer& L : layers_) {
+    for (Matrix* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) PAGEKV_RETURN_IF_ERROR(pack(*m));
+  }
+  return Status::Ok();
 }
 
 int64_t LlamaModel::StepWeightBytes() const {
@@ -254,8 +276,7 @@ int64_t LlamaModel::MatrixMultiplyAddsPerToken() const {
 
 int64_t LlamaModel::ParameterCount() const {
   const int64_t norms = int64_t{config_.dim} * (2 * config_.num_layers + 1);
-  const bool tied = classifier_.data == embedding_.data;
-  return MatrixMultiplyAddsPerToken() + norms + (tied ? 0 : embedding_.rows * embedding_.cols);
+  return MatrixMultiplyAddsPerToken() + norms + (tied_embeddings_ ? 0 : embedding_.rows * embedding_.cols);
 }
 
 CacheConfig LlamaModel::CacheGeometry(int32_t block_len, DType dtype, int64_t num_blocks) const {
@@ -350,6 +371,22 @@ Result<bool> LlamaModel::ForwardBatch(KvCache& cache, std::span<const ForwardIte
   return true;
 }
 
+namespace {
+
+// Per-thread scratch for Compute's activations, reused from step to step: a
+// long step's buffers are tens of MiB, which allocated fresh every step cost
+// page faults and zero-filling. Contents are not cleared; every use writes
+// its rows before reading them.
+template <typename T>
+std::span<T> Scratch(size_t slot, size_t n) {
+  thread_local std::vector<std::vector<T>> pool;
+  if (pool.size() <= slot) pool.resize(slot + 1);
+  if (pool[slot].size() < n) pool[slot].resize(n);
+  return {pool[slot].data(), n};
+}
+
+}  // namespace
+
 Status LlamaModel::Compute(KvCache& cache, std::span<const ForwardItem> items, const Batch& batch,
                            const ForwardOptions& options) const {
   const LlamaConfig& c = config_;
@@ -358,17 +395,23 @@ Status LlamaModel::Compute(KvCache& cache, std::span<const ForwardItem> items, c
   const int32_t d = c.dim, kv_dim = c.num_kv_heads * c.head_dim, hd = c.hidden_dim, half = c.head_dim / 2;
   double* matmul_time = options.timings != nullptr ? &options.timings->matmul : nullptr;
   double* attention_time = options.timings != nullptr ? &options.timings->attention : nullptr;
-  auto rows = [](int64_t n, int64_t width) { return std::vector<float>(static_cast<size_t>(n * width)); };
-  std::vector<float> x = rows(T, d), xb = rows(T, d), q = rows(T, d), att = rows(T, d), tmp = rows(T, d),
-                     k = rows(T, kv_dim), v = rows(T, kv_dim), h1 = rows(T, hd), h2 = rows(T, hd);
+  size_t slot = 0;
+  auto rows = [&slot](int64_t n, int64_t width) { return Scratch<float>(slot++, static_cast<size_t>(n * width)); };
+  const std::span<float> x = rows(T, d), xb = rows(T, d), q = rows(T, d), att = rows(T, d), tmp = rows(T, d),
+                         k = rows(T, kv_dim), v = rows(T, kv_dim), h1 = rows(T, hd), h2 = rows(T, hd);
   // Bytes of one token's K (or V) rows over all KV heads, as the cache
   // stores them: the buffers fit the widest layer; each layer uses its own.
   int64_t widest_row = 0;
   for (int32_t l = 0; l < c.num_layers; ++l) widest_row = std::max(widest_row, cache.layout().row_bytes(l));
-  std::vector<std::byte> k_rows(static_cast<size_t>(T * widest_row * c.num_kv_heads)), v_rows(k_rows.size());
+  const std::span<std::byte> k_rows = Scratch<std::byte>(0, static_cast<size_t>(T * widest_row * c.num_kv_heads)),
+                             v_rows = Scratch<std::byte>(1, k_rows.size());
   auto matmul = [&](const Matrix& w, const float* in, int64_t n, float* out) {
     Stopwatch watch(matmul_time);
     return MatMul(w, in, n, out, options.threads);
+  };
+  auto matmul_shared = [&](std::initializer_list<MatMulOutput> outputs, const float* in, int64_t n) {
+    Stopwatch watch(matmul_time);
+    return MatMulShared({outputs.begin(), outputs.size()}, in, n, options.threads);
   };
   for (int64_t t = 0; t < T; ++t) {
     const size_t item = static_cast<size_t>(
@@ -377,15 +420,32 @@ Status LlamaModel::Compute(KvCache& cache, std::span<const ForwardItem> items, c
   }
   // Rotary angles per row, shared by every layer: pairs (2i, 2i+1) of each
   // head turn by pos * theta^(-2i / head_dim).
-  std::vector<float> rope_cos = rows(T, half), rope_sin = rows(T, half);
-  for (int64_t t = 0; t < T; ++t) {
-    for (int32_t i = 0; i < half; ++i) {
-      const float freq = 1.0f / std::pow(c.rope_theta, static_cast<float>(2 * i) / static_cast<float>(c.head_dim));
-      const float angle = static_cast<float>(batch.pos[static_cast<size_t>(t)]) * freq;
-      rope_cos[static_cast<size_t>(t * half + i)] = std::cos(angle);
-      rope_sin[static_cast<size_t>(t * half + i)] = std::sin(angle);
+  // Per-row work (norms, rotary, K/V conversion, residuals, SiLU) of a long
+  // step is split over the pool in chunks of rows, so the second core does
+  // not wait through it; a decode step's few rows stay on this thread.
+  auto for_rows = [&options](int64_t n, const auto& fn) {  // fn(first row, end row)
+    constexpr int64_t kChunk = 64;
+    if (n < 2 * kChunk || options.threads == 1) {
+      fn(int64_t{0}, n);
+      return;
     }
+    ThreadPool::Shared().ParallelFor((n + kChunk - 1) / kChunk, options.threads,
+                                     [&](int64_t i) { fn(i * kChunk, std::min(n, (i + 1) * kChunk)); });
+  };
+  std::vector<float> freq(static_cast<size_t>(half));
+  for (int32_t i = 0; i < half; ++i) {
+    freq[static_cast<size_t>(i)] = 1.0f / std::pow(c.rope_theta, static_cast<float>(2 * i) / static_cast<float>(c.head_dim));
   }
+  const std::span<float> rope_cos = rows(T, half), rope_sin = rows(T, half);
+  for_rows(T, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      for (int32_t i = 0; i < half; ++i) {
+        const float angle = static_cast<float>(batch.pos[static_cast<size_t>(t)]) * freq[static_cast<size_t>(i)];
+        rope_cos[static_cast<size_t>(t * half + i)] = std::cos(angle);
+        rope_sin[static_cast<size_t>(t * half + i)] = std::sin(angle);
+      }
+    }
+  });
   auto rope = [&](float* row, int64_t t, int32_t width) {
     const float* cs = &rope_cos[static_cast<size_t>(t * half)];
     const float* sn = &rope_sin[static_cast<size_t>(t * half)];
@@ -438,18 +498,21 @@ Status LlamaModel::Compute(KvCache& cache, std::span<const ForwardItem> items, c
   attention_options.num_threads = options.threads;
   for (int32_t l = 0; l < c.num_layers; ++l) {
     const Layer& L = layers_[static_cast<size_t>(l)];
-    for (int64_t t = 0; t < T; ++t) RmsNorm(&x[static_cast<size_t>(t * d)], L.attn_norm, d, c.norm_eps, &xb[static_cast<size_t>(t * d)]);
-    PAGEKV_RETURN_IF_ERROR(matmul(L.wq, xb.data(), T, q.data()));
-    PAGEKV_RETURN_IF_ERROR(matmul(L.wk, xb.data(), T, k.data()));
-    PAGEKV_RETURN_IF_ERROR(matmul(L.wv, xb.data(), T, v.data()));
-    for (int64_t t = 0; t < T; ++t) {
-      rope(&q[static_cast<size_t>(t * d)], t, d);
-      rope(&k[static_cast<size_t>(t * kv_dim)], t, kv_dim);
-    }
+    for_rows(T, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) RmsNorm(&x[static_cast<size_t>(t * d)], L.attn_norm, d, c.norm_eps, &xb[static_cast<size_t>(t * d)]);
+    });
+    PAGEKV_RETURN_IF_ERROR(matmul_shared({{L.wq, q.data()}, {L.wk, k.data()}, {L.wv, v.data()}}, xb.data(), T));
     const KvFormat& format = cc.FormatOf(l);
-    store(format, k.data(), k_rows.data(), T * kv_dim);
-    store(format, v.data(), v_rows.data(), T * kv_dim);
     const auto token_bytes = static_cast<size_t>(cache.layout().row_bytes(l) * c.num_kv_heads);
+    for_rows(T, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        rope(&q[static_cast<size_t>(t * d)], t, d);
+        rope(&k[static_cast<size_t>(t * kv_dim)], t, kv_dim);
+      }
+      const auto first = static_cast<size_t>(t0);
+      store(format, k.data() + first * kv_dim, k_rows.data() + first * token_bytes, (t1 - t0) * kv_dim);
+      store(format, v.data() + first * kv_dim, v_rows.data() + first * token_bytes, (t1 - t0) * kv_dim);
+    });
     for (size_t i = 0; i < items.size(); ++i) {
       const auto n = static_cast<int64_t>(items[i].tokens.size());
       const size_t offset = static_cast<size_t>(batch.first[i]) * token_bytes;
@@ -468,16 +531,21 @@ Status LlamaModel::Compute(KvCache& cache, std::span<const ForwardItem> items, c
                                          : PagedPrefillAttention(kv, prefill, q.data(), att.data(), attention_options));
     }
     PAGEKV_RETURN_IF_ERROR(matmul(L.wo, att.data(), T, tmp.data()));
-    for (size_t j = 0; j < x.size(); ++j) x[j] += tmp[j];
-    for (int64_t t = 0; t < T; ++t) RmsNorm(&x[static_cast<size_t>(t * d)], L.ffn_norm, d, c.norm_eps, &xb[static_cast<size_t>(t * d)]);
-    PAGEKV_RETURN_IF_ERROR(matmul(L.w_gate, xb.data(), T, h1.data()));
-    PAGEKV_RETURN_IF_ERROR(matmul(L.w_up, xb.data(), T, h2.data()));
-    for (size_t j = 0; j < h1.size(); ++j) {
-      const float g = h1[j];
-      h1[j] = g / (1.0f + std::exp(-g)) * h2[j];
-    }
+    for_rows(T, [&](int64_t t0, int64_t t1) {
+      for (auto j = static_cast<size_t>(t0 * d); j < static_cast<size_t>(t1 * d); ++j) x[j] += tmp[j];
+      for (int64_t t = t0; t < t1; ++t) RmsNorm(&x[static_cast<size_t>(t * d)], L.ffn_norm, d, c.norm_eps, &xb[static_cast<size_t>(t * d)]);
+    });
+    PAGEKV_RETURN_IF_ERROR(matmul_shared({{L.w_gate, h1.data()}, {L.w_up, h2.data()}}, xb.data(), T));
+    for_rows(T, [&](int64_t t0, int64_t t1) {
+      for (auto j = static_cast<size_t>(t0 * hd); j < static_cast<size_t>(t1 * hd); ++j) {
+        const float g = h1[j];
+        h1[j] = g / (1.0f + std::exp(-g)) * h2[j];
+      }
+    });
     PAGEKV_RETURN_IF_ERROR(matmul(L.w_down, h1.data(), T, tmp.data()));
-    for (size_t j = 0; j < x.size(); ++j) x[j] += tmp[j];
+    for_rows(T, [&](int64_t t0, int64_t t1) {
+      for (auto j = static_cast<size_t>(t0 * d); j < static_cast<size_t>(t1 * d); ++j) x[j] += tmp[j];
+    });
   }
   // Classifier over the rows whose logits are wanted, in one product.
   std::vector<int64_t> wanted;
@@ -491,7 +559,7 @@ Status LlamaModel::Compute(KvCache& cache, std::span<const ForwardItem> items, c
   for (int64_t r = 0; r < W; ++r) {
     RmsNorm(&x[static_cast<size_t>(wanted[static_cast<size_t>(r)] * d)], final_norm_, d, c.norm_eps, &xb[static_cast<size_t>(r * d)]);
   }
-  std::vector<float> logits = rows(W, c.vocab_size);
+  const std::span<float> logits = rows(W, c.vocab_size);
   PAGEKV_RETURN_IF_ERROR(matmul(classifier_, xb.data(), W, logits.data()));
   size_t r = 0;
   for (const ForwardItem& item : items) {
