@@ -349,12 +349,168 @@ void AttendRowsT(DF df, const RowTask& task) {
   }
 }
 
+// --- Rows in lanes (many rows: prefill) -----------------------------------
+// With as many rows as a vector has lanes, the task runs transposed: one
+// vector holds one token's score for N rows, so the scores are N-row
+// outer-product updates (a broadcast K element times a vector of q^T), the
+// softmax state (max, sum, rescale) is element-wise across rows, and P.V is
+// a broadcast V element times a vector of probabilities. No horizontal sum
+// anywhere, and each block's K and V rows are converted to f32 once for all
+// of the task's rows. Rows past R in the last tile are zero queries with
+// limit 0 (masked out, never written back).
+
+// Largest head_dim the lanes path takes (its transposed state lives in a
+// per-thread scratch sized for it); larger ones use AttendRowsT.
+constexpr int32_t kLanesMaxHeadDim = 512;
+
+struct LanesScratch {
+  std::vector<float> qt, at, kf, vf, st;  // q^T and acc^T per row tile; the block's K, V in f32; scores
+};
+
+template <class DF, typename T>
+void AttendRowsLanesT(DF df, const RowTask& task) {
+  using V = hn::Vec<DF>;
+  const hn::RebindToSigned<DF> di;
+  const int32_t N = static_cast<int32_t>(hn::Lanes(df));
+  const int32_t d = task.head_dim, R = task.rows, bl = task.block_len;
+  const int32_t tiles = (R + N - 1) / N;
+  const int64_t row_bytes = static_cast<int64_t>(d) * sizeof(T);
+  const int64_t v_stride = task.v_slab_stride > 0 ? task.v_slab_stride : task.slab_stride;
+  thread_local LanesScratch sc;
+  sc.qt.resize(static_cast<size_t>(tiles) * d * N);
+  sc.at.resize(sc.qt.size());
+  sc.kf.resize(static_cast<size_t>(bl) * d);
+  sc.vf.resize(sc.kf.size());
+  sc.st.resize(static_cast<size_t>(bl) * N);
+  float* HWY_RESTRICT qt = sc.qt.data();
+  float* HWY_RESTRICT at = sc.at.data();
+  float* HWY_RESTRICT kf = sc.kf.data();
+  float* HWY_RESTRICT vf = sc.vf.data();
+  float* HWY_RESTRICT st = sc.st.data();
+  // Transposed state: qt/at[tile][j][lane], m/l/limit per tile as vectors.
+  HWY_ALIGN float m_in[kMaxRows], l_in[kMaxRows];
+  HWY_ALIGN int32_t lim[kMaxRows];
+  int64_t max_limit = 0;
+  for (int32_t r = 0; r < tiles * N; ++r) {
+    const bool real = r < R;
+    for (int32_t j = 0; j < d; ++j) {
+      const size_t at_ij = (static_cast<size_t>(r / N) * d + j) * N + r % N;
+      qt[at_ij] = real ? task.q[static_cast<int64_t>(r) * d + j] : 0.0f;
+      at[at_ij] = real ? task.acc[static_cast<int64_t>(r) * d + j] : 0.0f;
+    }
+    m_in[r] = real ? task.m[r] : -std::numeric_limits<float>::infinity();
+    l_in[r] = real ? task.l[r] : 0.0f;
+    const int64_t limit = real ? std::min(task.limit[r], task.tok_end) : 0;
+    lim[r] = static_cast<int32_t>(limit);
+    max_limit = std::max(max_limit, limit);
+  }
+  const V neg_inf = hn::Set(df, -std::numeric_limits<float>::infinity());
+  for (int64_t start = task.tok_begin; start < max_limit; start += bl) {
+    const int64_t n = std::min<int64_t>(bl, max_limit - start);
+    const int64_t block = ToInt(task.blocks[start / bl]);
+    const std::byte* k = task.k_region + block * task.slab_stride;
+    const std::byte* v = task.v_region + block * v_stride;
+    // The block's rows in f32, once for every row tile.
+    for (int64_t t = 0; t < n; ++t) {
+      const T* kr = RowAt<T>(k, t, row_bytes);
+      const T* vr = RowAt<T>(v, t, row_bytes);
+      int32_t j = 0;
+      for (; j + N <= d; j += N) {
+        hn::StoreU(LoadRow(df, kr + j), df, kf + t * d + j);
+        hn::StoreU(LoadRow(df, vr + j), df, vf + t * d + j);
+      }
+      for (; j < d; ++j) {
+        kf[t * d + j] = hn::GetLane(LoadRow(hn::CappedTag<float, 1>(), kr + j));
+        vf[t * d + j] = hn::GetLane(LoadRow(hn::CappedTag<float, 1>(), vr + j));
+      }
+    }
+    for (int32_t tile = 0; tile < tiles; ++tile) {
+      const float* HWY_RESTRICT q_t = qt + static_cast<size_t>(tile) * d * N;
+      float* HWY_RESTRICT a_t = at + static_cast<size_t>(tile) * d * N;
+      const auto limit = hn::LoadU(di, lim + tile * N);
+      if (hn::AllFalse(di, hn::Gt(limit, hn::Set(di, static_cast<int32_t>(start))))) continue;  // no row sees this block
+      // 1. Scores, 8 tokens at a time: st[t] = sum_j q^T[j] * k[t][j].
+      int64_t t = 0;
+      for (; t + 8 <= n; t += 8) {
+        V s[8];
+        for (int i = 0; i < 8; ++i) s[i] = hn::Zero(df);
+        for (int32_t j = 0; j < d; ++j) {
+          const V qv = hn::LoadU(df, q_t + j * N);
+          for (int i = 0; i < 8; ++i) s[i] = hn::MulAdd(qv, hn::Set(df, kf[(t + i) * d + j]), s[i]);
+        }
+        for (int i = 0; i < 8; ++i) hn::StoreU(s[i], df, st + (t + i) * N);
+      }
+      for (; t < n; ++t) {
+        V s0 = hn::Zero(df);
+        for (int32_t j = 0; j < d; ++j) s0 = hn::MulAdd(hn::LoadU(df, q_t + j * N), hn::Set(df, kf[t * d + j]), s0);
+        hn::StoreU(s0, df, st + t * N);
+      }
+      // 2. Online softmax across rows: mask positions at or past each row's
+      // limit, new max, rescale factor, probabilities in place.
+      V bmax = neg_inf;
+      for (t = 0; t < n; ++t) {
+        const auto seen = hn::RebindMask(df, hn::Gt(limit, hn::Set(di, static_cast<int32_t>(start + t))));
+        const V sv = hn::IfThenElse(seen, hn::LoadU(df, st + t * N), neg_inf);
+        hn::StoreU(sv, df, st + t * N);
+        bmax = hn::Max(bmax, sv);
+      }
+      const V m_old = hn::LoadU(df, m_in + tile * N);
+      const V m_new = hn::Max(m_old, bmax);
+      // Rescale: 0 for a row's first seen block (nothing to keep), 1 for a
+      // row that has still seen nothing, exp(m_old - m_new) otherwise.
+      const auto had = hn::Ne(m_old, neg_inf);
+      const auto live = hn::Ne(m_new, neg_inf);
+      const V corr = hn::IfThenElse(
+          had, hn::CallExp(df, hn::Sub(hn::IfThenElse(had, m_old, hn::Zero(df)), hn::IfThenElse(had, m_new, hn::Zero(df)))),
+          hn::IfThenElseZero(hn::Not(live), hn::Set(df, 1.0f)));
+      V sum = hn::Zero(df);
+      for (t = 0; t < n; ++t) {
+        const V sv = hn::LoadU(df, st + t * N);
+        const V e = hn::IfThenElseZero(hn::Ne(sv, neg_inf), hn::CallExp(df, hn::Sub(sv, m_new)));
+        hn::StoreU(e, df, st + t * N);
+        sum = hn::Add(sum, e);
+      }
+      hn::StoreU(hn::MulAdd(hn::LoadU(df, l_in + tile * N), corr, sum), df, l_in + tile * N);
+      hn::StoreU(m_new, df, m_in + tile * N);
+      // 3. acc^T[j] = acc^T[j] * corr + sum_t p[t] * v[t][j], 8 columns at a time.
+      int32_t j = 0;
+      for (; j + 8 <= d; j += 8) {
+        V a[8];
+        for (int i = 0; i < 8; ++i) a[i] = hn::Mul(hn::LoadU(df, a_t + (j + i) * N), corr);
+        for (t = 0; t < n; ++t) {
+          const V pv = hn::LoadU(df, st + t * N);
+          for (int i = 0; i < 8; ++i) a[i] = hn::MulAdd(pv, hn::Set(df, vf[t * d + j + i]), a[i]);
+        }
+        for (int i = 0; i < 8; ++i) hn::StoreU(a[i], df, a_t + (j + i) * N);
+      }
+      for (; j < d; ++j) {
+        V a0 = hn::Mul(hn::LoadU(df, a_t + j * N), corr);
+        for (t = 0; t < n; ++t) a0 = hn::MulAdd(hn::LoadU(df, st + t * N), hn::Set(df, vf[t * d + j]), a0);
+        hn::StoreU(a0, df, a_t + j * N);
+      }
+    }
+  }
+  for (int32_t r = 0; r < R; ++r) {
+    task.m[r] = m_in[r];
+    task.l[r] = l_in[r];
+    for (int32_t j = 0; j < d; ++j) task.acc[static_cast<int64_t>(r) * d + j] = at[(static_cast<size_t>(r / N) * d + j) * N + r % N];
+  }
+}
+
 // Picks the widest vector that divides head_dim, so every head_dim runs
 // without a tail (16 floats on AVX-512 down to 1 for odd sizes).
 template <typename T>
 void AttendRowsDim(const RowTask& task) {
   const hn::ScalableTag<float> full;
   const int32_t d = task.head_dim;
+  if constexpr (!kScaledRows<T> && hn::MaxLanes(decltype(full)()) >= 4) {
+    // Many rows, plain storage, nothing the lanes path does not do (weights
+    // out, soft-capping): rows in lanes.
+    if (task.rows >= static_cast<int32_t>(hn::Lanes(full)) && task.weights_out == nullptr && task.softcap == 0 &&
+        d <= kLanesMaxHeadDim) {
+      return AttendRowsLanesT<decltype(full), T>(full, task);
+    }
+  }
   if (d % static_cast<int32_t>(hn::Lanes(full)) == 0) return AttendRowsT<decltype(full), T>(full, task);
   const hn::CappedTag<float, 8> c8;
   if (d % static_cast<int32_t>(hn::Lanes(c8)) == 0) return AttendRowsT<decltype(c8), T>(c8, task);
