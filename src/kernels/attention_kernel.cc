@@ -472,6 +472,16 @@ void AttendRowsLanesT(DF df, const RowTask& task) {
       }
       hn::StoreU(hn::MulAdd(hn::LoadU(df, l_in + tile * N), corr, sum), df, l_in + tile * N);
       hn::StoreU(m_new, df, m_in + tile * N);
+      if (task.weights_out != nullptr) {  // attention weights: the rows' exp(s - m_b) and m_b, as RowTask says
+        for (int32_t i = 0; i < N && tile * N + i < R; ++i) {
+          const int32_t r = tile * N + i;
+          const int64_t valid = std::clamp<int64_t>(lim[r] - start, 0, n);
+          if (valid == 0) continue;
+          float* w = task.weights_out + r * task.weights_stride + (start - task.tok_begin);
+          for (int64_t x = 0; x < valid; ++x) w[x] = st[x * N + i];
+          task.block_max_out[r * task.block_max_stride + (start - task.tok_begin) / bl] = m_in[r];
+        }
+      }
       // 3. acc^T[j] = acc^T[j] * corr + sum_t p[t] * v[t][j], 8 columns at a time.
       int32_t j = 0;
       for (; j + 8 <= d; j += 8) {
@@ -504,10 +514,10 @@ void AttendRowsDim(const RowTask& task) {
   const hn::ScalableTag<float> full;
   const int32_t d = task.head_dim;
   if constexpr (!kScaledRows<T> && hn::MaxLanes(decltype(full)()) >= 4) {
-    // Many rows, plain storage, nothing the lanes path does not do (weights
-    // out, soft-capping): rows in lanes.
-    if (task.rows >= static_cast<int32_t>(hn::Lanes(full)) && task.weights_out == nullptr && task.softcap == 0 &&
-        d <= kLanesMaxHeadDim) {
+    // Many rows, plain storage, no soft-capping: rows in lanes. (Whether
+    // attention weights are wanted must not change the path: the same
+    // attention with and without them is bit for bit the same.)
+    if (task.rows >= static_cast<int32_t>(hn::Lanes(full)) && task.softcap == 0 && d <= kLanesMaxHeadDim) {
       return AttendRowsLanesT<decltype(full), T>(full, task);
     }
   }
