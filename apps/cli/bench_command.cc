@@ -221,7 +221,7 @@ int RunGenerateBenchCommand(const GenerateBenchArgs& a) {
 }
 
 struct ServeBenchArgs {
-  std::string trace, format = "auto", model, preset = "small-16k", kv_budget = "64MiB", allocator = "both", plot, kv_dtype = "f16";
+  std::string trace, format = "auto", model, preset = "small-16k", kv_budget = "32MiB", allocator = "both", plot, kv_dtype = "f16";
   int64_t max_requests = 0, step_tokens = 2048;
   double time_scale = 0.01;
   int32_t max_tokens = 0, block_len = 16, max_running = 256;
@@ -385,7 +385,7 @@ CLI::App* AddBenchCommand(CLI::App& app, int& exit_code) {
   CLI::App* sv = bench->add_subcommand("serve", "A serving trace against the engine: paged vs contiguous allocation");
   sv->add_option("--trace", serve.trace, "Trace: Azure CSV or Mooncake JSON lines")->required();
   sv->add_option("--format", serve.format, "azure, mooncake or auto (default: by extension)");
-  sv->add_option("--kv-budget", serve.kv_budget, "KV pool for each allocator (default 64MiB)");
+  sv->add_option("--kv-budget", serve.kv_budget, "KV pool for each allocator (default 32MiB: two contiguous reservations of the default model's 16K context)");
   sv->add_option("--allocator", serve.allocator, "paged, contiguous or both (default: both, in one run)");
   sv->add_option("--model", serve.model, "A GGUF model, or 'synthetic' (default)");
   sv->add_option("--preset", serve.preset, "The synthetic model's shape (default small-16k; tiny-16k is cheaper)");

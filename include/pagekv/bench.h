@@ -150,7 +150,7 @@ struct ServeBenchOptions {
   TraceFormat format = TraceFormat::kAuto;
   std::string model_path;                 // empty: a synthetic model, written for the run
   std::string synth_preset = "small-16k"; // which one (include/pagekv/synth_model.h)
-  int64_t kv_budget_bytes = 64ll << 20;
+  int64_t kv_budget_bytes = 32ll << 20;
   std::vector<Allocator> allocators = {Allocator::kPaged, Allocator::kContiguous};
   int64_t max_requests = 0;               // 0 = the whole trace
   double time_scale = 0.01;               // arrival gaps are multiplied by this

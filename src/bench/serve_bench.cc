@@ -252,9 +252,26 @@ std::string ServePlotSvg(const ServeBenchReport& report) {
     svg += buf;
     for (size_t i = 0; i < report.results.size(); ++i) {
       svg += "<polyline fill=\"none\" stroke-width=\"1.5\" stroke=\"" + std::string(colors[i % 4]) + "\" points=\"";
-      for (const auto& s : report.results[i].samples) {
-        std::snprintf(buf, sizeof(buf), "%.1f,%.1f ", kLeft + width * s.t / t_max, bottom - panel * value(s) / y_max);
+      // One pixel column's samples (20 ms apart: thousands per column on
+      // a long run) drawn as their range, min then max, so the file stays
+      // small and no spike is averaged away.
+      const auto& samples = report.results[i].samples;
+      for (size_t a = 0; a < samples.size();) {
+        const auto column = static_cast<int64_t>(width * samples[a].t / t_max);
+        double lo = value(samples[a]), hi = lo;
+        size_t b = a + 1;
+        for (; b < samples.size() && static_cast<int64_t>(width * samples[b].t / t_max) == column; ++b) {
+          lo = std::min(lo, value(samples[b]));
+          hi = std::max(hi, value(samples[b]));
+        }
+        const double x = kLeft + static_cast<double>(column);
+        std::snprintf(buf, sizeof(buf), "%.0f,%.1f ", x, bottom - panel * lo / y_max);
         svg += buf;
+        if (hi != lo) {
+          std::snprintf(buf, sizeof(buf), "%.0f,%.1f ", x, bottom - panel * hi / y_max);
+          svg += buf;
+        }
+        a = b;
       }
       svg += "\"/>\n";
       std::snprintf(buf, sizeof(buf), "<text x=\"%.0f\" y=\"%.0f\" fill=\"%s\">%s</text>\n", kLeft + width - 120,
