@@ -1,8 +1,13 @@
-// Hot-loop microbenchmark of the decode kernel: one sequence, one KV head,
-// 1024 tokens (L2-resident), one thread, so the figure is the kernel's
-// compute cost per token without memory stalls. Counters: ns_per_token
-// (per KV head), and the f32 GFLOP/s that implies (4 * G * head_dim flops
-// per token). docs/PERFORMANCE.md quotes these.
+// Hot-loop microbenchmarks of the attention kernels, one thread, so the
+// figure is the kernel's compute cost without memory stalls.
+//   BM_DecodeHot: one sequence, one KV head, 1024 tokens (L2-resident).
+//     Counters: ns_per_token (per KV head), and the f32 GFLOP/s that
+//     implies (4 * G * head_dim flops per token).
+//   BM_PrefillHot: one sequence's last chunk of 512 queries over a prefix of
+//     512 cached tokens plus themselves (causal), head_dim 64 or 128, one
+//     KV head, f16. Counter: GFLOP/s (4 * head_dim flops per query row and
+//     visible token).
+// docs/PERFORMANCE.md quotes these.
 #include <chrono>
 #include <cstring>
 #include <vector>
@@ -62,6 +67,43 @@ void BM_DecodeHot(benchmark::State& state) {
 BENCHMARK(BM_DecodeHot)
     ->ArgsProduct({{1, 4, 8}, {static_cast<int64_t>(DType::kF32), static_cast<int64_t>(DType::kF16),
                                 static_cast<int64_t>(DType::kBF16)}});
+
+void BM_PrefillHot(benchmark::State& state) {
+  const auto group = static_cast<int32_t>(state.range(0));
+  const auto head_dim = static_cast<int32_t>(state.range(1));
+  constexpr int32_t kBlockLen = 16, kPrefix = 512, kQueries = 512;
+  constexpr int32_t kTokens = kPrefix + kQueries, kBlocks = kTokens / kBlockLen;
+  CacheConfig c;
+  c.num_layers = 1;
+  c.num_kv_heads = 1;
+  c.num_q_heads = group;
+  c.head_dim = head_dim;
+  c.block_len = kBlockLen;
+  c.format = KvFormat::Plain(DType::kF16);
+  c.num_blocks = kBlocks;
+  const KvLayout layout = *KvLayout::Create(c);
+  std::vector<uint16_t> arena(static_cast<size_t>(layout.total_bytes() / 2));
+  for (size_t i = 0; i < arena.size(); ++i) arena[i] = F32ToF16(static_cast<float>((i * 37) % 101) / 101.0f - 0.5f);
+  std::vector<BlockId> table;
+  for (int32_t b = kBlocks - 1; b >= 0; --b) table.push_back(BlockId{b});
+  const PrefillSeq seq{table, kTokens, kQueries};
+  std::vector<float> q(static_cast<size_t>(kQueries) * group * head_dim, 0.01f), out(q.size());
+  AttentionOptions opts;
+  opts.num_threads = 1;
+  const auto start = std::chrono::steady_clock::now();
+  for (auto _ : state) {
+    if (!PagedPrefillAttention({&layout, reinterpret_cast<std::byte*>(arena.data()), 0}, {&seq, 1}, q.data(), out.data(), opts).ok()) {
+      state.SkipWithError("attention failed");
+    }
+    benchmark::DoNotOptimize(out.data());
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  // Query i (0-based in the chunk) sees kPrefix + i + 1 tokens.
+  const double pairs = static_cast<double>(kQueries) * kPrefix + kQueries * (kQueries + 1) / 2.0;
+  state.counters["gflops"] = static_cast<double>(state.iterations()) * pairs * group * 4.0 * head_dim / seconds / 1e9;
+  state.SetLabel("f16 G=" + std::to_string(group) + " head_dim " + std::to_string(head_dim));
+}
+BENCHMARK(BM_PrefillHot)->ArgsProduct({{1, 2, 8}, {64, 128}});
 
 }  // namespace
 }  // namespace pagekv
