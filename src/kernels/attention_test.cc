@@ -529,8 +529,10 @@ TEST_P(AttentionTargetTest, DecodeAttentionWeightsMatchReference) {
 TEST_P(AttentionTargetTest, PrefillAttentionWeightsOfTheLastQueriesMatchReference) {
   const Shape s{8, 2, 16};
   const int64_t prompt = 3 * 16 + 7;  // with G = 4, tiles of 16 queries: several tiles share a head
-  for (int64_t window : {int64_t{0}, int64_t{1}, int64_t{20}}) {
-    PagedFixture f(1, s.q_heads, s.kv_heads, s.head_dim, 16, DType::kF32, {prompt}, 90);
+  // block_len 64: a block spans several of the lanes kernel's 16-token
+  // sub-blocks, whose weights are rescaled to the block's max at its end.
+  for (const auto& [window, block_len] : {std::pair<int64_t, int32_t>{0, 16}, {1, 16}, {20, 16}, {0, 64}, {20, 64}}) {
+    PagedFixture f(1, s.q_heads, s.kv_heads, s.head_dim, block_len, DType::kF32, {prompt}, 90);
     const size_t per_query = static_cast<size_t>(s.q_heads) * s.head_dim;
     std::vector<float> q = RandomQ(f.rng(), per_query * prompt), out(q.size());
     std::vector<float> w(static_cast<size_t>(s.kv_heads * prompt), 0.0f);
@@ -541,7 +543,7 @@ TEST_P(AttentionTargetTest, PrefillAttentionWeightsOfTheLastQueriesMatchReferenc
     std::vector<double> qd(q.begin(), q.end()), ref_w;
     testing::ReferenceAttention({s.q_heads, s.kv_heads, s.head_dim, 0, 0}, qd, prompt, f.K(0, 0), f.V(0, 0), prompt,
                                 &ref_w, window);
-    CheckWeights(ref_w, w, 0.0f, 1e-4, "window " + std::to_string(window));
+    CheckWeights(ref_w, w, 0.0f, 1e-4, "window " + std::to_string(window) + ", block_len " + std::to_string(block_len));
     // Every scored query's weights sum to 1 per query head: G * (queries) per KV head.
     double total = 0;
     for (float x : w) total += x;
