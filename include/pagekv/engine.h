@@ -10,7 +10,11 @@
 // sequences come first (one decode token, or the next chunk of a prompt);
 // then waiting ones are admitted, preempted ones first, while the cache has
 // the blocks (it asks before it acts, and keeps a watermark of free
-// blocks). When a running sequence needs a block that does not exist, the
+// blocks). Paged admission takes a request only when its whole prompt fits
+// beside the blocks running prompts still need, with one more free block
+// per running sequence for its next token's block: a request admitted on
+// its first chunk alone would soon preempt someone to fit the rest. When a
+// running sequence needs a block that does not exist, the
 // lowest-priority, most recently admitted running sequence is preempted: its
 // blocks are freed, and it is later resumed by recomputing its tokens (its
 // published blocks are usually still cached, so that is mostly prefix hits),
