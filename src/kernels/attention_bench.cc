@@ -20,19 +20,24 @@
 namespace pagekv {
 namespace {
 
-void BM_DecodeHot(benchmark::State& state) {
-  const auto group = static_cast<int32_t>(state.range(0));
-  const auto dtype = static_cast<DType>(state.range(1));
-  constexpr int32_t kHeadDim = 128, kBlockLen = 128, kBlocks = 8;
+// One layer, one KV head with `group` query heads.
+KvLayout OneHead(int32_t group, int32_t head_dim, int32_t block_len, DType dtype, int64_t blocks) {
   CacheConfig c;
   c.num_layers = 1;
   c.num_kv_heads = 1;
   c.num_q_heads = group;
-  c.head_dim = kHeadDim;
-  c.block_len = kBlockLen;
+  c.head_dim = head_dim;
+  c.block_len = block_len;
   c.format = KvFormat::Plain(dtype);
-  c.num_blocks = kBlocks;
-  const KvLayout layout = *KvLayout::Create(c);
+  c.num_blocks = blocks;
+  return *KvLayout::Create(c);
+}
+
+void BM_DecodeHot(benchmark::State& state) {
+  const auto group = static_cast<int32_t>(state.range(0));
+  const auto dtype = static_cast<DType>(state.range(1));
+  constexpr int32_t kHeadDim = 128, kBlockLen = 128, kBlocks = 8;
+  const KvLayout layout = OneHead(group, kHeadDim, kBlockLen, dtype, kBlocks);
   std::vector<float> storage(static_cast<size_t>(layout.total_bytes() / 4 + 16));
   auto* arena = reinterpret_cast<std::byte*>((reinterpret_cast<uintptr_t>(storage.data()) + 63) & ~uintptr_t{63});
   const int64_t elems = layout.total_bytes() / (DTypeBits(dtype) / 8);
@@ -73,15 +78,7 @@ void BM_PrefillHot(benchmark::State& state) {
   const auto head_dim = static_cast<int32_t>(state.range(1));
   constexpr int32_t kBlockLen = 16, kPrefix = 512, kQueries = 512;
   constexpr int32_t kTokens = kPrefix + kQueries, kBlocks = kTokens / kBlockLen;
-  CacheConfig c;
-  c.num_layers = 1;
-  c.num_kv_heads = 1;
-  c.num_q_heads = group;
-  c.head_dim = head_dim;
-  c.block_len = kBlockLen;
-  c.format = KvFormat::Plain(DType::kF16);
-  c.num_blocks = kBlocks;
-  const KvLayout layout = *KvLayout::Create(c);
+  const KvLayout layout = OneHead(group, head_dim, kBlockLen, DType::kF16, kBlocks);
   std::vector<uint16_t> arena(static_cast<size_t>(layout.total_bytes() / 2));
   for (size_t i = 0; i < arena.size(); ++i) arena[i] = F32ToF16(static_cast<float>((i * 37) % 101) / 101.0f - 0.5f);
   std::vector<BlockId> table;
