@@ -84,6 +84,10 @@ class GgufFile {
   const GgufValue* Find(std::string_view key) const;
   const GgufTensor* FindTensor(std::string_view name) const;
 
+  // True when the tensors live in a read-only private mapping of the file
+  // (Open), false for an in-memory image (FromBytes).
+  bool mapped() const { return mapped_; }
+
   // Typed getters: NotFound when missing, DataLoss when the type does not fit.
   Result<int64_t> GetInt(std::string_view key) const;
   Result<double> GetFloat(std::string_view key) const;

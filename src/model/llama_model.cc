@@ -238,10 +238,33 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::FromLlama2c(const std::string& p
   return m;
 }
 
+namespace {
+
+// Drops the pages wholly inside [p, p + n) of a read-only private file
+// mapping from this process: a packed copy replaced them, so keeping them
+// would count the weights twice in the resident set. Should anything read
+// them again they come back from the file: this changes memory, never data.
+// Only for file mappings: on anonymous memory MADV_DONTNEED zeroes pages.
+void ReleaseFilePages(const std::byte* p, int64_t n) {
+  const long page_size = sysconf(_SC_PAGESIZE);
+  if (page_size <= 0 || n <= 0) return;
+  const auto page = static_cast<uintptr_t>(page_size);
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(n)) / page * page;
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
+}  // namespace
+
 Status LlamaModel::PackWeights() {
-  auto pack = [this](Matrix& m) -> Status {
+  // GGUF opened from a file, or a llama2.c checkpoint (always mapped).
+  const bool file_backed = file_ == nullptr || file_->mapped();
+  const std::byte* embedding = embedding_.data;
+  auto pack = [&](Matrix& m) -> Status {
     if (m.type == WeightType::kQ8_0 || m.panels) return Status::Ok();
     PAGEKV_ASSIGN_OR_RETURN(PackedWeights p, PackedWeights::Pack(m));
+    // The embedding's rows are still looked up from the file.
+    if (file_backed && m.data != embedding) ReleaseFilePages(m.data, m.rows * WeightRowBytes(m.type, m.cols));
     m = p.matrix();
     packed_.push_back(std::move(p));
     return Status::Ok();
