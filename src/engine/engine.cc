@@ -248,7 +248,7 @@ struct Engine::State {
         // Beyond the watermark, one free block per running sequence: each
         // may need its next block before the admission after this one, and
         // taking it from the newcomer by preemption costs a recomputation
-        // (2,000-request Azure run: preemptions 426 -> see PERFORMANCE.md).
+        // (2,000-request Azure run: preemptions 426 -> 94, PERFORMANCE.md).
         const int64_t headroom = watermark + static_cast<int64_t>(running.size());
         if (available() - owed - need - rest < headroom) break;
         owed += rest;

@@ -410,28 +410,19 @@ Result<PackedWeights> PackedWeights::Pack(const WeightMatrix& w) {
 }
 
 void WeightRow(const WeightMatrix& w, int64_t r, float* out) {
+  // Element i of row r: adjacent to element i - 1 in a row-major matrix;
+  // in panels, kPanelRows elements (one column of the panel) further on.
+  const int64_t elem = w.type == WeightType::kF32 ? 4 : 2;
+  const std::byte* p = w.panels ? w.data + ((r / kernels::kPanelRows) * w.cols * kernels::kPanelRows + r % kernels::kPanelRows) * elem
+                                : w.data + r * WeightRowBytes(w.type, w.cols);
+  const int64_t step = w.panels ? kernels::kPanelRows * elem : elem;
   uint16_t h;
-  if (w.panels) {
-    const int64_t elem = w.type == WeightType::kF32 ? 4 : 2;
-    const std::byte* p = w.data + ((r / kernels::kPanelRows) * w.cols * kernels::kPanelRows + r % kernels::kPanelRows) * elem;
-    for (int64_t i = 0; i < w.cols; ++i) {
-      const std::byte* e = p + i * kernels::kPanelRows * elem;
-      if (w.type == WeightType::kF32) {
-        std::memcpy(&out[i], e, 4);
-      } else {
-        std::memcpy(&h, e, 2);
-        out[i] = w.type == WeightType::kF16 ? F16ToF32(h) : BF16ToF32(h);
-      }
-    }
-    return;
-  }
-  const std::byte* p = w.data + r * WeightRowBytes(w.type, w.cols);
   for (int64_t i = 0; i < w.cols; ++i) {
     switch (w.type) {
-      case WeightType::kF32: std::memcpy(&out[i], p + 4 * i, 4); break;
-      case WeightType::kF16: std::memcpy(&h, p + 2 * i, 2); out[i] = F16ToF32(h); break;
-      case WeightType::kBF16: std::memcpy(&h, p + 2 * i, 2); out[i] = BF16ToF32(h); break;
-      case WeightType::kQ8_0: {
+      case WeightType::kF32: std::memcpy(&out[i], p + step * i, 4); break;
+      case WeightType::kF16: std::memcpy(&h, p + step * i, 2); out[i] = F16ToF32(h); break;
+      case WeightType::kBF16: std::memcpy(&h, p + step * i, 2); out[i] = BF16ToF32(h); break;
+      case WeightType::kQ8_0: {  // row-major only
         const std::byte* block = p + (i / kernels::kQ8Block) * kernels::kQ8BlockBytes;
         std::memcpy(&h, block, 2);
         out[i] = F16ToF32(h) * static_cast<float>(static_cast<int8_t>(block[2 + i % kernels::kQ8Block]));
