@@ -206,6 +206,36 @@ TEST(EngineTest, AdmissionThatSaysNoChangesNothing) {
   EXPECT_EQ(e->Submit(huge).status().code(), StatusCode::kResourceExhausted);
 }
 
+// Paged admission asks for a request's whole prompt, not its first chunk:
+// b's first chunk would fit beside a, but all of b would not, and admitting
+// it on its first chunk would preempt it (or a) a few steps later.
+TEST(EngineTest, AdmissionWaitsUntilTheWholePromptFits) {
+  auto e = std::move(*Engine::Create(Options(16, 32)));  // 128 slots, 32 tokens per step
+  auto prompt_of = [&](const std::string& phrase, size_t tokens) {
+    std::string text;
+    while (e->Encode(text).size() < tokens) text += phrase;
+    return e->Encode(text);
+  };
+  EngineRequest a_req, b_req;
+  a_req.prompt = prompt_of("Once upon a time ", 50);   // 7 blocks
+  b_req.prompt = prompt_of("The little cat ran ", 80);  // 10 blocks
+  ASSERT_LE(a_req.prompt.size(), 56u);
+  ASSERT_LE(b_req.prompt.size(), 88u);
+  a_req.max_tokens = b_req.max_tokens = 8;
+  a_req.ignore_eos = b_req.ignore_eos = true;
+  const RequestId a = *e->Submit(a_req);
+  ASSERT_TRUE(*e->Step());  // a's first chunk
+  const RequestId b = *e->Submit(b_req);
+  ASSERT_TRUE(*e->Step());  // a's last chunk; b's first would fit the budget and the free blocks
+  EXPECT_EQ(e->Metrics().running, 1);
+  EXPECT_EQ(e->Metrics().waiting, 1) << "b's whole prompt does not fit beside a";
+  e->CheckInvariants();
+  ASSERT_TRUE(e->RunUntilIdle().ok());
+  EXPECT_EQ(e->Metrics().preemptions, 0);
+  EXPECT_EQ(e->Wait(a).tokens.size(), 8u);
+  EXPECT_EQ(e->Wait(b).tokens.size(), 8u);
+}
+
 TEST(EngineTest, CancellationFreesBlocksAtTheNextStep) {
   auto e = std::move(*Engine::Create(Options(64)));
   EngineRequest r;
