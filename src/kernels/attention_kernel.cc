@@ -54,15 +54,26 @@ constexpr int32_t kRowsPerPass = 4;
 // block b, K(b + 1). The lines in flight then track consumption one slab
 // ahead at a steady rate (hardware prefetchers stop at page boundaries and
 // blocks are scattered, so nothing else fetches ahead).
+// When several passes read one slab (groups of rows), each pass prefetches
+// its share (`part` of `parts`) of every range, so the requests keep the
+// same rate through all of them.
 struct Prefetcher {
   const std::byte* slab = nullptr;  // null: nothing to prefetch
   int64_t rows = 0;
   int64_t row_bytes = 0;
+  int32_t part = 0, parts = 1;
 
+  Prefetcher Part(int32_t p, int32_t ps) const {
+    Prefetcher out = *this;
+    out.part = p;
+    out.parts = ps;
+    return out;
+  }
   HWY_INLINE void Row(int64_t t) const {
     if (slab == nullptr || t >= rows) return;
+    const int64_t lines = (row_bytes + 63) / 64;
     const std::byte* p = slab + t * row_bytes;
-    for (int64_t o = 0; o < row_bytes; o += 64) __builtin_prefetch(p + o, 0, 2);  // to L2
+    for (int64_t x = lines * part / parts; x < lines * (part + 1) / parts; ++x) __builtin_prefetch(p + 64 * x, 0, 2);  // to L2
   }
 };
 
@@ -264,11 +275,11 @@ void AttendRowsT(DF df, const RowTask& task) {
     }
 
     // 1. Scores for every row (rows beyond their limit are masked below).
-    int32_t r = 0;
-    const Prefetcher none;
-    for (; r + 4 <= rows; r += 4) ScoreRows<4, DF, T>(df, k, row_bytes, n, d, task.q + r * d, scores + r * stride, stride, r == 0 ? score_pf : none);
-    for (; r + 2 <= rows; r += 2) ScoreRows<2, DF, T>(df, k, row_bytes, n, d, task.q + r * d, scores + r * stride, stride, r == 0 ? score_pf : none);
-    for (; r < rows; ++r) ScoreRows<1, DF, T>(df, k, row_bytes, n, d, task.q + r * d, scores + r * stride, stride, r == 0 ? score_pf : none);
+    int32_t r = 0, pass = 0;
+    const int32_t k_passes = rows / 4 + rows % 4 / 2 + rows % 2;
+    for (; r + 4 <= rows; r += 4) ScoreRows<4, DF, T>(df, k, row_bytes, n, d, task.q + r * d, scores + r * stride, stride, score_pf.Part(pass++, k_passes));
+    for (; r + 2 <= rows; r += 2) ScoreRows<2, DF, T>(df, k, row_bytes, n, d, task.q + r * d, scores + r * stride, stride, score_pf.Part(pass++, k_passes));
+    for (; r < rows; ++r) ScoreRows<1, DF, T>(df, k, row_bytes, n, d, task.q + r * d, scores + r * stride, stride, score_pf.Part(pass++, k_passes));
     if constexpr (kScaled) {
       // int8 / fp8: each token's K scale multiplies its dot products (the
       // values were summed unscaled); its V scale is folded into the probabilities.
@@ -333,7 +344,7 @@ void AttendRowsT(DF df, const RowTask& task) {
       for (int i = 0; i < g; ++i) corr[i] = corr_all[r + i];
       float* a = task.acc + static_cast<int64_t>(r) * d;
       const float* p = scores + r * stride;
-      const Prefetcher& pf = r == 0 ? acc_pf : none;
+      const Prefetcher pf = acc_pf.Part(r / kRowsPerPass, (rows + kRowsPerPass - 1) / kRowsPerPass);
       static_assert(kRowsPerPass == 4, "the dispatch below covers groups of 4, 2 and 1 rows");
       if (g == 4) {
         AccumulateRows<4, DF, T>(df, v, row_bytes, group_n, d, p, stride, kScaled ? vscale : nullptr, corr, a, pf);
