@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "kernels/attention_kernel.h"
+#include "kernels/kv_rows-inl.h"
 #include "kernels/simd-inl.h"
 #include "layout/float16.h"
 
@@ -47,88 +48,6 @@ constexpr int64_t kPrefetchBlocks = 1;
 // of four rows balance the loads of q against the FMAs better than eight
 // (G = 8: 221 -> 186 cycles per token on the hot-loop measurement).
 constexpr int32_t kRowsPerPass = 4;
-
-// The kernel consumes slabs in the order K(b0), V(b0), K(b1), V(b1), ...
-// While it reads row t of one slab it prefetches row t of the next slab in
-// that order: during the scores of block b, V(b); during the accumulation of
-// block b, K(b + 1). The lines in flight then track consumption one slab
-// ahead at a steady rate (hardware prefetchers stop at page boundaries and
-// blocks are scattered, so nothing else fetches ahead).
-// When several passes read one slab (groups of rows), each pass prefetches
-// its share (`part` of `parts`) of every range, so the requests keep the
-// same rate through all of them.
-struct Prefetcher {
-  const std::byte* slab = nullptr;  // null: nothing to prefetch
-  int64_t rows = 0;
-  int64_t row_bytes = 0;
-  int32_t part = 0, parts = 1;
-
-  Prefetcher Part(int32_t p, int32_t ps) const {
-    Prefetcher out = *this;
-    out.part = p;
-    out.parts = ps;
-    return out;
-  }
-  HWY_INLINE void Row(int64_t t) const {
-    if (slab == nullptr || t >= rows) return;
-    const int64_t lines = (row_bytes + 63) / 64;
-    const std::byte* p = slab + t * row_bytes;
-    for (int64_t x = lines * part / parts; x < lines * (part + 1) / parts; ++x) __builtin_prefetch(p + 64 * x, 0, 2);  // to L2
-  }
-};
-
-// The f16 scale that ends an int8 or fp8 row (layout/quantize.h), and any
-// other f16 parameter: one lane through the target's conversion (F16C's
-// vcvtph2ps where the CPU has it), not the branchy software one.
-HWY_INLINE float Int8Scale(const std::byte* p) {
-  const hn::CappedTag<float, 1> d1;
-  const hn::Rebind<hwy::float16_t, decltype(d1)> dh1;
-  return hn::GetLane(hn::PromoteTo(d1, hn::LoadU(dh1, reinterpret_cast<const hwy::float16_t*>(p))));
-}
-
-// Element j of row t of a slab whose rows are row_bytes apart.
-template <typename T>
-HWY_INLINE const T* RowAt(const std::byte* slab, int64_t t, int64_t row_bytes) {
-  return reinterpret_cast<const T*>(slab + t * row_bytes);
-}
-
-// FP8 codes, one byte each (layout/quantize.h).
-struct E4M3 {
-  uint8_t code;
-};
-struct E5M2 {
-  uint8_t code;
-};
-template <typename T>
-constexpr bool kScaledRows = std::is_same_v<T, int8_t> || std::is_same_v<T, E4M3> || std::is_same_v<T, E5M2>;
-
-// Loads lanes of a row as f32: plain types convert, int8 values and fp8
-// codes decode without their row scale (the caller applies it once per
-// token). fp8: the code's bits are placed in an f16 (E5M2 is an f16's top
-// byte; E4M3's exponent sits 8 below: the factor 256 is folded into the
-// row scale, once per token, not applied here).
-template <class DF, typename T>
-HWY_INLINE hn::Vec<DF> LoadRow(DF df, const T* HWY_RESTRICT p) {
-  if constexpr (std::is_same_v<T, E4M3> || std::is_same_v<T, E5M2>) {
-    const hn::Rebind<uint8_t, DF> du8;
-    const hn::Rebind<uint16_t, DF> du16;
-    const hn::Rebind<hwy::float16_t, DF> df16;
-    const auto c = hn::PromoteTo(du16, hn::LoadU(du8, reinterpret_cast<const uint8_t*>(p)));
-    if constexpr (std::is_same_v<T, E5M2>) {
-      return hn::PromoteTo(df, hn::BitCast(df16, hn::ShiftLeft<8>(c)));
-    } else {
-      const auto bits = hn::Or(hn::ShiftLeft<8>(hn::And(c, hn::Set(du16, 0x80))),
-                               hn::ShiftLeft<7>(hn::And(c, hn::Set(du16, 0x7F))));
-      return hn::PromoteTo(df, hn::BitCast(df16, bits));  // value / 256
-    }
-  } else if constexpr (std::is_same_v<T, int8_t>) {
-    const hn::Rebind<int32_t, DF> di32;
-    const hn::Rebind<int8_t, DF> di8;
-    return hn::ConvertTo(df, hn::PromoteTo(di32, hn::LoadU(di8, p)));
-  } else {
-    return LoadF32(df, p);
-  }
-}
 
 // scores[g][t0 + i] = q[g] . k[t0 + i] for kG rows and kT tokens.
 template <int kG, int kT, class DF, typename T>
