@@ -3,6 +3,8 @@
 //   BM_DecodeHot: one sequence, one KV head, 1024 tokens (L2-resident).
 //     Counters: ns_per_token (per KV head), and the f32 GFLOP/s that
 //     implies (4 * G * head_dim flops per token).
+//   BM_DecodeHotBf16Widened: BM_DecodeHot's bf16 rows with the AVX-512 BF16
+//     dot products turned off (where the CPU has them), for comparison.
 //   BM_PrefillHot: one sequence's last chunk of 512 queries over a prefix of
 //     512 cached tokens plus themselves (causal), head_dim 64 or 128, one
 //     KV head, f16. Counter: GFLOP/s (4 * head_dim flops per query row and
@@ -14,6 +16,7 @@
 
 #include <benchmark/benchmark.h>
 
+#include "kernels/attention_kernel.h"
 #include "layout/float16.h"
 #include "pagekv/attention.h"
 
@@ -33,9 +36,7 @@ KvLayout OneHead(int32_t group, int32_t head_dim, int32_t block_len, DType dtype
   return *KvLayout::Create(c);
 }
 
-void BM_DecodeHot(benchmark::State& state) {
-  const auto group = static_cast<int32_t>(state.range(0));
-  const auto dtype = static_cast<DType>(state.range(1));
+void DecodeHot(benchmark::State& state, int32_t group, DType dtype) {
   constexpr int32_t kHeadDim = 128, kBlockLen = 128, kBlocks = 8;
   const KvLayout layout = OneHead(group, kHeadDim, kBlockLen, dtype, kBlocks);
   std::vector<float> storage(static_cast<size_t>(layout.total_bytes() / 4 + 16));
@@ -69,9 +70,23 @@ void BM_DecodeHot(benchmark::State& state) {
   state.counters["gflops"] = tokens * 4.0 * group * kHeadDim / seconds / 1e9;
   state.SetLabel(std::string(DTypeName(dtype)) + " G=" + std::to_string(group));
 }
+
+void BM_DecodeHot(benchmark::State& state) {
+  DecodeHot(state, static_cast<int32_t>(state.range(0)), static_cast<DType>(state.range(1)));
+}
 BENCHMARK(BM_DecodeHot)
     ->ArgsProduct({{1, 4, 8}, {static_cast<int64_t>(DType::kF32), static_cast<int64_t>(DType::kF16),
                                 static_cast<int64_t>(DType::kBF16)}});
+
+// bf16 widened to f32 and run through FMAs, where the CPU would otherwise
+// use AVX-512 BF16 dot products (BM_DecodeHot's bf16 rows): the two paths in
+// one run.
+void BM_DecodeHotBf16Widened(benchmark::State& state) {
+  kernels::SetBf16DotForTest(false);
+  DecodeHot(state, static_cast<int32_t>(state.range(0)), DType::kBF16);
+  kernels::SetBf16DotForTest(true);
+}
+BENCHMARK(BM_DecodeHotBf16Widened)->Arg(1)->Arg(4)->Arg(8);
 
 void BM_PrefillHot(benchmark::State& state) {
   const auto group = static_cast<int32_t>(state.range(0));

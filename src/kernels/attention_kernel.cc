@@ -17,6 +17,7 @@
 #include <hwy/highway.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -24,6 +25,7 @@
 #include <vector>
 
 #include "kernels/attention_kernel.h"
+#include "kernels/bf16_dot-inl.h"
 #include "kernels/kv_rows-inl.h"
 #include "kernels/simd-inl.h"
 #include "layout/float16.h"
@@ -175,6 +177,27 @@ void AttendRowsT(DF df, const RowTask& task) {
   int64_t max_limit = 0;
   for (int32_t r = 0; r < rows; ++r) max_limit = std::max(max_limit, task.limit[r]);
   const int64_t end = std::min(task.tok_end, max_limit);
+  // bf16 rows on a CPU with AVX-512 BF16: q split once into bf16 hi + lo
+  // for `vdpbf16ps` (kernels/bf16_dot-inl.h).
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  constexpr bool kMayDot = std::is_same_v<T, hwy::bfloat16_t> && hn::MaxLanes(DF()) == 16;
+#else
+  [[maybe_unused]] constexpr bool kMayDot = false;
+#endif
+  [[maybe_unused]] const uint16_t* qhi = nullptr;
+  [[maybe_unused]] const uint16_t* qlo = nullptr;
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  if constexpr (kMayDot) {
+    if (d % 32 == 0 && Bf16DotEnabled()) {
+      thread_local std::vector<uint16_t> split;
+      split.resize(2 * static_cast<size_t>(rows) * d);
+      bf16dot::SplitRows(task.q, rows, d, split.data(), split.data() + static_cast<size_t>(rows) * d);
+      qhi = split.data();
+      qlo = split.data() + static_cast<size_t>(rows) * d;
+    }
+  }
+#endif
+  [[maybe_unused]] const bool dot = qhi != nullptr;
 
   for (int64_t start = task.tok_begin; start < end; start += bl) {
     const int64_t n = std::min<int64_t>(bl, end - start);
@@ -196,6 +219,20 @@ void AttendRowsT(DF df, const RowTask& task) {
     // 1. Scores for every row (rows beyond their limit are masked below).
     int32_t r = 0, pass = 0;
     const int32_t k_passes = rows / 4 + rows % 4 / 2 + rows % 2;
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+    if constexpr (kMayDot) {
+      if (dot) {
+        auto rows_of = [&](auto g_tag, int32_t at) {
+          constexpr int kG = decltype(g_tag)::value;
+          bf16dot::ScoreRows<kG>(k, row_bytes, n, d, qhi + at * d, qlo + at * d, scores + at * stride, stride,
+                                 score_pf.Part(pass++, k_passes));
+        };
+        for (; r + 4 <= rows; r += 4) rows_of(std::integral_constant<int, 4>(), r);
+        for (; r + 2 <= rows; r += 2) rows_of(std::integral_constant<int, 2>(), r);
+        for (; r < rows; ++r) rows_of(std::integral_constant<int, 1>(), r);
+      }
+    }
+#endif
     for (; r + 4 <= rows; r += 4) ScoreRows<4, DF, T>(df, k, row_bytes, n, d, task.q + r * d, scores + r * stride, stride, score_pf.Part(pass++, k_passes));
     for (; r + 2 <= rows; r += 2) ScoreRows<2, DF, T>(df, k, row_bytes, n, d, task.q + r * d, scores + r * stride, stride, score_pf.Part(pass++, k_passes));
     for (; r < rows; ++r) ScoreRows<1, DF, T>(df, k, row_bytes, n, d, task.q + r * d, scores + r * stride, stride, score_pf.Part(pass++, k_passes));
@@ -265,6 +302,18 @@ void AttendRowsT(DF df, const RowTask& task) {
       const float* p = scores + r * stride;
       const Prefetcher pf = acc_pf.Part(r / kRowsPerPass, (rows + kRowsPerPass - 1) / kRowsPerPass);
       static_assert(kRowsPerPass == 4, "the dispatch below covers groups of 4, 2 and 1 rows");
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+      if constexpr (kMayDot) {
+        if (dot) {
+          const int32_t taken = g == 4 ? 4 : g >= 2 ? 2 : 1;
+          if (taken == 4) bf16dot::AccumulateRows<4>(v, row_bytes, group_n, d, p, stride, corr, a, pf);
+          if (taken == 2) bf16dot::AccumulateRows<2>(v, row_bytes, group_n, d, p, stride, corr, a, pf);
+          if (taken == 1) bf16dot::AccumulateRows<1>(v, row_bytes, group_n, d, p, stride, corr, a, pf);
+          r += taken;
+          continue;
+        }
+      }
+#endif
       if (g == 4) {
         AccumulateRows<4, DF, T>(df, v, row_bytes, group_n, d, p, stride, kScaled ? vscale : nullptr, corr, a, pf);
         r += 4;
@@ -710,6 +759,25 @@ void AttendRows(const RowTask& task) { HWY_DYNAMIC_DISPATCH(AttendRowsImpl)(task
 std::string DispatchedTargetName() { return HWY_DYNAMIC_DISPATCH(TargetNameImpl)(); }
 
 std::vector<int64_t> SupportedTargets() { return hwy::SupportedAndGeneratedTargets(); }
+
+namespace {
+std::atomic<bool> bf16_dot_allowed{true};
+bool CpuHasBf16Dot() {
+#if HWY_ARCH_X86 && defined(__GNUC__)
+  static const bool has = __builtin_cpu_supports("avx512bf16");
+  return has;
+#else
+  return false;
+#endif
+}
+}  // namespace
+
+bool Bf16DotEnabled() { return CpuHasBf16Dot() && bf16_dot_allowed.load(std::memory_order_relaxed); }
+
+bool SetBf16DotForTest(bool allowed) {
+  bf16_dot_allowed.store(allowed, std::memory_order_relaxed);
+  return CpuHasBf16Dot();
+}
 
 void SetTargetForTest(int64_t target) {
   hwy::SetSupportedTargetsForTest(target);

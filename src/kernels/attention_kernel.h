@@ -85,4 +85,10 @@ std::string DispatchedTargetName();
 std::vector<int64_t> SupportedTargets();
 void SetTargetForTest(int64_t target);
 
+// Whether bf16 K/V run through AVX-512 BF16 `vdpbf16ps` (kernels/bf16_dot-inl.h):
+// on AVX-512 targets of a CPU that has the instructions, unless a test turned
+// it off. SetBf16DotForTest returns whether the CPU has them.
+bool Bf16DotEnabled();
+bool SetBf16DotForTest(bool allowed);
+
 }  // namespace pagekv::kernels

@@ -173,7 +173,9 @@ class AttentionTargetTest : public ::testing::TestWithParam<int64_t> {
   void TearDown() override { kernels::SetTargetForTest(0); }
 };
 
-void CheckDecode(const Shape& s, DType dtype, int32_t block_len, const AttentionOptions& opts, uint32_t seed) {
+// tol < 0: Tolerance(dtype).
+void CheckDecode(const Shape& s, DType dtype, int32_t block_len, const AttentionOptions& opts, uint32_t seed,
+                 double tol = -1) {
   const std::vector<int64_t> lengths = {1, block_len - 1, block_len, block_len + 1, 5 * block_len + 3};
   PagedFixture f(2, s.q_heads, s.kv_heads, s.head_dim, block_len, dtype, lengths, seed);
   const int32_t layer = 1;
@@ -190,7 +192,7 @@ void CheckDecode(const Shape& s, DType dtype, int32_t block_len, const Attention
     testing::ReferenceShape rs{s.q_heads, s.kv_heads, s.head_dim, opts.scale, opts.softcap};
     const std::vector<double> ref = testing::ReferenceAttention(rs, qd, 1, f.K(i, layer), f.V(i, layer), lengths[i]);
     const double err = RelError(out.data() + i * per_seq, ref, s.q_heads, s.head_dim);
-    EXPECT_LE(err, Tolerance(dtype)) << DTypeName(dtype) << " q_heads=" << s.q_heads << " kv_heads=" << s.kv_heads
+    EXPECT_LE(err, tol < 0 ? Tolerance(dtype) : tol) << DTypeName(dtype) << " q_heads=" << s.q_heads << " kv_heads=" << s.kv_heads
                                      << " head_dim=" << s.head_dim << " block_len=" << block_len
                                      << " context=" << lengths[i] << " split=" << opts.split_tokens;
   }
@@ -204,6 +206,26 @@ TEST_P(AttentionTargetTest, DecodeMatchesReferenceForEveryShapeAndDtype) {
       CheckDecode(s, dtype, 16, {}, seed++);
     }
   }
+}
+
+// bf16 K/V through AVX-512 BF16 dot products (where the CPU has them) and
+// through widening to f32: both at f32 accuracy against the reference, which
+// reads the same stored bf16 values. Groups of 1 to 8 rows (and 6: a pass of
+// four then one of two), head_dims that are and are not multiples of 32 (80:
+// the widening path), odd and even token counts, one token, block edges.
+TEST_P(AttentionTargetTest, DecodeBf16DotProductsKeepF32Accuracy) {
+  uint32_t seed = 70;
+  for (bool dot : {true, false}) {
+    const bool cpu_has = kernels::SetBf16DotForTest(dot);
+    if (dot && !cpu_has) continue;  // only the widening path exists here
+    for (int32_t block_len : {16, 128}) {
+      for (Shape s : {Shape{4, 4, 64}, Shape{8, 2, 128}, Shape{8, 1, 128}, Shape{12, 2, 64}, Shape{6, 2, 96},
+                      Shape{4, 2, 256}, Shape{16, 2, 80}, Shape{2, 1, 32}}) {
+        CheckDecode(s, DType::kBF16, block_len, {}, seed++, 2e-5);
+      }
+    }
+  }
+  kernels::SetBf16DotForTest(true);
 }
 
 TEST_P(AttentionTargetTest, DecodeSplitIntoChunksMergesExactly) {
