@@ -102,7 +102,8 @@ struct PrefillSeq {
 Status PagedPrefillAttention(const PagedKv& kv, std::span<const PrefillSeq> seqs, const float* q,
                              float* out, const AttentionOptions& options = {});
 
-// The SIMD target the kernels dispatch to on this CPU, e.g. "AVX3", "AVX2".
+// The SIMD target the kernels dispatch to on this CPU, e.g. "AVX3", "AVX2";
+// "+BF16" where bf16 K/V run through AVX-512 BF16 dot products.
 std::string AttentionSimdTarget();
 
 }  // namespace pagekv

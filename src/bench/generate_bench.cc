@@ -8,10 +8,10 @@
 #include <random>
 
 #include "base/thread_pool.h"
-#include "kernels/attention_kernel.h"
 #include "kernels/machine_ceilings.h"
 #include "model/gguf_file.h"
 #include "model/llama_model.h"
+#include "pagekv/attention.h"
 #include "pagekv/bench.h"
 #include "pagekv/kv_cache.h"
 #include "pagekv/synth_model.h"
@@ -76,7 +76,7 @@ Result<GenerateBenchReport> RunGenerateBench(const GenerateBenchOptions& o) {
   report.parameters = model->ParameterCount();
   report.kv_dtype = std::string(DTypeName(o.kv_dtype));
   report.block_len = o.block_len;
-  report.simd_target = kernels::DispatchedTargetName();
+  report.simd_target = AttentionSimdTarget();
   report.threads = o.num_threads > 0 ? o.num_threads : ThreadPool::Shared().num_threads();
   std::mt19937 rng(7);
   std::uniform_int_distribution<int32_t> token(3, c.vocab_size - 1);

@@ -479,6 +479,10 @@ Status PagedPrefillAttention(const PagedKv& kv, std::span<const PrefillSeq> seqs
   return Status::Ok();
 }
 
-std::string AttentionSimdTarget() { return kernels::DispatchedTargetName(); }
+std::string AttentionSimdTarget() {
+  const std::string target = kernels::DispatchedTargetName();
+  const bool avx512 = target.rfind("AVX3", 0) == 0;  // the targets bf16_dot-inl.h is compiled into
+  return target + (avx512 && kernels::Bf16DotEnabled() ? "+BF16" : "");
+}
 
 }  // namespace pagekv
