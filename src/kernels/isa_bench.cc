@@ -47,7 +47,7 @@ bool HaveAvx512() {
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
 }
 
-enum Variant { kNone, kCvtF16, kWidenBf16, kPairsBf16, kBcast32, kBcast128, kBcast128Half, kDpbf16 };
+enum Variant { kNone, kCvtF16, kWidenBf16, kPairsBf16, kBcast32, kBcast128, kBcast128Half, kDpbf16, kCvtF16One, kCvtF16Two };
 
 // Runs `iters` iterations of 8 FMAs (chains 0..7) plus the variant's work;
 // returns a value that depends on every chain. One instantiation per
@@ -99,6 +99,16 @@ PAGEKV_ISA_TARGET float FmaLoopT(int64_t iters, const uint16_t* h, const float* 
           a[i + 1] = _mm512_fmadd_ps(a[i + 1], b, m);
         }
         break;
+      case kCvtF16One:  // the ratio of an ideal f16 G = 8 decode: each K/V vector converted once for 8 FMAs
+        a[0] = _mm512_fmadd_ps(a[0], _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ph))), m);
+        for (int i = 1; i < 8; ++i) a[i] = _mm512_fmadd_ps(a[i], m, m);
+        break;
+      case kCvtF16Two:  // one per 4 FMAs: the kernel's 4-row tiles
+        for (int i = 0; i < 8; ++i) {
+          a[i] = i % 4 == 0 ? _mm512_fmadd_ps(a[i], _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ph + 4 * i))), m)
+                            : _mm512_fmadd_ps(a[i], m, m);
+        }
+        break;
       case kDpbf16: {
         const __m512bh x = reinterpret_cast<__m512bh>(_mm512_set1_epi16(0x3f80));
         for (int i = 0; i < 8; ++i) a[i] = _mm512_dpbf16_ps(a[i], x, x);
@@ -121,6 +131,8 @@ float FmaLoop(Variant v, int64_t iters, const uint16_t* h, const float* f) {
     case kBcast128: return FmaLoopT<kBcast128>(iters, h, f);
     case kBcast128Half: return FmaLoopT<kBcast128Half>(iters, h, f);
     case kDpbf16: return FmaLoopT<kDpbf16>(iters, h, f);
+    case kCvtF16One: return FmaLoopT<kCvtF16One>(iters, h, f);
+    case kCvtF16Two: return FmaLoopT<kCvtF16Two>(iters, h, f);
   }
   return 0;
 }
@@ -149,10 +161,11 @@ void BM_FmaPlus(benchmark::State& state) {
   state.counters["ns_per_iter"] = with / static_cast<double>(state.iterations() * kIters) * 1e9;
   static const char* const kNames[] = {"8 FMAs alone",      "+ 8 vcvtph2ps",         "+ 8 bf16 widenings",
                                        "+ 4 bf16 pair loads", "+ 8 32-bit broadcasts", "+ 8 128-bit broadcasts",
-                                       "+ 4 128-bit broadcasts", "8 vdpbf16ps instead"};
+                                       "+ 4 128-bit broadcasts", "8 vdpbf16ps instead",   "+ 1 vcvtph2ps",
+                                       "+ 2 vcvtph2ps"};
   state.SetLabel(kNames[v]);
 }
-BENCHMARK(BM_FmaPlus)->DenseRange(kNone, kDpbf16)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_FmaPlus)->DenseRange(kNone, kCvtF16Two)->Unit(benchmark::kMillisecond);
 
 // Sums one 32 KiB chunk, prefetching `next` in the given pattern, with
 // `fmas` 512-bit FMAs of other work per 256 bytes (asm, so the compiler
