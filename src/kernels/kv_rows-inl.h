@@ -34,19 +34,23 @@ struct Prefetcher {
   const std::byte* slab = nullptr;  // null: nothing to prefetch
   int64_t rows = 0;
   int64_t row_bytes = 0;
-  int32_t part = 0, parts = 1;
+  // The byte range [begin, end) of each row this one fetches, in whole
+  // lines; end < 0: the whole row. Set by Part, once per pass, so Row does
+  // no division.
+  int64_t begin = 0, end = -1;
 
   Prefetcher Part(int32_t p, int32_t ps) const {
     Prefetcher out = *this;
-    out.part = p;
-    out.parts = ps;
+    const int64_t lines = (row_bytes + 63) / 64;
+    out.begin = 64 * (lines * p / ps);
+    out.end = 64 * (lines * (p + 1) / ps);
     return out;
   }
   HWY_INLINE void Row(int64_t t) const {
     if (slab == nullptr || t >= rows) return;
-    const int64_t lines = (row_bytes + 63) / 64;
     const std::byte* p = slab + t * row_bytes;
-    for (int64_t x = lines * part / parts; x < lines * (part + 1) / parts; ++x) __builtin_prefetch(p + 64 * x, 0, 2);  // to L2
+    const int64_t stop = end < 0 ? row_bytes : end;
+    for (int64_t o = begin; o < stop; o += 64) __builtin_prefetch(p + o, 0, 2);  // to L2
   }
 };
 
