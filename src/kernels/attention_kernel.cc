@@ -50,6 +50,8 @@ constexpr int64_t kPrefetchBlocks = 1;
 // of four rows balance the loads of q against the FMAs better than eight
 // (G = 8: 221 -> 186 cycles per token on the hot-loop measurement).
 constexpr int32_t kRowsPerPass = 4;
+// Vectors of scores exponentiated together in the softmax.
+constexpr int kExpBatch = 4;
 
 // scores[g][t0 + i] = q[g] . k[t0 + i] for kG rows and kT tokens.
 template <int kG, int kT, class DF, typename T>
@@ -251,41 +253,63 @@ void AttendRowsT(DF df, const RowTask& task) {
     }
 
     // 2. Online softmax per row: new max, rescale factor, p = exp(s - max).
+    // First every row's max, then every row's exps: a row's exps wait on
+    // its max (a chain of maxes and a reduction), so the rows' chains are
+    // left to overlap instead of running one row after another.
     int64_t group_n = 0;  // the longest valid prefix among the rows
-    float corr_all[kMaxRows];
+    float corr_all[kMaxRows], m_new_all[kMaxRows];
+    int64_t valid_all[kMaxRows];
+    const auto neg_inf = hn::Set(df, -std::numeric_limits<float>::infinity());
     for (r = 0; r < rows; ++r) {
       float* HWY_RESTRICT s = scores + r * stride;
       const int64_t valid = std::clamp<int64_t>(task.limit[r] - start, 0, n);
+      valid_all[r] = valid;
+      if (valid == 0) continue;
+      group_n = std::max(group_n, valid);
+      if (task.softcap > 0) {
+        for (int64_t t = 0; t < valid; ++t) s[t] = task.softcap * std::tanh(s[t] / task.softcap);
+      }
+      auto vmax_acc = neg_inf;
+      int64_t t = 0;
+      for (; t + lanes <= valid; t += lanes) vmax_acc = hn::Max(vmax_acc, hn::LoadU(df, s + t));
+      if (t < valid) {
+        vmax_acc = hn::Max(vmax_acc, hn::IfThenElse(hn::FirstN(df, static_cast<size_t>(valid - t)), hn::LoadU(df, s + t), neg_inf));
+      }
+      const float m_old = task.m[r];
+      const float m_new = std::max(m_old, hn::GetLane(hn::MaxOfLanes(df, vmax_acc)));
+      m_new_all[r] = m_new;
+      corr_all[r] = m_old == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp(m_old - m_new);
+    }
+    for (r = 0; r < rows; ++r) {
+      float* HWY_RESTRICT s = scores + r * stride;
+      const int64_t valid = valid_all[r];
       if (valid == 0) {
         for (int64_t t = 0; t < n; ++t) s[t] = 0.0f;
         corr_all[r] = 1.0f;
         continue;
       }
-      group_n = std::max(group_n, valid);
-      if (task.softcap > 0) {
-        for (int64_t t = 0; t < valid; ++t) s[t] = task.softcap * std::tanh(s[t] / task.softcap);
-      }
-      const auto neg_inf = hn::Set(df, -std::numeric_limits<float>::infinity());
-      auto vmax_acc = neg_inf;
-      for (int64_t t = 0; t < valid; t += lanes) {
-        const auto mask = hn::FirstN(df, static_cast<size_t>(valid - t));
-        vmax_acc = hn::Max(vmax_acc, hn::IfThenElse(mask, hn::LoadU(df, s + t), neg_inf));
-      }
-      const float block_max = hn::GetLane(hn::MaxOfLanes(df, vmax_acc));
-      const float m_old = task.m[r];
-      const float m_new = std::max(m_old, block_max);
-      const float c = m_old == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp(m_old - m_new);
+      const float m_new = m_new_all[r];
       const auto vmax = hn::Set(df, m_new);
       auto vsum = hn::Zero(df);
-      for (int64_t t = 0; t < n; t += lanes) {
+      int64_t t = 0;
+      // Four independent exps per step: one alone is a chain of dependent
+      // polynomial steps and leaves the pipes idle (docs/PERFORMANCE.md).
+      for (; t + kExpBatch * lanes <= valid; t += kExpBatch * lanes) {
+        hn::Vec<DF> e[kExpBatch];
+        for (int i = 0; i < kExpBatch; ++i) e[i] = hn::Exp(df, hn::Sub(hn::LoadU(df, s + t + i * lanes), vmax));
+        for (int i = 0; i < kExpBatch; ++i) {
+          hn::StoreU(e[i], df, s + t + i * lanes);
+          vsum = hn::Add(vsum, e[i]);
+        }
+      }
+      for (; t < n; t += lanes) {
         const auto mask = hn::FirstN(df, static_cast<size_t>(std::max<int64_t>(0, valid - t)));
         const auto e = hn::IfThenElseZero(mask, hn::CallExp(df, hn::Sub(hn::LoadU(df, s + t), vmax)));
         hn::StoreU(e, df, s + t);
         vsum = hn::Add(vsum, e);
       }
-      task.l[r] = task.l[r] * c + Sum(df, vsum);
+      task.l[r] = task.l[r] * corr_all[r] + Sum(df, vsum);
       task.m[r] = m_new;
-      corr_all[r] = c;
       if (task.weights_out != nullptr) {
         std::memcpy(task.weights_out + r * task.weights_stride + (start - task.tok_begin), s,
                     static_cast<size_t>(valid) * sizeof(float));
