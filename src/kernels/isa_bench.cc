@@ -9,13 +9,16 @@
 //     conversions (vcvtph2ps), 8 bf16 widenings (vpmovzxwd + shift), 8 bf16
 //     conversions by shift/mask of 32-bit lanes (4 loads), 8 embedded 32-bit
 //     broadcasts, 8 128-bit broadcasts (one per FMA), 4 128-bit broadcasts
-//     (one per two FMAs), and 8 vdpbf16ps in place of the FMAs (flops x2).
+//     (one per two FMAs), 8 vdpbf16ps in place of the FMAs (flops x2), and
+//     1 or 2 f16 conversions per 8 FMAs (the ratios of the decode kernel).
 //   BM_ScatteredRead/<prefetch>/<fmas>: one thread reads a 256 MiB buffer in
 //     32 KiB chunks in shuffled order (a stand-in for K/V slabs of scattered
 //     blocks), prefetching the next chunk into L2 while it reads this one,
 //     with <fmas> 512-bit FMAs of unrelated work per 256 bytes read.
 //     Prefetch patterns: 0 none, 1 four lines every 256 bytes, 2 64-line
-//     bursts every 4 KiB, 3 the whole next chunk (512 lines) at its start.
+//     bursts every 4 KiB, 3 the whole next chunk (512 lines) at its start,
+//     4 the first 3 lines of each of its 4 KiB pages at its start, 5 the
+//     first 4 lines of the next chunk's page every 4 KiB.
 //     Counter `gbps`.
 #include <benchmark/benchmark.h>
 
@@ -180,6 +183,11 @@ PAGEKV_ISA_TARGET float ReadChunk(const char* p, const char* next, int pattern, 
     if (next != nullptr) {
       if (pattern == 1) {
         for (int l = 0; l < 4; ++l) _mm_prefetch(next + o + 64 * l, _MM_HINT_T1);
+      } else if (pattern == 4 && o == 0) {  // page heads, to start the hardware streamer
+        for (int64_t pg = 0; pg < kChunk; pg += 4096)
+          for (int l = 0; l < 3; ++l) _mm_prefetch(next + pg + 64 * l, _MM_HINT_T1);
+      } else if (pattern == 5 && (o & 4095) == 0) {  // the next page's head, every page
+        for (int l = 0; l < 4; ++l) _mm_prefetch(next + o + 64 * l, _MM_HINT_T1);
       } else if (pattern == 2 && (o & 4095) == 0) {
         for (int l = 0; l < 64; ++l) _mm_prefetch(next + o + 64 * l, _MM_HINT_T1);
       }
@@ -233,7 +241,7 @@ void BM_ScatteredRead(benchmark::State& state) {
   munmap(mem, kBytes);
   state.counters["gbps"] = static_cast<double>(kBytes) * static_cast<double>(state.iterations()) / seconds / 1e9;
 }
-BENCHMARK(BM_ScatteredRead)->ArgsProduct({{0, 1, 2, 3}, {0, 32}})->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_ScatteredRead)->ArgsProduct({{0, 1, 2, 3, 4, 5}, {0, 32}})->Unit(benchmark::kMillisecond);
 
 #else  // !__x86_64__
 
