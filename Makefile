@@ -6,7 +6,7 @@ SHELL := /bin/bash
 JOBS ?= $(shell nproc)
 PAGEKV := build/release/bin/pagekv
 
-.PHONY: all deps build run test test-release test-asan test-tsan fuzz bench clean
+.PHONY: all deps build run test test-release test-asan test-tsan test-tsan-tiers fuzz bench clean
 
 all: build
 
@@ -42,7 +42,7 @@ run: build
 	@echo "== pagekv demo: a few hundred sequences through one pool"
 	$(PAGEKV) demo --report-every 500
 
-test: test-release test-asan fuzz
+test: test-release test-asan test-tsan-tiers fuzz
 
 test-release: build
 	ctest --test-dir build/release --output-on-failure -j $(JOBS)
@@ -74,6 +74,18 @@ test-tsan: deps
 	@cmake --preset tsan >/dev/null
 	cmake --build build/tsan -j $(JOBS)
 	ctest --preset tsan -j $(JOBS)
+
+# The block manager, prefix cache and tiers (worker threads, staging, the
+# change queue, a real redis-server) under ThreadSanitizer: part of make
+# test; the whole suite under TSan is make test-tsan.
+TSAN_SUITES := kvcache prefix tiers
+test-tsan-tiers: deps
+	@cmake --preset tsan >/dev/null
+	cmake --build build/tsan -j $(JOBS) $(foreach s,$(TSAN_SUITES),--target pagekv_$(s)_test)
+	@set -e; for s in $(TSAN_SUITES); do \
+	  echo "== TSan: pagekv_$${s}_test"; \
+	  TSAN_OPTIONS="ignore_noninstrumented_modules=1 halt_on_error=1" build/tsan/src/$$s/pagekv_$${s}_test --gtest_brief=1; \
+	done
 
 bench: build
 	@set -e; for b in build/release/src/*/pagekv_*_bench; do \

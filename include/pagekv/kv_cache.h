@@ -243,6 +243,23 @@ class KvCache {
   std::vector<BlockId> FreeBlocks() const;
   void SetEvictionListener(std::function<void(BlockId)> listener);
 
+  // A sequence lost tokens, had rows moved, or was freed. `kept_tokens` is
+  // how many of its leading positions still hold exactly the rows they held
+  // before the call (Truncate: the new length; Compact: the first slot any
+  // row moved into, or the new length; Free: 0). The prefix cache cuts the
+  // sequence's key chain here, so a rolled-back sequence never publishes new
+  // blocks under the keys of the ones it dropped (and a compacted one, whose
+  // slots no longer follow its tokens, publishes nothing more).
+  struct SequenceCut {
+    enum class Kind : uint8_t { kTruncated, kCompacted, kFreed };
+    SeqId id{};
+    Kind kind = Kind::kTruncated;
+    int64_t kept_tokens = 0;
+  };
+  // Called after the change, from the thread that made it; one listener
+  // (replaced by the next call; an empty function removes it).
+  void SetCutListener(std::function<void(const SequenceCut&)> listener);
+
   // Shortens `id` to new_len tokens (speculative-decoding rollback); blocks
   // that hold no remaining token go back to the pool. Error: unknown id,
   // new_len outside [0, length].
@@ -299,6 +316,8 @@ class KvCache {
   // Copies tokens' rows to positions [first_pos, first_pos + n). REQUIRES:
   // the blocks exist and none of them is shared.
   void WriteRows(Sequence& s, int64_t first_pos, const KvTokens& tokens);
+  // Truncate without telling the cut listener (Compact tells it once).
+  Status Shorten(SeqId id, int64_t new_len);
 
   KvLayout layout_;
   std::unique_ptr<State> state_;

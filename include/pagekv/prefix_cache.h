@@ -10,7 +10,15 @@
 // from the first, the cache salt (a tenant) and the extra keys (adapter id,
 // model fingerprint) separate whole chains: different salts never share a
 // block. A hit is accepted only when the stored block's token ids, parent key
-// and extra keys equal the request's: a hash alone never decides.
+// and extra keys equal the request's and so does its prefix digest (SHA-256
+// chained over the whole prefix; the key itself when keys are SHA-256), in
+// the pool and in every lower tier: a hash alone never decides, even one
+// that collides (xxh3 with a known seed, or an injected one).
+//
+// A sequence's chain (the keys of its leading full blocks) follows the
+// sequence: when it is truncated (speculative rollback), compacted or freed
+// through the KvCache, the cache's cut listener cuts the chain too, so the
+// blocks it grows back are published under their own prefix.
 //
 // Lifetime of a cached block (it lives in the KvCache's pool):
 //   in use (referenced)  --last holder frees-->  cached free (LRU, evictable)
@@ -79,6 +87,26 @@ struct BlockMeta {
   std::optional<BlockKey> parent;  // none for a chain's first block
   std::vector<int32_t> tokens;     // the block's token ids [block_len]
   uint64_t geometry = 0;           // the cache's shape and dtype (KvCache::GeometryTag)
+  // SHA-256 chained over the whole prefix (salt, extra keys and every
+  // token up to this block's end); the key itself when keys are SHA-256.
+  // Equal digests mean equal prefixes even when keys collide (an xxh3 or
+  // injected hash), so a load never takes a block computed after another
+  // prefix whose key and parent key happen to match.
+  BlockKey digest;
+  // For KV events only (a tier that stores the block describes it with
+  // these); neither stored in payloads nor checked, since they entered the key.
+  int64_t adapter_id = 0;
+  std::vector<std::string> event_extra_keys;
+};
+
+// A change to a lower tier's contents, reported as it happens (per tier and
+// key in the order it happened), so that the KV event stream follows every
+// medium and not only the pool.
+struct TierChange {
+  enum class Kind : uint8_t { kStored, kRemoved };
+  Kind kind = Kind::kStored;
+  Tier tier = Tier::kHost;
+  BlockMeta meta;  // kRemoved: only meta.key is meaningful
 };
 
 // The lower tiers as the prefix cache sees them (implemented by BlockTiers
@@ -103,6 +131,13 @@ class LowerTiers {
   virtual std::optional<Tier> Evicted(const BlockMeta& meta, std::span<const std::byte> kv) = 0;
   // Hint: these blocks will be loaded soon; fetch them from slow tiers now.
   virtual void Prefetch(std::vector<BlockMeta> metas) = 0;
+  // While on, every block a tier comes to hold or stops holding (stored,
+  // dropped for room, dropped as corrupt, removed, found gone) is recorded;
+  // TakeChanges hands the records over in order. The prefix cache turns
+  // them into BlockStored / BlockRemoved events with the tier as medium.
+  // Tiers that never change on their own may keep the defaults.
+  virtual void RecordChanges(bool /*on*/) {}
+  virtual std::vector<TierChange> TakeChanges() { return {}; }
 };
 
 // Computes block keys. The default hashers are SHA-256 and xxh3-128; tests
@@ -173,7 +208,9 @@ struct KvEvent {
 class PrefixCache {
  public:
   // Binds to `cache` (which must outlive it) and installs itself as the
-  // cache's eviction listener. Errors: invalid options.
+  // cache's eviction and cut listener (one prefix cache per KvCache). With
+  // record_events and tiers, asks the tiers to record their changes.
+  // Errors: invalid options.
   static Result<std::unique_ptr<PrefixCache>> Create(KvCache& cache, const PrefixCacheOptions& options = {});
   ~PrefixCache();
   PrefixCache(const PrefixCache&) = delete;
@@ -219,8 +256,15 @@ class PrefixCache {
   // unpublished; a collision stops publishing for this sequence.
   Status Publish(SeqId seq, std::span<const int32_t> tokens);
 
+  // A new sequence sharing every block of `seq` (KvCache::Fork) that
+  // publishes its own later blocks as children of the same chain.
+  Result<SeqId> Fork(SeqId seq, std::string label = {});
+
   // Frees the sequence in the cache (its published blocks stay cached,
-  // evictable) and forgets its chain.
+  // evictable) and forgets its chain. KvCache::Free, Truncate and Compact
+  // called directly on the cache are also seen (through its cut listener):
+  // the chain keeps only the full blocks whose rows are unchanged, so blocks
+  // that grow back with other tokens get keys of their own prefix.
   Status Free(SeqId seq);
 
   // Drops every key (an AllBlocksCleared event); blocks in use are untouched.

@@ -28,6 +28,10 @@
 // into the queue and goes on; a full queue drops the copy (counted) rather
 // than stall a decode step. Loads on the request path read the host tier (a
 // memcpy) or, for blocks no prefetch brought up, the slower tier directly.
+// A prefetched block waits in a staging area as its whole payload, and its
+// load passes the same check as a store's get, against the request that
+// loads it (not the one that asked for the prefetch). Every change to a
+// store's contents can be recorded (RecordChanges) for the KV event stream.
 //
 // Thread safety: every BlockStore and BlockTiers may be called from any
 // thread (each store serialises its own state).
@@ -58,11 +62,18 @@ struct TierStats {
   int64_t evictions = 0;      // dropped to make room (LRU)
   int64_t corrupt = 0;        // failed a check: checksum, size, key, tokens, geometry
   int64_t errors = 0;         // I/O or connection failures (and calls refused while unhealthy)
-  int64_t blocks_now = 0;     // held now (redis: put by this process and not removed)
-  int64_t bytes_now = 0;
+  int64_t blocks_now = 0;     // held now (redis: distinct keys put by this process and not since
+                              // removed, dropped as corrupt or found gone)
+  int64_t bytes_now = 0;      // host and disk: slots held; redis: payload bytes of those keys
   int64_t capacity_bytes = 0; // 0 = bounded by the server (redis)
   bool healthy = true;
 };
+
+// Told of every change to a store's contents, under the store's lock (so
+// per key in the order they happened): a key it newly holds (a re-put of a
+// key it holds is no change), a key dropped for room, as corrupt, by
+// Remove, or (redis) found gone from the server. Must not call the store.
+using TierChangeSink = std::function<void(const TierChange&)>;
 
 // One storage tier. Get fills `kv` only with a payload whose header matches
 // `meta` exactly and whose checksum holds.
@@ -102,6 +113,7 @@ struct HostStoreOptions {
   int32_t block_len = 0;       // of the cache whose blocks it holds
   int64_t kv_bytes = 0;        // KvCache::block_payload_bytes()
   std::function<void(const BlockMeta&, std::span<const std::byte>)> on_evict;
+  TierChangeSink on_change;
 };
 Result<std::unique_ptr<BlockStore>> CreateHostStore(const HostStoreOptions& options);
 
@@ -112,6 +124,9 @@ struct DiskStoreOptions {
   int64_t kv_bytes = 0;
   bool direct_io = true;       // O_DIRECT when the file system supports it
   int64_t index_every_puts = 64;  // rewrite the index after this many puts (and on Flush)
+  // Blocks found in the index at open are not announced (only their keys
+  // are known without reading every slot).
+  TierChangeSink on_change;
 };
 // Opens (or creates) the file. A file of another size or slot layout, or an
 // index that is missing or fails its checksum, starts empty (the file is
@@ -127,6 +142,9 @@ struct RedisStoreOptions {
   int backoff_initial_ms = 100;  // after a failure, calls fail fast until this passes
   int backoff_max_ms = 5000;     // doubling up to this
   int64_t ttl_seconds = 0;     // 0 = no expiry (let the server's maxmemory policy evict)
+  // Keys the server drops by itself (maxmemory eviction, expiry) are
+  // reported when this process next finds them gone (a GET or EXISTS).
+  TierChangeSink on_change;
 };
 // Does not connect yet (the first call does; a server that is down is a
 // tier marked unhealthy, not an error). Errors: a malformed url.
@@ -166,6 +184,8 @@ struct TiersStats {
   int64_t prefetched = 0;         // blocks brought up ahead of their load
   int64_t load_hits[kNumTiers]{}; // blocks loaded for a request, by tier
   int64_t load_failures = 0;      // located but not loaded (counted as misses, recomputed)
+  int64_t staged_mismatches = 0;  // prefetched blocks refused at load: fetched for other tokens or parent
+  int64_t dropped_changes = 0;    // changes not recorded: more than queue_blocks * 16 waiting
 };
 
 class BlockTiers final : public LowerTiers {
@@ -182,6 +202,8 @@ class BlockTiers final : public LowerTiers {
   void Published(const BlockMeta& meta, std::span<const std::byte> kv) override;
   std::optional<Tier> Evicted(const BlockMeta& meta, std::span<const std::byte> kv) override;
   void Prefetch(std::vector<BlockMeta> metas) override;
+  void RecordChanges(bool on) override;
+  std::vector<TierChange> TakeChanges() override;
 
   // Blocks until every queued put and prefetch is done; flushes the stores.
   void Drain();

@@ -261,6 +261,8 @@ void KvCache::SetEvictionListener(std::function<void(BlockId)> listener) {
   state_->pool.SetEvictionListener(std::move(listener));
 }
 
+void KvCache::SetCutListener(std::function<void(const SequenceCut&)> listener) { state_->on_cut = std::move(listener); }
+
 Result<SeqId> KvCache::Fork(SeqId parent, std::string label) {
   auto it = state_->sequences.find(ToInt(parent));
   if (it == state_->sequences.end()) return NotFoundError("fork: " + SeqName(parent) + " does not exist");
@@ -276,7 +278,7 @@ Result<SeqId> KvCache::Fork(SeqId parent, std::string label) {
   return SeqId{id};
 }
 
-Status KvCache::Truncate(SeqId id, int64_t new_len) {
+Status KvCache::Shorten(SeqId id, int64_t new_len) {
   auto it = state_->sequences.find(ToInt(id));
   if (it == state_->sequences.end()) return NotFoundError("truncate: " + SeqName(id) + " does not exist");
   Sequence& s = it->second;
@@ -300,6 +302,12 @@ Status KvCache::Truncate(SeqId id, int64_t new_len) {
   return Status::Ok();
 }
 
+Status KvCache::Truncate(SeqId id, int64_t new_len) {
+  PAGEKV_RETURN_IF_ERROR(Shorten(id, new_len));
+  state_->Cut(id, SequenceCut::Kind::kTruncated, new_len);
+  return Status::Ok();
+}
+
 Status KvCache::Free(SeqId id) {
   auto it = state_->sequences.find(ToInt(id));
   if (it == state_->sequences.end()) {
@@ -308,6 +316,7 @@ Status KvCache::Free(SeqId id) {
   const std::vector<BlockId>& blocks = it->second.blocks;
   for (auto b = blocks.rbegin(); b != blocks.rend(); ++b) PAGEKV_CHECK(state_->pool.Release(*b).ok());  // deepest first
   state_->sequences.erase(it);
+  state_->Cut(id, SequenceCut::Kind::kFreed, 0);
   return Status::Ok();
 }
 
@@ -385,6 +394,10 @@ Status KvCache::Compact(SeqId id, std::span<const int32_t> keep, int64_t keep_co
       }
     }
   }
+  int64_t unchanged = keep_count;  // leading positions whose rows stay where they are
+  for (const auto& list_moves : moves) {
+    if (!list_moves.empty()) unchanged = std::min<int64_t>(unchanged, list_moves.front().second);
+  }
   std::byte* base = state_->arena->data();
   for (int64_t li = 0; li < lists; ++li) {
     const auto layer = static_cast<int32_t>(li / layout_.num_heads());
@@ -401,8 +414,9 @@ Status KvCache::Compact(SeqId id, std::span<const int32_t> keep, int64_t keep_co
     }
   }
   const int64_t dropped = s.num_tokens - keep_count;
-  PAGEKV_RETURN_IF_ERROR(Truncate(id, keep_count));
+  PAGEKV_RETURN_IF_ERROR(Shorten(id, keep_count));
   s.evicted += dropped;
+  if (dropped > 0) state_->Cut(id, SequenceCut::Kind::kCompacted, unchanged);
   return Status::Ok();
 }
 

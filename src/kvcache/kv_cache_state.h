@@ -34,6 +34,11 @@ struct KvCache::State {
   int64_t next_seq_id = 0;
   std::vector<BlockId> scratch;  // reused by Append so the hot path does not allocate
   std::function<void(const std::string&)> leak_sink;
+  std::function<void(const SequenceCut&)> on_cut;
+
+  void Cut(SeqId id, SequenceCut::Kind kind, int64_t kept) {
+    if (on_cut) on_cut(SequenceCut{id, kind, kept});
+  }
 };
 
 }  // namespace pagekv

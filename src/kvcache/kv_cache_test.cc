@@ -293,6 +293,36 @@ TEST_F(KvCacheTest, TruncateReturnsBlocksThatBecameEmpty) {
   cache_->CheckInvariants();
 }
 
+TEST_F(KvCacheTest, TheCutListenerHearsHowManyLeadingTokensKeptTheirRows) {
+  std::vector<KvCache::SequenceCut> cuts;
+  cache_->SetCutListener([&](const KvCache::SequenceCut& c) { cuts.push_back(c); });
+  const SeqId a = cache_->AddSequence();
+  ASSERT_TRUE(Append(a, Random(20)));
+  ASSERT_TRUE(cache_->Truncate(a, 13).ok());
+  EXPECT_EQ(cache_->Truncate(a, 14).code(), StatusCode::kOutOfRange);  // refused: nothing heard
+  // Compact keeps slots {0, 1, 2, 5, 9, 12} of 13: slot 3 is the first hole.
+  const KvLayout& l = cache_->layout();
+  std::vector<int32_t> keep;
+  for (int li = 0; li < l.num_layers() * l.num_heads(); ++li) keep.insert(keep.end(), {0, 1, 2, 5, 9, 12});
+  ASSERT_TRUE(cache_->Compact(a, keep, 6).ok());
+  // A compaction that keeps every token moves nothing and drops nothing.
+  std::vector<int32_t> all;
+  for (int li = 0; li < l.num_layers() * l.num_heads(); ++li) all.insert(all.end(), {0, 1, 2, 3, 4, 5});
+  ASSERT_TRUE(cache_->Compact(a, all, 6).ok());
+  ASSERT_TRUE(cache_->Free(a).ok());
+  ASSERT_EQ(cuts.size(), 3u);
+  EXPECT_EQ(cuts[0].kind, KvCache::SequenceCut::Kind::kTruncated);
+  EXPECT_EQ(cuts[0].kept_tokens, 13);
+  EXPECT_EQ(cuts[1].kind, KvCache::SequenceCut::Kind::kCompacted);
+  EXPECT_EQ(cuts[1].kept_tokens, 3);
+  EXPECT_EQ(cuts[2].kind, KvCache::SequenceCut::Kind::kFreed);
+  for (const auto& c : cuts) EXPECT_EQ(c.id, a);
+  cache_->SetCutListener(nullptr);
+  const SeqId b = cache_->AddSequence();
+  ASSERT_TRUE(cache_->Free(b).ok());
+  EXPECT_EQ(cuts.size(), 3u);
+}
+
 TEST_F(KvCacheTest, TruncatedSharedBlockIsCopiedBeforeTheNextAppend) {
   const SeqId a = cache_->AddSequence();
   const Tokens t = Random(16);

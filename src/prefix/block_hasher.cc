@@ -30,7 +30,9 @@ void PutField(std::vector<uint8_t>& out, uint8_t tag, const void* data, size_t n
   PutBytes(out, data, n);
 }
 
-BlockKey Sha256(std::span<const uint8_t> in) {
+}  // namespace
+
+BlockKey Sha256Key(std::span<const uint8_t> in) {
   BlockKey key;
   key.size = 32;
   unsigned int len = 0;
@@ -38,8 +40,6 @@ BlockKey Sha256(std::span<const uint8_t> in) {
   PAGEKV_CHECK(EVP_Digest(in.data(), in.size(), key.bytes.data(), &len, EVP_sha256(), nullptr) == 1 && len == 32);
   return key;
 }
-
-}  // namespace
 
 void EncodeBlock(const BlockKey* parent, std::span<const int32_t> tokens, const ExtraKeys& extra,
                  std::vector<uint8_t>& out) {
@@ -63,7 +63,7 @@ void EncodeBlock(const BlockKey* parent, std::span<const int32_t> tokens, const 
 
 std::function<BlockKey(std::span<const uint8_t>)> MakeHasher(const BlockHasherOptions& options) {
   if (options.custom) return options.custom;
-  if (options.kind == BlockHashKind::kSha256) return Sha256;
+  if (options.kind == BlockHashKind::kSha256) return Sha256Key;
   const uint64_t seed = options.seed.has_value() ? *options.seed : std::random_device{}() * 0x100000001ull ^ std::random_device{}();
   return [seed](std::span<const uint8_t> in) {
     const XXH128_hash_t h = XXH3_128bits_withSeed(in.data(), in.size(), seed);

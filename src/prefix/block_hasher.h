@@ -23,6 +23,10 @@ namespace pagekv::prefix {
 void EncodeBlock(const BlockKey* parent, std::span<const int32_t> tokens, const ExtraKeys& extra,
                  std::vector<uint8_t>& out);
 
+// SHA-256 of `in` as a 32-byte key (the default hash, and every prefix
+// digest whatever the key hash is).
+BlockKey Sha256Key(std::span<const uint8_t> in);
+
 // A ready hash function for `options` (the xxh3 seed drawn here if unset).
 std::function<BlockKey(std::span<const uint8_t>)> MakeHasher(const BlockHasherOptions& options);
 

@@ -41,10 +41,20 @@ struct KeyHash {
   }
 };
 
+// A block's place in a chain: its key (the index key, from the configured
+// hash) and its prefix digest (SHA-256 chained over digests, so equal
+// digests mean equal whole prefixes whatever the key hash; the key itself
+// when the key hash is SHA-256).
+struct Link {
+  BlockKey key;
+  BlockKey digest;
+};
+
 // What a published block holds besides its KV: enough to verify a hit
-// without trusting the hash, and to describe it in events.
+// without trusting the key hash, and to describe it in events.
 struct Entry {
   BlockKey key;
+  BlockKey digest;
   std::optional<BlockKey> parent;
   std::vector<int32_t> tokens;
   ExtraKeys extra;  // salt kept only on a first block
@@ -65,8 +75,8 @@ std::vector<std::string> EventExtraKeys(const ExtraKeys& e, bool first) {
 
 struct SeqChain {
   ExtraKeys extra;
-  std::vector<BlockKey> keys;  // of the sequence's leading full blocks known so far
-  bool stopped = false;        // a collision ended publishing for this sequence
+  std::vector<Link> links;  // of the sequence's leading full blocks known so far
+  bool stopped = false;     // a collision (or a compaction) ended publishing for this sequence
 };
 
 struct WindowEntry {
@@ -79,6 +89,7 @@ struct PrefixCache::State {
   KvCache* cache = nullptr;
   PrefixCacheOptions options;
   std::function<BlockKey(std::span<const uint8_t>)> hash;
+  bool sha256_keys = false;  // keys are their own digests
   int32_t block_len = 0;
   std::unordered_map<BlockKey, BlockId, KeyHash> index;
   std::vector<std::optional<Entry>> entries;  // [num_blocks]
@@ -93,7 +104,11 @@ struct PrefixCache::State {
   uint64_t geometry = 0;
   std::vector<std::byte> block_bytes;  // [block_payload_bytes], a block on its way to or from a tier
 
-  BlockMeta MetaOf(const Entry& e) const { return BlockMeta{e.key, e.parent, e.tokens, geometry}; }
+  BlockMeta MetaOf(const Entry& e) const {
+    return BlockMeta{e.key,    e.parent,           e.tokens,
+                     geometry, e.digest,           e.extra.adapter_id,
+                     EventExtraKeys(e.extra, !e.parent.has_value())};
+  }
 
   // Publishes `block` under entry e (the index, the pool's cached mark).
   void Insert(BlockId block, Entry e) {
@@ -108,8 +123,51 @@ struct PrefixCache::State {
     return hash(scratch);
   }
 
+  Link LinkOf(const Link* parent, std::span<const int32_t> tokens, const ExtraKeys& extra) const {
+    Link l;
+    l.key = KeyOf(parent != nullptr ? &parent->key : nullptr, tokens, extra);
+    if (sha256_keys) {
+      l.digest = l.key;
+    } else {
+      prefix::EncodeBlock(parent != nullptr ? &parent->digest : nullptr, tokens, extra, scratch);
+      l.digest = prefix::Sha256Key(scratch);
+    }
+    return l;
+  }
+
+  // Whether entry e is block `l` of a request: the same whole prefix (the
+  // digest), and, checked directly, the same tokens, parent and extra keys.
+  static bool Matches(const Entry& e, const Link& l, const Link* parent, std::span<const int32_t> tokens,
+                      const ExtraKeys& extra) {
+    return e.digest == l.digest && std::equal(e.tokens.begin(), e.tokens.end(), tokens.begin(), tokens.end()) &&
+           e.parent.has_value() == (parent != nullptr) && (parent == nullptr || *e.parent == parent->key) &&
+           SameExtra(e.extra, extra, parent == nullptr);
+  }
+
+  // Lookup, also returning every matched block's link.
+  PrefixMatch Walk(std::span<const int32_t> tokens, const ExtraKeys& extra, int64_t max_tokens,
+                   std::vector<Link>& links);
+
+  // Entry for block i of `tokens` after links[0, i].
+  Entry EntryOf(std::span<const int32_t> tokens, size_t i, const std::vector<Link>& links, const ExtraKeys& extra) const {
+    Entry e;
+    e.key = links[i].key;
+    e.digest = links[i].digest;
+    if (i > 0) e.parent = links[i - 1].key;
+    const auto t = tokens.subspan(i * static_cast<size_t>(block_len), static_cast<size_t>(block_len));
+    e.tokens.assign(t.begin(), t.end());
+    e.extra = extra;
+    if (i > 0) e.extra.cache_salt.reset();
+    return e;
+  }
+
   void Emit(KvEvent e) {
     if (!options.record_events) return;
+    PullTierChanges();  // what the tiers did before this event comes before it
+    Queue(std::move(e));
+  }
+
+  void Queue(KvEvent e) {
     e.sequence = next_event++;
     if (static_cast<int64_t>(events.size()) >= options.max_queued_events) {
       events.pop_front();
@@ -118,30 +176,55 @@ struct PrefixCache::State {
     events.push_back(std::move(e));
   }
 
+  // The tiers' own changes (stored into RAM on eviction, written through to
+  // disk and Redis, dropped for room or as corrupt) as events of their medium.
+  void PullTierChanges() {
+    if (options.tiers == nullptr || !options.record_events) return;
+    for (TierChange& c : options.tiers->TakeChanges()) {
+      KvEvent ev;
+      ev.keys.push_back(c.meta.key);
+      ev.tier = TierName(c.tier);
+      if (c.kind == TierChange::Kind::kStored) {
+        ev.type = KvEvent::Type::kBlockStored;
+        ev.parent = c.meta.parent;
+        ev.token_ids = std::move(c.meta.tokens);
+        ev.block_len = block_len;
+        ev.adapter_id = c.meta.adapter_id;
+        ev.extra_keys = std::move(c.meta.event_extra_keys);
+      } else {
+        ev.type = KvEvent::Type::kBlockRemoved;
+      }
+      Queue(std::move(ev));
+    }
+  }
+
+  // KvCache's cut listener: the chain keeps the full blocks whose rows are
+  // unchanged; a freed sequence's chain goes.
+  void OnCut(const KvCache::SequenceCut& cut) {
+    auto it = chains.find(ToInt(cut.id));
+    if (it == chains.end()) return;
+    if (cut.kind == KvCache::SequenceCut::Kind::kFreed) {
+      chains.erase(it);
+      return;
+    }
+    const auto keep = static_cast<size_t>(cut.kept_tokens / block_len);
+    if (it->second.links.size() > keep) it->second.links.resize(keep);
+    if (cut.kind == KvCache::SequenceCut::Kind::kCompacted) it->second.stopped = true;
+  }
+
   void OnEvict(BlockId block) {
     std::optional<Entry>& e = entries[static_cast<size_t>(ToInt(block))];
     if (!e) return;
-    std::optional<Tier> down;
     if (options.tiers != nullptr && cache->ReadBlock(block, block_bytes).ok()) {
-      down = options.tiers->Evicted(MetaOf(*e), block_bytes);  // its bytes are intact until the caller writes it
+      // Its bytes are intact until the caller writes it. Where the copy
+      // lands is announced by the tier itself (TakeChanges).
+      options.tiers->Evicted(MetaOf(*e), block_bytes);
     }
     index.erase(e->key);
     KvEvent ev;
     ev.type = KvEvent::Type::kBlockRemoved;
     ev.keys.push_back(e->key);
     Emit(std::move(ev));
-    if (down) {
-      KvEvent st;
-      st.type = KvEvent::Type::kBlockStored;
-      st.keys.push_back(e->key);
-      st.parent = e->parent;
-      st.token_ids = e->tokens;
-      st.block_len = block_len;
-      st.adapter_id = e->extra.adapter_id;
-      st.extra_keys = EventExtraKeys(e->extra, !e->parent.has_value());
-      st.tier = TierName(*down);
-      Emit(std::move(st));
-    }
     e.reset();
     ++stats.evicted;
   }
@@ -151,6 +234,8 @@ PrefixCache::PrefixCache(std::unique_ptr<State> state) : state_(std::move(state)
 
 PrefixCache::~PrefixCache() {
   state_->cache->SetEvictionListener(nullptr);
+  state_->cache->SetCutListener(nullptr);
+  if (state_->options.tiers != nullptr) state_->options.tiers->RecordChanges(false);
   for (size_t b = 0; b < state_->entries.size(); ++b) {
     if (state_->entries[b]) state_->cache->SetBlockCached(BlockId{static_cast<int32_t>(b)}, false).IgnoreError();
   }
@@ -163,12 +248,15 @@ Result<std::unique_ptr<PrefixCache>> PrefixCache::Create(KvCache& cache, const P
   state->cache = &cache;
   state->options = options;
   state->hash = prefix::MakeHasher(options.hasher);
+  state->sha256_keys = !options.hasher.custom && options.hasher.kind == BlockHashKind::kSha256;
   state->block_len = cache.layout().block_len();
   state->entries.resize(static_cast<size_t>(cache.layout().num_blocks()));
   state->geometry = cache.GeometryTag();
   if (options.tiers != nullptr) state->block_bytes.resize(static_cast<size_t>(cache.block_payload_bytes()));
   State* raw = state.get();
   cache.SetEvictionListener([raw](BlockId b) { raw->OnEvict(b); });
+  cache.SetCutListener([raw](const KvCache::SequenceCut& cut) { raw->OnCut(cut); });
+  if (options.tiers != nullptr) options.tiers->RecordChanges(options.record_events);
   return std::unique_ptr<PrefixCache>(new PrefixCache(std::move(state)));
 }
 
@@ -209,70 +297,68 @@ Result<std::vector<BlockKey>> PrefixCache::Keys(std::span<const int32_t> tokens,
   return keys;
 }
 
-Result<PrefixMatch> PrefixCache::Lookup(std::span<const int32_t> tokens, const ExtraKeys& extra,
-                                        int64_t max_tokens) const {
-  PAGEKV_RETURN_IF_ERROR(ValidateExtraKeys(extra));
-  const int64_t bl = state_->block_len;
+PrefixMatch PrefixCache::State::Walk(std::span<const int32_t> tokens, const ExtraKeys& extra, int64_t max_tokens,
+                                     std::vector<Link>& links) {
+  const int64_t bl = block_len;
   const auto len = static_cast<int64_t>(tokens.size());
   const int64_t limit = max_tokens < 0 ? std::max<int64_t>(0, len - 1) : std::min(max_tokens, len);
   const int64_t max_blocks = limit / bl;
+  auto block = [&](int64_t i) { return tokens.subspan(static_cast<size_t>(i * bl), static_cast<size_t>(bl)); };
   PrefixMatch m;
+  links.clear();
+  bool collided = false;
   for (int64_t i = 0; i < max_blocks; ++i) {
-    const auto block_tokens = tokens.subspan(static_cast<size_t>(i * bl), static_cast<size_t>(bl));
-    const BlockKey* parent = i == 0 ? nullptr : &m.keys.back();
-    const BlockKey key = state_->KeyOf(parent, block_tokens, extra);
-    auto it = state_->index.find(key);
-    if (it == state_->index.end()) break;
-    const Entry& e = *state_->entries[static_cast<size_t>(ToInt(it->second))];
-    const bool same = std::equal(e.tokens.begin(), e.tokens.end(), block_tokens.begin(), block_tokens.end()) &&
-                      e.parent.has_value() == (parent != nullptr) && (parent == nullptr || *e.parent == *parent) &&
-                      SameExtra(e.extra, extra, i == 0);
-    if (!same) {
-      ++state_->stats.collisions;  // counted even by an Ask: it is a fact about the index
+    const Link* parent = links.empty() ? nullptr : &links.back();
+    const Link link = LinkOf(parent, block(i), extra);
+    auto it = index.find(link.key);
+    if (it == index.end()) break;
+    if (!Matches(*entries[static_cast<size_t>(ToInt(it->second))], link, parent, block(i), extra)) {
+      ++stats.collisions;  // counted even by an Ask: it is a fact about the index
+      collided = true;
       break;
     }
     m.blocks.push_back(it->second);
-    m.keys.push_back(key);
+    links.push_back(link);
   }
-  if (state_->options.tiers != nullptr && static_cast<int64_t>(m.blocks.size()) < max_blocks &&
-      state_->index.count(state_->KeyOf(m.keys.empty() ? nullptr : &m.keys.back(),
-                                        tokens.subspan(m.blocks.size() * static_cast<size_t>(bl), static_cast<size_t>(bl)), extra)) == 0) {
-    // The pool's part ended on a miss (not a collision): the prefix may go on
-    // in the lower tiers. Keys are made and asked for a chunk at a time, so
-    // a long prompt whose chain ends early costs a few keys, not all of them.
+  if (options.tiers != nullptr && !collided && static_cast<int64_t>(m.blocks.size()) < max_blocks) {
+    // The pool's part ended on a miss: the prefix may go on in the lower
+    // tiers. Keys are made and asked for a chunk at a time, so a long
+    // prompt whose chain ends early costs a few keys, not all of them.
     constexpr int64_t kChunk = 16;
     for (auto i = static_cast<int64_t>(m.blocks.size()); i < max_blocks;) {
-      std::vector<BlockKey> chunk;
+      std::vector<Link> chunk;
+      std::vector<BlockKey> keys;
       for (; i < max_blocks && static_cast<int64_t>(chunk.size()) < kChunk; ++i) {
-        const BlockKey* parent = chunk.empty() ? (m.keys.empty() ? nullptr : &m.keys.back()) : &chunk.back();
-        chunk.push_back(state_->KeyOf(parent, tokens.subspan(static_cast<size_t>(i * bl), static_cast<size_t>(bl)), extra));
+        const Link* parent = chunk.empty() ? (links.empty() ? nullptr : &links.back()) : &chunk.back();
+        chunk.push_back(LinkOf(parent, block(i), extra));
+        keys.push_back(chunk.back().key);
       }
-      const std::vector<Tier> found = state_->options.tiers->LocatePrefix(chunk);
+      const std::vector<Tier> found = options.tiers->LocatePrefix(keys);
       m.lower.insert(m.lower.end(), found.begin(), found.end());
-      m.keys.insert(m.keys.end(), chunk.begin(), chunk.begin() + static_cast<std::ptrdiff_t>(found.size()));
+      links.insert(links.end(), chunk.begin(), chunk.begin() + static_cast<std::ptrdiff_t>(found.size()));
       if (found.size() < chunk.size()) break;
     }
   }
+  for (const Link& l : links) m.keys.push_back(l.key);
   m.num_tokens = static_cast<int64_t>(m.blocks.size() + m.lower.size()) * bl;
   return m;
 }
 
+Result<PrefixMatch> PrefixCache::Lookup(std::span<const int32_t> tokens, const ExtraKeys& extra,
+                                        int64_t max_tokens) const {
+  PAGEKV_RETURN_IF_ERROR(ValidateExtraKeys(extra));
+  std::vector<Link> links;
+  return state_->Walk(tokens, extra, max_tokens, links);
+}
+
 void PrefixCache::Prefetch(std::span<const int32_t> tokens, const ExtraKeys& extra) {
-  if (state_->options.tiers == nullptr) return;
-  Result<PrefixMatch> m = Lookup(tokens, extra);
-  if (!m.ok() || m->lower.empty()) return;
-  const int64_t bl = state_->block_len;
+  if (state_->options.tiers == nullptr || !ValidateExtraKeys(extra).ok()) return;
+  std::vector<Link> links;
+  const PrefixMatch m = state_->Walk(tokens, extra, -1, links);
   std::vector<BlockMeta> metas;
-  for (size_t j = 0; j < m->lower.size(); ++j) {
-    if (m->lower[j] == Tier::kHost) continue;  // already in memory
-    const size_t i = m->blocks.size() + j;
-    BlockMeta meta;
-    meta.key = m->keys[i];
-    if (i > 0) meta.parent = m->keys[i - 1];
-    const auto t = tokens.subspan(i * static_cast<size_t>(bl), static_cast<size_t>(bl));
-    meta.tokens.assign(t.begin(), t.end());
-    meta.geometry = state_->geometry;
-    metas.push_back(std::move(meta));
+  for (size_t j = 0; j < m.lower.size(); ++j) {
+    if (m.lower[j] == Tier::kHost) continue;  // already in memory
+    metas.push_back(state_->MetaOf(state_->EntryOf(tokens, m.blocks.size() + j, links, extra)));
   }
   if (!metas.empty()) state_->options.tiers->Prefetch(std::move(metas));
 }
@@ -287,26 +373,24 @@ bool PrefixCache::CanAdmit(const PrefixMatch& match, int64_t new_tokens) const {
 
 Result<PrefixCache::Admitted> PrefixCache::AddSequence(std::span<const int32_t> tokens, const ExtraKeys& extra,
                                                        std::string label, int64_t max_tokens) {
-  PAGEKV_ASSIGN_OR_RETURN(PrefixMatch match, Lookup(tokens, extra, max_tokens));
+  PAGEKV_RETURN_IF_ERROR(ValidateExtraKeys(extra));
+  std::vector<Link> links;
+  PrefixMatch match = state_->Walk(tokens, extra, max_tokens, links);
   PAGEKV_ASSIGN_OR_RETURN(SeqId seq, state_->cache->AddSequenceSharing(match.blocks, std::move(label)));
   const size_t in_pool = match.blocks.size();
   PrefixCacheStats& st = state_->stats;
   st.tier_hit_blocks[0] += static_cast<int64_t>(in_pool);
   if (!match.lower.empty()) {
     // Load the lower tiers' part into new pool blocks, in order, and publish
-    // each; the first block that cannot be had ends the match there.
+    // each; the first block that cannot be had ends the match there. Every
+    // load is checked against this request's key, digest, parent, tokens
+    // and geometry, wherever its bytes come from.
     const int64_t bl = state_->block_len;
     std::vector<Tier> loaded;
     for (size_t j = 0; j < match.lower.size(); ++j) {
       const size_t i = in_pool + j;
-      Entry e;
-      e.key = match.keys[i];
-      if (i > 0) e.parent = match.keys[i - 1];
-      const auto t = tokens.subspan(i * static_cast<size_t>(bl), static_cast<size_t>(bl));
-      e.tokens.assign(t.begin(), t.end());
-      e.extra = extra;
-      if (i > 0) e.extra.cache_salt.reset();
-      if (state_->index.count(e.key) > 0) break;  // cannot happen between Lookup and here; stay safe
+      Entry e = state_->EntryOf(tokens, i, links, extra);
+      if (state_->index.count(e.key) > 0) break;  // cannot happen between Walk and here; stay safe
       Result<bool> room = state_->cache->Reserve(seq, bl);
       if (!room.ok() || !*room) break;
       const std::optional<Tier> from = state_->options.tiers->Load(state_->MetaOf(e), state_->block_bytes);
@@ -329,6 +413,7 @@ Result<PrefixCache::Admitted> PrefixCache::AddSequence(std::span<const int32_t> 
       st.tier_hit_blocks[static_cast<size_t>(*from)] += 1;
       loaded.push_back(*from);
     }
+    links.resize(in_pool + loaded.size());
     match.keys.resize(in_pool + loaded.size());
     match.lower = std::move(loaded);
     for (size_t j = 0; j < match.lower.size(); ++j) match.blocks.push_back((*state_->cache->View(seq)).blocks[in_pool + j]);
@@ -336,7 +421,7 @@ Result<PrefixCache::Admitted> PrefixCache::AddSequence(std::span<const int32_t> 
   }
   SeqChain chain;
   chain.extra = extra;
-  chain.keys = match.keys;
+  chain.links = std::move(links);
   state_->chains.emplace(ToInt(seq), std::move(chain));
   // Statistics: a lookup of this prompt's tokens and full blocks.
   const WindowEntry w{static_cast<int64_t>(tokens.size()), match.num_tokens,
@@ -376,6 +461,16 @@ Status PrefixCache::Publish(SeqId seq, std::span<const int32_t> tokens) {
   if (chain.stopped) return Status::Ok();
   const int64_t bl = state_->block_len;
   const int64_t full = view.num_tokens / bl;
+  // The cut listener keeps the chain within the sequence's unchanged full
+  // blocks; a chain longer than the sequence means someone else took the
+  // listener, and nothing published from it could be trusted.
+  if (static_cast<int64_t>(chain.links.size()) > full) {
+    chain.stopped = true;
+    return FailedPreconditionError("publish: sequence " + std::to_string(ToInt(seq)) + " holds " +
+                                   std::to_string(full) + " full blocks but its key chain " +
+                                   std::to_string(chain.links.size()) +
+                                   "; the KvCache's cut listener was replaced, so nothing more is published for it");
+  }
   std::vector<BlockKey> stored;
   std::vector<int32_t> stored_tokens;
   std::optional<BlockKey> stored_parent;
@@ -393,49 +488,58 @@ Status PrefixCache::Publish(SeqId seq, std::span<const int32_t> tokens) {
     stored.clear();
     stored_tokens.clear();
   };
-  for (auto i = static_cast<int64_t>(chain.keys.size()); i < full; ++i) {
+  for (auto i = static_cast<int64_t>(chain.links.size()); i < full; ++i) {
     const auto block_tokens = tokens.subspan(static_cast<size_t>(i * bl), static_cast<size_t>(bl));
-    const BlockKey* parent = i == 0 ? nullptr : &chain.keys.back();
-    const BlockKey key = state_->KeyOf(parent, block_tokens, chain.extra);
+    const Link* parent = i == 0 ? nullptr : &chain.links.back();
+    const Link link = state_->LinkOf(parent, block_tokens, chain.extra);
     const BlockId block = view.blocks[static_cast<size_t>(i)];
-    auto found = state_->index.find(key);
+    auto found = state_->index.find(link.key);
     if (found != state_->index.end()) {
-      const Entry& e = *state_->entries[static_cast<size_t>(ToInt(found->second))];
-      if (!std::equal(e.tokens.begin(), e.tokens.end(), block_tokens.begin(), block_tokens.end())) {
+      if (!State::Matches(*state_->entries[static_cast<size_t>(ToInt(found->second))], link, parent, block_tokens,
+                          chain.extra)) {
+        // Same key, another prefix: nothing after this block can be
+        // published under a chain the index already gives to another one.
         ++state_->stats.collisions;
         chain.stopped = true;
         break;
       }
       // Computed twice (no hit at admission): the first copy stays the cached one.
       flush();
-      chain.keys.push_back(key);
+      chain.links.push_back(link);
       continue;
     }
     if (state_->entries[static_cast<size_t>(ToInt(block))].has_value()) {
       // The block already holds another key (shared through a fork of a
       // published chain under other extra keys): leave it.
       flush();
-      chain.keys.push_back(key);
+      chain.links.push_back(link);
       continue;
     }
-    Entry e;
-    e.key = key;
-    if (parent != nullptr) e.parent = *parent;
-    e.tokens.assign(block_tokens.begin(), block_tokens.end());
-    e.extra = chain.extra;
-    if (i > 0) e.extra.cache_salt.reset();
+    if (stored.empty()) stored_parent = parent != nullptr ? std::optional<BlockKey>(parent->key) : std::nullopt;
+    chain.links.push_back(link);  // `parent` is not used past here
+    Entry e = state_->EntryOf(tokens, static_cast<size_t>(i), chain.links, chain.extra);
     LowerTiers* tiers = state_->options.tiers;
     if (tiers != nullptr && tiers->write_through() && state_->cache->ReadBlock(block, state_->block_bytes).ok()) {
       tiers->Published(state_->MetaOf(e), state_->block_bytes);
     }
     state_->Insert(block, std::move(e));
-    if (stored.empty()) stored_parent = parent != nullptr ? std::optional<BlockKey>(*parent) : std::nullopt;
-    stored.push_back(key);
+    stored.push_back(link.key);
     stored_tokens.insert(stored_tokens.end(), block_tokens.begin(), block_tokens.end());
-    chain.keys.push_back(key);
   }
   flush();
   return Status::Ok();
+}
+
+Result<SeqId> PrefixCache::Fork(SeqId seq, std::string label) {
+  auto it = state_->chains.find(ToInt(seq));
+  if (it == state_->chains.end()) {
+    return NotFoundError("fork: sequence " + std::to_string(ToInt(seq)) +
+                         " was not added through the prefix cache (or was freed)");
+  }
+  PAGEKV_ASSIGN_OR_RETURN(SeqId child, state_->cache->Fork(seq, std::move(label)));
+  SeqChain copy = it->second;  // `it` may not survive the emplace
+  state_->chains.emplace(ToInt(child), std::move(copy));
+  return child;
 }
 
 Status PrefixCache::Free(SeqId seq) {
@@ -469,6 +573,7 @@ PrefixCacheStats PrefixCache::Stats() const {
 }
 
 std::vector<KvEvent> PrefixCache::DrainEvents() {
+  state_->PullTierChanges();
   std::vector<KvEvent> out(std::make_move_iterator(state_->events.begin()), std::make_move_iterator(state_->events.end()));
   state_->events.clear();
   return out;

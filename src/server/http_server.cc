@@ -394,6 +394,9 @@ std::string Metrics(Shared& sh) {
           {{"", static_cast<double>(m.prefix.tier_load_failures)}});
     gauge("pagekv_tier_dropped_total", "Copies down or prefetches dropped by a full mover queue", "counter",
           {{"", static_cast<double>(m.tiers->dropped)}});
+    gauge("pagekv_tier_staged_mismatches_total",
+          "Prefetched blocks refused at load: fetched for other tokens or another prefix under the same key", "counter",
+          {{"", static_cast<double>(m.tiers->staged_mismatches)}});
   }
   out += sh.ttft.Render("pagekv_time_to_first_token_seconds", "Seconds from submission to the first token");
   out += sh.itl.Render("pagekv_inter_token_latency_seconds", "Seconds between consecutive tokens of a request");

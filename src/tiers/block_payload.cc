@@ -25,7 +25,7 @@ uint64_t Checksum(std::span<const std::byte> payload) {
   XXH3_state_t* st = XXH3_createState();
   XXH3_64bits_reset(st);
   XXH3_64bits_update(st, payload.data(), 96);
-  XXH3_64bits_update(st, payload.data() + kHeaderBytes, payload.size() - kHeaderBytes);
+  XXH3_64bits_update(st, payload.data() + 104, payload.size() - 104);
   const uint64_t h = XXH3_64bits_digest(st);
   XXH3_freeState(st);
   return h;
@@ -47,6 +47,7 @@ void EncodePayloadInto(const BlockMeta& meta, std::span<const std::byte> kv, std
   Put<uint64_t>(p + 72, meta.geometry);
   Put<uint32_t>(p + 80, static_cast<uint32_t>(meta.tokens.size()));
   Put<uint64_t>(p + 88, kv.size());
+  std::memcpy(p + 104, meta.digest.bytes.data(), 32);
   std::memcpy(p + kHeaderBytes, meta.tokens.data(), 4 * meta.tokens.size());
   std::memcpy(p + kHeaderBytes + 4 * meta.tokens.size(), kv.data(), kv.size());
   Put<uint64_t>(p + 96, Checksum(out.first(PayloadBytes(meta.tokens.size(), kv.size()))));
@@ -87,6 +88,9 @@ Status DecodePayload(std::span<const std::byte> payload, const BlockMeta& meta, 
   if (has_parent != meta.parent.has_value() ||
       (has_parent && std::memcmp(p + 40, meta.parent->bytes.data(), 32) != 0)) {
     return DataLossError("tier payload: another parent block");
+  }
+  if (std::memcmp(p + 104, meta.digest.bytes.data(), 32) != 0) {
+    return DataLossError("tier payload: computed after another prefix (same key and parent key, a hash collision)");
   }
   if (Get<uint64_t>(p + 72) != meta.geometry) {
     return DataLossError("tier payload: another cache geometry (layers, heads, dtype or block length)");

@@ -13,7 +13,8 @@
 //       84     4  zero
 //       88     8  KV byte count
 //       96     8  xxh3-64 of bytes [0, 96) and [104, end)
-//      104  4*n  token ids (int32)
+//      104    32  prefix digest (BlockMeta::digest: SHA-256 over the whole prefix)
+//      136  4*n  token ids (int32)
 //        .     .  KV bytes (KvCache::ReadBlock order)
 #pragma once
 
@@ -28,8 +29,8 @@
 
 namespace pagekv::tiers {
 
-inline constexpr size_t kHeaderBytes = 104;
-inline constexpr uint16_t kVersion = 1;
+inline constexpr size_t kHeaderBytes = 136;
+inline constexpr uint16_t kVersion = 2;
 
 size_t PayloadBytes(size_t num_tokens, size_t kv_bytes);
 
@@ -38,10 +39,10 @@ void EncodePayload(const BlockMeta& meta, std::span<const std::byte> kv, std::ve
 // The same into a buffer of exactly PayloadBytes(...) bytes.
 void EncodePayloadInto(const BlockMeta& meta, std::span<const std::byte> kv, std::span<std::byte> out);
 
-// Checks `payload` against `meta` (every header field, the token ids, the
-// checksum, the size) and copies its KV into kv. Errors (kDataLoss) name the
-// first failed check: truncated, bad magic, version, checksum, key, parent,
-// tokens, geometry, size.
+// Checks `payload` against `meta` (every header field, the prefix digest,
+// the token ids, the checksum, the size) and copies its KV into kv. Errors
+// (kDataLoss) name the first failed check: truncated, bad magic, version,
+// checksum, key, parent, prefix, tokens, geometry, size.
 Status DecodePayload(std::span<const std::byte> payload, const BlockMeta& meta, std::span<std::byte> kv);
 
 // The key stored in a payload header (no other check); for indexes rebuilt

@@ -77,6 +77,9 @@ TEST(TierPayloadTest, EveryFieldIsCheckedOnDecode) {
   other = Meta(3);
   other.geometry += 1;
   EXPECT_EQ(tiers::DecodePayload(p, other, out).code(), StatusCode::kDataLoss);
+  other = Meta(3);
+  other.digest.bytes[31] ^= 1;  // same key, parent and tokens after another prefix (colliding keys)
+  EXPECT_EQ(tiers::DecodePayload(p, other, out).code(), StatusCode::kDataLoss);
   // Any flipped byte fails the checksum (or an earlier check); truncation too.
   for (size_t at : {size_t{0}, size_t{9}, size_t{100}, tiers::kHeaderBytes + 3, p.size() - 1}) {
     std::vector<std::byte> bad = p;
@@ -87,9 +90,25 @@ TEST(TierPayloadTest, EveryFieldIsCheckedOnDecode) {
   EXPECT_EQ(tiers::DecodePayload(std::span(p).first(50), Meta(3), out).code(), StatusCode::kDataLoss);
 }
 
+// "+<i>" for a block newly held, "-<i>" for one dropped, by KeyOf index.
+std::string Describe(const std::vector<TierChange>& changes) {
+  std::string out;
+  for (const TierChange& c : changes) {
+    for (uint64_t i = 0; i < 64; ++i) {
+      if (c.meta.key == KeyOf(i)) out += (c.kind == TierChange::Kind::kStored ? " +" : " -") + std::to_string(i);
+    }
+  }
+  return out;
+}
+
 TEST(HostStoreTest, RoundTripsAndEvictsLeastRecentlyUsedToItsListener) {
   std::vector<BlockKey> evicted;
+  std::vector<TierChange> changes;
   HostStoreOptions o;
+  o.on_change = [&](const TierChange& c) {
+    EXPECT_EQ(c.tier, Tier::kHost);
+    changes.push_back(c);
+  };
   o.block_len = kBlockLen;
   o.kv_bytes = kKvBytes;
   o.capacity_bytes = 3 * TierPayloadBytes(kBlockLen, kKvBytes) + 10;
@@ -118,6 +137,8 @@ TEST(HostStoreTest, RoundTripsAndEvictsLeastRecentlyUsedToItsListener) {
   EXPECT_FALSE(*s->Get(wrong, out));
   EXPECT_EQ(s->Stats().corrupt, 1);
   EXPECT_FALSE(*s->Contains(KeyOf(2)));
+  ASSERT_TRUE(s->Put(Meta(3), Kv(3)).ok());  // a re-put changes nothing held
+  EXPECT_EQ(Describe(changes), " +0 +1 +2 -1 +3 -0 -2");
 }
 
 TEST(HostStoreTest, BadSizesAreNamedErrors) {
@@ -140,6 +161,10 @@ class DiskStoreTest : public ::testing::Test {
   }
   std::unique_ptr<BlockStore> Open(int64_t slots = 4) {
     DiskStoreOptions o;
+    o.on_change = [this](const TierChange& c) {
+      EXPECT_EQ(c.tier, Tier::kDisk);
+      changes_.push_back(c);
+    };
     o.path = path_;
     o.block_len = kBlockLen;
     o.kv_bytes = kKvBytes;
@@ -149,6 +174,7 @@ class DiskStoreTest : public ::testing::Test {
     return std::move(*s);
   }
   std::string path_ = TempPath("disk");
+  std::vector<TierChange> changes_;
 };
 
 TEST_F(DiskStoreTest, RoundTripsAndSurvivesARestart) {
@@ -174,6 +200,9 @@ TEST_F(DiskStoreTest, FillingItEvictsTheLeastRecentlyUsed) {
   EXPECT_TRUE(*s->Get(Meta(4), out));
   EXPECT_EQ(s->Stats().evictions, 3);
   EXPECT_EQ(s->Stats().blocks_now, 2);
+  ASSERT_TRUE(s->Remove(KeyOf(4)).ok());
+  ASSERT_TRUE(s->Remove(KeyOf(4)).ok());
+  EXPECT_EQ(Describe(changes_), " +0 +1 -0 +2 -1 +3 -2 +4 -4");
 }
 
 TEST_F(DiskStoreTest, AFlippedByteOnDiskIsAMissNeverWrongKv) {

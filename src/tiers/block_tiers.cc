@@ -1,6 +1,7 @@
 // BlockTiers (include/pagekv/tiers.h): the configured stores in order, a
 // bounded job queue with worker threads (puts down the tiers, prefetches
 // up), and a staging area of prefetched blocks waiting for their load.
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <condition_variable>
@@ -79,8 +80,11 @@ struct Job {
   std::vector<std::byte> kv;     // kPut
 };
 
+// A prefetched block, kept as a whole payload (header, token ids, KV) so
+// that its load is checked against the loading request's meta by the same
+// DecodePayload every store's Get uses, not matched on its key alone.
 struct Staged {
-  std::vector<std::byte> kv;
+  std::vector<std::byte> payload;
   Tier from;
 };
 
@@ -102,8 +106,25 @@ struct BlockTiers::State {
   std::deque<BlockKey> staged_order;
   int64_t dropped = 0, prefetched = 0, load_failures = 0;
   int64_t load_hits[kNumTiers]{};
+  int64_t staged_mismatches = 0;
   std::unordered_map<std::string, int64_t> fault_counts;
   std::vector<std::thread> workers;
+
+  // The stores' changes, in order, while recording (RecordChanges).
+  std::atomic<bool> record{false};
+  std::mutex changes_mu;  // taken inside a store's lock, never around a store call
+  std::deque<TierChange> changes;
+  int64_t dropped_changes = 0;
+
+  void Record(const TierChange& c) {
+    if (!record.load(std::memory_order_relaxed)) return;
+    std::lock_guard lock(changes_mu);
+    if (static_cast<int64_t>(changes.size()) >= std::max<int64_t>(65536, 16 * o.queue_blocks)) {
+      ++dropped_changes;
+      return;
+    }
+    changes.push_back(c);
+  }
 
   // Reports a fault; repeated ones every power of two, so a dead tier does
   // not flood the log.
@@ -146,10 +167,10 @@ struct BlockTiers::State {
     Enqueue(std::move(j));
   }
 
-  void Stage(const BlockKey& key, std::vector<std::byte> kv, Tier from) {
+  void Stage(const BlockKey& key, std::vector<std::byte> payload, Tier from) {
     std::lock_guard lock(mu);
     if (staged.count(key) > 0) return;
-    staged.emplace(key, Staged{std::move(kv), from});
+    staged.emplace(key, Staged{std::move(payload), from});
     staged_order.push_back(key);
     ++prefetched;
     while (static_cast<int64_t>(staged_order.size()) > o.queue_blocks) {
@@ -197,7 +218,9 @@ struct BlockTiers::State {
       std::vector<BlockMeta> missing;
       for (size_t i = 0; i < metas.size(); ++i) {
         if ((*got)[i]) {
-          Stage(metas[i].key, std::move(bufs[i]), s->tier());
+          std::vector<std::byte> payload;
+          tiers::EncodePayload(metas[i], bufs[i], payload);
+          Stage(metas[i].key, std::move(payload), s->tier());
         } else {
           missing.push_back(std::move(metas[i]));
         }
@@ -265,8 +288,9 @@ Result<std::unique_ptr<BlockTiers>> BlockTiers::Create(const TierOptions& o, int
   st->block_len = block_len;
   st->kv_bytes = kv_bytes;
   State* raw = st.get();
+  auto sink = [raw](const TierChange& c) { raw->Record(c); };
   if (o.host_bytes > 0) {
-    HostStoreOptions h{o.host_bytes, block_len, kv_bytes, nullptr};
+    HostStoreOptions h{o.host_bytes, block_len, kv_bytes, nullptr, sink};
     if (!o.write_through) {
       // Write-back: a block pushed out of RAM goes one tier down.
       h.on_evict = [raw](const BlockMeta& meta, std::span<const std::byte> kv) {
@@ -283,6 +307,7 @@ Result<std::unique_ptr<BlockTiers>> BlockTiers::Create(const TierOptions& o, int
     d.block_len = block_len;
     d.kv_bytes = kv_bytes;
     d.direct_io = o.disk_direct_io;
+    d.on_change = sink;
     PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<BlockStore> s, CreateDiskStore(d));
     st->stores.push_back(std::move(s));
   }
@@ -293,6 +318,7 @@ Result<std::unique_ptr<BlockTiers>> BlockTiers::Create(const TierOptions& o, int
     if (!o.redis_namespace.empty()) r.key_namespace = o.redis_namespace;
     r.timeout_ms = o.redis_timeout_ms;
     r.ttl_seconds = o.redis_ttl_seconds;
+    r.on_change = sink;
     PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<BlockStore> s, CreateRedisStore(r));
     st->stores.push_back(std::move(s));
   }
@@ -338,14 +364,17 @@ std::optional<Tier> BlockTiers::Load(const BlockMeta& meta, std::span<std::byte>
   {
     std::lock_guard lock(st.mu);
     if (auto it = st.staged.find(meta.key); it != st.staged.end()) {
+      // Checked like a store's payload, against this request's tokens,
+      // parent and geometry: the request that asked for the prefetch may
+      // have had other tokens under the same key.
       const Tier from = it->second.from;
-      const bool fits = it->second.kv.size() == kv.size();
-      if (fits) std::copy(it->second.kv.begin(), it->second.kv.end(), kv.begin());
-      st.staged.erase(it);  // the pool holds it from now on (its order entry ages out)
-      if (fits) {
+      const bool ok = tiers::DecodePayload(it->second.payload, meta, kv).ok();
+      st.staged.erase(it);  // the pool holds it from now on, or it was not this request's (its order entry ages out)
+      if (ok) {
         ++st.load_hits[static_cast<int>(from)];
         return from;
       }
+      ++st.staged_mismatches;
     }
   }
   for (int t = 1; t < kNumTiers; ++t) {
@@ -406,6 +435,23 @@ void BlockTiers::Prefetch(std::vector<BlockMeta> metas) {
   }
 }
 
+void BlockTiers::RecordChanges(bool on) {
+  State& st = *state_;
+  st.record.store(on);
+  if (!on) {
+    std::lock_guard lock(st.changes_mu);
+    st.changes.clear();
+  }
+}
+
+std::vector<TierChange> BlockTiers::TakeChanges() {
+  State& st = *state_;
+  std::lock_guard lock(st.changes_mu);
+  std::vector<TierChange> out(std::make_move_iterator(st.changes.begin()), std::make_move_iterator(st.changes.end()));
+  st.changes.clear();
+  return out;
+}
+
 void BlockTiers::Drain() {
   State& st = *state_;
   {
@@ -427,6 +473,11 @@ TiersStats BlockTiers::Stats() const {
   out.prefetched = st.prefetched;
   for (int t = 0; t < kNumTiers; ++t) out.load_hits[t] = st.load_hits[t];
   out.load_failures = st.load_failures;
+  out.staged_mismatches = st.staged_mismatches;
+  {
+    std::lock_guard changes_lock(state_->changes_mu);
+    out.dropped_changes = st.dropped_changes;
+  }
   return out;
 }
 

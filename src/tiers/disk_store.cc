@@ -110,15 +110,18 @@ class DiskStore final : public BlockStore {
     }
     std::lock_guard lock(mu_);
     size_t slot;
+    bool replaced = false;
     if (auto it = index_.find(meta.key); it != index_.end()) {
       slot = it->second->slot;
       lru_.erase(it->second);
       index_.erase(it);
+      replaced = true;
     } else if (!free_.empty()) {
       slot = free_.back();
       free_.pop_back();
     } else {
       slot = lru_.front().slot;
+      Removed(lru_.front().key);
       index_.erase(lru_.front().key);
       lru_.pop_front();
       ++stats_.evictions;
@@ -130,11 +133,13 @@ class DiskStore final : public BlockStore {
       const std::string why = n < 0 ? Errno("disk tier: write to " + o_.path) : "disk tier: short write to " + o_.path;
       free_.push_back(slot);
       ++stats_.errors;
+      if (replaced) Removed(meta.key);  // its old copy in that slot is no longer trusted
       return n < 0 && errno == ENOSPC ? ResourceExhaustedError(why) : UnavailableError(why);
     }
     lru_.push_back({slot, meta.key});
     index_[meta.key] = std::prev(lru_.end());
     ++stats_.puts;
+    if (!replaced && o_.on_change) o_.on_change(TierChange{TierChange::Kind::kStored, Tier::kDisk, meta});
     if (++puts_since_index_ >= o_.index_every_puts) WriteIndex().IgnoreError();
     return Status::Ok();
   }
@@ -156,6 +161,7 @@ class DiskStore final : public BlockStore {
     if (!tiers::DecodePayload(buf_.span().first(static_cast<size_t>(n)), meta, kv).ok()) {
       ++stats_.corrupt;  // truncated file, flipped bits, or a slot the index no longer describes
       ++stats_.misses;
+      Removed(meta.key);
       lru_.erase(it->second);
       index_.erase(it);
       free_.push_back(slot);
@@ -175,6 +181,7 @@ class DiskStore final : public BlockStore {
     std::lock_guard lock(mu_);
     if (auto it = index_.find(key); it != index_.end()) {
       free_.push_back(it->second->slot);
+      Removed(key);
       lru_.erase(it->second);
       index_.erase(it);
     }
@@ -203,6 +210,14 @@ class DiskStore final : public BlockStore {
     size_t slot;
     BlockKey key;
   };
+
+  // REQUIRES: mu_ held.
+  void Removed(const BlockKey& key) {
+    if (!o_.on_change) return;
+    TierChange c{TierChange::Kind::kRemoved, Tier::kDisk, {}};
+    c.meta.key = key;
+    o_.on_change(c);
+  }
 
   // REQUIRES: mu_ held.
   Status WriteIndex() {

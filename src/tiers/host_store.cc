@@ -27,10 +27,12 @@ class HostStore final : public BlockStore {
     }
     std::lock_guard lock(mu_);
     size_t slot;
+    bool replaced = false;
     if (auto it = index_.find(meta.key); it != index_.end()) {
       slot = it->second.slot;
       lru_.erase(it->second.at);
       index_.erase(it);
+      replaced = true;
     } else if (!free_.empty()) {
       slot = free_.back();
       free_.pop_back();
@@ -40,6 +42,7 @@ class HostStore final : public BlockStore {
       const BlockMeta& old = metas_[slot];
       if (o_.on_evict) o_.on_evict(old, Kv(slot, old.tokens.size()));
       index_.erase(old.key);
+      Changed(TierChange::Kind::kRemoved, old);
       ++stats_.evictions;
     }
     tiers::EncodePayloadInto(meta, kv, Slot(slot));
@@ -47,6 +50,7 @@ class HostStore final : public BlockStore {
     lru_.push_back(slot);
     index_[meta.key] = Where{slot, std::prev(lru_.end())};
     ++stats_.puts;
+    if (!replaced) Changed(TierChange::Kind::kStored, meta);
     return Status::Ok();
   }
 
@@ -107,7 +111,12 @@ class HostStore final : public BlockStore {
   void Drop(Index::iterator it) {
     lru_.erase(it->second.at);
     free_.push_back(it->second.slot);
+    Changed(TierChange::Kind::kRemoved, metas_[it->second.slot]);
     index_.erase(it);
+  }
+  // REQUIRES: mu_ held.
+  void Changed(TierChange::Kind kind, const BlockMeta& meta) {
+    if (o_.on_change) o_.on_change(TierChange{kind, Tier::kHost, meta});
   }
 
   const HostStoreOptions o_;

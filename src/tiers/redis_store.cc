@@ -9,9 +9,11 @@
 #include <chrono>
 #include <cstring>
 #include <mutex>
+#include <unordered_map>
 
 #include "pagekv/tiers.h"
 #include "tiers/block_payload.h"
+#include "tiers/key_hash.h"
 
 namespace pagekv {
 namespace {
@@ -93,8 +95,7 @@ class RedisStore final : public BlockStore {
                   : Command("SET %b %b", key.data(), key.size(), payload.data(), payload.size());
     PAGEKV_RETURN_IF_ERROR(Check(r, "SET"));
     ++stats_.puts;
-    ++stats_.blocks_now;
-    stats_.bytes_now += static_cast<int64_t>(payload.size());
+    Held(meta, static_cast<int64_t>(payload.size()));
     return Status::Ok();
   }
 
@@ -107,13 +108,14 @@ class RedisStore final : public BlockStore {
     PAGEKV_RETURN_IF_ERROR(Check(r, "GET"));
     if (r->type == REDIS_REPLY_NIL) {
       ++stats_.misses;
+      Gone(meta.key);  // evicted or expired by the server, or deleted by another process
       return false;
     }
     if (r->type != REDIS_REPLY_STRING ||
         !tiers::DecodePayload({reinterpret_cast<const std::byte*>(r->str), r->len}, meta, kv).ok()) {
       ++stats_.corrupt;
       ++stats_.misses;
-      Reply d = Command("DEL %b", key.data(), key.size());  // best effort; a failure shows on the next call
+      Delete(meta.key, key);
       return false;
     }
     ++stats_.hits;
@@ -140,6 +142,9 @@ class RedisStore final : public BlockStore {
       Reply r(static_cast<redisReply*>(raw));
       if (r->type != REDIS_REPLY_INTEGER) return Failed(r, "EXISTS");
       out.push_back(r->integer > 0);
+    }
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (!out[i]) Gone(keys[i]);
     }
     return out;
   }
@@ -172,8 +177,7 @@ class RedisStore final : public BlockStore {
         continue;
       }
       ++stats_.puts;
-      ++stats_.blocks_now;
-      stats_.bytes_now += static_cast<int64_t>(payloads[i].size());
+      Held(metas[i], static_cast<int64_t>(payloads[i].size()));
     }
     return first;
   }
@@ -196,6 +200,7 @@ class RedisStore final : public BlockStore {
       ++stats_.gets;
       if (r->type == REDIS_REPLY_NIL) {
         ++stats_.misses;
+        Gone(metas[i].key);
       } else if (r->type == REDIS_REPLY_STRING &&
                  tiers::DecodePayload({reinterpret_cast<const std::byte*>(r->str), r->len}, metas[i], kvs[i]).ok()) {
         ++stats_.hits;
@@ -206,7 +211,7 @@ class RedisStore final : public BlockStore {
         bad.push_back(i);
       }
     }
-    for (size_t i : bad) Reply d = Command("DEL %b", keys[i].data(), keys[i].size());
+    for (size_t i : bad) Delete(metas[i].key, keys[i]);
     return out;
   }
 
@@ -216,7 +221,7 @@ class RedisStore final : public BlockStore {
     PAGEKV_RETURN_IF_ERROR(Connect());
     Reply r = Command("DEL %b", key.data(), key.size());
     PAGEKV_RETURN_IF_ERROR(Check(r, "DEL"));
-    if (r->integer > 0) --stats_.blocks_now;
+    Dropped(k, r->type == REDIS_REPLY_INTEGER && r->integer > 0);
     return Status::Ok();
   }
 
@@ -227,11 +232,46 @@ class RedisStore final : public BlockStore {
     TierStats s = stats_;
     s.name = "redis";
     s.healthy = healthy_;
+    s.blocks_now = static_cast<int64_t>(held_.size());
+    s.bytes_now = held_bytes_;
     return s;
   }
 
  private:
   std::string Key(const BlockKey& k) const { return o_.key_namespace + ":" + k.Hex(); }
+
+  // The keys this process put and has not seen leave, with their payload
+  // sizes: what blocks_now / bytes_now count (a re-put is not a new block).
+  // REQUIRES: mu_ held (for all four below).
+  void Held(const BlockMeta& meta, int64_t bytes) {
+    auto [it, fresh] = held_.try_emplace(meta.key, bytes);
+    held_bytes_ += bytes - (fresh ? 0 : it->second);
+    it->second = bytes;
+    if (fresh && o_.on_change) o_.on_change(TierChange{TierChange::Kind::kStored, Tier::kRedis, meta});
+  }
+  // `key` left the server: we deleted it (existed), or found it missing.
+  void Dropped(const BlockKey& key, bool existed) {
+    auto it = held_.find(key);
+    const bool ours = it != held_.end();
+    if (ours) {
+      held_bytes_ -= it->second;
+      held_.erase(it);
+    }
+    if ((ours || existed) && o_.on_change) {
+      TierChange c{TierChange::Kind::kRemoved, Tier::kRedis, {}};
+      c.meta.key = key;
+      o_.on_change(c);
+    }
+  }
+  void Gone(const BlockKey& key) {
+    if (held_.count(key) > 0) Dropped(key, false);
+  }
+  // A payload that failed its checks: deleted, best effort (a failed DEL
+  // shows on the next call, and the key stays counted until it is gone).
+  void Delete(const BlockKey& k, const std::string& key) {
+    Reply d = Command("DEL %b", key.data(), key.size());
+    if (d && d->type == REDIS_REPLY_INTEGER) Dropped(k, d->integer > 0);
+  }
 
   template <typename... Args>
   Reply Command(const char* fmt, Args... args) {
@@ -297,6 +337,8 @@ class RedisStore final : public BlockStore {
   int backoff_ms_ = 100;
   Clock::time_point retry_at_{};
   TierStats stats_;
+  std::unordered_map<BlockKey, int64_t, tiers::KeyHash> held_;
+  int64_t held_bytes_ = 0;
 };
 
 }  // namespace

@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <filesystem>
-#include <numeric>
 
 #include <gtest/gtest.h>
 
@@ -15,77 +14,17 @@
 #include "pagekv/tiers.h"
 #include "testing/redis_server.h"
 #include "tiers/block_payload.h"
+#include "tiers/test_kv_model.h"
 
 namespace pagekv {
 namespace {
 
 constexpr int32_t B = 8;  // block_len
 
-std::unique_ptr<KvCache> MakeCache(int64_t blocks) {
-  CacheConfig c;
-  c.num_layers = 2;
-  c.num_q_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 8;
-  c.block_len = B;
-  c.format = KvFormat::Plain(DType::kF32);
-  c.num_blocks = blocks;
-  return std::move(*KvCache::Create({.config = c, .prefault = false}));
-}
-
-std::vector<int32_t> Tokens(int32_t first, int32_t n) {
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  std::iota(t.begin(), t.end(), first);
-  return t;
-}
-
-// The "model": a token's K/V row values depend on every token up to it (as
-// real KV does) and on the salt, so a block served for the wrong prefix or
-// tenant shows up as different bytes.
-float Value(const std::vector<int32_t>& tokens, int64_t pos, int layer, int plane, int head, int elem, int salt) {
-  uint64_t h = static_cast<uint64_t>(salt);
-  for (int64_t i = 0; i <= pos; ++i) h = h * 31 + static_cast<uint64_t>(tokens[static_cast<size_t>(i)]);
-  return static_cast<float>((h % 1000) + layer * 7 + plane * 3 + head * 5 + elem) * 0.5f;
-}
-
-void Compute(KvCache& cache, SeqId seq, const std::vector<int32_t>& tokens, int64_t from, int salt) {
-  const KvLayout& l = cache.layout();
-  const int64_t n = static_cast<int64_t>(tokens.size()) - from;
-  ASSERT_TRUE(*cache.Reserve(seq, n));
-  for (int layer = 0; layer < l.num_layers(); ++layer) {
-    std::vector<float> k(static_cast<size_t>(n * l.num_heads() * l.row_elems())), v(k.size());
-    for (int64_t i = 0; i < n; ++i) {
-      for (int h = 0; h < l.num_heads(); ++h) {
-        for (int e = 0; e < l.row_elems(); ++e) {
-          const size_t at = static_cast<size_t>((i * l.num_heads() + h) * l.row_elems() + e);
-          k[at] = Value(tokens, from + i, layer, 0, h, e, salt);
-          v[at] = Value(tokens, from + i, layer, 1, h, e, salt);
-        }
-      }
-    }
-    ASSERT_TRUE(cache.WriteLayer(seq, layer, from, {n, k.data(), v.data()}).ok());
-  }
-}
-
-// Every cached row of seq equals what Compute writes.
-void ExpectExactKv(const KvCache& cache, SeqId seq, const std::vector<int32_t>& tokens, int salt) {
-  const KvLayout& l = cache.layout();
-  const int64_t n = cache.View(seq)->num_tokens;
-  const size_t row = static_cast<size_t>(l.num_heads() * l.row_elems());
-  std::vector<float> k(static_cast<size_t>(l.num_layers() * n) * row), v(k.size());
-  ASSERT_TRUE(cache.Read(seq, 0, {n, k.data(), v.data()}).ok());
-  for (int layer = 0; layer < l.num_layers(); ++layer) {
-    for (int64_t i = 0; i < n; ++i) {
-      for (int h = 0; h < l.num_heads(); ++h) {
-        for (int e = 0; e < l.row_elems(); ++e) {
-          const size_t at = static_cast<size_t>(layer * n + i) * row + static_cast<size_t>(h * l.row_elems() + e);
-          ASSERT_EQ(k[at], Value(tokens, i, layer, 0, h, e, salt)) << "token " << i;
-          ASSERT_EQ(v[at], Value(tokens, i, layer, 1, h, e, salt)) << "token " << i;
-        }
-      }
-    }
-  }
-}
+std::unique_ptr<KvCache> MakeCache(int64_t blocks) { return test_kv::MakeCache(blocks, B); }
+using test_kv::Compute;
+using test_kv::ExpectExactKv;
+using test_kv::Tokens;
 
 struct Served {
   int64_t hit_tokens = 0;
