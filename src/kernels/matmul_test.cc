@@ -24,7 +24,40 @@ struct Weights {
   WeightMatrix matrix;
 };
 
+// Byte offsets of a block's half-precision scale fields (weight_formats.h).
+std::vector<int> HalfOffsets(WeightType t) {
+  switch (t) {
+    case WeightType::kQ4_1: case WeightType::kQ5_1: case WeightType::kQ4_K: case WeightType::kQ5_K: return {0, 2};
+    case WeightType::kQ2_K: return {80, 82};
+    case WeightType::kQ3_K: return {108};
+    case WeightType::kQ6_K: return {208};
+    default: return {0};
+  }
+}
+
+// Random blocks (every bit random but the scales, kept finite and of a
+// realistic size), with their values from the normative decoder.
+Weights MakeBlockWeights(WeightType type, int64_t rows, int64_t cols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 0.05f);
+  Weights w;
+  w.bytes.resize(static_cast<size_t>(rows * WeightRowBytes(type, cols)));
+  for (auto& b : w.bytes) b = static_cast<std::byte>(rng());
+  const WeightFormat& f = FormatOf(type);
+  for (size_t at = 0; at < w.bytes.size(); at += static_cast<size_t>(f.block_bytes)) {
+    for (int off : HalfOffsets(type)) {
+      const uint16_t h = F32ToF16(normal(rng));
+      std::memcpy(w.bytes.data() + at + off, &h, 2);
+    }
+  }
+  w.values.resize(static_cast<size_t>(rows * cols));
+  DecodeWeights(type, w.bytes.data(), rows * cols, w.values.data());
+  w.matrix = {w.bytes.data(), type, rows, cols};
+  return w;
+}
+
 Weights MakeWeights(WeightType type, int64_t rows, int64_t cols, uint32_t seed) {
+  if (IsBlockQuantized(type) && type != WeightType::kQ8_0) return MakeBlockWeights(type, rows, cols, seed);
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   Weights w;
@@ -40,7 +73,7 @@ Weights MakeWeights(WeightType type, int64_t rows, int64_t cols, uint32_t seed) 
         case WeightType::kF32: std::memcpy(row + 4 * c, &v, 4); break;
         case WeightType::kF16: h = F32ToF16(v); v = F16ToF32(h); std::memcpy(row + 2 * c, &h, 2); break;
         case WeightType::kBF16: h = F32ToBF16(v); v = BF16ToF32(h); std::memcpy(row + 2 * c, &h, 2); break;
-        case WeightType::kQ8_0: break;  // below, per block
+        default: break;  // q8_0: below, per block
       }
     }
     if (type == WeightType::kQ8_0) {
@@ -110,6 +143,31 @@ TEST_P(MatMulTargetTest, EveryTypeAndTail) {
 
 // Panels: rows around the 16-row panel and 32-row padding, token counts
 // around the 12-token (AVX-512) / 6- and 3-token tiles and their remainders.
+// Every ggml block format: rows around the 4-row tile, several blocks per
+// row, token counts around every tile width; and the embedding lookup.
+TEST_P(MatMulTargetTest, EveryBlockFormat) {
+  uint32_t seed = 500;
+  for (WeightType type : {WeightType::kQ4_0, WeightType::kQ4_1, WeightType::kQ5_0, WeightType::kQ5_1, WeightType::kQ2_K,
+                          WeightType::kQ3_K, WeightType::kQ4_K, WeightType::kQ5_K, WeightType::kQ6_K}) {
+    const int64_t block = FormatOf(type).block_elems;
+    for (int64_t rows : {1, 4, 5, 19}) {
+      for (int64_t blocks : {1, 2, 3}) {
+        const Weights w = MakeWeights(type, rows, blocks * block, seed++);
+        for (int64_t tokens : {1, 2, 3, 5, 6, 7, 13}) ExpectProduct(w, tokens, seed++, 1);
+        std::vector<float> row(static_cast<size_t>(blocks * block));
+        WeightRow(w.matrix, rows - 1, row.data());
+        for (int64_t c = 0; c < blocks * block; ++c) {
+          ASSERT_EQ(row[static_cast<size_t>(c)], w.values[static_cast<size_t>((rows - 1) * blocks * block + c)]);
+        }
+      }
+    }
+    EXPECT_FALSE(PackedWeights::Pack(MakeWeights(type, 4, block, 1).matrix).ok()) << "block formats stay row-major";
+    std::vector<float> x(block / 2), y(4);
+    const Weights bad = MakeWeights(type, 1, block, 2);
+    EXPECT_EQ(MatMul({bad.matrix.data, type, 1, block / 2}, x.data(), 1, y.data()).code(), StatusCode::kInvalidArgument);
+  }
+}
+
 TEST_P(MatMulTargetTest, PanelsEveryTypeAndTail) {
   uint32_t seed = 100;
   for (WeightType type : {WeightType::kF32, WeightType::kF16, WeightType::kBF16}) {
@@ -133,8 +191,8 @@ TEST_P(MatMulTargetTest, PanelsEveryTypeAndTail) {
 
 TEST_P(MatMulTargetTest, ThreadedLargeMatchesReference) {
   // Large enough to take the pool (rows split in chunks) and the token chunks.
-  for (WeightType type : {WeightType::kF32, WeightType::kQ8_0}) {
-    const Weights w = MakeWeights(type, 301, 320, 7);
+  for (WeightType type : {WeightType::kF32, WeightType::kQ8_0, WeightType::kQ4_K}) {
+    const Weights w = MakeWeights(type, 301, type == WeightType::kQ4_K ? 512 : 320, 7);
     ExpectProduct(w, 37, 8, 0);
   }
   // Panels, with more tokens than one L2 chunk (256 KiB of X rows).

@@ -118,22 +118,40 @@ Status ReadScalar(Reader& r, GgufType type, const std::string& key, Scalar* out)
 
 // Bytes of a tensor of `type` with `elements` elements whose row is dims0.
 Result<int64_t> TensorBytes(const std::string& name, uint32_t type, int64_t dims0, int64_t elements) {
-  switch (static_cast<GgmlType>(type)) {
-    case GgmlType::kF32: return elements * 4;
-    case GgmlType::kF16:
-    case GgmlType::kBF16: return elements * 2;
-    case GgmlType::kQ8_0:
-      if (dims0 % 32 != 0) {
-        return DataLossError("corrupt file: q8_0 tensor '" + name + "' has a row of " + std::to_string(dims0) +
-                             " elements, not a multiple of 32");
-      }
-      return elements / 32 * 34;
+  const std::optional<WeightType> w = WeightTypeOf(type);
+  if (!w) {
+    return UnimplementedError("tensor '" + name + "' has type " + std::string(GgmlTypeName(type)) + " (" +
+                              std::to_string(type) + "): supported types are f32, f16, bf16, q4_0, q4_1, q5_0, "
+                              "q5_1, q8_0, q2_K, q3_K, q4_K, q5_K and q6_K (requantize it, e.g. with llama-quantize)");
   }
-  return UnimplementedError("tensor '" + name + "' has type " + std::string(GgmlTypeName(type)) + " (" +
-                            std::to_string(type) + "): supported types are f32, f16, bf16 and q8_0");
+  const WeightFormat& f = FormatOf(*w);
+  if (dims0 % f.block_elems != 0) {
+    return DataLossError("corrupt file: " + std::string(f.name) + " tensor '" + name + "' has a row of " +
+                         std::to_string(dims0) + " elements, not a multiple of " + std::to_string(f.block_elems));
+  }
+  return elements / f.block_elems * f.block_bytes;
 }
 
 }  // namespace
+
+std::optional<WeightType> WeightTypeOf(uint32_t ggml_type) {
+  switch (static_cast<GgmlType>(ggml_type)) {
+    case GgmlType::kF32: return WeightType::kF32;
+    case GgmlType::kF16: return WeightType::kF16;
+    case GgmlType::kBF16: return WeightType::kBF16;
+    case GgmlType::kQ4_0: return WeightType::kQ4_0;
+    case GgmlType::kQ4_1: return WeightType::kQ4_1;
+    case GgmlType::kQ5_0: return WeightType::kQ5_0;
+    case GgmlType::kQ5_1: return WeightType::kQ5_1;
+    case GgmlType::kQ8_0: return WeightType::kQ8_0;
+    case GgmlType::kQ2_K: return WeightType::kQ2_K;
+    case GgmlType::kQ3_K: return WeightType::kQ3_K;
+    case GgmlType::kQ4_K: return WeightType::kQ4_K;
+    case GgmlType::kQ5_K: return WeightType::kQ5_K;
+    case GgmlType::kQ6_K: return WeightType::kQ6_K;
+  }
+  return std::nullopt;
+}
 
 std::string_view GgmlTypeName(uint32_t type) {
   static constexpr const char* kNames[] = {

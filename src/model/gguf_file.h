@@ -29,6 +29,7 @@
 #include <variant>
 #include <vector>
 
+#include "kernels/weight_formats.h"
 #include "pagekv/status.h"
 
 namespace pagekv {
@@ -40,9 +41,16 @@ enum class GgufType : uint32_t {
 };
 
 // ggml tensor types this loader understands (others are named in the error).
-enum class GgmlType : uint32_t { kF32 = 0, kF16 = 1, kQ8_0 = 8, kBF16 = 30 };
+enum class GgmlType : uint32_t {
+  kF32 = 0, kF16 = 1, kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8,
+  kQ2_K = 10, kQ3_K = 11, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14, kBF16 = 30,
+};
 
 std::string_view GgmlTypeName(uint32_t type);
+
+// The storage format of a tensor type this loader understands; nullopt for
+// any other id (IQ*, TQ*, q8_1, integers, unknown).
+std::optional<WeightType> WeightTypeOf(uint32_t ggml_type);
 
 // One metadata value. Integers widen to int64/uint64, floats to double.
 struct GgufValue {

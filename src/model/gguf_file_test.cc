@@ -134,12 +134,22 @@ TEST(GgufFileTest, TensorProblemsAreNamed) {
   }
   {
     std::string bad = f;
-    const uint32_t q4k = 12;
-    std::memcpy(bad.data() + name + 4 + 8, &q4k, 4);
+    const uint32_t iq2 = 16;  // iq2_xxs: not read
+    std::memcpy(bad.data() + name + 4 + 8, &iq2, 4);
     auto r = GgufFile::FromBytes(bad);
     ASSERT_FALSE(r.ok());
     EXPECT_EQ(r.status().code(), StatusCode::kUnimplemented);
-    EXPECT_NE(r.status().message().find("q4_K"), std::string::npos) << r.status().message();
+    EXPECT_NE(r.status().message().find("output_norm.weight"), std::string::npos) << r.status().message();
+    EXPECT_NE(r.status().message().find("iq2_xxs"), std::string::npos) << r.status().message();
+  }
+  {
+    std::string bad = f;
+    const uint32_t q4k = 12;  // read, but its 256-element blocks do not fit a row of 32
+    std::memcpy(bad.data() + name + 4 + 8, &q4k, 4);
+    auto r = GgufFile::FromBytes(bad);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
+    EXPECT_NE(r.status().message().find("not a multiple of 256"), std::string::npos) << r.status().message();
   }
   {
     std::string bad = f;

@@ -49,15 +49,7 @@ const GgufTensor* FindShaped(const GgufFile& f, const std::string& name, const s
   return t;
 }
 
-WeightType ToWeightType(GgmlType type) {
-  switch (type) {
-    case GgmlType::kF32: return WeightType::kF32;
-    case GgmlType::kF16: return WeightType::kF16;
-    case GgmlType::kBF16: return WeightType::kBF16;
-    case GgmlType::kQ8_0: return WeightType::kQ8_0;
-  }
-  return WeightType::kF32;
-}
+WeightType ToWeightType(GgmlType type) { return WeightTypeOf(static_cast<uint32_t>(type)).value_or(WeightType::kF32); }
 
 // Adds the seconds of its lifetime to *sink when there is one.
 class Stopwatch {
@@ -76,27 +68,84 @@ class Stopwatch {
 
 }  // namespace
 
+namespace {
+
+// What the runner does with each key under "<arch>.": read (and used), or
+// known to change nothing. Every other key is refused by name: a model that
+// needs something the runner does not do must not run silently wrong.
+bool KnownArchKey(std::string_view key) {
+  static constexpr std::string_view kKnown[] = {
+      "context_length", "embedding_length", "block_count", "feed_forward_length", "attention.head_count",
+      "attention.head_count_kv", "attention.layer_norm_rms_epsilon", "attention.key_length",
+      "attention.value_length", "rope.freq_base", "rope.dimension_count", "rope.scaling.type", "rope.scaling.factor",
+      "rope.scaling.original_context_length", "rope.scaling.attn_factor", "rope.scaling.finetuned", "vocab_size",
+      "expert_count", "expert_used_count", "tensor_data_layout",
+  };
+  for (std::string_view k : kKnown) {
+    if (key == k) return true;
+  }
+  return false;
+}
+
+// A tensor name the runner reads: "blk.<n>.<part>" or a global one.
+bool KnownTensor(const std::string& name, int32_t layers) {
+  static constexpr std::string_view kGlobal[] = {"token_embd.weight", "output_norm.weight", "output.weight",
+                                                 "rope_freqs.weight"};
+  for (std::string_view g : kGlobal) {
+    if (name == g) return true;
+  }
+  if (name.rfind("blk.", 0) != 0) return false;
+  const size_t dot = name.find('.', 4);
+  if (dot == std::string::npos) return false;
+  char* end = nullptr;
+  const long l = std::strtol(name.c_str() + 4, &end, 10);
+  if (end != name.c_str() + dot || l < 0 || l >= layers) return false;
+  static constexpr std::string_view kParts[] = {
+      "attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight", "ffn_norm.weight",
+      "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight", "attn_q.bias", "attn_k.bias", "attn_v.bias",
+      "attn_output.bias"};
+  const std::string_view part = std::string_view(name).substr(dot + 1);
+  for (std::string_view p : kParts) {
+    if (part == p) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 Result<std::unique_ptr<LlamaModel>> LlamaModel::FromGguf(std::unique_ptr<GgufFile> file) {
   PAGEKV_ASSIGN_OR_RETURN(std::string arch, file->GetString("general.architecture"));
-  if (arch != "llama") {
-    return UnimplementedError("model architecture '" + arch + "' is not supported: only llama (also Mistral, Qwen2-style)");
+  if (arch != "llama" && arch != "qwen2") {
+    return UnimplementedError("model architecture '" + arch +
+                              "' is not supported: PageKV runs llama (also Mistral-style files) and qwen2");
+  }
+  const std::string a = arch + ".";
+  for (const auto& [key, value] : file->metadata()) {
+    if (key.rfind(a, 0) != 0) continue;
+    const std::string rest = key.substr(a.size());
+    if (!KnownArchKey(rest)) {
+      return UnimplementedError("model metadata '" + key + "' is not supported by PageKV's " + arch +
+                                " runner (sliding windows, soft-capping and the like change the model; refusing "
+                                "rather than running it wrong)");
+    }
   }
   auto m = std::unique_ptr<LlamaModel>(new LlamaModel());
   LlamaConfig& c = m->config_;
-  auto get = [&](const char* key, int32_t& out) -> Status {
-    PAGEKV_ASSIGN_OR_RETURN(int64_t v, file->GetInt(key));
-    if (v <= 0 || v > (1 << 24)) return DataLossError(std::string("model metadata ") + key + " = " + std::to_string(v) + " is out of range");
+  c.arch = arch;
+  auto get = [&](const std::string& key, int32_t& out) -> Status {
+    PAGEKV_ASSIGN_OR_RETURN(int64_t v, file->GetInt(a + key));
+    if (v <= 0 || v > (1 << 24)) return DataLossError("model metadata " + a + key + " = " + std::to_string(v) + " is out of range");
     out = static_cast<int32_t>(v);
     return Status::Ok();
   };
-  PAGEKV_RETURN_IF_ERROR(get("llama.embedding_length", c.dim));
-  PAGEKV_RETURN_IF_ERROR(get("llama.feed_forward_length", c.hidden_dim));
-  PAGEKV_RETURN_IF_ERROR(get("llama.block_count", c.num_layers));
-  PAGEKV_RETURN_IF_ERROR(get("llama.attention.head_count", c.num_heads));
-  PAGEKV_RETURN_IF_ERROR(get("llama.context_length", c.context_len));
+  PAGEKV_RETURN_IF_ERROR(get("embedding_length", c.dim));
+  PAGEKV_RETURN_IF_ERROR(get("feed_forward_length", c.hidden_dim));
+  PAGEKV_RETURN_IF_ERROR(get("block_count", c.num_layers));
+  PAGEKV_RETURN_IF_ERROR(get("attention.head_count", c.num_heads));
+  PAGEKV_RETURN_IF_ERROR(get("context_length", c.context_len));
   c.num_kv_heads = c.num_heads;
-  if (file->Find("llama.attention.head_count_kv") != nullptr) {
-    PAGEKV_RETURN_IF_ERROR(get("llama.attention.head_count_kv", c.num_kv_heads));
+  if (file->Find(a + "attention.head_count_kv") != nullptr) {
+    PAGEKV_RETURN_IF_ERROR(get("attention.head_count_kv", c.num_kv_heads));
   }
   if (c.dim % c.num_heads != 0 || c.num_heads % c.num_kv_heads != 0) {
     return DataLossError("model heads do not divide: dim " + std::to_string(c.dim) + ", heads " +
@@ -104,8 +153,67 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::FromGguf(std::unique_ptr<GgufFil
   }
   c.head_dim = c.dim / c.num_heads;
   if (c.head_dim % 2 != 0) return DataLossError("model head size " + std::to_string(c.head_dim) + " is odd");
-  if (Result<double> eps = file->GetFloat("llama.attention.layer_norm_rms_epsilon"); eps.ok()) c.norm_eps = static_cast<float>(*eps);
-  if (Result<double> theta = file->GetFloat("llama.rope.freq_base"); theta.ok()) c.rope_theta = static_cast<float>(*theta);
+  for (const char* key : {"attention.key_length", "attention.value_length"}) {
+    if (file->Find(a + key) == nullptr) continue;
+    int32_t v = 0;
+    PAGEKV_RETURN_IF_ERROR(get(key, v));
+    if (v != c.head_dim) {
+      return UnimplementedError("model metadata " + a + key + " = " + std::to_string(v) +
+                                " differs from embedding_length / head_count = " + std::to_string(c.head_dim) +
+                                ": heads of another width than dim / heads are not supported");
+    }
+  }
+  for (const char* key : {"expert_count", "expert_used_count"}) {
+    if (Result<int64_t> v = file->GetInt(a + key); v.ok() && *v != 0) {
+      return UnimplementedError("model metadata " + a + key + " = " + std::to_string(*v) +
+                                ": mixture-of-experts models are not supported by the " + arch + " runner");
+    }
+  }
+  if (Result<double> eps = file->GetFloat(a + "attention.layer_norm_rms_epsilon"); eps.ok()) c.norm_eps = static_cast<float>(*eps);
+  if (Result<double> theta = file->GetFloat(a + "rope.freq_base"); theta.ok()) c.rope_theta = static_cast<float>(*theta);
+  c.rope_dims = c.head_dim;
+  if (file->Find(a + "rope.dimension_count") != nullptr) {
+    PAGEKV_RETURN_IF_ERROR(get("rope.dimension_count", c.rope_dims));
+    if (c.rope_dims > c.head_dim || c.rope_dims % 2 != 0) {
+      return DataLossError("model metadata " + a + "rope.dimension_count = " + std::to_string(c.rope_dims) +
+                           " must be even and at most the head size " + std::to_string(c.head_dim));
+    }
+  }
+  c.rope_halves = arch == "qwen2";
+  std::string scaling = "none";
+  if (file->Find(a + "rope.scaling.type") != nullptr) {
+    PAGEKV_ASSIGN_OR_RETURN(scaling, file->GetString(a + "rope.scaling.type"));
+  }
+  double factor = 1.0;
+  if (Result<double> f = file->GetFloat(a + "rope.scaling.factor"); f.ok() && *f != 0.0) factor = *f;
+  if (scaling == "none") {
+    c.rope_scaling = LlamaConfig::RopeScaling::kNone;
+  } else if (scaling == "linear" || scaling == "yarn") {
+    if (!(factor > 0.0) || !std::isfinite(factor)) {
+      return DataLossError("model metadata " + a + "rope.scaling.factor = " + std::to_string(factor) + " must be positive");
+    }
+    c.rope_scaling = scaling == "linear" ? LlamaConfig::RopeScaling::kLinear : LlamaConfig::RopeScaling::kYarn;
+    c.rope_freq_scale = static_cast<float>(1.0 / factor);
+    c.rope_orig_context = c.context_len;
+    if (file->Find(a + "rope.scaling.original_context_length") != nullptr) {
+      PAGEKV_RETURN_IF_ERROR(get("rope.scaling.original_context_length", c.rope_orig_context));
+    }
+    if (Result<double> af = file->GetFloat(a + "rope.scaling.attn_factor"); af.ok() && *af != 0.0) {
+      c.rope_attn_factor = static_cast<float>(*af);
+    }
+  } else {
+    return UnimplementedError("model metadata " + a + "rope.scaling.type = '" + scaling +
+                              "' is not supported: PageKV implements none, linear and yarn (and rope_freqs factors)");
+  }
+  {
+    const int32_t layers = c.num_layers;
+    for (const GgufTensor& t : file->tensors()) {
+      if (!KnownTensor(t.name, layers)) {
+        return UnimplementedError("model tensor '" + t.name + "' is not used by PageKV's " + arch +
+                                  " runner (another architecture or variant); refusing rather than ignoring it");
+      }
+    }
+  }
   const GgufValue* tokens = file->Find("tokenizer.ggml.tokens");
   const GgufTensor* emb = file->FindTensor("token_embd.weight");
   if (emb == nullptr || emb->dims.size() != 2) return DataLossError("model tensor 'token_embd.weight' is missing");
@@ -140,9 +248,28 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::FromGguf(std::unique_ptr<GgufFil
   } else {
     m->classifier_ = m->embedding_;  // tied embeddings
   }
+  if (f.FindTensor("rope_freqs.weight") != nullptr) {
+    PAGEKV_ASSIGN_OR_RETURN(const float* ff, vec("rope_freqs.weight", c.rope_dims / 2));
+    m->rope_freqs_.assign(ff, ff + c.rope_dims / 2);
+    for (float x : m->rope_freqs_) {
+      if (!(x > 0.0f) || !std::isfinite(x)) return DataLossError("model tensor 'rope_freqs.weight' holds a factor that is not positive");
+    }
+    c.rope_freq_factors = true;
+  }
+  auto bias = [&](const std::string& name, int64_t n) -> Result<const float*> {
+    if (f.FindTensor(name) == nullptr) return static_cast<const float*>(nullptr);
+    return vec(name, n);
+  };
   for (int32_t l = 0; l < c.num_layers; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
     Layer L{};
+    PAGEKV_ASSIGN_OR_RETURN(L.bq, bias(p + "attn_q.bias", c.dim));
+    PAGEKV_ASSIGN_OR_RETURN(L.bk, bias(p + "attn_k.bias", kv_dim));
+    PAGEKV_ASSIGN_OR_RETURN(L.bv, bias(p + "attn_v.bias", kv_dim));
+    PAGEKV_ASSIGN_OR_RETURN(L.bo, bias(p + "attn_output.bias", c.dim));
+    if (arch == "qwen2" && (L.bq == nullptr || L.bk == nullptr || L.bv == nullptr)) {
+      return DataLossError("model tensor '" + p + "attn_q.bias' (or its k / v sibling) is missing: qwen2 layers have q, k and v biases");
+    }
     PAGEKV_ASSIGN_OR_RETURN(L.attn_norm, vec(p + "attn_norm.weight", c.dim));
     PAGEKV_ASSIGN_OR_RETURN(L.wq, matrix(p + "attn_q.weight", c.dim, c.dim));
     PAGEKV_ASSIGN_OR_RETURN(L.wk, matrix(p + "attn_k.weight", kv_dim, c.dim));
@@ -199,6 +326,7 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::FromLlama2c(const std::string& p
     return DataLossError("checkpoint '" + path + "': heads do not divide the model dimension");
   }
   c.head_dim = c.dim / c.num_heads;
+  c.rope_dims = c.head_dim;
   const int64_t d = c.dim, hd = c.hidden_dim, L = c.num_layers, kv = int64_t{c.num_kv_heads} * c.head_dim;
   const int64_t floats = c.vocab_size * d + L * d + L * d * d + 2 * L * kv * d + L * d * d + L * d +
                          3 * L * hd * d + d + int64_t{c.context_len} * c.head_dim + (shared ? 0 : c.vocab_size * d);
@@ -261,7 +389,7 @@ Status LlamaModel::PackWeights() {
   const bool file_backed = file_ == nullptr || file_->mapped();
   const std::byte* embedding = embedding_.data;
   auto pack = [&](Matrix& m) -> Status {
-    if (m.type == WeightType::kQ8_0 || m.panels) return Status::Ok();
+    if (IsBlockQuantized(m.type) || m.panels) return Status::Ok();
     PAGEKV_ASSIGN_OR_RETURN(PackedWeights p, PackedWeights::Pack(m));
     // The embedding's rows are still looked up from the file.
     if (file_backed && m.data != embedding) ReleaseFilePages(m.data, m.rows * WeightRowBytes(m.type, m.cols));
@@ -415,7 +543,7 @@ Status LlamaModel::Compute(KvCache& cache, std::span<const ForwardItem> items, c
   const LlamaConfig& c = config_;
   const CacheConfig& cc = cache.layout().config();
   const int64_t T = batch.rows;
-  const int32_t d = c.dim, kv_dim = c.num_kv_heads * c.head_dim, hd = c.hidden_dim, half = c.head_dim / 2;
+  const int32_t d = c.dim, kv_dim = c.num_kv_heads * c.head_dim, hd = c.hidden_dim, half = c.rope_dims / 2;
   double* matmul_time = options.timings != nullptr ? &options.timings->matmul : nullptr;
   double* attention_time = options.timings != nullptr ? &options.timings->attention : nullptr;
   size_t slot = 0;
@@ -441,8 +569,9 @@ Status LlamaModel::Compute(KvCache& cache, std::span<const ForwardItem> items, c
         std::upper_bound(batch.first.begin(), batch.first.end(), t) - batch.first.begin() - 1);
     WeightRow(embedding_, items[item].tokens[static_cast<size_t>(t - batch.first[item])], &x[static_cast<size_t>(t * d)]);
   }
-  // Rotary angles per row, shared by every layer: pairs (2i, 2i+1) of each
-  // head turn by pos * theta^(-2i / head_dim).
+  // Rotary angles per row, shared by every layer: pair i of each head turns
+  // by pos * theta^(-2i / rope_dims) (divided by rope_freqs[i], scaled as
+  // the file says).
   // Per-row work (norms, rotary, K/V conversion, residuals, SiLU) of a long
   // step is split over the pool in chunks of rows, so the second core does
   // not wait through it; a decode step's few rows stay on this thread.
@@ -455,28 +584,61 @@ Status LlamaModel::Compute(KvCache& cache, std::span<const ForwardItem> items, c
     ThreadPool::Shared().ParallelFor((n + kChunk - 1) / kChunk, options.threads,
                                      [&](int64_t i) { fn(i * kChunk, std::min(n, (i + 1) * kChunk)); });
   };
-  std::vector<float> freq(static_cast<size_t>(half));
+  // Per frequency: the unscaled angle per position (extrapolation), the
+  // scaled one (interpolation), and YaRN's blend of the two between its
+  // correction dimensions (ggml's rope_yarn: beta_fast 32, beta_slow 1).
+  std::vector<double> freq(static_cast<size_t>(half)), mix(static_cast<size_t>(half), 0.0);
   for (int32_t i = 0; i < half; ++i) {
-    freq[static_cast<size_t>(i)] = 1.0f / std::pow(c.rope_theta, static_cast<float>(2 * i) / static_cast<float>(c.head_dim));
+    double f = std::pow(static_cast<double>(c.rope_theta), -2.0 * i / c.rope_dims);
+    if (!rope_freqs_.empty()) f /= rope_freqs_[static_cast<size_t>(i)];
+    freq[static_cast<size_t>(i)] = f;
+  }
+  double mscale = 1.0;
+  const bool yarn = c.rope_scaling == LlamaConfig::RopeScaling::kYarn;
+  if (yarn) {
+    auto corr = [&](double rotations) {
+      return c.rope_dims * std::log(c.rope_orig_context / (rotations * 2 * M_PI)) / (2 * std::log(static_cast<double>(c.rope_theta)));
+    };
+    const double lo = std::max(0.0, std::floor(corr(32.0))), hi = std::min(c.rope_dims - 1.0, std::ceil(corr(1.0)));
+    for (int32_t i = 0; i < half; ++i) {
+      mix[static_cast<size_t>(i)] = 1.0 - std::clamp((i - lo) / std::max(0.001, hi - lo), 0.0, 1.0);
+    }
+    mscale = c.rope_attn_factor * (1.0 + 0.1 * std::log(1.0 / c.rope_freq_scale));
   }
   const std::span<float> rope_cos = rows(T, half), rope_sin = rows(T, half);
   for_rows(T, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
+      const auto p = static_cast<double>(batch.pos[static_cast<size_t>(t)]);
       for (int32_t i = 0; i < half; ++i) {
-        const float angle = static_cast<float>(batch.pos[static_cast<size_t>(t)]) * freq[static_cast<size_t>(i)];
-        rope_cos[static_cast<size_t>(t * half + i)] = std::cos(angle);
-        rope_sin[static_cast<size_t>(t * half + i)] = std::sin(angle);
+        const double extrap = p * freq[static_cast<size_t>(i)];
+        const double interp = extrap * c.rope_freq_scale;
+        const double angle = yarn ? interp * (1 - mix[static_cast<size_t>(i)]) + extrap * mix[static_cast<size_t>(i)] : interp;
+        rope_cos[static_cast<size_t>(t * half + i)] = static_cast<float>(std::cos(angle) * mscale);
+        rope_sin[static_cast<size_t>(t * half + i)] = static_cast<float>(std::sin(angle) * mscale);
       }
     }
   });
+  // Each head's first rope_dims dimensions: pairs (2i, 2i + 1) (llama's
+  // GGUF convention), or (i, i + rope_dims / 2) (qwen2, "NEOX").
   auto rope = [&](float* row, int64_t t, int32_t width) {
     const float* cs = &rope_cos[static_cast<size_t>(t * half)];
     const float* sn = &rope_sin[static_cast<size_t>(t * half)];
-    for (int32_t j = 0; j < width; j += 2) {
-      const int32_t i = (j % c.head_dim) / 2;
-      const float a = row[j], b = row[j + 1];
-      row[j] = a * cs[i] - b * sn[i];
-      row[j + 1] = a * sn[i] + b * cs[i];
+    for (int32_t h0 = 0; h0 < width; h0 += c.head_dim) {
+      float* head = row + h0;
+      for (int32_t i = 0; i < half; ++i) {
+        float& a = c.rope_halves ? head[i] : head[2 * i];
+        float& b = c.rope_halves ? head[i + half] : head[2 * i + 1];
+        const float x = a, y = b;
+        a = x * cs[i] - y * sn[i];
+        b = x * sn[i] + y * cs[i];
+      }
+    }
+  };
+  // Biases added to each row of a product (a null bias: nothing).
+  auto add_bias = [&](float* rows_out, int64_t n, int64_t width, const float* bias) {
+    if (bias == nullptr) return;
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t j = 0; j < width; ++j) rows_out[t * width + j] += bias[j];
     }
   };
   auto store = [&](const KvFormat& format, const float* src, std::byte* dst, int64_t n) {
@@ -525,6 +687,9 @@ Status LlamaModel::Compute(KvCache& cache, std::span<const ForwardItem> items, c
       for (int64_t t = t0; t < t1; ++t) RmsNorm(&x[static_cast<size_t>(t * d)], L.attn_norm, d, c.norm_eps, &xb[static_cast<size_t>(t * d)]);
     });
     PAGEKV_RETURN_IF_ERROR(matmul_shared({{L.wq, q.data()}, {L.wk, k.data()}, {L.wv, v.data()}}, xb.data(), T));
+    add_bias(q.data(), T, d, L.bq);
+    add_bias(k.data(), T, kv_dim, L.bk);
+    add_bias(v.data(), T, kv_dim, L.bv);
     const KvFormat& format = cc.FormatOf(l);
     const auto token_bytes = static_cast<size_t>(cache.layout().row_bytes(l) * c.num_kv_heads);
     for_rows(T, [&](int64_t t0, int64_t t1) {
@@ -554,6 +719,7 @@ Status LlamaModel::Compute(KvCache& cache, std::span<const ForwardItem> items, c
                                          : PagedPrefillAttention(kv, prefill, q.data(), att.data(), attention_options));
     }
     PAGEKV_RETURN_IF_ERROR(matmul(L.wo, att.data(), T, tmp.data()));
+    add_bias(tmp.data(), T, d, L.bo);
     for_rows(T, [&](int64_t t0, int64_t t1) {
       for (auto j = static_cast<size_t>(t0 * d); j < static_cast<size_t>(t1 * d); ++j) x[j] += tmp[j];
       for (int64_t t = t0; t < t1; ++t) RmsNorm(&x[static_cast<size_t>(t * d)], L.ffn_norm, d, c.norm_eps, &xb[static_cast<size_t>(t * d)]);

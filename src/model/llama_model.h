@@ -1,7 +1,10 @@
 // LlamaModel: a llama-architecture forward pass over the paged KV cache.
 //
-// token embedding -> n_layers x [RMSNorm -> q, k, v -> rotary embedding
-// (adjacent pairs, llama2.c convention) -> K and V written to the cache one
+// token embedding -> n_layers x [RMSNorm -> q, k, v (+ biases, qwen2) ->
+// rotary embedding on the first rope_dims dimensions of each head (adjacent
+// pairs for llama, the llama2.c and GGUF convention; halves for qwen2;
+// linear or YaRN scaling and per-frequency factors as the file says) -> K
+// and V written to the cache one
 // layer at a time -> paged attention over the cache (GQA) -> output
 // projection -> residual -> RMSNorm -> SwiGLU feed-forward -> residual]
 // -> final RMSNorm -> classifier.
@@ -10,8 +13,13 @@
 // and the sequence; Forward reserves the positions it computes (and reports a
 // full pool as `false`, changing nothing).
 //
-// Weights: f32, f16, bf16 and q8_0 GGUF matrices (mixed freely, as GGUF
-// files do); vectors (norms) in any of those are converted to f32 at load.
+// Architectures: llama (also Mistral-style files that say llama) and qwen2.
+// Metadata or tensors the runner does not implement (another architecture,
+// sliding windows, soft-capping, an unknown rope scaling, experts, extra
+// tensors) are refused by name at load, before any weight is read.
+// Weights: f32, f16, bf16 and every ggml block format of
+// kernels/weight_formats.h (mixed freely, as GGUF files do), read in place;
+// vectors (norms, biases) in any of those are converted to f32 at load.
 // Thread safety: Forward may run concurrently on different caches; the model
 // itself is immutable.
 #pragma once
@@ -41,6 +49,18 @@ struct LlamaConfig {
   int32_t context_len = 0;
   float rope_theta = 10000.0f;
   float norm_eps = 1e-5f;
+  std::string arch = "llama";  // "llama" or "qwen2"
+  int32_t rope_dims = 0;       // dimensions of each head that rotate (rope.dimension_count; head_dim when absent)
+  bool rope_halves = false;    // rotate (i, i + rope_dims / 2) instead of (2i, 2i + 1): qwen2 (NEOX)
+  // Rope scaling (rope.scaling.*): positions' angles times freq_scale
+  // (linear: 1 / factor); YaRN blends scaled and unscaled angles per
+  // frequency between its correction dimensions and scales cos / sin.
+  enum class RopeScaling : uint8_t { kNone, kLinear, kYarn };
+  RopeScaling rope_scaling = RopeScaling::kNone;
+  float rope_freq_scale = 1.0f;
+  float rope_attn_factor = 1.0f;  // YaRN's magnitude factor (rope.scaling.attn_factor)
+  int32_t rope_orig_context = 0;  // YaRN: rope.scaling.original_context_length
+  bool rope_freq_factors = false; // a rope_freqs tensor divides each frequency (Llama 3.1's scaling)
 };
 
 // One sequence's part of a batched step.
@@ -125,6 +145,10 @@ class LlamaModel {
     Matrix w_gate;           // [hidden][dim]
     Matrix w_up;             // [hidden][dim]
     Matrix w_down;           // [dim][hidden]
+    const float* bq = nullptr;  // biases (qwen2; optional for llama), or null
+    const float* bk = nullptr;
+    const float* bv = nullptr;
+    const float* bo = nullptr;
   };
   struct Batch;  // the rows of one step (llama_model.cc)
 
@@ -143,6 +167,7 @@ class LlamaModel {
   LlamaConfig config_;
   Matrix embedding_;                   // [vocab][dim]
   const float* final_norm_ = nullptr;  // [dim]
+  std::vector<float> rope_freqs_;      // [rope_dims / 2] frequency divisors, when the file has them
   Matrix classifier_;                  // [vocab][dim]
   std::vector<std::vector<float>> converted_;  // norm vectors stored in another type, as f32
   std::vector<Layer> layers_;

@@ -21,6 +21,9 @@ Result<LoadedModel> LoadModel(const std::string& model_path, const std::string& 
     PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::Open(model_path));
     PAGEKV_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::FromGguf(*file));
     out.tokenizer = std::make_unique<Tokenizer>(std::move(tok));
+    if (file->Find("tokenizer.chat_template") != nullptr) {
+      PAGEKV_ASSIGN_OR_RETURN(out.chat_template, file->GetString("tokenizer.chat_template"));
+    }
     PAGEKV_ASSIGN_OR_RETURN(out.model, LlamaModel::FromGguf(std::move(file)));
   } else {
     if (tokenizer_path.empty()) {

@@ -15,6 +15,7 @@ namespace pagekv {
 struct LoadedModel {
   std::unique_ptr<LlamaModel> model;
   std::unique_ptr<Tokenizer> tokenizer;
+  std::string chat_template;  // tokenizer.chat_template (Jinja source), empty when the file has none
 };
 
 // Errors: a missing file (NotFound), a llama2.c checkpoint without

@@ -162,6 +162,8 @@ Status WriteSynthModel(const SynthModelSpec& s, uint64_t seed, const std::string
         bytes.resize(static_cast<size_t>(n / 32 * 34));
         EncodeQ8_0(values.data(), n, bytes.data());
         break;
+      default:
+        break;  // the weight type was checked to be one of the four above
     }
     w.AddTensor(name, type, {cols, rows}, bytes.data(), bytes.size());
   };

@@ -1,0 +1,908 @@
+// jinja::Template (jinja.h): lexer, parser and tree-walking evaluator.
+#include "jinja/ast.h"
+
+#include <algorithm>
+#include <cmath>
+#include <ctime>
+#include <optional>
+#include <unordered_map>
+
+namespace pagekv::jinja {
+
+Status SyntaxError(int line, const std::string& what) {
+  return InvalidArgumentError("chat template line " + std::to_string(line) + ": " + what);
+}
+
+namespace {
+
+// ---------------------------------------------------------------------------
+// Lexer
+
+enum class Tok : uint8_t { kText, kBlockBegin, kVarBegin, kBlockEnd, kVarEnd, kName, kString, kInt, kFloat, kOp, kEnd };
+
+struct Token {
+  Tok type;
+  std::string text;  // text, name, string value, operator, number spelling
+  int line;
+};
+
+bool IsSpace(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
+
+
+// Appends the UTF-8 of code point cp.
+void PutUtf8(uint32_t cp, std::string& out) {
+  if (cp < 0x80) {
+    out += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    out += static_cast<char>(0xC0 | (cp >> 6));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    out += static_cast<char>(0xE0 | (cp >> 12));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    out += static_cast<char>(0xF0 | (cp >> 18));
+    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+}
+
+class Lexer {
+ public:
+  Lexer(std::string_view src, const Options& o) : src_(src), o_(o) {
+    if (!o_.keep_trailing_newline) {
+      if (src_.size() >= 2 && src_.substr(src_.size() - 2) == "\r\n") {
+        src_.remove_suffix(2);
+      } else if (!src_.empty() && src_.back() == '\n') {
+        src_.remove_suffix(1);
+      }
+    }
+  }
+
+  Result<std::vector<Token>> Run() {
+    bool strip_next = false;  // a "-" at the end of the previous tag
+    bool trim_newline = false;  // trim_blocks after a block or comment tag
+    while (pos_ < src_.size()) {
+      size_t start = FindTag(pos_);
+      std::string text(src_.substr(pos_, start - pos_));
+      if (trim_newline && !text.empty()) {
+        if (text[0] == '\n') {
+          text.erase(0, 1);
+        } else if (text.size() >= 2 && text[0] == '\r' && text[1] == '\n') {
+          text.erase(0, 2);
+        }
+      }
+      if (strip_next) {
+        size_t i = 0;
+        while (i < text.size() && IsSpace(text[i])) ++i;
+        text.erase(0, i);
+      }
+      strip_next = trim_newline = false;
+      if (start >= src_.size()) {
+        Emit(Tok::kText, std::move(text));
+        line_ += CountLines(src_.substr(pos_));
+        break;
+      }
+      const char kind = src_[start + 1];  // '{', '%' or '#'
+      const char mod = start + 2 < src_.size() ? src_[start + 2] : '\0';
+      if (mod == '-') {
+        while (!text.empty() && IsSpace(text.back())) text.pop_back();
+      } else if (mod != '+' && (kind == '%' || kind == '#') && o_.lstrip_blocks) {
+        // Spaces and tabs from the start of the line up to the tag.
+        size_t i = text.size();
+        while (i > 0 && (text[i - 1] == ' ' || text[i - 1] == '\t')) --i;
+        const bool line_start = i == 0 ? (start == pos_ ? AtLineStart(pos_) : AtLineStart(start - text.size()))
+                                       : text[i - 1] == '\n';
+        if (line_start) text.erase(i);
+      }
+      Emit(Tok::kText, std::move(text));
+      line_ += CountLines(src_.substr(pos_, start - pos_));
+      pos_ = start + 2 + ((mod == '-' || mod == '+') ? 1 : 0);
+      if (kind == '#') {
+        const size_t end = src_.find("#}", pos_);
+        if (end == std::string::npos) return SyntaxError(line_, "a comment {# is never closed");
+        strip_next = end > pos_ && src_[end - 1] == '-';
+        line_ += CountLines(src_.substr(pos_, end - pos_));
+        pos_ = end + 2;
+        trim_newline = o_.trim_blocks && !strip_next;
+        continue;
+      }
+      const Tok open = kind == '%' ? Tok::kBlockBegin : Tok::kVarBegin;
+      Emit(open, "");
+      bool minus = false;
+      PAGEKV_RETURN_IF_ERROR(LexInside(kind == '%' ? '%' : '}', &minus));
+      strip_next = minus;
+      trim_newline = kind == '%' && o_.trim_blocks && !minus;
+      if (kind == '%' && IsRawTag()) {
+        PAGEKV_RETURN_IF_ERROR(LexRaw(&strip_next, &trim_newline));
+      }
+    }
+    Emit(Tok::kEnd, "");
+    return std::move(tokens_);
+  }
+
+ private:
+  static int CountLines(std::string_view s) { return static_cast<int>(std::count(s.begin(), s.end(), '\n')); }
+  bool AtLineStart(size_t at) const { return at == 0 || src_[at - 1] == '\n'; }
+
+  size_t FindTag(size_t from) const {
+    for (size_t i = from; i + 1 < src_.size(); ++i) {
+      if (src_[i] == '{' && (src_[i + 1] == '{' || src_[i + 1] == '%' || src_[i + 1] == '#')) return i;
+    }
+    return src_.size();
+  }
+
+  void Emit(Tok t, std::string text) {
+    if (t == Tok::kText && text.empty()) return;
+    tokens_.push_back({t, std::move(text), line_});
+  }
+
+  // The last tag lexed was "{% raw %}".
+  bool IsRawTag() const {
+    const size_t n = tokens_.size();
+    return n >= 3 && tokens_[n - 1].type == Tok::kBlockEnd && tokens_[n - 2].type == Tok::kName &&
+           tokens_[n - 2].text == "raw" && tokens_[n - 3].type == Tok::kBlockBegin;
+  }
+
+  // Text up to {% endraw %}, emitted as is (the raw tag's tokens dropped).
+  Status LexRaw(bool* strip_next, bool* trim_newline) {
+    tokens_.resize(tokens_.size() - 3);
+    for (size_t i = pos_; i + 1 < src_.size(); ++i) {
+      if (src_[i] != '{' || src_[i + 1] != '%') continue;
+      size_t j = i + 2;
+      const bool minus_open = j < src_.size() && src_[j] == '-';
+      if (minus_open || (j < src_.size() && src_[j] == '+')) ++j;
+      while (j < src_.size() && IsSpace(src_[j])) ++j;
+      if (src_.compare(j, 6, "endraw") != 0) continue;
+      j += 6;
+      while (j < src_.size() && IsSpace(src_[j])) ++j;
+      const bool minus_close = j < src_.size() && src_[j] == '-';
+      if (minus_close) ++j;
+      if (src_.compare(j, 2, "%}") != 0) continue;
+      std::string text(src_.substr(pos_, i - pos_));
+      if (*trim_newline && !text.empty() && text[0] == '\n') text.erase(0, 1);
+      if (*strip_next) {
+        size_t k = 0;
+        while (k < text.size() && IsSpace(text[k])) ++k;
+        text.erase(0, k);
+      }
+      if (minus_open) {
+        while (!text.empty() && IsSpace(text.back())) text.pop_back();
+      }
+      line_ += CountLines(src_.substr(pos_, j + 2 - pos_));
+      Emit(Tok::kText, std::move(text));
+      pos_ = j + 2;
+      *strip_next = minus_close;
+      *trim_newline = o_.trim_blocks && !minus_close;
+      return Status::Ok();
+    }
+    return SyntaxError(line_, "{% raw %} is never closed by {% endraw %}");
+  }
+
+  // Tokens of a tag's inside, up to its closing "%}" or "}}".
+  Status LexInside(char close, bool* minus) {
+    static constexpr std::string_view kOps3[] = {"//", "**", "==", "!=", "<=", ">="};
+    // Open brackets: a "}}" inside a dict literal closes the dict, not the
+    // tag (Jinja balances brackets the same way).
+    std::string open;
+    while (true) {
+      while (pos_ < src_.size() && IsSpace(src_[pos_])) {
+        if (src_[pos_] == '\n') ++line_;
+        ++pos_;
+      }
+      if (pos_ >= src_.size()) return SyntaxError(line_, std::string("a tag is never closed (expected ") + close + "})");
+      const char c = src_[pos_];
+      // The closing delimiter, with an optional "-" before it.
+      if (open.empty() && c == '-' && src_.compare(pos_ + 1, 2, std::string(1, close) + "}") == 0) {
+        *minus = true;
+        pos_ += 3;
+        Emit(close == '%' ? Tok::kBlockEnd : Tok::kVarEnd, "");
+        return Status::Ok();
+      }
+      if (open.empty() && c == close && pos_ + 1 < src_.size() && src_[pos_ + 1] == '}') {
+        pos_ += 2;
+        Emit(close == '%' ? Tok::kBlockEnd : Tok::kVarEnd, "");
+        return Status::Ok();
+      }
+      if (std::isalpha(static_cast<unsigned char>(c)) || c == '_') {
+        size_t e = pos_;
+        while (e < src_.size() && (std::isalnum(static_cast<unsigned char>(src_[e])) || src_[e] == '_')) ++e;
+        Emit(Tok::kName, std::string(src_.substr(pos_, e - pos_)));
+        pos_ = e;
+        continue;
+      }
+      if (std::isdigit(static_cast<unsigned char>(c))) {
+        size_t e = pos_;
+        bool is_float = false;
+        while (e < src_.size() && (std::isdigit(static_cast<unsigned char>(src_[e])) || src_[e] == '_')) ++e;
+        if (e + 1 < src_.size() && src_[e] == '.' && std::isdigit(static_cast<unsigned char>(src_[e + 1]))) {
+          is_float = true;
+          ++e;
+          while (e < src_.size() && std::isdigit(static_cast<unsigned char>(src_[e]))) ++e;
+        }
+        if (e < src_.size() && (src_[e] == 'e' || src_[e] == 'E')) {
+          size_t k = e + 1;
+          if (k < src_.size() && (src_[k] == '+' || src_[k] == '-')) ++k;
+          if (k < src_.size() && std::isdigit(static_cast<unsigned char>(src_[k]))) {
+            is_float = true;
+            e = k;
+            while (e < src_.size() && std::isdigit(static_cast<unsigned char>(src_[e]))) ++e;
+          }
+        }
+        std::string num(src_.substr(pos_, e - pos_));
+        num.erase(std::remove(num.begin(), num.end(), '_'), num.end());
+        Emit(is_float ? Tok::kFloat : Tok::kInt, std::move(num));
+        pos_ = e;
+        continue;
+      }
+      if (c == '"' || c == '\'') {
+        std::string s;
+        PAGEKV_RETURN_IF_ERROR(LexString(c, &s));
+        Emit(Tok::kString, std::move(s));
+        continue;
+      }
+      std::string op(1, c);
+      for (std::string_view o : kOps3) {
+        if (src_.compare(pos_, 2, o) == 0) op = std::string(o);
+      }
+      if (std::string_view("()[]{}.,:|~+-*/%=<>!").find(c) == std::string_view::npos) {
+        return SyntaxError(line_, std::string("unexpected character '") + c + "' in a tag");
+      }
+      if (op == "!") return SyntaxError(line_, "'!' is not an operator (write 'not' or '!=')");
+      if (op == "(" || op == "[" || op == "{") {
+        open.push_back(c);
+      } else if (op == ")" || op == "]" || op == "}") {
+        const char want = c == ')' ? '(' : c == ']' ? '[' : '{';
+        if (open.empty() || open.back() != want) return SyntaxError(line_, std::string("unbalanced '") + c + "'");
+        open.pop_back();
+      }
+      pos_ += op.size();
+      Emit(Tok::kOp, std::move(op));
+    }
+  }
+
+  // A quoted string with Python's escapes (\n \t \r \\ \' \" \xhh \uhhhh
+  // \Uhhhhhhhh \a \b \f \v \0); an unknown escape keeps its backslash.
+  Status LexString(char quote, std::string* out) {
+    const int line = line_;
+    ++pos_;
+    while (pos_ < src_.size() && src_[pos_] != quote) {
+      char c = src_[pos_++];
+      if (c == '\n') ++line_;
+      if (c != '\\' || pos_ >= src_.size()) {
+        *out += c;
+        continue;
+      }
+      const char e = src_[pos_++];
+      auto hex = [&](int n) -> std::optional<uint32_t> {
+        if (pos_ + static_cast<size_t>(n) > src_.size()) return std::nullopt;
+        uint32_t v = 0;
+        for (int i = 0; i < n; ++i) {
+          const char h = src_[pos_ + static_cast<size_t>(i)];
+          if (!std::isxdigit(static_cast<unsigned char>(h))) return std::nullopt;
+          v = v * 16 + static_cast<uint32_t>(std::isdigit(static_cast<unsigned char>(h)) ? h - '0' : (std::tolower(h) - 'a' + 10));
+        }
+        pos_ += static_cast<size_t>(n);
+        return v;
+      };
+      switch (e) {
+        case 'n': *out += '\n'; break;
+        case 't': *out += '\t'; break;
+        case 'r': *out += '\r'; break;
+        case '\\': *out += '\\'; break;
+        case '\'': *out += '\''; break;
+        case '"': *out += '"'; break;
+        case 'a': *out += '\a'; break;
+        case 'b': *out += '\b'; break;
+        case 'f': *out += '\f'; break;
+        case 'v': *out += '\v'; break;
+        case '0': *out += '\0'; break;
+        case '\n': ++line_; break;  // a line continuation
+        case 'x':
+        case 'u':
+        case 'U': {
+          const auto v = hex(e == 'x' ? 2 : e == 'u' ? 4 : 8);
+          if (!v || *v > 0x10FFFF) return SyntaxError(line_, std::string("a bad \\") + e + " escape in a string");
+          PutUtf8(*v, *out);
+          break;
+        }
+        default:
+          *out += '\\';
+          *out += e;
+      }
+    }
+    if (pos_ >= src_.size()) return SyntaxError(line, "a string is never closed");
+    ++pos_;
+    return Status::Ok();
+  }
+
+  std::string_view src_;
+  Options o_;
+  size_t pos_ = 0;
+  int line_ = 1;
+  std::vector<Token> tokens_;
+};
+
+}  // namespace
+
+namespace {
+
+using Node = Template::Node;
+using NodePtr = std::shared_ptr<Node>;
+
+// ---------------------------------------------------------------------------
+// Parser
+
+class Parser {
+ public:
+  explicit Parser(std::vector<Token> t) : t_(std::move(t)) {}
+
+  Result<NodePtr> Run() {
+    std::string end;
+    PAGEKV_ASSIGN_OR_RETURN(NodePtr body, Body({}, &end));
+    if (!end.empty()) return SyntaxError(Cur().line, "unexpected {% " + end + " %}");
+    return body;
+  }
+
+ private:
+  const Token& Cur() const { return t_[i_]; }
+  const Token& Peek(size_t k = 1) const { return t_[std::min(i_ + k, t_.size() - 1)]; }
+  bool IsOp(const char* op) const { return Cur().type == Tok::kOp && Cur().text == op; }
+  bool IsName(const char* n) const { return Cur().type == Tok::kName && Cur().text == n; }
+  Status Expect(Tok type, const char* text, const char* what) {
+    if (Cur().type != type || (text != nullptr && Cur().text != text)) {
+      return SyntaxError(Cur().line, std::string("expected ") + what + (Cur().text.empty() ? "" : ", found '" + Cur().text + "'"));
+    }
+    ++i_;
+    return Status::Ok();
+  }
+
+  // Statements until one of `ends` ({% end... %} or elif / else); the tag
+  // that ended it goes to *end (its name), with the parser at its tokens.
+  Result<NodePtr> Body(std::vector<std::string> ends, std::string* end) {
+    auto body = std::make_shared<Node>();
+    body->k = Node::K::kBody;
+    end->clear();
+    while (Cur().type != Tok::kEnd) {
+      const Token& tk = Cur();
+      if (tk.type == Tok::kText) {
+        auto n = std::make_shared<Node>();
+        n->k = Node::K::kText;
+        n->text = tk.text;
+        body->children.push_back(n);
+        ++i_;
+      } else if (tk.type == Tok::kVarBegin) {
+        ++i_;
+        auto n = std::make_shared<Node>();
+        n->k = Node::K::kOutput;
+        n->line = tk.line;
+        PAGEKV_ASSIGN_OR_RETURN(n->expr, Expression());
+        PAGEKV_RETURN_IF_ERROR(Expect(Tok::kVarEnd, nullptr, "'}}'"));
+        body->children.push_back(n);
+      } else if (tk.type == Tok::kBlockBegin) {
+        const Token& name = Peek();
+        if (name.type != Tok::kName) return SyntaxError(name.line, "expected a statement name after {%");
+        if (std::find(ends.begin(), ends.end(), name.text) != ends.end()) {
+          *end = name.text;
+          i_ += 2;  // {% name: the caller reads the rest of the tag
+          return body;
+        }
+        i_ += 2;
+        PAGEKV_ASSIGN_OR_RETURN(NodePtr n, Statement(name));
+        body->children.push_back(n);
+      } else {
+        return SyntaxError(tk.line, "unexpected '" + tk.text + "'");
+      }
+    }
+    if (!ends.empty()) return SyntaxError(Cur().line, "the template ends inside a block: expected {% " + ends.back() + " %}");
+    return body;
+  }
+
+  Result<NodePtr> Statement(const Token& name) {
+    auto n = std::make_shared<Node>();
+    n->line = name.line;
+    const std::string& s = name.text;
+    std::string end;
+    if (s == "if") {
+      n->k = Node::K::kIf;
+      PAGEKV_ASSIGN_OR_RETURN(ExprPtr cond, Expression());
+      PAGEKV_RETURN_IF_ERROR(Expect(Tok::kBlockEnd, nullptr, "'%}'"));
+      while (true) {
+        PAGEKV_ASSIGN_OR_RETURN(NodePtr body, Body({"elif", "else", "endif"}, &end));
+        n->branches.emplace_back(cond, body);
+        if (end == "elif") {
+          PAGEKV_ASSIGN_OR_RETURN(cond, Expression());
+          PAGEKV_RETURN_IF_ERROR(Expect(Tok::kBlockEnd, nullptr, "'%}'"));
+          continue;
+        }
+        if (end == "else") {
+          PAGEKV_RETURN_IF_ERROR(Expect(Tok::kBlockEnd, nullptr, "'%}'"));
+          PAGEKV_ASSIGN_OR_RETURN(n->else_body, Body({"endif"}, &end));
+        }
+        break;
+      }
+      return EndTag(n);
+    }
+    if (s == "for") {
+      n->k = Node::K::kFor;
+      do {
+        if (Cur().type != Tok::kName) return SyntaxError(Cur().line, "expected a loop variable name after 'for'");
+        n->targets.push_back(Cur().text);
+        ++i_;
+      } while (IsOp(",") && (++i_, true));
+      PAGEKV_RETURN_IF_ERROR(Expect(Tok::kName, "in", "'in'"));
+      PAGEKV_ASSIGN_OR_RETURN(n->expr, OrExpr(/*no_cond=*/true));
+      if (IsName("if")) {
+        ++i_;
+        PAGEKV_ASSIGN_OR_RETURN(n->expr2, OrExpr(true));
+      }
+      if (IsName("recursive")) return SyntaxError(Cur().line, "recursive loops are not supported");
+      PAGEKV_RETURN_IF_ERROR(Expect(Tok::kBlockEnd, nullptr, "'%}'"));
+      PAGEKV_ASSIGN_OR_RETURN(n->body, Body({"else", "endfor"}, &end));
+      if (end == "else") {
+        PAGEKV_RETURN_IF_ERROR(Expect(Tok::kBlockEnd, nullptr, "'%}'"));
+        PAGEKV_ASSIGN_OR_RETURN(n->else_body, Body({"endfor"}, &end));
+      }
+      return EndTag(n);
+    }
+    if (s == "set") {
+      if (Cur().type != Tok::kName) return SyntaxError(Cur().line, "expected a name after 'set'");
+      if (Peek().type == Tok::kOp && Peek().text == ".") {
+        n->k = Node::K::kSetAttr;
+        auto obj = std::make_shared<Expr>();
+        obj->k = Expr::K::kName;
+        obj->name = Cur().text;
+        n->expr2 = obj;
+        i_ += 2;
+        if (Cur().type != Tok::kName) return SyntaxError(Cur().line, "expected an attribute name after '.'");
+        n->text = Cur().text;
+        ++i_;
+        PAGEKV_RETURN_IF_ERROR(Expect(Tok::kOp, "=", "'='"));
+        PAGEKV_ASSIGN_OR_RETURN(n->expr, Expression());
+        return EndTag(n);
+      }
+      do {
+        if (Cur().type != Tok::kName) return SyntaxError(Cur().line, "expected a name to set");
+        n->targets.push_back(Cur().text);
+        ++i_;
+      } while (IsOp(",") && (++i_, true));
+      if (Cur().type == Tok::kBlockEnd && n->targets.size() == 1) {  // {% set x %}...{% endset %}
+        ++i_;
+        n->k = Node::K::kSetBlock;
+        n->text = n->targets[0];
+        PAGEKV_ASSIGN_OR_RETURN(n->body, Body({"endset"}, &end));
+        PAGEKV_RETURN_IF_ERROR(Expect(Tok::kBlockEnd, nullptr, "'%}'"));
+        return n;
+      }
+      n->k = Node::K::kSet;
+      PAGEKV_RETURN_IF_ERROR(Expect(Tok::kOp, "=", "'='"));
+      PAGEKV_ASSIGN_OR_RETURN(n->expr, Expression());
+      return EndTag(n);
+    }
+    if (s == "macro") {
+      n->k = Node::K::kMacro;
+      if (Cur().type != Tok::kName) return SyntaxError(Cur().line, "expected a macro name");
+      n->text = Cur().text;
+      ++i_;
+      PAGEKV_RETURN_IF_ERROR(Expect(Tok::kOp, "(", "'('"));
+      while (!IsOp(")")) {
+        if (Cur().type != Tok::kName) return SyntaxError(Cur().line, "expected a macro parameter name");
+        std::string p = Cur().text;
+        ++i_;
+        ExprPtr def;
+        if (IsOp("=")) {
+          ++i_;
+          PAGEKV_ASSIGN_OR_RETURN(def, Expression());
+        }
+        n->params.emplace_back(std::move(p), def);
+        if (!IsOp(")")) PAGEKV_RETURN_IF_ERROR(Expect(Tok::kOp, ",", "',' or ')'"));
+      }
+      ++i_;
+      PAGEKV_RETURN_IF_ERROR(Expect(Tok::kBlockEnd, nullptr, "'%}'"));
+      PAGEKV_ASSIGN_OR_RETURN(n->body, Body({"endmacro"}, &end));
+      return EndTag(n);
+    }
+    if (s == "filter") {
+      n->k = Node::K::kFilterBlock;
+      PAGEKV_ASSIGN_OR_RETURN(n->expr2, FilterCall(nullptr));
+      PAGEKV_RETURN_IF_ERROR(Expect(Tok::kBlockEnd, nullptr, "'%}'"));
+      PAGEKV_ASSIGN_OR_RETURN(n->body, Body({"endfilter"}, &end));
+      return EndTag(n);
+    }
+    if (s == "generation") {  // transformers' marker around assistant text: rendered as is
+      PAGEKV_RETURN_IF_ERROR(Expect(Tok::kBlockEnd, nullptr, "'%}'"));
+      PAGEKV_ASSIGN_OR_RETURN(NodePtr body, Body({"endgeneration"}, &end));
+      PAGEKV_RETURN_IF_ERROR(Expect(Tok::kBlockEnd, nullptr, "'%}'"));
+      return body;
+    }
+    if (s == "break" || s == "continue") {
+      n->k = s == "break" ? Node::K::kBreak : Node::K::kContinue;
+      PAGEKV_RETURN_IF_ERROR(Expect(Tok::kBlockEnd, nullptr, "'%}'"));
+      return n;
+    }
+    return SyntaxError(name.line, "the statement {% " + s + " %} is not supported by PageKV's chat-template renderer"
+                                  " (it renders if, for, set, macro, filter, raw, break and continue)");
+  }
+
+  Result<NodePtr> EndTag(NodePtr n) {
+    PAGEKV_RETURN_IF_ERROR(Expect(Tok::kBlockEnd, nullptr, "'%}'"));
+    return n;
+  }
+
+  static ExprPtr Make(Expr e) { return std::make_shared<const Expr>(std::move(e)); }
+
+  Result<ExprPtr> Expression() { return OrExpr(false); }
+
+  // a if b else c (unless no_cond: a for loop's iterable and filter).
+  Result<ExprPtr> OrExpr(bool no_cond) {
+    PAGEKV_ASSIGN_OR_RETURN(ExprPtr e, Or());
+    if (no_cond) return e;
+    while (IsName("if")) {
+      const int line = Cur().line;
+      ++i_;
+      PAGEKV_ASSIGN_OR_RETURN(ExprPtr cond, Or());
+      Expr c{Expr::K::kCond};
+      c.line = line;
+      c.args = {cond, e};
+      if (IsName("else")) {
+        ++i_;
+        PAGEKV_ASSIGN_OR_RETURN(ExprPtr other, OrExpr(false));
+        c.args.push_back(other);
+      }
+      e = Make(std::move(c));
+    }
+    return e;
+  }
+
+  Result<ExprPtr> Or() {
+    PAGEKV_ASSIGN_OR_RETURN(ExprPtr e, And());
+    while (IsName("or")) {
+      ++i_;
+      PAGEKV_ASSIGN_OR_RETURN(ExprPtr r, And());
+      Expr x{Expr::K::kOr};
+      x.args = {e, r};
+      e = Make(std::move(x));
+    }
+    return e;
+  }
+
+  Result<ExprPtr> And() {
+    PAGEKV_ASSIGN_OR_RETURN(ExprPtr e, Not());
+    while (IsName("and")) {
+      ++i_;
+      PAGEKV_ASSIGN_OR_RETURN(ExprPtr r, Not());
+      Expr x{Expr::K::kAnd};
+      x.args = {e, r};
+      e = Make(std::move(x));
+    }
+    return e;
+  }
+
+  Result<ExprPtr> Not() {
+    if (IsName("not")) {
+      ++i_;
+      PAGEKV_ASSIGN_OR_RETURN(ExprPtr e, Not());
+      Expr x{Expr::K::kNot};
+      x.args = {e};
+      return Make(std::move(x));
+    }
+    return Compare();
+  }
+
+  Result<ExprPtr> Compare() {
+    PAGEKV_ASSIGN_OR_RETURN(ExprPtr e, Math1());
+    Expr c{Expr::K::kCompare};
+    c.line = Cur().line;
+    c.args = {e};
+    while (true) {
+      std::string op;
+      if (Cur().type == Tok::kOp && (Cur().text == "==" || Cur().text == "!=" || Cur().text == "<" || Cur().text == ">" ||
+                                     Cur().text == "<=" || Cur().text == ">=")) {
+        op = Cur().text;
+        ++i_;
+      } else if (IsName("in")) {
+        op = "in";
+        ++i_;
+      } else if (IsName("not") && Peek().type == Tok::kName && Peek().text == "in") {
+        op = "not in";
+        i_ += 2;
+      } else {
+        break;
+      }
+      PAGEKV_ASSIGN_OR_RETURN(ExprPtr r, Math1());
+      c.ops.push_back(op);
+      c.args.push_back(r);
+    }
+    if (c.ops.empty()) return e;
+    return Make(std::move(c));
+  }
+
+  Result<ExprPtr> Binary(Result<ExprPtr> (Parser::*next)(), std::initializer_list<const char*> ops) {
+    PAGEKV_ASSIGN_OR_RETURN(ExprPtr e, (this->*next)());
+    while (Cur().type == Tok::kOp) {
+      const char* found = nullptr;
+      for (const char* op : ops) {
+        if (Cur().text == op) found = op;
+      }
+      if (found == nullptr) break;
+      const int line = Cur().line;
+      ++i_;
+      PAGEKV_ASSIGN_OR_RETURN(ExprPtr r, (this->*next)());
+      Expr x{Expr::K::kBinary};
+      x.line = line;
+      x.name = found;
+      x.args = {e, r};
+      e = Make(std::move(x));
+    }
+    return e;
+  }
+  Result<ExprPtr> Math1() { return Binary(&Parser::Concat, {"+", "-"}); }
+  Result<ExprPtr> Concat() { return Binary(&Parser::Math2, {"~"}); }
+  Result<ExprPtr> Math2() { return Binary(&Parser::Pow, {"*", "/", "//", "%"}); }
+  Result<ExprPtr> Pow() { return Binary(&Parser::Unary, {"**"}); }
+
+  Result<ExprPtr> Unary() {
+    if (IsOp("-") || IsOp("+")) {
+      const bool neg = IsOp("-");
+      ++i_;
+      PAGEKV_ASSIGN_OR_RETURN(ExprPtr e, Unary());
+      Expr x{neg ? Expr::K::kNeg : Expr::K::kPos};
+      x.args = {e};
+      return Make(std::move(x));
+    }
+    PAGEKV_ASSIGN_OR_RETURN(ExprPtr e, Primary());
+    PAGEKV_ASSIGN_OR_RETURN(e, Postfix(e));
+    // Filters and tests, each possibly followed by more postfix operators.
+    while (true) {
+      if (IsOp("|")) {
+        ++i_;
+        PAGEKV_ASSIGN_OR_RETURN(e, FilterCall(e));
+        PAGEKV_ASSIGN_OR_RETURN(e, Postfix(e));
+      } else if (IsName("is")) {
+        const int line = Cur().line;
+        ++i_;
+        Expr t{Expr::K::kTest};
+        t.line = line;
+        if (IsName("not")) {
+          t.negated = true;
+          ++i_;
+        }
+        if (Cur().type == Tok::kName) {
+          t.name = Cur().text;
+        } else if (IsOp("==") || IsOp("!=") || IsOp("<") || IsOp(">") || IsOp("<=") || IsOp(">=")) {
+          t.name = Cur().text;
+        } else {
+          return SyntaxError(Cur().line, "expected a test name after 'is'");
+        }
+        ++i_;
+        t.args = {e};
+        if (IsOp("(")) {
+          PAGEKV_RETURN_IF_ERROR(Args(&t));
+        } else if (Cur().type == Tok::kString || Cur().type == Tok::kInt || Cur().type == Tok::kFloat ||
+                   (Cur().type == Tok::kName && Cur().text != "and" && Cur().text != "or" && Cur().text != "else" &&
+                    Cur().text != "if" && Cur().text != "not" && Cur().text != "in")) {
+          PAGEKV_ASSIGN_OR_RETURN(ExprPtr arg, Primary());  // `is sameas false`, `is divisibleby 3`
+          PAGEKV_ASSIGN_OR_RETURN(arg, Postfix(arg));
+          t.args.push_back(arg);
+        }
+        e = Make(std::move(t));
+      } else {
+        return e;
+      }
+    }
+  }
+
+  // A filter name and its arguments, applied to `input` (null in a filter block).
+  Result<ExprPtr> FilterCall(ExprPtr input) {
+    if (Cur().type != Tok::kName) return SyntaxError(Cur().line, "expected a filter name after '|'");
+    Expr f{Expr::K::kFilter};
+    f.line = Cur().line;
+    f.name = Cur().text;
+    ++i_;
+    while (IsOp(".") && Peek().type == Tok::kName) {  // dotted filter names
+      f.name += "." + Peek().text;
+      i_ += 2;
+    }
+    if (input) {
+      f.args.push_back(input);
+      f.has_input = true;
+    }
+    if (IsOp("(")) PAGEKV_RETURN_IF_ERROR(Args(&f));
+    return Make(std::move(f));
+  }
+
+  // (a, b, k=v) into e->args (after what it holds) and e->kwargs.
+  Status Args(Expr* e) {
+    PAGEKV_RETURN_IF_ERROR(Expect(Tok::kOp, "(", "'('"));
+    while (!IsOp(")")) {
+      if (Cur().type == Tok::kName && Peek().type == Tok::kOp && Peek().text == "=") {
+        std::string k = Cur().text;
+        i_ += 2;
+        PAGEKV_ASSIGN_OR_RETURN(ExprPtr v, Expression());
+        e->kwargs.emplace_back(std::move(k), v);
+      } else {
+        if (IsOp("*")) return SyntaxError(Cur().line, "*args in a call are not supported");
+        PAGEKV_ASSIGN_OR_RETURN(ExprPtr v, Expression());
+        e->args.push_back(v);
+      }
+      if (!IsOp(")")) PAGEKV_RETURN_IF_ERROR(Expect(Tok::kOp, ",", "',' or ')'"));
+    }
+    ++i_;
+    return Status::Ok();
+  }
+
+  Result<ExprPtr> Postfix(ExprPtr e) {
+    while (true) {
+      if (IsOp(".")) {
+        ++i_;
+        Expr a{Expr::K::kAttr};
+        a.line = Cur().line;
+        if (Cur().type == Tok::kName) {
+          a.name = Cur().text;
+        } else if (Cur().type == Tok::kInt) {  // x.0 is x[0]
+          a.k = Expr::K::kItem;
+          Expr lit{Expr::K::kLiteral};
+          lit.literal = Value(static_cast<int64_t>(std::stoll(Cur().text)));
+          a.args = {e, Make(std::move(lit))};
+          ++i_;
+          e = Make(std::move(a));
+          continue;
+        } else {
+          return SyntaxError(Cur().line, "expected an attribute name after '.'");
+        }
+        ++i_;
+        a.args = {e};
+        e = Make(std::move(a));
+      } else if (IsOp("[")) {
+        const int line = Cur().line;
+        ++i_;
+        ExprPtr parts[3];
+        bool slice = false;
+        Expr s{Expr::K::kSlice};
+        for (int p = 0; p < 3; ++p) {
+          if (!IsOp(":") && !IsOp("]")) {
+            PAGEKV_ASSIGN_OR_RETURN(parts[p], Expression());
+            s.has_slice[p] = true;
+          }
+          if (IsOp(":") && p < 2) {
+            slice = true;
+            ++i_;
+          } else {
+            break;
+          }
+        }
+        PAGEKV_RETURN_IF_ERROR(Expect(Tok::kOp, "]", "']'"));
+        if (!slice) {
+          if (!parts[0]) return SyntaxError(line, "an empty subscript []");
+          Expr it{Expr::K::kItem};
+          it.line = line;
+          it.args = {e, parts[0]};
+          e = Make(std::move(it));
+        } else {
+          s.line = line;
+          s.args = {e, parts[0], parts[1], parts[2]};
+          e = Make(std::move(s));
+        }
+      } else if (IsOp("(")) {
+        Expr c{Expr::K::kCall};
+        c.line = Cur().line;
+        c.args = {e};
+        PAGEKV_RETURN_IF_ERROR(Args(&c));
+        e = Make(std::move(c));
+      } else {
+        return e;
+      }
+    }
+  }
+
+  Result<ExprPtr> Primary() {
+    const Token& tk = Cur();
+    Expr e{Expr::K::kLiteral};
+    e.line = tk.line;
+    switch (tk.type) {
+      case Tok::kName: {
+        ++i_;
+        const std::string& n = tk.text;
+        if (n == "true" || n == "True") e.literal = Value(true);
+        else if (n == "false" || n == "False") e.literal = Value(false);
+        else if (n == "none" || n == "None") e.literal = Value::None();
+        else {
+          e.k = Expr::K::kName;
+          e.name = n;
+        }
+        return Make(std::move(e));
+      }
+      case Tok::kString: {
+        std::string s;
+        while (Cur().type == Tok::kString) {  // adjacent strings join
+          s += Cur().text;
+          ++i_;
+        }
+        e.literal = Value(std::move(s));
+        return Make(std::move(e));
+      }
+      case Tok::kInt: {
+        ++i_;
+        errno = 0;
+        const long long v = std::strtoll(tk.text.c_str(), nullptr, 10);
+        if (errno != 0) return SyntaxError(tk.line, "the integer " + tk.text + " is too large");
+        e.literal = Value(static_cast<int64_t>(v));
+        return Make(std::move(e));
+      }
+      case Tok::kFloat:
+        ++i_;
+        e.literal = Value(std::strtod(tk.text.c_str(), nullptr));
+        return Make(std::move(e));
+      case Tok::kOp:
+        if (tk.text == "(") {
+          ++i_;
+          if (IsOp(")")) {
+            ++i_;
+            e.k = Expr::K::kTuple;
+            return Make(std::move(e));
+          }
+          PAGEKV_ASSIGN_OR_RETURN(ExprPtr first, Expression());
+          if (!IsOp(",")) {
+            PAGEKV_RETURN_IF_ERROR(Expect(Tok::kOp, ")", "')'"));
+            return first;
+          }
+          e.k = Expr::K::kTuple;
+          e.args.push_back(first);
+          while (IsOp(",")) {
+            ++i_;
+            if (IsOp(")")) break;
+            PAGEKV_ASSIGN_OR_RETURN(ExprPtr x, Expression());
+            e.args.push_back(x);
+          }
+          PAGEKV_RETURN_IF_ERROR(Expect(Tok::kOp, ")", "')'"));
+          return Make(std::move(e));
+        }
+        if (tk.text == "[") {
+          ++i_;
+          e.k = Expr::K::kList;
+          while (!IsOp("]")) {
+            PAGEKV_ASSIGN_OR_RETURN(ExprPtr x, Expression());
+            e.args.push_back(x);
+            if (!IsOp("]")) PAGEKV_RETURN_IF_ERROR(Expect(Tok::kOp, ",", "',' or ']'"));
+          }
+          ++i_;
+          return Make(std::move(e));
+        }
+        if (tk.text == "{") {
+          ++i_;
+          e.k = Expr::K::kDict;
+          while (!IsOp("}")) {
+            PAGEKV_ASSIGN_OR_RETURN(ExprPtr k, Expression());
+            PAGEKV_RETURN_IF_ERROR(Expect(Tok::kOp, ":", "':'"));
+            PAGEKV_ASSIGN_OR_RETURN(ExprPtr v, Expression());
+            e.args.push_back(k);
+            e.args.push_back(v);
+            if (!IsOp("}")) PAGEKV_RETURN_IF_ERROR(Expect(Tok::kOp, ",", "',' or '}'"));
+          }
+          ++i_;
+          return Make(std::move(e));
+        }
+        return SyntaxError(tk.line, "unexpected '" + tk.text + "' in an expression");
+      default:
+        return SyntaxError(tk.line, "expected an expression");
+    }
+  }
+
+  std::vector<Token> t_;
+  size_t i_ = 0;
+};
+
+}  // namespace
+
+Result<Template> Template::Parse(std::string_view source, const Options& options) {
+  Lexer lexer(source, options);
+  PAGEKV_ASSIGN_OR_RETURN(std::vector<Token> tokens, lexer.Run());
+  Parser parser(std::move(tokens));
+  PAGEKV_ASSIGN_OR_RETURN(NodePtr root, parser.Run());
+  Template t;
+  t.root_ = std::move(root);
+  return t;
+}
+
+}  // namespace pagekv::jinja

@@ -1,0 +1,357 @@
+#!/usr/bin/env python3
+"""An independent reference for PageKV's model runner: reads a GGUF file with
+the `gguf` package (which also dequantizes every weight type), tokenizes with
+Hugging Face's `tokenizers` built from the file's vocabulary and merges,
+renders chat templates with `jinja2`, and runs a float64 numpy forward pass.
+It shares no code with the C++.
+
+    python3 tools/reference.py goldens --model M.gguf --out tests/data/smollm2-goldens.json
+    python3 tools/reference.py tokenize --model M.gguf --text "Hello"
+
+What the forward pass implements (GGUF semantics as llama.cpp defines them):
+architectures llama and qwen2 (q/k/v biases); grouped-query attention;
+rotary embeddings on the first rope.dimension_count dimensions of each head,
+adjacent pairs for llama (the converter permutes Q and K for that) and
+halves for qwen2, with linear or YaRN scaling from metadata and per-frequency
+factors from a rope_freqs tensor (Llama 3.1 style); RMSNorm; SwiGLU; tied
+embeddings when output.weight is absent.
+"""
+import argparse
+import hashlib
+import json
+import math
+import sys
+
+import numpy as np
+from gguf import GGUFReader
+from gguf.quants import dequantize
+
+# ---------------------------------------------------------------------------
+# GGUF reading
+
+
+class Gguf:
+    def __init__(self, path):
+        self.reader = GGUFReader(path)
+        self.fields = self.reader.fields
+        self.tensors = {t.name: t for t in self.reader.tensors}
+
+    def value(self, key, default=None):
+        f = self.fields.get(key)
+        if f is None:
+            return default
+        tname = f.types[0].name
+        if tname == "ARRAY":
+            etype = f.types[1].name
+            if etype == "STRING":
+                return [bytes(f.parts[i]).decode("utf-8") for i in f.data]
+            return [f.parts[i].tolist()[0] for i in f.data]
+        if tname == "STRING":
+            return bytes(f.parts[f.data[0]]).decode("utf-8")
+        v = f.parts[f.data[0]].tolist()[0]
+        return bool(v) if tname == "BOOL" else v
+
+    def tensor(self, name):
+        """float64 array in row-major order: [rows][cols] for matrices."""
+        t = self.tensors[name]
+        data = dequantize(t.data, t.tensor_type)
+        shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+        return np.asarray(data, dtype=np.float64).reshape(shape)
+
+    def has(self, name):
+        return name in self.tensors
+
+
+# ---------------------------------------------------------------------------
+# Tokenizer: Hugging Face `tokenizers` from the GGUF's vocabulary
+
+LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+                r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
+               r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def make_tokenizer(g):
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    model = g.value("tokenizer.ggml.model")
+    if model != "gpt2":
+        raise SystemExit(f"reference: tokenizer.ggml.model {model!r}: only gpt2 (byte-level BPE) is implemented here")
+    tokens = g.value("tokenizer.ggml.tokens")
+    types = g.value("tokenizer.ggml.token_type") or [1] * len(tokens)
+    merges = [tuple(m.split(" ", 1)) for m in g.value("tokenizer.ggml.merges")]
+    vocab = {}
+    for i, t in enumerate(tokens):
+        vocab.setdefault(t, i)
+    tk = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+    pre = g.value("tokenizer.ggml.pre", "default")
+    if pre in ("smollm", "starcoder", "refact", "codeshell"):
+        tk.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    elif pre in ("llama-bpe", "llama3", "smaug-bpe"):
+        tk.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    elif pre == "qwen2":
+        tk.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    elif pre in ("default", "gpt2", "gpt-2"):
+        tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    else:
+        raise SystemExit(f"reference: tokenizer.ggml.pre {pre!r} is not implemented here")
+    tk.decoder = decoders.ByteLevel()
+    specials = [AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types) if ty in (3, 4)]
+    tk.add_special_tokens(specials)
+    return tk
+
+
+def encode(tk, text):
+    """Ids of text, special tokens written in it parsed, no BOS/EOS added."""
+    return tk.encode(text, add_special_tokens=False).ids
+
+
+# ---------------------------------------------------------------------------
+# Chat templates (jinja2, sandboxed as Hugging Face renders them)
+
+
+def render_chat(template, messages, bos_token, eos_token, add_generation_prompt=True):
+    from jinja2.exceptions import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        raise TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    return env.from_string(template).render(messages=messages, bos_token=bos_token, eos_token=eos_token,
+                                            add_generation_prompt=add_generation_prompt)
+
+
+# ---------------------------------------------------------------------------
+# The forward pass, float64
+
+
+class Model:
+    def __init__(self, g):
+        arch = g.value("general.architecture")
+        if arch not in ("llama", "qwen2"):
+            raise SystemExit(f"reference: architecture {arch!r} is not implemented here")
+        self.arch = arch
+        a = arch
+        self.dim = g.value(f"{a}.embedding_length")
+        self.n_layers = g.value(f"{a}.block_count")
+        self.n_heads = g.value(f"{a}.attention.head_count")
+        self.n_kv = g.value(f"{a}.attention.head_count_kv", self.n_heads)
+        self.head_dim = g.value(f"{a}.attention.key_length", self.dim // self.n_heads)
+        self.eps = g.value(f"{a}.attention.layer_norm_rms_epsilon", 1e-5)
+        self.base = g.value(f"{a}.rope.freq_base", 10000.0)
+        self.n_rot = g.value(f"{a}.rope.dimension_count", self.head_dim)
+        self.neox = arch == "qwen2"
+        scaling = g.value(f"{a}.rope.scaling.type", "none")
+        factor = g.value(f"{a}.rope.scaling.factor", 1.0) or 1.0
+        self.freq_scale = 1.0 / factor if scaling in ("linear", "yarn") else 1.0
+        self.yarn = scaling == "yarn"
+        self.orig_ctx = g.value(f"{a}.rope.scaling.original_context_length", g.value(f"{a}.context_length"))
+        self.attn_factor = g.value(f"{a}.rope.scaling.attn_factor", 1.0) or 1.0
+        self.freq_factors = g.tensor("rope_freqs.weight") if g.has("rope_freqs.weight") else None
+        self.emb = g.tensor("token_embd.weight")
+        self.out = g.tensor("output.weight") if g.has("output.weight") else self.emb
+        self.out_norm = g.tensor("output_norm.weight")
+        self.layers = []
+        for l in range(self.n_layers):
+            p = f"blk.{l}."
+            L = {k: g.tensor(p + k + ".weight") for k in
+                 ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")}
+            for b in ("attn_q", "attn_k", "attn_v"):
+                L[b + ".bias"] = g.tensor(p + b + ".bias") if g.has(p + b + ".bias") else None
+            self.layers.append(L)
+        self.vocab = self.emb.shape[0]
+
+    def norm(self, x, w):
+        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps) * w
+
+    def rope(self, x, pos):
+        """x: [tokens][heads][head_dim]; pos: [tokens]."""
+        half = self.n_rot // 2
+        i = np.arange(half, dtype=np.float64)
+        theta_extrap = pos[:, None] * self.base ** (-2.0 * i / self.n_rot)[None, :]
+        if self.freq_factors is not None:
+            theta_extrap = theta_extrap / self.freq_factors[None, :half]
+        theta = theta_extrap * self.freq_scale
+        mscale = self.attn_factor
+        if self.yarn:
+            beta_fast, beta_slow = 32.0, 1.0
+
+            def corr(n_rot):
+                return self.n_rot * math.log(self.orig_ctx / (n_rot * 2 * math.pi)) / (2 * math.log(self.base))
+
+            lo = max(0.0, math.floor(corr(beta_fast)))
+            hi = min(self.n_rot - 1.0, math.ceil(corr(beta_slow)))
+            ramp = 1.0 - np.clip((i - lo) / max(0.001, hi - lo), 0.0, 1.0)
+            mix = ramp[None, :]
+            theta = theta * (1 - mix) + theta_extrap * mix
+            mscale *= 1.0 + 0.1 * math.log(1.0 / self.freq_scale)
+        cos = np.cos(theta)[:, None, :] * mscale
+        sin = np.sin(theta)[:, None, :] * mscale
+        out = x.copy()
+        if self.neox:
+            a, b = x[..., :half], x[..., half:self.n_rot]
+            out[..., :half] = a * cos - b * sin
+            out[..., half:self.n_rot] = a * sin + b * cos
+        else:
+            a, b = x[..., 0:self.n_rot:2], x[..., 1:self.n_rot:2]
+            out[..., 0:self.n_rot:2] = a * cos - b * sin
+            out[..., 1:self.n_rot:2] = a * sin + b * cos
+        return out
+
+    def forward(self, tokens, cache, start):
+        """Logits [n][vocab] of tokens at positions start.. ; cache: list of (k, v) per layer, extended."""
+        n = len(tokens)
+        pos = np.arange(start, start + n, dtype=np.float64)
+        x = self.emb[np.asarray(tokens)]
+        hd, G = self.head_dim, self.n_heads // self.n_kv
+        for l, L in enumerate(self.layers):
+            h = self.norm(x, L["attn_norm"])
+            q = h @ L["attn_q"].T
+            k = h @ L["attn_k"].T
+            v = h @ L["attn_v"].T
+            if L["attn_q.bias"] is not None:
+                q, k, v = q + L["attn_q.bias"], k + L["attn_k.bias"], v + L["attn_v.bias"]
+            q = self.rope(q.reshape(n, self.n_heads, hd), pos)
+            k = self.rope(k.reshape(n, self.n_kv, hd), pos)
+            v = v.reshape(n, self.n_kv, hd)
+            if len(cache) <= l:
+                cache.append((k, v))
+            else:
+                cache[l] = (np.concatenate([cache[l][0], k]), np.concatenate([cache[l][1], v]))
+            K, V = cache[l]
+            total = K.shape[0]
+            Kh = np.repeat(K, G, axis=1)  # [total][heads][hd]
+            Vh = np.repeat(V, G, axis=1)
+            s = np.einsum("thd,Thd->htT", q, Kh) / math.sqrt(hd)
+            mask = (np.arange(total)[None, :] > (start + np.arange(n))[:, None])
+            s = np.where(mask[None, :, :], -np.inf, s)
+            s = s - s.max(axis=-1, keepdims=True)
+            p = np.exp(s)
+            p = p / p.sum(axis=-1, keepdims=True)
+            att = np.einsum("htT,Thd->thd", p, Vh).reshape(n, self.n_heads * hd)
+            x = x + att @ L["attn_output"].T
+            h = self.norm(x, L["ffn_norm"])
+            gate = h @ L["ffn_gate"].T
+            up = h @ L["ffn_up"].T
+            x = x + (gate / (1.0 + np.exp(-gate)) * up) @ L["ffn_down"].T
+        return self.norm(x, self.out_norm) @ self.out.T
+
+
+def log_softmax(z):
+    z = z - z.max()
+    return z - math.log(np.exp(z).sum())
+
+
+# ---------------------------------------------------------------------------
+
+PLAIN_PROMPTS = [
+    "The capital of France is",
+    "Once upon a time, there was a little robot who",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "In 1969, 3 astronauts flew 384,400 km to the Moon; the trip took 76 hours.",
+    "Caf\u00e9, na\u00efve, r\u00e9sum\u00e9 \u2014 and \u65e5\u672c\u8a9e, \u0440\u0443\u0441\u0441\u043a\u0438\u0439, \U0001F600!",
+    "The three primary colors are",
+]
+CHATS = [
+    [{"role": "user", "content": "What is the capital of France?"}],
+    [{"role": "user", "content": "Write a haiku about the sea."}],
+    [{"role": "system", "content": "You are a terse assistant."},
+     {"role": "user", "content": "Name three planets."}],
+    [{"role": "user", "content": "What is 12 times 7?"}],
+    [{"role": "user", "content": "Hi!"}, {"role": "assistant", "content": "Hello! How can I help you today?"},
+     {"role": "user", "content": "Tell me a fun fact about octopuses."}],
+    [{"role": "user", "content": "Translate 'good morning' into Spanish."}],
+]
+NLL_TEXT = "/usr/share/common-licenses/Apache-2.0"
+
+
+def greedy(model, ids, steps):
+    cache = []
+    logits = model.forward(ids, cache, 0)[-1]
+    out, top = [], []
+    pos = len(ids)
+    for _ in range(steps):
+        order = np.argsort(-logits, kind="stable")[:5]
+        top.append({"ids": [int(i) for i in order], "logits": [float(logits[i]) for i in order],
+                    "margin": float(logits[order[0]] - logits[order[1]])})
+        nxt = int(order[0])
+        out.append(nxt)
+        logits = model.forward([nxt], cache, pos)[-1]
+        pos += 1
+    return out, top
+
+
+def cmd_goldens(args):
+    g = Gguf(args.model)
+    tk = make_tokenizer(g)
+    model = Model(g)
+    template = g.value("tokenizer.chat_template")
+    tokens = g.value("tokenizer.ggml.tokens")
+    bos = g.value("tokenizer.ggml.bos_token_id")
+    eos = g.value("tokenizer.ggml.eos_token_id")
+    prompts = []
+    for p in PLAIN_PROMPTS:
+        prompts.append({"kind": "plain", "prompt": p, "ids": encode(tk, p)})
+    for m in CHATS:
+        text = render_chat(template, m, tokens[bos] if bos is not None else "", tokens[eos])
+        prompts.append({"kind": "chat", "messages": m, "prompt": text, "ids": encode(tk, text)})
+    for p in prompts:
+        p["greedy"], p["top5"] = greedy(model, p["ids"], args.steps)
+        print(f"{p['kind']}: {len(p['ids'])} ids; continuation {tk.decode(p['greedy'])!r}", file=sys.stderr)
+    raw = open(NLL_TEXT, "rb").read()
+    ids = encode(tk, raw.decode("utf-8"))[: args.nll_tokens]
+    logits = model.forward(ids, [], 0)
+    nll = -np.mean([log_softmax(logits[i])[ids[i + 1]] for i in range(len(ids) - 1)])
+    print(f"nll over {len(ids)} tokens: {nll:.6f}", file=sys.stderr)
+    out = {
+        "generator": "tools/reference.py (float64 numpy; gguf 0.19.0, tokenizers 0.23.3, Jinja2 3.1.6)",
+        "model": {"file": args.model.split("/")[-1], "sha256": hashlib.sha256(open(args.model, "rb").read()).hexdigest()},
+        "conventions": ("ids: the prompt encoded with special tokens parsed and no BOS (the model's add_bos_token is "
+                        "false); chat prompts are the GGUF's chat template rendered with add_generation_prompt; "
+                        "greedy: the next token is the argmax of the last logits, repeated, each step's top5 "
+                        "before choosing; nll: mean of -log p(token i+1 | tokens 0..i) over the first nll_tokens "
+                        "tokens of the text file, in one forward pass from position 0"),
+        "prompts": prompts,
+        "nll": {"file": NLL_TEXT, "sha256": hashlib.sha256(raw).hexdigest(), "tokens": len(ids), "ids": ids,
+                "mean_nll": float(nll)},
+    }
+    with open(args.out, "w") as f:
+        json.dump(out, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+
+
+def cmd_tokenize(args):
+    g = Gguf(args.model)
+    tk = make_tokenizer(g)
+    print(json.dumps(encode(tk, args.text)))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    gp = sub.add_parser("goldens")
+    gp.add_argument("--model", required=True)
+    gp.add_argument("--out", required=True)
+    gp.add_argument("--steps", type=int, default=64)
+    gp.add_argument("--nll-tokens", type=int, default=2048)
+    tp = sub.add_parser("tokenize")
+    tp.add_argument("--model", required=True)
+    tp.add_argument("--text", required=True)
+    args = ap.parse_args()
+    {"goldens": cmd_goldens, "tokenize": cmd_tokenize}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    main()
