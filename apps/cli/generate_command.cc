@@ -2,6 +2,7 @@
 // what the cache did.
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,9 +19,11 @@ namespace {
 struct GenerateArgs {
   std::string model, tokenizer, prompts_file, kv_dtype = "f32", kv_layer_dtypes;
   std::vector<std::string> prompts;
-  int32_t n = 64, top_k = 0, block_len = 16, dump_logits = 0;
+  int32_t n = -1, top_k = 0, block_len = 16, dump_logits = 0;  // n: -1 = the default (64; chat: until the turn ends)
   float temp = 0.0f, top_p = 1.0f, repeat_penalty = 1.0f;
-  uint64_t seed = 0;
+  std::optional<uint64_t> seed;
+  bool chat = false, stop_at_eos = false;
+  std::string chat_template, system;
   int64_t blocks = 0;
   int threads = 0;
   bool json = false, truncate = false, prefix_cache = false;
@@ -47,7 +50,11 @@ int RunGenerate(const GenerateArgs& a) {
       if (!line.empty()) o.prompts.push_back(line);
     }
   }
-  o.max_new_tokens = a.n;
+  o.chat = a.chat || !a.chat_template.empty() || !a.system.empty();
+  o.chat_template = a.chat_template;
+  o.system_prompt = a.system;
+  o.stop_at_eos = a.stop_at_eos;
+  o.max_new_tokens = a.n >= 0 ? a.n : (o.chat ? 0 : 64);
   o.sampling = {a.temp, a.top_k, a.top_p, a.repeat_penalty, a.seed};
   o.block_len = a.block_len;
   o.num_blocks = a.blocks;
@@ -77,7 +84,7 @@ int RunGenerate(const GenerateArgs& a) {
   const bool stream = !a.json && o.prompts.size() == 1;
   bool streamed = false;  // the prompt is printed with the first token, so an error prints alone
   if (stream) {
-    o.on_token = [&streamed, prompt = o.prompts[0]](size_t, const std::string& piece) {
+    o.on_token = [&streamed, prompt = o.chat ? std::string() : o.prompts[0]](size_t, const std::string& piece) {
       if (!streamed) std::printf("%s", prompt.c_str());
       streamed = true;
       std::printf("%s", piece.c_str());
@@ -99,6 +106,8 @@ int RunGenerate(const GenerateArgs& a) {
       j["prompt_ids"] = out.prompt_ids;
       j["generated_ids"] = out.generated_ids;
       j["text"] = out.text;
+      j["completion"] = out.completion;
+      j["finish_reason"] = out.stopped ? "stop" : "length";
       if (!out.step_top.empty()) {
         nlohmann::ordered_json steps = nlohmann::ordered_json::array();
         for (const auto& step : out.step_top) {
@@ -148,7 +157,14 @@ int RunGenerate(const GenerateArgs& a) {
   if (stream) {
     std::printf("\n");
   } else {
-    for (size_t i = 0; i < r->outputs.size(); ++i) std::printf("[%zu] %s\n\n", i + 1, r->outputs[i].text.c_str());
+    for (size_t i = 0; i < r->outputs.size(); ++i) {
+      const GenerateOutput& out = r->outputs[i];
+      if (o.chat) {
+        std::printf("[%zu] user: %s\n    assistant: %s\n\n", i + 1, out.prompt.c_str(), out.completion.c_str());
+      } else {
+        std::printf("[%zu] %s\n\n", i + 1, out.text.c_str());
+      }
+    }
   }
   if (s.truncated_prompts > 0) {
     std::printf("(%ld prompt(s) truncated to fit the model's context)\n", static_cast<long>(s.truncated_prompts));
@@ -195,12 +211,22 @@ CLI::App* AddGenerateCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--tokenizer", args.tokenizer, "llama2.c tokenizer.bin (for .bin checkpoints)");
   cmd->add_option("--prompt", args.prompts, "A prompt (repeatable: all are generated as one batch)");
   cmd->add_option("--prompts-file", args.prompts_file, "A file with one prompt per line");
-  cmd->add_option("-n,--max-tokens", args.n, "Tokens to generate per prompt (default 64)");
+  cmd->add_option("-n,--max-tokens", args.n,
+                  "Tokens to generate per prompt (default 64; with --chat: until the turn ends; 0: until a stop token or "
+                  "the context's end)")
+      ->check(CLI::Range(0, 1 << 30));
+  cmd->add_flag("--chat", args.chat,
+                "Each prompt is a user message rendered through the model's chat template; stops at the end of the turn");
+  cmd->add_option("--chat-template", args.chat_template,
+                  "Override the model's template: chatml, llama3, llama2, mistral, gemma, phi3, zephyr, or a Jinja file "
+                  "(implies --chat)");
+  cmd->add_option("--system", args.system, "A system message before each prompt (implies --chat)");
+  cmd->add_flag("--stop-at-eos", args.stop_at_eos, "End a sequence at the end-of-sequence / end-of-turn tokens");
   cmd->add_option("--temp", args.temp, "Temperature; 0 = greedy (default)");
   cmd->add_option("--top-k", args.top_k, "Keep the k most likely tokens (0 = off)");
   cmd->add_option("--top-p", args.top_p, "Nucleus sampling mass in (0, 1] (1 = off)");
   cmd->add_option("--repeat-penalty", args.repeat_penalty, "Repetition penalty >= 1 (1 = off)");
-  cmd->add_option("--seed", args.seed, "Sampling seed (default 0)");
+  cmd->add_option("--seed", args.seed, "Sampling seed (default: a fresh one from the OS each run)");
   cmd->add_option("--block-len", args.block_len, "Tokens per KV block (default 16)");
   cmd->add_option("--blocks", args.blocks, "KV blocks in the pool (default: enough for the batch)");
   cmd->add_option("--kv-dtype", args.kv_dtype,

@@ -16,7 +16,7 @@ std::atomic<bool> g_stop{false};
 void OnSignal(int) { g_stop = true; }
 
 struct ServeArgs {
-  std::string model, tokenizer, host = "127.0.0.1", api_key, kv_budget = "256MiB", kv_dtype = "f32", name, kv_layer_dtypes, kv_rotate = "none", kv_policy = "none";
+  std::string model, tokenizer, host = "127.0.0.1", api_key, kv_budget = "256MiB", kv_dtype = "f32", name, kv_layer_dtypes, kv_rotate = "none", kv_policy = "none", chat_template;
   double kv_budget_fraction = 1.0;
   int port = 8080;
   int64_t max_body = 1 << 20, max_queue = 256, step_tokens = 256, blocks = 0;
@@ -36,6 +36,7 @@ int RunServe(const ServeArgs& a) {
   o.engine.max_queue = a.max_queue;
   o.engine.prefix_cache = !a.no_prefix_cache;
   o.engine.threads = a.threads;
+  o.engine.chat_template = a.chat_template;
   if (!ToTierOptions(a.tiers, o.engine.tiers)) return kExitBadInput;
   Result<DType> dt = ParseDType(a.kv_dtype);
   if (!dt.ok()) {
@@ -114,6 +115,9 @@ CLI::App* AddServeCommand(CLI::App& app, int& exit_code) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--max-running", args.max_running, "Sequences per step (default 64)")->check(CLI::Range(1, 1 << 16));
   cmd->add_option("--served-model-name", args.name, "Model id in the API (default: the file name)");
+  cmd->add_option("--chat-template", args.chat_template,
+                  "Chat template for /v1/chat/completions: chatml, llama3, llama2, mistral, gemma, phi3, zephyr, or a "
+                  "Jinja file (default: the model's own; ChatML when it has none)");
   cmd->add_flag("--no-prefix-cache", args.no_prefix_cache, "Do not share prompt blocks between requests");
   cmd->add_option("--threads", args.threads, "Threads for the kernels (default: all cores)")->check(CLI::Range(0, 4096));
   AddTierFlags(cmd, args.tiers);

@@ -56,7 +56,9 @@ const char* FinishReasonName(FinishReason r);  // "length", "stop" (EOS or a sto
 struct TokenUpdate {
   RequestId id = 0;
   int32_t token = -1;
-  std::string text;  // the token's text (stop strings cut)
+  // Text completed by this token: whole UTF-8 characters only (a character
+  // split over tokens comes with its last one), stop strings cut.
+  std::string text;
   FinishReason finish = FinishReason::kNone;
 };
 
@@ -68,7 +70,7 @@ struct EngineRequest {
   int32_t stop_at_tokens = 0;
   SamplingOptions sampling;
   std::vector<std::string> stop;       // stop strings: generation ends before the first one
-  bool ignore_eos = false;
+  bool ignore_eos = false;             // do not end at EOS / end-of-turn tokens (Engine::stop_tokens)
   int32_t priority = 0;                // higher runs first and is preempted last
   ExtraKeys extra;                     // prefix-cache salt etc.
   std::function<void(const TokenUpdate&)> on_update;  // streaming, optional
@@ -111,6 +113,10 @@ struct EngineOptions {
   // (and later tokens) may differ from an uninterrupted run.
   EvictionOptions eviction;
   int threads = 0;
+  // The chat template: empty = the model's (tokenizer.chat_template; ChatML
+  // when the model has none), else a built-in name (chatml, llama3, llama2,
+  // mistral, gemma, phi3, zephyr) or a Jinja file.
+  std::string chat_template;
   // Lower KV tiers under the prefix cache (paged with prefix_cache only):
   // blocks evicted from the pool move to RAM / disk / Redis, and admission
   // loads a prefix that continues there instead of recomputing it. A
@@ -142,11 +148,24 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  // Text to prompt ids (BOS first), and generated ids to text.
+  // Text to prompt ids (with the model's own BOS convention, special tokens
+  // written in the text parsed), and generated ids to text.
   std::vector<int32_t> Encode(const std::string& text) const;
   std::string Decode(const std::vector<int32_t>& tokens, int32_t prev) const;
+  // A conversation (a JSON array of OpenAI-style messages; `tools_json`: an
+  // array of tool definitions, or empty) rendered through the chat template
+  // (the model's, or EngineOptions::chat_template) and encoded. Errors
+  // (kInvalidArgument): malformed JSON, no template, a template that fails
+  // or raises (its message).
+  Result<std::vector<int32_t>> EncodeChat(const std::string& messages_json, bool add_generation_prompt = true,
+                                          const std::string& tools_json = {}) const;
   int32_t context_len() const;
   int32_t eos_id() const;
+  // Tokens that end a request (EOS and the template's end-of-turn tokens).
+  const std::vector<int32_t>& stop_tokens() const;
+  // Which chat template EncodeChat renders (for logs): the model's, a
+  // built-in's name or a file's, or ChatML for a model that has none.
+  std::string chat_template_name() const;
 
   // Queues a request. Errors (nothing queued): empty prompt, a prompt plus
   // max_tokens past the context (the limit stated), token ids outside the

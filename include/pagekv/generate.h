@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,14 +31,30 @@ struct SamplingOptions {
   int32_t top_k = 0;                // 0 = off; else keep the k most likely
   float top_p = 1.0f;               // nucleus: keep the smallest set with mass >= top_p
   float repetition_penalty = 1.0f;  // > 1 discourages tokens already in the sequence
-  uint64_t seed = 0;                // same seed, same tokens
+  // Same seed, same tokens; unset: drawn from the operating system, so two
+  // unseeded requests sample differently (greedy decoding needs none).
+  std::optional<uint64_t> seed;
 };
 
 struct GenerateOptions {
   std::string model_path;      // .gguf, or a llama2.c .bin (then tokenizer_path is required)
   std::string tokenizer_path;  // llama2.c tokenizer.bin
   std::vector<std::string> prompts;  // generated together as one batch
-  int32_t max_new_tokens = 64;       // >= 1
+  // Tokens to generate per prompt; 0 = until a stop token (chat, or
+  // stop_at_eos) or the model's context ends.
+  int32_t max_new_tokens = 64;
+  // End a sequence at the model's end-of-sequence token and the chat
+  // template's end-of-turn tokens (which are not part of the output).
+  // Without it (and without chat) every prompt gets exactly max_new_tokens.
+  bool stop_at_eos = false;
+  // Chat: each prompt is one user message (after system_prompt, when set),
+  // rendered through the model's chat template (or chat_template: a
+  // built-in name, chatml / llama3 / llama2 / mistral / gemma / phi3 /
+  // zephyr, or a template file) and encoded with its special tokens. Implies
+  // stop_at_eos.
+  bool chat = false;
+  std::string chat_template;
+  std::string system_prompt;
   SamplingOptions sampling;
   int32_t block_len = 16;
   DType kv_dtype = DType::kF32;
@@ -74,8 +91,10 @@ struct GenerateOptions {
 struct GenerateOutput {
   std::string prompt;
   std::vector<int32_t> prompt_ids;
-  std::vector<int32_t> generated_ids;
+  std::vector<int32_t> generated_ids;  // without the stop token that ended them
   std::string text;  // the decoded prompt and generation
+  std::string completion;  // the decoded generation alone
+  bool stopped = false;    // ended by a stop token (else by length)
   // With top_logits > 0: per step, the top-k ids and logits.
   std::vector<std::vector<std::pair<int32_t, float>>> step_top;
 };
@@ -117,7 +136,8 @@ struct GenerateReport {
 };
 
 // Errors: missing or corrupt model/tokenizer files (named), no prompts, an
-// empty prompt list entry is allowed (BOS only), max_new_tokens < 1, invalid
+// empty prompt list entry is allowed (BOS only), max_new_tokens < 0 (or 0
+// without a way to stop), a chat template that is missing or fails, invalid
 // sampling values, a prompt longer than the model's context, a KV dtype the
 // cache does not store.
 Result<GenerateReport> Generate(const GenerateOptions& options);

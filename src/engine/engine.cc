@@ -13,9 +13,11 @@
 #include <unordered_map>
 
 #include "base/check.h"
+#include "model/chat.h"
 #include "model/llama_model.h"
 #include "model/model_loader.h"
 #include "model/sampler.h"
+#include "model/tokenizer.h"
 #include "pagekv/kv_cache.h"
 
 namespace pagekv {
@@ -71,6 +73,9 @@ struct Planned {
 struct Engine::State {
   EngineOptions o;
   LoadedModel m;
+  std::optional<ChatTemplate> chat;  // when the model has a template or one was named
+  Status chat_error = Status::Ok();  // why there is none
+  std::vector<int32_t> stop_tokens;
   std::unique_ptr<KvCache> cache;
   std::unique_ptr<BlockTiers> tiers;  // outlives prefix, which calls it
   std::unique_ptr<PrefixCache> prefix;
@@ -139,7 +144,19 @@ struct Engine::State {
         }
       }
     }
-    TokenUpdate u{s->id, token, s->text.substr(std::min(s->streamed, safe), safe > s->streamed ? safe - s->streamed : 0), finish};
+    if (finish == FinishReason::kNone) {
+      // Nor the first bytes of a character a later token completes.
+      for (size_t k = 1; k <= 3 && k <= safe; ++k) {
+        const auto c = static_cast<unsigned char>(s->text[safe - k]);
+        if ((c & 0xC0) == 0x80) continue;
+        const size_t want = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+        if (want > k) safe -= k;
+        break;
+      }
+    }
+    TokenUpdate u{s->id, token,
+                  SanitizeUtf8(s->text.substr(std::min(s->streamed, safe), safe > s->streamed ? safe - s->streamed : 0)),
+                  finish};
     s->streamed = std::max(s->streamed, safe);
     s->req.on_update(u);
   }
@@ -150,7 +167,7 @@ struct Engine::State {
     if (auto it = std::find(waiting.begin(), waiting.end(), s); it != waiting.end()) waiting.erase(it);
     s->result.finish = reason;
     s->result.error = std::move(error);
-    s->result.text = s->text;
+    s->result.text = SanitizeUtf8(s->text);
     Emit(s, -1, reason);
     std::unique_ptr<Seq> owned = std::move(live.at(s->id));
     live.erase(s->id);
@@ -335,7 +352,9 @@ struct Engine::State {
       s->result.inter_token.push_back(std::chrono::duration<double>(now - s->last_token).count());
     }
     s->last_token = now;
-    if (token == m.tokenizer->eos_id() && !s->req.ignore_eos) return FinishReason::kEos;
+    if (!s->req.ignore_eos && std::find(stop_tokens.begin(), stop_tokens.end(), token) != stop_tokens.end()) {
+      return FinishReason::kEos;
+    }
     const int32_t prev = s->tokens.back();
     s->tokens.push_back(token);
     s->result.tokens.push_back(token);
@@ -371,6 +390,20 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& o) {
   auto st = std::make_unique<State>();
   st->o = o;
   PAGEKV_ASSIGN_OR_RETURN(st->m, LoadModel(o.model_path, o.tokenizer_path));
+  st->stop_tokens = st->m.stop_tokens;
+  // A model without a template (a base model) chats in ChatML, as llama.cpp's
+  // server does; the name says so.
+  const std::string chat_name = o.chat_template.empty() && st->m.chat_template.empty() ? "chatml" : o.chat_template;
+  if (Result<ChatTemplate> chat = ChatTemplate::Create(st->m.chat_template, chat_name, *st->m.tokenizer); chat.ok()) {
+    st->chat = std::move(*chat);
+    for (int32_t t : st->chat->stop_tokens()) {
+      if (std::find(st->stop_tokens.begin(), st->stop_tokens.end(), t) == st->stop_tokens.end()) st->stop_tokens.push_back(t);
+    }
+  } else if (!o.chat_template.empty()) {
+    return chat.status();  // a named template that does not work: say so now
+  } else {
+    st->chat_error = chat.status();  // chat requests get it; completions still work
+  }
   KvCacheOptions co;
   co.config = st->m.model->CacheGeometry(o.block_len, o.kv_dtype, o.num_blocks);
   co.config.budget_bytes = o.kv_budget_bytes;
@@ -409,7 +442,32 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& o) {
   return std::unique_ptr<Engine>(new Engine(std::move(st)));
 }
 
-std::vector<int32_t> Engine::Encode(const std::string& text) const { return state_->m.tokenizer->Encode(text, true, false); }
+std::vector<int32_t> Engine::Encode(const std::string& text) const {
+  return state_->m.tokenizer->EncodePrompt(text, /*parse_special=*/true);
+}
+
+Result<std::vector<int32_t>> Engine::EncodeChat(const std::string& messages_json, bool add_generation_prompt,
+                                                const std::string& tools_json) const {
+  const State& st = *state_;
+  if (!st.chat) return st.chat_error;
+  const nlohmann::ordered_json messages = nlohmann::ordered_json::parse(messages_json, nullptr, /*allow_exceptions=*/false);
+  if (messages.is_discarded()) return InvalidArgumentError("chat: the messages are not valid JSON");
+  nlohmann::ordered_json tools;
+  if (!tools_json.empty()) {
+    tools = nlohmann::ordered_json::parse(tools_json, nullptr, false);
+    if (tools.is_discarded()) return InvalidArgumentError("chat: the tools are not valid JSON");
+  }
+  return st.chat->Encode(messages, add_generation_prompt, tools);
+}
+
+const std::vector<int32_t>& Engine::stop_tokens() const { return state_->stop_tokens; }
+
+std::string Engine::chat_template_name() const {
+  const State& st = *state_;
+  if (!st.chat) return "none (" + st.chat_error.message() + ")";
+  if (st.m.chat_template.empty() && st.o.chat_template.empty()) return "chatml (the model has no chat template)";
+  return st.chat->name() == "model" ? "the model's (tokenizer.chat_template)" : st.chat->name();
+}
 
 std::string Engine::Decode(const std::vector<int32_t>& tokens, int32_t prev) const {
   std::string out;

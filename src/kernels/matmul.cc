@@ -10,6 +10,7 @@
 #define HWY_TARGET_INCLUDE "kernels/matmul.cc"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 
+#include <hwy/aligned_allocator.h>
 #include <hwy/highway.h>
 
 #include <algorithm>
@@ -20,6 +21,8 @@
 #include "base/thread_pool.h"
 #include "kernels/matmul.h"
 #include "kernels/simd-inl.h"
+#include "kernels/quant_blocks-inl.h"
+#include "kernels/int_dot-inl.h"
 #include "layout/float16.h"
 
 #ifndef PAGEKV_KERNELS_MATMUL_ONCE_
@@ -29,6 +32,7 @@ namespace pagekv::kernels {
 constexpr int64_t kQ8Block = 32;       // elements per q8_0 block
 constexpr int64_t kQ8BlockBytes = 34;  // f16 scale + 32 int8
 constexpr int kPanelRows = 16;         // rows per panel (WeightMatrix::panels)
+constexpr int64_t kIntMaxTokens = 15;  // Activations::kInt16 runs integer products up to this many tokens
 constexpr int64_t kPanelPadRows = 32;  // packed rows are padded to a multiple of this (the widest tile)
 
 // One call's task, shared by every thread.
@@ -38,6 +42,10 @@ struct MatMulTask {
   const float* x = nullptr;
   int64_t tokens = 0;
   float* y = nullptr;
+  // Activations::kInt16 on a block format: X as q16 rows (int_dot-inl.h), else null.
+  const int16_t* xq = nullptr;
+  const float* xd = nullptr;
+  const float* xs = nullptr;
 };
 
 }  // namespace pagekv::kernels
@@ -145,179 +153,35 @@ HWY_INLINE void Tile(const MatMulTask& task, const std::byte* const* rows, const
   }
 }
 
-// ---- Block-quantized rows: a block unpacked to small integers with one
-// scale and one bias per sub-block (so that value = q * scale + bias), then
-// converted to f32 a vector at a time.
-template <WeightType kType>
-struct QuantTraits {
-  static constexpr int kElems = kType == WeightType::kQ2_K || kType == WeightType::kQ3_K || kType == WeightType::kQ4_K ||
-                                        kType == WeightType::kQ5_K || kType == WeightType::kQ6_K
-                                    ? 256
-                                    : 32;
-  static constexpr int kSub = kType == WeightType::kQ4_K || kType == WeightType::kQ5_K || kElems == 32 ? 32 : 16;
-};
-
-HWY_INLINE float HalfAt(const std::byte* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return F16ToF32(h);
-}
-
-// q[QuantTraits::kElems], scale / bias [kElems / kSub]; the layouts are
-// those of weight_formats.h (whose scalar DecodeWeights is the reference).
-template <WeightType kType>
-HWY_INLINE void Unpack(const std::byte* b, int8_t* HWY_RESTRICT q, float* HWY_RESTRICT scale, float* HWY_RESTRICT bias) {
-  const auto* u = reinterpret_cast<const uint8_t*>(b);
-  if constexpr (kType == WeightType::kQ8_0) {
-    std::memcpy(q, b + 2, 32);
-    scale[0] = HalfAt(b);
-    bias[0] = 0;
-  } else if constexpr (kType == WeightType::kQ4_0 || kType == WeightType::kQ4_1) {
-    constexpr bool kMin = kType == WeightType::kQ4_1;
-    const uint8_t* qs = u + (kMin ? 4 : 2);
-    const int off = kMin ? 0 : 8;
-    for (int j = 0; j < 16; ++j) {
-      q[j] = static_cast<int8_t>((qs[j] & 0xF) - off);
-      q[j + 16] = static_cast<int8_t>((qs[j] >> 4) - off);
-    }
-    scale[0] = HalfAt(b);
-    bias[0] = kMin ? HalfAt(b + 2) : 0.0f;
-  } else if constexpr (kType == WeightType::kQ5_0 || kType == WeightType::kQ5_1) {
-    constexpr bool kMin = kType == WeightType::kQ5_1;
-    uint32_t qh;
-    std::memcpy(&qh, b + (kMin ? 4 : 2), 4);
-    const uint8_t* qs = u + (kMin ? 8 : 6);
-    const int off = kMin ? 0 : 16;
-    for (int j = 0; j < 16; ++j) {
-      q[j] = static_cast<int8_t>(((qs[j] & 0xF) | (((qh >> j) & 1) << 4)) - off);
-      q[j + 16] = static_cast<int8_t>(((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - off);
-    }
-    scale[0] = HalfAt(b);
-    bias[0] = kMin ? HalfAt(b + 2) : 0.0f;
-  } else if constexpr (kType == WeightType::kQ2_K) {
-    const uint8_t* sc = u;
-    const uint8_t* qs = u + 16;
-    const float d = HalfAt(b + 80), dmin = HalfAt(b + 82);
-    for (int i = 0; i < 16; ++i) {
-      scale[i] = d * static_cast<float>(sc[i] & 0xF);
-      bias[i] = -dmin * static_cast<float>(sc[i] >> 4);
-    }
-    for (int half = 0; half < 2; ++half) {
-      for (int s = 0; s < 4; ++s) {
-        for (int l = 0; l < 32; ++l) q[half * 128 + s * 32 + l] = static_cast<int8_t>((qs[half * 32 + l] >> (2 * s)) & 3);
-      }
-    }
-  } else if constexpr (kType == WeightType::kQ3_K) {
-    const uint8_t* hmask = u;
-    const uint8_t* qs = u + 32;
-    const uint8_t* s = u + 96;
-    const float d = HalfAt(b + 108);
-    for (int i = 0; i < 16; ++i) {
-      const int low = i < 8 ? (s[i] & 0xF) : (s[i - 8] >> 4);
-      const int high = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
-      scale[i] = d * static_cast<float>((low | (high << 4)) - 32);
-      bias[i] = 0;
-    }
-    for (int half = 0; half < 2; ++half) {
-      for (int sh = 0; sh < 4; ++sh) {
-        const int bit = half * 4 + sh;
-        for (int l = 0; l < 32; ++l) {
-          q[half * 128 + sh * 32 + l] = static_cast<int8_t>(((qs[half * 32 + l] >> (2 * sh)) & 3) - (((hmask[l] >> bit) & 1) != 0 ? 0 : 4));
-        }
-      }
-    }
-  } else if constexpr (kType == WeightType::kQ4_K || kType == WeightType::kQ5_K) {
-    constexpr bool kFive = kType == WeightType::kQ5_K;
-    const float d = HalfAt(b), dmin = HalfAt(b + 2);
-    const uint8_t* sc = u + 4;
-    const uint8_t* qh = u + 16;
-    const uint8_t* ql = u + (kFive ? 48 : 16);
-    for (int j = 0; j < 8; ++j) {
-      int s, m;
-      if (j < 4) {
-        s = sc[j] & 63;
-        m = sc[j + 4] & 63;
-      } else {
-        s = (sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4);
-        m = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
-      }
-      scale[j] = d * static_cast<float>(s);
-      bias[j] = -dmin * static_cast<float>(m);
-    }
-    for (int j = 0; j < 4; ++j) {
-      for (int l = 0; l < 32; ++l) {
-        const int h1 = kFive ? ((qh[l] >> (2 * j)) & 1) << 4 : 0;
-        const int h2 = kFive ? ((qh[l] >> (2 * j + 1)) & 1) << 4 : 0;
-        q[j * 64 + l] = static_cast<int8_t>((ql[j * 32 + l] & 0xF) | h1);
-        q[j * 64 + 32 + l] = static_cast<int8_t>((ql[j * 32 + l] >> 4) | h2);
-      }
-    }
-  } else if constexpr (kType == WeightType::kQ6_K) {
-    const uint8_t* ql = u;
-    const uint8_t* qh = u + 128;
-    const auto* sc = reinterpret_cast<const int8_t*>(b + 192);
-    const float d = HalfAt(b + 208);
-    for (int i = 0; i < 16; ++i) {
-      scale[i] = d * static_cast<float>(sc[i]);
-      bias[i] = 0;
-    }
-    for (int half = 0; half < 2; ++half) {
-      for (int l = 0; l < 32; ++l) {
-        const uint8_t a = ql[half * 64 + l], c = ql[half * 64 + 32 + l], h = qh[half * 32 + l];
-        q[half * 128 + l] = static_cast<int8_t>(((a & 0xF) | ((h & 3) << 4)) - 32);
-        q[half * 128 + 32 + l] = static_cast<int8_t>(((c & 0xF) | (((h >> 2) & 3) << 4)) - 32);
-        q[half * 128 + 64 + l] = static_cast<int8_t>(((a >> 4) | (((h >> 4) & 3) << 4)) - 32);
-        q[half * 128 + 96 + l] = static_cast<int8_t>(((c >> 4) | (((h >> 6) & 3) << 4)) - 32);
-      }
-    }
-  }
-}
-
-// One block as f32 into out[QuantTraits<kType>::kElems].
-template <WeightType kType>
-HWY_INLINE void DecodeBlockF32(const std::byte* b, float* HWY_RESTRICT out) {
-  using Tr = QuantTraits<kType>;
-  HWY_ALIGN int8_t q[Tr::kElems];
-  float scale[Tr::kElems / Tr::kSub], bias[Tr::kElems / Tr::kSub];
-  Unpack<kType>(b, q, scale, bias);
-  const hn::ScalableTag<float> df;
-  const hn::Rebind<int8_t, decltype(df)> di8;
-  const hn::Rebind<int32_t, decltype(df)> di32;
-  const int n = static_cast<int>(hn::Lanes(df));
-  for (int s = 0; s < Tr::kElems / Tr::kSub; ++s) {
-    const auto vs = hn::Set(df, scale[s]), vb = hn::Set(df, bias[s]);
-    for (int i = s * Tr::kSub; i < (s + 1) * Tr::kSub; i += n) {
-      hn::Store(hn::MulAdd(hn::ConvertTo(df, hn::PromoteTo(di32, hn::LoadU(di8, q + i))), vs, vb), df, out + i);
-    }
-  }
-}
-
 // acc[r][t] += W[row r] . X[token t] over all columns, for kT tokens, the
-// rows in a block format: each row's block decoded once into L1.
+// rows in a block format: each weight vector decoded in registers (u *
+// scale + bias, one multiply-add) once per tile and used for every token.
 template <WeightType kType, int kT>
 HWY_INLINE void QuantTile(const MatMulTask& task, const std::byte* const* rows, const float* x, float* out) {
   using Tr = QuantTraits<kType>;
-  constexpr int kE = Tr::kElems;
+  constexpr int kE = Tr::kElems, kSubs = Tr::kElems / Tr::kSub;
   const int64_t block_bytes = FormatOf(kType).block_bytes;
   const hn::ScalableTag<float> df;
-  const int64_t n = static_cast<int64_t>(hn::Lanes(df));
+  const int n = static_cast<int>(hn::Lanes(df));
   const int64_t cols = task.w.cols;
   using V = hn::Vec<decltype(df)>;
   V acc[kTileRows][kT];
   for (int r = 0; r < kTileRows; ++r) {
     for (int t = 0; t < kT; ++t) acc[r][t] = hn::Zero(df);
   }
-  HWY_ALIGN float w[kTileRows][kE];
+  float scale[kTileRows][kSubs], bias[kTileRows][kSubs];
   for (int64_t b = 0; b < cols / kE; ++b) {
     for (int r = 0; r < kTileRows; ++r) {
       __builtin_prefetch(rows[r] + task.row_bytes * kTileRows + b * block_bytes, 0, 2);
-      DecodeBlockF32<kType>(rows[r] + b * block_bytes, w[r]);
+      Scales<kType>(rows[r] + b * block_bytes, scale[r], bias[r]);
     }
-    for (int64_t i = 0; i < kE; i += n) {
+    for (int e = 0; e < kE; e += n) {
       V xv[kT];
-      for (int t = 0; t < kT; ++t) xv[t] = hn::LoadU(df, x + t * cols + b * kE + i);
+      for (int t = 0; t < kT; ++t) xv[t] = hn::LoadU(df, x + t * cols + b * kE + e);
+      const int sub = e / Tr::kSub;
       for (int r = 0; r < kTileRows; ++r) {
-        const V wv = hn::Load(df, w[r] + i);
+        const V wv = hn::MulAdd(Elements<kType>(df, rows[r] + b * block_bytes, e), hn::Set(df, scale[r][sub]),
+                                hn::Set(df, bias[r][sub]));
         for (int t = 0; t < kT; ++t) acc[r][t] = hn::MulAdd(wv, xv[t], acc[r][t]);
       }
     }
@@ -343,9 +207,49 @@ HWY_INLINE void AnyTile(const MatMulTask& task, const std::byte* const* rows, co
   }
 }
 
+#ifdef PAGEKV_HAVE_INT_DOT
+// Rows [row_begin, row_end) for every token, X as q16 rows: tiles of four
+// rows times one or two tokens (their accumulators fit the 16 registers).
+template <WeightType kType>
+void IntRowRange(const MatMulTask& task, int64_t row_begin, int64_t row_end) {
+  const int64_t cols = task.w.cols;
+  float out[2 * kTileRows];
+  for (int64_t r0 = row_begin; r0 < row_end; r0 += kTileRows) {
+    const int64_t nr = std::min<int64_t>(kTileRows, row_end - r0);
+    const std::byte* rows[kTileRows];
+    for (int r = 0; r < kTileRows; ++r) rows[r] = task.w.data + (r0 + std::min<int64_t>(r, nr - 1)) * task.row_bytes;
+    for (int64_t t = 0; t < task.tokens; t += 2) {
+      const int64_t nt = std::min<int64_t>(2, task.tokens - t);
+      const int16_t* xq = task.xq + t * cols;
+      const float* xd = task.xd + t * (cols / 32);
+      const float* xs = task.xs + t * (cols / 16);
+      if constexpr (QuantTraits<kType>::kElems == 32) {
+        if (nt == 2) {
+          intdot::Tile32<kType, kTileRows, 2>(rows, cols, xq, xd, xs, task.row_bytes, out);
+        } else {
+          intdot::Tile32<kType, kTileRows, 1>(rows, cols, xq, xd, xs, task.row_bytes, out);
+        }
+      } else if (nt == 2) {
+        intdot::Tile<kType, kTileRows, 2>(rows, cols, xq, xd, xs, task.row_bytes, out);
+      } else {
+        intdot::Tile<kType, kTileRows, 1>(rows, cols, xq, xd, xs, task.row_bytes, out);
+      }
+      for (int64_t i = 0; i < nt; ++i) {
+        std::memcpy(task.y + (t + i) * task.w.rows + r0, out + i * kTileRows, static_cast<size_t>(nr) * 4);
+      }
+    }
+  }
+}
+#endif
+
 // Rows [row_begin, row_end) for every token.
 template <WeightType kType>
 void RowRange(const MatMulTask& task, int64_t row_begin, int64_t row_end) {
+#ifdef PAGEKV_HAVE_INT_DOT
+  if constexpr (kType != WeightType::kF32 && kType != WeightType::kF16 && kType != WeightType::kBF16) {
+    if (task.xq != nullptr) return IntRowRange<kType>(task, row_begin, row_end);
+  }
+#endif
   const int64_t cols = task.w.cols;
   // Tokens per pass: their X rows (cols floats each) fit in ~256 KiB of L2.
   const int64_t token_chunk = std::max<int64_t>(kTileTokens, (int64_t{256} << 10) / (cols * 4) / kTileTokens * kTileTokens);
@@ -483,6 +387,93 @@ void PanelRange(const MatMulTask& task, int64_t row_begin, int64_t row_end) {
   }
 }
 
+// Block-quantized rows for many tokens: each tile of kPanelTileRows rows is
+// decoded once into an f32 panel (the layout PackedWeights gives f32
+// weights, in a per-thread buffer that stays in L2) and the panel kernel
+// runs every token over it, so the decoding is paid once per tile rather
+// than once per few tokens.
+template <WeightType kType>
+void DecodedPanelRange(const MatMulTask& task, int64_t row_begin, int64_t row_end) {
+  using Tr = QuantTraits<kType>;
+  const int64_t cols = task.w.cols, rows = task.w.rows;
+  const int64_t panel_elems = cols * kPanelRows;
+  const int64_t block_bytes = FormatOf(kType).block_bytes;
+  // Per-thread buffers, grown to the widest matrix seen: the panel (64-byte
+  // aligned for the panel kernel's loads) and four decoded rows.
+  thread_local hwy::AlignedFreeUniquePtr<float[]> panel_buf;
+  thread_local int64_t panel_cap = 0;
+  thread_local std::vector<float> row_buf;  // four decoded rows, row-major
+  if (panel_cap < kPanelTileRows * cols) {
+    panel_cap = kPanelTileRows * cols;
+    panel_buf = hwy::AllocateAligned<float>(static_cast<size_t>(panel_cap));
+  }
+  float* const buffer = panel_buf.get();
+  row_buf.resize(static_cast<size_t>(4 * cols));
+  HWY_ALIGN float scratch[kPanelTokens * kPanelTileRows];
+  const hn::ScalableTag<float> df;
+  const int n = static_cast<int>(hn::Lanes(df));
+  float scale[Tr::kElems / Tr::kSub], bias[Tr::kElems / Tr::kSub];
+  for (int64_t r0 = row_begin; r0 < row_end; r0 += kPanelTileRows) {
+    const int64_t nr = std::min<int64_t>(kPanelTileRows, row_end - r0);
+    for (int64_t g = 0; g < kPanelTileRows; g += 4) {  // four rows at a time, decoded then transposed
+      for (int64_t k = 0; k < 4; ++k) {
+        float* row = row_buf.data() + k * cols;
+        if (g + k >= nr) {
+          std::fill(row, row + cols, 0.0f);
+          continue;
+        }
+        const std::byte* src = task.w.data + (r0 + g + k) * task.row_bytes;
+        for (int64_t b = 0; b < cols / Tr::kElems; ++b) {
+          Scales<kType>(src + b * block_bytes, scale, bias);
+          for (int e = 0; e < Tr::kElems; e += n) {
+            hn::StoreU(hn::MulAdd(Elements<kType>(df, src + b * block_bytes, e), hn::Set(df, scale[e / Tr::kSub]),
+                                  hn::Set(df, bias[e / Tr::kSub])),
+                       df, row + b * Tr::kElems + e);
+          }
+        }
+      }
+      // Column c of rows g..g+3 is four consecutive floats of the panel.
+      float* panel = buffer + (g / kPanelRows) * panel_elems + g % kPanelRows;
+      const float* r4 = row_buf.data();
+#if HWY_TARGET != HWY_SCALAR
+      const hn::Full128<float> d4;
+      for (int64_t c = 0; c < cols; c += 4) {  // cols: a multiple of 32
+        const auto a = hn::LoadU(d4, r4 + c), b = hn::LoadU(d4, r4 + cols + c);
+        const auto e = hn::LoadU(d4, r4 + 2 * cols + c), f = hn::LoadU(d4, r4 + 3 * cols + c);
+        const auto ab_lo = hn::InterleaveLower(d4, a, b), ef_lo = hn::InterleaveLower(d4, e, f);
+        const auto ab_hi = hn::InterleaveUpper(d4, a, b), ef_hi = hn::InterleaveUpper(d4, e, f);
+        hn::StoreU(hn::ConcatLowerLower(d4, ef_lo, ab_lo), d4, panel + (c + 0) * kPanelRows);
+        hn::StoreU(hn::ConcatUpperUpper(d4, ef_lo, ab_lo), d4, panel + (c + 1) * kPanelRows);
+        hn::StoreU(hn::ConcatLowerLower(d4, ef_hi, ab_hi), d4, panel + (c + 2) * kPanelRows);
+        hn::StoreU(hn::ConcatUpperUpper(d4, ef_hi, ab_hi), d4, panel + (c + 3) * kPanelRows);
+      }
+#else
+      for (int64_t c = 0; c < cols; ++c) {
+        for (int64_t k = 0; k < 4; ++k) panel[c * kPanelRows + k] = r4[k * cols + c];
+      }
+#endif
+    }
+    const int64_t tiles = (task.tokens + kPanelTokens - 1) / kPanelTokens;
+    for (int64_t tile = 0, t = 0; tile < tiles; ++tile) {
+      const int64_t nt = task.tokens / tiles + (tile < task.tokens % tiles ? 1 : 0);
+      const bool direct = nr == kPanelTileRows;
+      float* out = direct ? task.y + t * rows + r0 : scratch;
+      const int64_t stride = direct ? rows : kPanelTileRows;
+      PanelTileN<float>(nt, buffer, panel_elems, task.x + t * cols, cols, out, stride, nullptr);
+      if (!direct) {
+        for (int64_t i = 0; i < nt; ++i) {
+          std::memcpy(task.y + (t + i) * rows + r0, scratch + i * kPanelTileRows, static_cast<size_t>(nr) * 4);
+        }
+      }
+      t += nt;
+    }
+  }
+}
+
+// Tokens from which the decoded-panel path beats decoding per token tile
+// (and the integer path: measured on SmolLM2's Q4_1, docs/PERFORMANCE.md).
+constexpr int64_t kDecodedPanelMinTokens = 16;
+
 void PanelRangeImpl(const MatMulTask& task, int64_t row_begin, int64_t row_end) {
   switch (task.w.type) {
     case WeightType::kF32: return PanelRange<float>(task, row_begin, row_end);
@@ -493,6 +484,20 @@ void PanelRangeImpl(const MatMulTask& task, int64_t row_begin, int64_t row_end) 
 }
 
 void RowRangeImpl(const MatMulTask& task, int64_t row_begin, int64_t row_end) {
+  if (IsBlockQuantized(task.w.type) && task.w.type != WeightType::kQ8_0 && task.tokens >= kDecodedPanelMinTokens) {
+    switch (task.w.type) {
+      case WeightType::kQ4_0: return DecodedPanelRange<WeightType::kQ4_0>(task, row_begin, row_end);
+      case WeightType::kQ4_1: return DecodedPanelRange<WeightType::kQ4_1>(task, row_begin, row_end);
+      case WeightType::kQ5_0: return DecodedPanelRange<WeightType::kQ5_0>(task, row_begin, row_end);
+      case WeightType::kQ5_1: return DecodedPanelRange<WeightType::kQ5_1>(task, row_begin, row_end);
+      case WeightType::kQ2_K: return DecodedPanelRange<WeightType::kQ2_K>(task, row_begin, row_end);
+      case WeightType::kQ3_K: return DecodedPanelRange<WeightType::kQ3_K>(task, row_begin, row_end);
+      case WeightType::kQ4_K: return DecodedPanelRange<WeightType::kQ4_K>(task, row_begin, row_end);
+      case WeightType::kQ5_K: return DecodedPanelRange<WeightType::kQ5_K>(task, row_begin, row_end);
+      case WeightType::kQ6_K: return DecodedPanelRange<WeightType::kQ6_K>(task, row_begin, row_end);
+      default: break;
+    }
+  }
   switch (task.w.type) {
     case WeightType::kF32: return RowRange<WeightType::kF32>(task, row_begin, row_end);
     case WeightType::kF16: return RowRange<WeightType::kF16>(task, row_begin, row_end);
@@ -510,6 +515,45 @@ void RowRangeImpl(const MatMulTask& task, int64_t row_begin, int64_t row_end) {
   }
 }
 
+bool IntDotImpl() {
+#ifdef PAGEKV_HAVE_INT_DOT
+  return true;
+#else
+  return false;
+#endif
+}
+
+// X's rows as q16 (int_dot-inl.h): per 32 values a scale max |x| / 32767
+// and the values rounded to int16; per 16 the scale times their sum.
+void QuantizeQ16Impl(const float* x, int64_t tokens, int64_t cols, int16_t* xq, float* xd, float* xs) {
+  const hn::ScalableTag<float> df;
+  const hn::Rebind<int32_t, decltype(df)> di32;
+  const hn::Rebind<int16_t, decltype(df)> di16;
+  const int64_t n = static_cast<int64_t>(hn::Lanes(df));
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t b = 0; b < cols / 32; ++b) {
+      const float* v = x + t * cols + b * 32;
+      auto amax = hn::Zero(df);
+      for (int64_t i = 0; i < 32; i += n) amax = hn::Max(amax, hn::Abs(hn::LoadU(df, v + i)));
+      const float m = hn::GetLane(hn::MaxOfLanes(df, amax));
+      const float d = m / 32767.0f;
+      const auto vd = hn::Set(df, d == 0 ? 1.0f : d);  // all zeros: any divisor gives zeros
+      int16_t* q = xq + t * cols + b * 32;
+      for (int64_t i = 0; i < 32; i += n) {
+        const auto r = hn::NearestInt(hn::Div(hn::LoadU(df, v + i), vd));  // round(x / d), ties to even
+        hn::StoreU(hn::DemoteTo(di16, r), di16, q + i);
+      }
+      xd[t * (cols / 32) + b] = d;
+      for (int h = 0; h < 2; ++h) {
+        int32_t sum = 0;
+        for (int i = 0; i < 16; ++i) sum += q[16 * h + i];
+        xs[t * (cols / 16) + 2 * b + h] = d * static_cast<float>(sum);
+      }
+    }
+  }
+  (void)di32;
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace pagekv::kernels
 HWY_AFTER_NAMESPACE();
@@ -519,6 +563,8 @@ namespace pagekv {
 namespace kernels {
 HWY_EXPORT(RowRangeImpl);
 HWY_EXPORT(PanelRangeImpl);
+HWY_EXPORT(IntDotImpl);
+HWY_EXPORT(QuantizeQ16Impl);
 void RowRange(const MatMulTask& task, int64_t row_begin, int64_t row_end) {
   HWY_DYNAMIC_DISPATCH(RowRangeImpl)(task, row_begin, row_end);
 }
@@ -527,20 +573,28 @@ void PanelRange(const MatMulTask& task, int64_t row_begin, int64_t row_end) {
 }
 }  // namespace kernels
 
-Status MatMul(const WeightMatrix& w, const float* x, int64_t tokens, float* y, int threads) {
+bool IntActivationsAvailable() { return HWY_DYNAMIC_DISPATCH(kernels::IntDotImpl)(); }
+
+Status MatMul(const WeightMatrix& w, const float* x, int64_t tokens, float* y, int threads, Activations activations) {
   const MatMulOutput one{w, y};
-  return MatMulShared({&one, 1}, x, tokens, threads);
+  return MatMulShared({&one, 1}, x, tokens, threads, activations);
 }
 
-Status MatMulShared(std::span<const MatMulOutput> outputs, const float* x, int64_t tokens, int threads) {
+Status MatMulShared(std::span<const MatMulOutput> outputs, const float* x, int64_t tokens, int threads,
+                    Activations activations) {
   if (x == nullptr) return InvalidArgumentError("matmul: null pointer");
   std::vector<kernels::MatMulTask> tasks;
   std::vector<int64_t> row_ends, first_chunk;  // per output; first_chunk has one more entry
   tasks.reserve(outputs.size());
   int64_t work = 0, chunks = 0;
   // Chunks of 32 rows (a few per thread at least) for load balance; panels
-  // end on the padded row count (a multiple of the widest tile).
-  constexpr int64_t kChunkRows = kernels::kPanelPadRows;
+  // end on the padded row count (a multiple of the widest tile). A call of
+  // few tokens streams its weights once: chunks of ~EXPCHUNK KiB of them.
+  int64_t kChunkRows = kernels::kPanelPadRows;
+  if (tokens < 16 && std::getenv("EXPCHUNK") != nullptr) {
+    const int64_t rb = WeightRowBytes(outputs[0].w.type, outputs[0].w.cols);
+    kChunkRows = std::max<int64_t>(32, (std::atoll(std::getenv("EXPCHUNK")) * 1024 / rb + 31) / 32 * 32);
+  }
   for (const MatMulOutput& out : outputs) {
     const WeightMatrix& w = out.w;
     if (w.data == nullptr || out.y == nullptr) return InvalidArgumentError("matmul: null pointer");
@@ -564,6 +618,28 @@ Status MatMulShared(std::span<const MatMulOutput> outputs, const float* x, int64
     work += w.rows * w.cols * tokens;
   }
   first_chunk.push_back(chunks);
+  // The integer path: X quantized once for every block-format product of the call.
+  bool integer = activations == Activations::kInt16 && tokens <= kernels::kIntMaxTokens && outputs[0].w.cols % 32 == 0;
+  if (integer) {
+    integer = false;
+    for (const kernels::MatMulTask& t : tasks) integer = integer || (IsBlockQuantized(t.w.type) && !t.w.panels);
+    integer = integer && IntActivationsAvailable();
+  }
+  if (integer) {
+    const int64_t cols = outputs[0].w.cols;
+    thread_local std::vector<int16_t> xq;
+    thread_local std::vector<float> xd, xs;
+    xq.resize(static_cast<size_t>(tokens * cols));
+    xd.resize(static_cast<size_t>(tokens * cols / 32));
+    xs.resize(static_cast<size_t>(tokens * cols / 16));
+    HWY_DYNAMIC_DISPATCH(kernels::QuantizeQ16Impl)(x, tokens, cols, xq.data(), xd.data(), xs.data());
+    for (kernels::MatMulTask& t : tasks) {
+      if (!IsBlockQuantized(t.w.type)) continue;
+      t.xq = xq.data();
+      t.xd = xd.data();
+      t.xs = xs.data();
+    }
+  }
   auto run = [&](size_t o, int64_t begin, int64_t end) {
     end = std::min(end, row_ends[o]);
     if (tasks[o].w.panels) {

@@ -42,10 +42,22 @@ struct WeightMatrix {
   bool panels = false;
 };
 
+// How block-quantized weights meet the activations. kF32: decoded to f32
+// and multiplied in f32 (the exact path: the same sums as a product of the
+// decoded weights, up to their order). kInt16: for calls of fewer than 16
+// tokens, the activations are rounded to int16 in blocks of 32 (a scale
+// per block) and the products are integer dot products
+// (kernels/int_dot-inl.h; x86 with AVX2 and up, else the f32 path); at 16
+// tokens and more the weights are decoded once per tile into f32 panels and
+// the path is f32 either way. Plain f32 / f16 / bf16 weights always run in
+// f32.
+enum class Activations : uint8_t { kF32, kInt16 };
+
 // Y[t][r] = sum_c X[t][c] * W[r][c] for t < tokens. `threads` = 0 uses the
 // whole shared pool. Errors: null pointers, non-positive sizes, a block
 // format with cols not a multiple of its block.
-Status MatMul(const WeightMatrix& w, const float* x, int64_t tokens, float* y, int threads = 0);
+Status MatMul(const WeightMatrix& w, const float* x, int64_t tokens, float* y, int threads = 0,
+              Activations activations = Activations::kF32);
 
 // Several products of the same X in one hand-off to the pool (the q, k and
 // v projections; the gate and up projections): outputs[i].y = X
@@ -54,7 +66,11 @@ struct MatMulOutput {
   WeightMatrix w;
   float* y = nullptr;
 };
-Status MatMulShared(std::span<const MatMulOutput> outputs, const float* x, int64_t tokens, int threads = 0);
+Status MatMulShared(std::span<const MatMulOutput> outputs, const float* x, int64_t tokens, int threads = 0,
+                    Activations activations = Activations::kF32);
+
+// Whether this CPU runs kInt16 as integer products (else as f32).
+bool IntActivationsAvailable();
 
 // Row r of W converted to f32 (the embedding lookup); either layout.
 void WeightRow(const WeightMatrix& w, int64_t r, float* out);

@@ -90,6 +90,61 @@ void Args(benchmark::internal::Benchmark* b, bool all_types) {
 
 BENCHMARK(BM_MatMul)->Apply([](benchmark::internal::Benchmark* b) { Args(b, true); });
 
+// ggml block formats at SmolLM2-135M's shapes (q, k/v, gate/up, down, the
+// classifier), random blocks with realistic scales: args shape, tokens,
+// weight type (as WeightType), activations (0 f32, 1 int16), threads (0 =
+// all).
+constexpr Shape kQuantShapes[] = {{576, 576}, {192, 576}, {1536, 576}, {576, 1536}, {49152, 576}};
+
+void BM_QuantMatMul(benchmark::State& state) {
+  const Shape s = kQuantShapes[state.range(0)];
+  const int64_t tokens = state.range(1);
+  const auto type = static_cast<WeightType>(state.range(2));
+  const Activations act = state.range(3) == 1 ? Activations::kInt16 : Activations::kF32;
+  const int threads = static_cast<int>(state.range(4));
+  std::vector<std::byte> bytes(static_cast<size_t>(s.rows * WeightRowBytes(type, s.cols)));
+  std::mt19937 rng(3);
+  for (auto& b : bytes) b = static_cast<std::byte>(rng());
+  // Keep every f16 scale finite: rewrite each block's first two bytes (and
+  // the K formats' d / dmin where they sit) with small values.
+  const WeightFormat& f = FormatOf(type);
+  const std::vector<int> halves = type == WeightType::kQ2_K   ? std::vector<int>{80, 82}
+                                  : type == WeightType::kQ3_K ? std::vector<int>{108}
+                                  : type == WeightType::kQ6_K ? std::vector<int>{208}
+                                  : (type == WeightType::kQ4_1 || type == WeightType::kQ5_1 || type == WeightType::kQ4_K ||
+                                     type == WeightType::kQ5_K)
+                                      ? std::vector<int>{0, 2}
+                                      : std::vector<int>{0};
+  for (size_t at = 0; at < bytes.size(); at += static_cast<size_t>(f.block_bytes)) {
+    for (int off : halves) {
+      const uint16_t h = F32ToF16(0.01f);
+      std::memcpy(bytes.data() + at + off, &h, 2);
+    }
+  }
+  const std::vector<float> x = Random(tokens * s.cols);
+  std::vector<float> y(static_cast<size_t>(tokens * s.rows));
+  const WeightMatrix m{bytes.data(), type, s.rows, s.cols};
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(MatMul(m, x.data(), tokens, y.data(), threads, act));
+    benchmark::ClobberMemory();
+  }
+  Counters(state, static_cast<int64_t>(bytes.size()), 2.0 * static_cast<double>(s.rows * s.cols * tokens));
+}
+BENCHMARK(BM_QuantMatMul)->Apply([](benchmark::internal::Benchmark* b) {
+  for (int64_t type : {static_cast<int64_t>(WeightType::kQ4_1), static_cast<int64_t>(WeightType::kQ8_0),
+                       static_cast<int64_t>(WeightType::kQ4_K), static_cast<int64_t>(WeightType::kQ6_K)}) {
+    for (int64_t shape = 0; shape < static_cast<int64_t>(std::size(kQuantShapes)); ++shape) {
+      for (int64_t tokens : {1, 4, 16, 64}) {
+        for (int64_t act : {0, 1}) {
+          if (act == 1 && tokens >= 16) continue;  // the same path as f32 there
+          for (int64_t threads : {1, 0}) b->Args({shape, tokens, type, act, threads});
+        }
+      }
+    }
+  }
+  b->UseRealTime();
+});
+
 #ifdef PAGEKV_HAVE_OPENBLAS
 void BM_OpenBlasSgemm(benchmark::State& state) {
   const Shape s = kShapes[state.range(0)];

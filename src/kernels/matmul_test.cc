@@ -168,6 +168,54 @@ TEST_P(MatMulTargetTest, EveryBlockFormat) {
   }
 }
 
+// The integer activation path: X rounded to int16 per 32 values by a
+// quantizer written here (the reference), then the same double-precision
+// product; on targets without the integer kernels kInt16 is the f32 path.
+TEST_P(MatMulTargetTest, IntActivationsMatchAProductOfTheRoundedActivations) {
+  uint32_t seed = 900;
+  const bool integer = IntActivationsAvailable();
+  for (WeightType type : {WeightType::kQ8_0, WeightType::kQ4_0, WeightType::kQ4_1, WeightType::kQ5_0, WeightType::kQ5_1,
+                          WeightType::kQ2_K, WeightType::kQ3_K, WeightType::kQ4_K, WeightType::kQ5_K, WeightType::kQ6_K}) {
+    const int64_t block = FormatOf(type).block_elems;
+    for (int64_t rows : {1, 4, 7}) {
+      for (int64_t blocks : {1, 3}) {
+        const int64_t cols = blocks * std::max<int64_t>(block, 64);
+        const Weights w = MakeWeights(type, rows, cols, seed++);
+        for (int64_t tokens : {1, 2, 3, 7, 15, 16}) {
+          std::mt19937 rng(seed++);
+          std::uniform_real_distribution<float> uni(-2.0f, 2.0f);
+          std::vector<float> x(static_cast<size_t>(tokens * cols));
+          for (float& v : x) v = uni(rng);
+          std::vector<double> xr(x.begin(), x.end());  // X as the product sees it
+          if (integer && tokens < 16) {
+            for (size_t b = 0; b < x.size() / 32; ++b) {
+              float amax = 0;
+              for (size_t i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[b * 32 + i]));
+              const float d = amax / 32767.0f;
+              for (size_t i = 0; i < 32; ++i) xr[b * 32 + i] = d == 0 ? 0.0 : double{d} * std::nearbyint(x[b * 32 + i] / d);
+            }
+          }
+          std::vector<float> y(static_cast<size_t>(tokens * rows));
+          ASSERT_TRUE(MatMul(w.matrix, x.data(), tokens, y.data(), 1, Activations::kInt16).ok());
+          for (int64_t t = 0; t < tokens; ++t) {
+            for (int64_t r = 0; r < rows; ++r) {
+              double ref = 0, mag = 0;
+              for (int64_t c = 0; c < cols; ++c) {
+                const double p = double{w.values[static_cast<size_t>(r * cols + c)]} * xr[static_cast<size_t>(t * cols + c)];
+                ref += p;
+                mag += std::fabs(p);
+              }
+              ASSERT_NEAR(y[static_cast<size_t>(t * rows + r)], ref, 2e-5 * mag + 1e-6)
+                  << FormatOf(type).name << " token " << t << " row " << r << " of " << rows << "x" << cols << ", "
+                  << tokens << " tokens, integer " << integer;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST_P(MatMulTargetTest, PanelsEveryTypeAndTail) {
   uint32_t seed = 100;
   for (WeightType type : {WeightType::kF32, WeightType::kF16, WeightType::kBF16}) {

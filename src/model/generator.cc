@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "base/checked_math.h"
+#include "model/chat.h"
 #include "model/gguf_file.h"
 #include "model/llama_model.h"
 #include "model/model_loader.h"
@@ -36,8 +37,10 @@ std::vector<std::pair<int32_t, float>> TopK(const float* logits, int32_t n, int3
 
 Result<GenerateReport> Generate(const GenerateOptions& o) {
   if (o.prompts.empty()) return InvalidArgumentError("no prompts: pass --prompt TEXT (repeatable) or --prompts-file");
-  if (o.max_new_tokens < 1) {
-    return InvalidArgumentError("-n " + std::to_string(o.max_new_tokens) + ": generate at least 1 token");
+  const bool stop_at_eos = o.stop_at_eos || o.chat;
+  if (o.max_new_tokens < 0 || (o.max_new_tokens == 0 && !stop_at_eos)) {
+    return InvalidArgumentError("-n " + std::to_string(o.max_new_tokens) +
+                                ": generate at least 1 token (0, until a stop token, needs --chat or --stop-at-eos)");
   }
   PAGEKV_RETURN_IF_ERROR(Sampler::Validate(o.sampling));
   const bool evicting = o.eviction.policy != EvictionPolicy::kNone;
@@ -55,26 +58,44 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
   GenerateReport report;
   std::vector<std::vector<int32_t>> ids;
   int64_t blocks_needed = 1;
+  std::optional<ChatTemplate> chat;
+  if (o.chat) {
+    PAGEKV_ASSIGN_OR_RETURN(ChatTemplate c, ChatTemplate::Create(loaded.chat_template, o.chat_template, tok));
+    chat = std::move(c);
+  }
+  const std::vector<int32_t> stop_tokens = chat ? chat->stop_tokens() : loaded.stop_tokens;
+  // 0 new tokens: until a stop token or the end of the context.
+  std::vector<int32_t> max_new(o.prompts.size(), o.max_new_tokens);
   for (size_t i = 0; i < o.prompts.size(); ++i) {
-    ids.push_back(tok.Encode(o.prompts[i], /*bos=*/true, /*eos=*/false));
+    if (chat) {
+      nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+      if (!o.system_prompt.empty()) messages.push_back({{"role", "system"}, {"content", o.system_prompt}});
+      messages.push_back({{"role", "user"}, {"content", o.prompts[i]}});
+      PAGEKV_ASSIGN_OR_RETURN(std::vector<int32_t> p, chat->Encode(messages, /*add_generation_prompt=*/true));
+      ids.push_back(std::move(p));
+    } else {
+      ids.push_back(tok.EncodePrompt(o.prompts[i], /*parse_special=*/true));
+    }
     std::vector<int32_t>& p = ids.back();
     const int64_t context = model.config().context_len;
-    if (static_cast<int64_t>(p.size()) + o.max_new_tokens > context && o.truncate_prompts &&
-        context - o.max_new_tokens >= 2) {
+    if (o.max_new_tokens == 0) {
+      max_new[i] = static_cast<int32_t>(std::max<int64_t>(1, context - static_cast<int64_t>(p.size())));
+    }
+    if (static_cast<int64_t>(p.size()) + max_new[i] > context && o.truncate_prompts && context - max_new[i] >= 2) {
       // Keep the first token (BOS) and the most recent ones.
-      const auto keep = static_cast<size_t>(context - o.max_new_tokens);
+      const auto keep = static_cast<size_t>(context - max_new[i]);
       p.erase(p.begin() + 1, p.end() - static_cast<std::ptrdiff_t>(keep - 1));
       ++report.stats.truncated_prompts;
     }
-    const int64_t total = static_cast<int64_t>(p.size()) + o.max_new_tokens;
+    const int64_t total = static_cast<int64_t>(p.size()) + max_new[i];
     if (total > context) {
       return OutOfRangeError("prompt " + std::to_string(i + 1) + " has " + std::to_string(p.size()) +
-                             " tokens; with -n " + std::to_string(o.max_new_tokens) + " it needs " +
+                             " tokens; with -n " + std::to_string(max_new[i]) + " it needs " +
                              std::to_string(total) + " positions, more than the model's context of " +
                              std::to_string(context) +
-                             (o.max_new_tokens + 2 > context ? ": lower -n"
-                                                             : ": shorten the prompt, lower -n, or pass --truncate-prompt "
-                                                               "to keep its most recent tokens"));
+                             (max_new[i] + 2 > context ? ": lower -n"
+                                                       : ": shorten the prompt, lower -n, or pass --truncate-prompt "
+                                                         "to keep its most recent tokens"));
     }
     blocks_needed += CeilDiv(total, o.block_len);
   }
@@ -89,8 +110,9 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
   GenerateStats& st = report.stats;
   st.blocks_total = layout.num_blocks();
   st.bytes_per_block = layout.bytes_per_block();
-  for (const auto& p : ids) {
-    st.contiguous_bytes += (static_cast<int64_t>(p.size()) + o.max_new_tokens) * layout.bytes_per_token();
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const auto& p = ids[i];
+    st.contiguous_bytes += (static_cast<int64_t>(p.size()) + max_new[i]) * layout.bytes_per_token();
     st.contiguous_max_len_bytes += int64_t{model.config().context_len} * layout.bytes_per_token();
   }
   auto track = [&] {
@@ -183,6 +205,7 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
 
   // 2. The rest of every prompt in one step, then the first sampled token.
   std::vector<Sampler> samplers;
+  const uint64_t run_seed = o.sampling.seed.has_value() ? 0 : Sampler::FreshSeed();  // unseeded: a fresh stream per run
   std::vector<int32_t> next(ids.size());
   std::vector<std::vector<int32_t>> history = ids;
   report.outputs.resize(ids.size());
@@ -201,7 +224,7 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
       out.prompt = o.prompts[i];
       out.prompt_ids = ids[i];
       SamplingOptions so = o.sampling;
-      so.seed = o.sampling.seed + i;  // independent streams, reproducible per prompt
+      so.seed = o.sampling.seed.value_or(run_seed) + i;  // independent streams, reproducible per prompt
       samplers.emplace_back(so);
       if (prefix_cache) {
         PAGEKV_ASSIGN_OR_RETURN(PrefixCache::Admitted a,
@@ -236,18 +259,36 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
   const ForwardTimings prefill_timings = timings;
 
   // 3. Decode: one step carries one token of every live sequence; each is
-  //    freed the moment it is done.
-  for (int32_t k = 0; k < o.max_new_tokens; ++k) {
+  //    freed the moment it is done (its length reached, or a stop token).
+  std::vector<bool> done(ids.size(), false);
+  std::vector<Utf8Stream> text_streams(ids.size());  // streamed text in whole characters
+  auto finish = [&](size_t i) -> Status {
+    done[i] = true;
+    if (o.on_token) {
+      if (std::string rest = text_streams[i].Finish(); !rest.empty()) o.on_token(i, rest);
+    }
+    return release(seqs[i]);
+  };
+  const int32_t longest = *std::max_element(max_new.begin(), max_new.end());
+  for (int32_t k = 0; k < longest; ++k) {
     items.clear();
     std::vector<size_t> owner;
     for (size_t i = 0; i < ids.size(); ++i) {
+      if (done[i]) continue;
       GenerateOutput& out = report.outputs[i];
       const int32_t prev = history[i].back();
+      if (stop_at_eos && std::find(stop_tokens.begin(), stop_tokens.end(), next[i]) != stop_tokens.end()) {
+        out.stopped = true;
+        PAGEKV_RETURN_IF_ERROR(finish(i));
+        continue;
+      }
       out.generated_ids.push_back(next[i]);
       history[i].push_back(next[i]);
-      if (o.on_token) o.on_token(i, tok.DecodePiece(prev, next[i]));
-      if (k + 1 == o.max_new_tokens) {
-        PAGEKV_RETURN_IF_ERROR(release(seqs[i]));
+      if (o.on_token) {
+        if (std::string piece = text_streams[i].Push(tok.DecodePiece(prev, next[i])); !piece.empty()) o.on_token(i, piece);
+      }
+      if (k + 1 == max_new[i]) {
+        PAGEKV_RETURN_IF_ERROR(finish(i));
         continue;
       }
       items.push_back({seqs[i], {&next[i], 1}, logits.data() + i * static_cast<size_t>(vocab), false});
@@ -292,7 +333,10 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
   st.decode_matmul_seconds = timings.matmul - prefill_timings.matmul;
   st.peak_bytes = st.peak_blocks_used * st.bytes_per_block;
   st.peak_utilization = static_cast<double>(st.peak_blocks_used) / static_cast<double>(st.blocks_total);
-  for (size_t i = 0; i < ids.size(); ++i) report.outputs[i].text = tok.Decode(history[i]);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    report.outputs[i].text = tok.Decode(history[i]);
+    report.outputs[i].completion = SanitizeUtf8(tok.Decode(report.outputs[i].generated_ids));
+  }
   return report;
 }
 

@@ -558,11 +558,11 @@ Status LlamaModel::Compute(KvCache& cache, std::span<const ForwardItem> items, c
                              v_rows = Scratch<std::byte>(1, k_rows.size());
   auto matmul = [&](const Matrix& w, const float* in, int64_t n, float* out) {
     Stopwatch watch(matmul_time);
-    return MatMul(w, in, n, out, options.threads);
+    return MatMul(w, in, n, out, options.threads, options.activations);
   };
   auto matmul_shared = [&](std::initializer_list<MatMulOutput> outputs, const float* in, int64_t n) {
     Stopwatch watch(matmul_time);
-    return MatMulShared({outputs.begin(), outputs.size()}, in, n, options.threads);
+    return MatMulShared({outputs.begin(), outputs.size()}, in, n, options.threads, options.activations);
   };
   for (int64_t t = 0; t < T; ++t) {
     const size_t item = static_cast<size_t>(

@@ -89,6 +89,10 @@ struct ForwardTimings {
 struct ForwardOptions {
   int threads = 0;                    // 0 = every hardware thread
   ForwardTimings* timings = nullptr;  // optional
+  // Block-quantized weights: kInt16 (the default, the fast path) rounds the
+  // activations of steps of a few tokens to int16 for integer dot products;
+  // kF32 keeps every product in f32 (the exact path). kernels/matmul.h.
+  Activations activations = Activations::kInt16;
 };
 
 class LlamaModel {

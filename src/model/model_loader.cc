@@ -4,6 +4,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "model/chat.h"
 #include "model/gguf_file.h"
 
 namespace pagekv {
@@ -24,6 +25,7 @@ Result<LoadedModel> LoadModel(const std::string& model_path, const std::string& 
     if (file->Find("tokenizer.chat_template") != nullptr) {
       PAGEKV_ASSIGN_OR_RETURN(out.chat_template, file->GetString("tokenizer.chat_template"));
     }
+    out.stop_tokens = StopTokens(*out.tokenizer, file.get());
     PAGEKV_ASSIGN_OR_RETURN(out.model, LlamaModel::FromGguf(std::move(file)));
   } else {
     if (tokenizer_path.empty()) {
@@ -33,6 +35,7 @@ Result<LoadedModel> LoadModel(const std::string& model_path, const std::string& 
     PAGEKV_ASSIGN_OR_RETURN(out.model, LlamaModel::FromLlama2c(model_path));
     PAGEKV_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::FromLlama2c(tokenizer_path, out.model->config().vocab_size));
     out.tokenizer = std::make_unique<Tokenizer>(std::move(tok));
+    out.stop_tokens = StopTokens(*out.tokenizer);
   }
   if (out.tokenizer->vocab_size() != out.model->config().vocab_size) {
     return DataLossError("the tokenizer has " + std::to_string(out.tokenizer->vocab_size()) +

@@ -16,6 +16,7 @@ struct LoadedModel {
   std::unique_ptr<LlamaModel> model;
   std::unique_ptr<Tokenizer> tokenizer;
   std::string chat_template;  // tokenizer.chat_template (Jinja source), empty when the file has none
+  std::vector<int32_t> stop_tokens;  // EOS and the end-of-turn control tokens (chat.h's StopTokens)
 };
 
 // Errors: a missing file (NotFound), a llama2.c checkpoint without

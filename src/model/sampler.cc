@@ -8,6 +8,11 @@
 
 namespace pagekv {
 
+uint64_t Sampler::FreshSeed() {
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) ^ rd();
+}
+
 Status Sampler::Validate(const SamplingOptions& o) {
   if (!(o.temperature >= 0.0f) || o.temperature > 100.0f) {
     return InvalidArgumentError("temperature " + std::to_string(o.temperature) + ": must be in [0, 100] (0 = greedy)");

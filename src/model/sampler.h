@@ -14,7 +14,10 @@ namespace pagekv {
 
 class Sampler {
  public:
-  explicit Sampler(const SamplingOptions& options) : options_(options), rng_(options.seed) {}
+  // An unset seed is drawn from the operating system (std::random_device).
+  explicit Sampler(const SamplingOptions& options)
+      : options_(options), rng_(options.seed.has_value() ? *options.seed : FreshSeed()) {}
+  static uint64_t FreshSeed();
 
   // Checks the options; the error names the field and its accepted range.
   static Status Validate(const SamplingOptions& options);

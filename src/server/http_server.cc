@@ -99,18 +99,26 @@ EngineRequest ParseRequest(const json& body, const Shared& sh, bool chat, bool& 
     if (!m->is_string()) fail("model", "'model' must be a string");
   }
   EngineRequest r;
-  std::string text;
   if (chat) {
     const json* messages = field("messages");
     if (messages == nullptr || !messages->is_array() || messages->empty()) fail("messages", "'messages' must be a non-empty array");
     for (const json& msg : *messages) {
-      if (!msg.is_object() || !msg.contains("content") || !msg["content"].is_string()) {
+      if (!msg.is_object() || !msg.contains("role") || !msg["role"].is_string()) {
+        fail("messages", "every message needs a string 'role'");
+      }
+      if (!msg.contains("content") || !msg["content"].is_string()) {
         fail("messages", "every message needs a string 'content'");
       }
-      if (!text.empty()) text += "\n";
-      text += msg["content"].get<std::string>();
     }
-    r.prompt = sh.engine->Encode(text);
+    std::string tools;
+    if (const json* t = field("tools")) {
+      if (!t->is_array()) fail("tools", "'tools' must be an array");
+      tools = t->dump();
+    }
+    // The model's chat template, rendered over the messages as they came.
+    Result<std::vector<int32_t>> ids = sh.engine->EncodeChat(messages->dump(), /*add_generation_prompt=*/true, tools);
+    if (!ids.ok()) fail("messages", ids.status().message());
+    r.prompt = std::move(*ids);
   } else {
     const json* p = field("prompt");
     if (p == nullptr) fail("prompt", "'prompt' is required");
@@ -128,8 +136,11 @@ EngineRequest ParseRequest(const json& body, const Shared& sh, bool chat, bool& 
   if (const json* v = field(max_name)) {
     if (!v->is_number_integer() || v->get<int64_t>() < 1) fail(max_name, std::string("'") + max_name + "' must be a positive integer");
     r.max_tokens = static_cast<int32_t>(std::min<int64_t>(v->get<int64_t>(), 1 << 30));
+  } else if (chat) {
+    // A chat without a limit runs until the turn ends or the context does.
+    r.max_tokens = static_cast<int32_t>(std::max<int64_t>(1, sh.engine->context_len() - static_cast<int64_t>(r.prompt.size())));
   } else {
-    r.max_tokens = 16;
+    r.max_tokens = 16;  // OpenAI's completions default
   }
   r.sampling.temperature = 1.0f;  // OpenAI's default
   if (const json* v = field("temperature")) {
@@ -485,6 +496,7 @@ Status RunServer(const ServerOptions& o, const std::atomic<bool>& stop) {
   const int port = o.port == 0 ? svr.bind_to_any_port(o.host) : (svr.bind_to_port(o.host, o.port) ? o.port : -1);
   if (port < 0) return IoError("cannot listen on " + o.host + ":" + std::to_string(o.port) + " (in use, or not an address here)");
   RaiseListenBacklog(port);
+  std::fprintf(stderr, "pagekv serve: chat template: %s\n", sh.engine->chat_template_name().c_str());
   if (o.on_listening) o.on_listening(port);
   std::thread listener([&svr] { svr.listen_after_bind(); });
   while (!stop.load()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
