@@ -588,13 +588,8 @@ Status MatMulShared(std::span<const MatMulOutput> outputs, const float* x, int64
   tasks.reserve(outputs.size());
   int64_t work = 0, chunks = 0;
   // Chunks of 32 rows (a few per thread at least) for load balance; panels
-  // end on the padded row count (a multiple of the widest tile). A call of
-  // few tokens streams its weights once: chunks of ~EXPCHUNK KiB of them.
-  int64_t kChunkRows = kernels::kPanelPadRows;
-  if (tokens < 16 && std::getenv("EXPCHUNK") != nullptr) {
-    const int64_t rb = WeightRowBytes(outputs[0].w.type, outputs[0].w.cols);
-    kChunkRows = std::max<int64_t>(32, (std::atoll(std::getenv("EXPCHUNK")) * 1024 / rb + 31) / 32 * 32);
-  }
+  // end on the padded row count (a multiple of the widest tile).
+  constexpr int64_t kChunkRows = kernels::kPanelPadRows;
   for (const MatMulOutput& out : outputs) {
     const WeightMatrix& w = out.w;
     if (w.data == nullptr || out.y == nullptr) return InvalidArgumentError("matmul: null pointer");
