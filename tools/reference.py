@@ -7,13 +7,15 @@ It shares no code with the C++.
 
     python3 tools/reference.py goldens --model M.gguf --out tests/data/smollm2-goldens.json
     python3 tools/reference.py tokenize --model M.gguf --text "Hello"
+    python3 tools/reference.py logits --model M.gguf --ids "[1, 2, 3]" --rows 0,-1
 
 What the forward pass implements (GGUF semantics as llama.cpp defines them):
 architectures llama and qwen2 (q/k/v biases); grouped-query attention;
 rotary embeddings on the first rope.dimension_count dimensions of each head,
 adjacent pairs for llama (the converter permutes Q and K for that) and
-halves for qwen2, with linear or YaRN scaling from metadata and per-frequency
-factors from a rope_freqs tensor (Llama 3.1 style); RMSNorm; SwiGLU; tied
+halves for qwen2, with linear, YaRN or llama3 scaling from metadata and
+per-frequency factors from a rope_freqs tensor (what converters write for
+Llama 3.1) or computed by Hugging Face's llama3 rule; RMSNorm; SwiGLU; tied
 embeddings when output.weight is absent.
 """
 import argparse
@@ -160,6 +162,21 @@ class Model:
         self.orig_ctx = g.value(f"{a}.rope.scaling.original_context_length", g.value(f"{a}.context_length"))
         self.attn_factor = g.value(f"{a}.rope.scaling.attn_factor", 1.0) or 1.0
         self.freq_factors = g.tensor("rope_freqs.weight") if g.has("rope_freqs.weight") else None
+        if scaling == "llama3" and self.freq_factors is None:
+            # Hugging Face's _compute_llama3_parameters, as divisors of each
+            # frequency: wavelengths below orig/high keep theirs, above
+            # orig/low are slowed by `factor`, a smooth blend between.
+            low = g.value(f"{a}.rope.scaling.low_freq_factor", 1.0)
+            high = g.value(f"{a}.rope.scaling.high_freq_factor", 4.0)
+            inv = self.base ** (-np.arange(0, self.n_rot, 2, dtype=np.float64) / self.n_rot)
+            wavelen = 2 * math.pi / inv
+            smooth = (self.orig_ctx / wavelen - low) / (high - low)
+            scaled = np.where(wavelen > self.orig_ctx / low, inv / factor, inv)
+            medium = (wavelen >= self.orig_ctx / high) & (wavelen <= self.orig_ctx / low)
+            scaled = np.where(medium, (1 - smooth) * inv / factor + smooth * inv, scaled)
+            self.freq_factors = inv / scaled
+        elif scaling not in ("none", "linear", "yarn", "llama3"):
+            raise SystemExit(f"reference: rope scaling {scaling!r} is not implemented here")
         self.emb = g.tensor("token_embd.weight")
         self.out = g.tensor("output.weight") if g.has("output.weight") else self.emb
         self.out_norm = g.tensor("output_norm.weight")
@@ -332,6 +349,16 @@ def cmd_goldens(args):
         f.write("\n")
 
 
+def cmd_logits(args):
+    """Logits of every position of a token sequence, for the rows asked."""
+    g = Gguf(args.model)
+    model = Model(g)
+    ids = json.loads(args.ids)
+    logits = model.forward(ids, [], 0)
+    rows = [int(r) % len(ids) for r in args.rows.split(",")]
+    print(json.dumps({"rows": rows, "logits": [[float(x) for x in logits[r]] for r in rows]}))
+
+
 def cmd_tokenize(args):
     g = Gguf(args.model)
     tk = make_tokenizer(g)
@@ -349,8 +376,12 @@ def main():
     tp = sub.add_parser("tokenize")
     tp.add_argument("--model", required=True)
     tp.add_argument("--text", required=True)
+    lp = sub.add_parser("logits")
+    lp.add_argument("--model", required=True)
+    lp.add_argument("--ids", required=True, help="a JSON array of token ids")
+    lp.add_argument("--rows", default="-1", help="positions whose logits to print, e.g. 0,47,-1")
     args = ap.parse_args()
-    {"goldens": cmd_goldens, "tokenize": cmd_tokenize}[args.cmd](args)
+    {"goldens": cmd_goldens, "tokenize": cmd_tokenize, "logits": cmd_logits}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,11 @@ struct SynthArgs {
   std::string preset, out, weight_type = "f32";
   uint64_t seed = 0;
   bool list = false;
+  // Variants of the preset's architecture (SynthModelSpec).
+  std::string arch = "llama", rope_scaling;
+  int32_t rope_dims = 0, rope_orig_context = 0;
+  double rope_factor = 1.0;
+  bool rope_freqs = false;
 };
 
 int RunSynth(const SynthArgs& a) {
@@ -33,6 +38,12 @@ int RunSynth(const SynthArgs& a) {
     std::fprintf(stderr, "error: %s\n", spec.status().message().c_str());
     return kExitBadInput;
   }
+  spec->arch = a.arch;
+  spec->rope_dims = a.rope_dims;
+  spec->rope_scaling = a.rope_scaling;
+  spec->rope_factor = a.rope_factor;
+  spec->rope_orig_context = a.rope_orig_context;
+  spec->rope_freqs = a.rope_freqs;
   const Status s = WriteSynthModel(*spec, a.seed, a.weight_type, a.out);
   if (!s.ok()) {
     std::fprintf(stderr, "error: %s\n", s.message().c_str());
@@ -53,6 +64,14 @@ CLI::App* AddSynthModelCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--out", args.out, "Output .gguf path (written atomically)");
   cmd->add_option("--seed", args.seed, "Weight seed (default 0): same seed, same file");
   cmd->add_option("--weight-type", args.weight_type, "Matrix storage: f32 (default), f16, bf16, q8_0");
+  cmd->add_option("--arch", args.arch, "Architecture: llama (default) or qwen2 (q/k/v biases, rotary on halves)")
+      ->check(CLI::IsMember({"llama", "qwen2"}));
+  cmd->add_option("--rope-dims", args.rope_dims, "Dimensions of each head that rotate (default: all)");
+  cmd->add_option("--rope-scaling", args.rope_scaling, "Rope scaling written to the file: linear, yarn or llama3")
+      ->check(CLI::IsMember({"linear", "yarn", "llama3"}));
+  cmd->add_option("--rope-factor", args.rope_factor, "Rope scaling factor (default 1)");
+  cmd->add_option("--rope-orig-context", args.rope_orig_context, "Rope scaling's original context length");
+  cmd->add_flag("--rope-freqs", args.rope_freqs, "Write a rope_freqs tensor of random per-frequency divisors");
   cmd->add_flag("--list", args.list, "List the presets");
   cmd->callback([&exit_code] { exit_code = RunSynth(args); });
   return cmd;

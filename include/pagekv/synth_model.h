@@ -27,6 +27,13 @@ struct SynthModelSpec {
   int32_t vocab_size = 0;  // >= 512 (room for the special, byte and ASCII pieces)
   int32_t context_len = 0;
   bool tied_embeddings = true;
+  // Architecture variants (tests of the runner against tools/reference.py):
+  std::string arch = "llama";  // or "qwen2": q/k/v biases, rotary on halves
+  int32_t rope_dims = 0;       // rope.dimension_count; 0 = the head size
+  std::string rope_scaling;    // rope.scaling.type: "" (none), "linear", "yarn", "llama3"
+  double rope_factor = 1.0;    // rope.scaling.factor
+  int32_t rope_orig_context = 0;  // rope.scaling.original_context_length; 0 = not written
+  bool rope_freqs = false;     // a rope_freqs.weight tensor of per-frequency divisors in [1, 8)
 
   int64_t ParameterCount() const;
 };

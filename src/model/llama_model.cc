@@ -78,7 +78,8 @@ bool KnownArchKey(std::string_view key) {
       "context_length", "embedding_length", "block_count", "feed_forward_length", "attention.head_count",
       "attention.head_count_kv", "attention.layer_norm_rms_epsilon", "attention.key_length",
       "attention.value_length", "rope.freq_base", "rope.dimension_count", "rope.scaling.type", "rope.scaling.factor",
-      "rope.scaling.original_context_length", "rope.scaling.attn_factor", "rope.scaling.finetuned", "vocab_size",
+      "rope.scaling.original_context_length", "rope.scaling.attn_factor", "rope.scaling.finetuned",
+      "rope.scaling.low_freq_factor", "rope.scaling.high_freq_factor", "vocab_size",
       "expert_count", "expert_used_count", "tensor_data_layout",
   };
   for (std::string_view k : kKnown) {
@@ -201,9 +202,31 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::FromGguf(std::unique_ptr<GgufFil
     if (Result<double> af = file->GetFloat(a + "rope.scaling.attn_factor"); af.ok() && *af != 0.0) {
       c.rope_attn_factor = static_cast<float>(*af);
     }
+  } else if (scaling == "llama3") {
+    if (!(factor >= 1.0) || !std::isfinite(factor)) {
+      return DataLossError("model metadata " + a + "rope.scaling.factor = " + std::to_string(factor) + " must be at least 1");
+    }
+    c.rope_scaling = LlamaConfig::RopeScaling::kLlama3;
+    c.rope_factor = static_cast<float>(factor);
+    c.rope_orig_context = c.context_len;
+    if (file->Find(a + "rope.scaling.original_context_length") != nullptr) {
+      PAGEKV_RETURN_IF_ERROR(get("rope.scaling.original_context_length", c.rope_orig_context));
+    }
+    if (Result<double> lo = file->GetFloat(a + "rope.scaling.low_freq_factor"); lo.ok()) {
+      c.rope_low_freq_factor = static_cast<float>(*lo);
+    }
+    if (Result<double> hi = file->GetFloat(a + "rope.scaling.high_freq_factor"); hi.ok()) {
+      c.rope_high_freq_factor = static_cast<float>(*hi);
+    }
+    if (!(c.rope_low_freq_factor > 0.0f) || !(c.rope_high_freq_factor > c.rope_low_freq_factor) ||
+        c.rope_orig_context <= 0) {
+      return DataLossError("model metadata " + a + "rope.scaling: llama3 scaling needs 0 < low_freq_factor < "
+                           "high_freq_factor and a positive original_context_length");
+    }
   } else {
     return UnimplementedError("model metadata " + a + "rope.scaling.type = '" + scaling +
-                              "' is not supported: PageKV implements none, linear and yarn (and rope_freqs factors)");
+                              "' is not supported: PageKV implements none, linear, yarn and llama3 (and rope_freqs "
+                              "factors); override the file or convert the model without it");
   }
   {
     const int32_t layers = c.num_layers;
@@ -253,6 +276,24 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::FromGguf(std::unique_ptr<GgufFil
     m->rope_freqs_.assign(ff, ff + c.rope_dims / 2);
     for (float x : m->rope_freqs_) {
       if (!(x > 0.0f) || !std::isfinite(x)) return DataLossError("model tensor 'rope_freqs.weight' holds a factor that is not positive");
+    }
+    c.rope_freq_factors = true;
+  } else if (c.rope_scaling == LlamaConfig::RopeScaling::kLlama3) {
+    // Llama 3.1's rule (what converters bake into rope_freqs): wavelengths
+    // shorter than orig / high_freq_factor keep their frequency, longer than
+    // orig / low_freq_factor are divided by `factor`, a smooth blend between.
+    const double orig = c.rope_orig_context, lo = c.rope_low_freq_factor, hi = c.rope_high_freq_factor;
+    for (int32_t i = 0; i < c.rope_dims / 2; ++i) {
+      const double freq = std::pow(static_cast<double>(c.rope_theta), -2.0 * i / c.rope_dims);
+      const double wavelen = 2 * M_PI / freq;
+      double divide = 1.0;
+      if (wavelen > orig / lo) {
+        divide = c.rope_factor;
+      } else if (wavelen >= orig / hi) {
+        const double smooth = (orig / wavelen - lo) / (hi - lo);
+        divide = 1.0 / ((1 - smooth) / c.rope_factor + smooth);
+      }
+      m->rope_freqs_.push_back(static_cast<float>(divide));
     }
     c.rope_freq_factors = true;
   }

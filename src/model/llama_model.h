@@ -54,12 +54,17 @@ struct LlamaConfig {
   bool rope_halves = false;    // rotate (i, i + rope_dims / 2) instead of (2i, 2i + 1): qwen2 (NEOX)
   // Rope scaling (rope.scaling.*): positions' angles times freq_scale
   // (linear: 1 / factor); YaRN blends scaled and unscaled angles per
-  // frequency between its correction dimensions and scales cos / sin.
-  enum class RopeScaling : uint8_t { kNone, kLinear, kYarn };
+  // frequency between its correction dimensions and scales cos / sin;
+  // llama3 divides each frequency by a factor (1 for short wavelengths,
+  // `factor` for long ones, a blend between) that a rope_freqs tensor
+  // carries, or that is computed from rope.scaling.* when it is absent.
+  enum class RopeScaling : uint8_t { kNone, kLinear, kYarn, kLlama3 };
   RopeScaling rope_scaling = RopeScaling::kNone;
   float rope_freq_scale = 1.0f;
   float rope_attn_factor = 1.0f;  // YaRN's magnitude factor (rope.scaling.attn_factor)
-  int32_t rope_orig_context = 0;  // YaRN: rope.scaling.original_context_length
+  int32_t rope_orig_context = 0;  // YaRN, llama3: rope.scaling.original_context_length
+  float rope_factor = 1.0f;       // llama3: rope.scaling.factor
+  float rope_low_freq_factor = 1.0f, rope_high_freq_factor = 4.0f;  // llama3 (Llama 3.1's values by default)
   bool rope_freq_factors = false; // a rope_freqs tensor divides each frequency (Llama 3.1's scaling)
 };
 

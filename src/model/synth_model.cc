@@ -118,18 +118,32 @@ Status WriteSynthModel(const SynthModelSpec& s, uint64_t seed, const std::string
   SplitMix64 rng(seed);
   const Vocab vocab = MakeVocab(s.vocab_size, rng);
   GgufWriter w;
-  w.AddString("general.architecture", "llama");
+  if (s.arch != "llama" && s.arch != "qwen2") {
+    return InvalidArgumentError("synthetic model architecture '" + s.arch + "': use llama or qwen2");
+  }
+  const int32_t head_dim = s.dim / s.num_heads;
+  const int32_t rope_dims = s.rope_dims == 0 ? head_dim : s.rope_dims;
+  if (rope_dims <= 0 || rope_dims > head_dim || rope_dims % 2 != 0) {
+    return InvalidArgumentError("synthetic model rope_dims must be even and at most the head size");
+  }
+  const std::string a = s.arch + ".";
+  w.AddString("general.architecture", s.arch);
   w.AddString("general.name", "pagekv-synthetic-" + s.name);
   w.AddInt("general.file_type", GgufType::kU32, type == GgmlType::kF32 ? 0 : type == GgmlType::kF16 ? 1 : type == GgmlType::kQ8_0 ? 7 : 32);
-  w.AddInt("llama.context_length", GgufType::kU32, s.context_len);
-  w.AddInt("llama.embedding_length", GgufType::kU32, s.dim);
-  w.AddInt("llama.block_count", GgufType::kU32, s.num_layers);
-  w.AddInt("llama.feed_forward_length", GgufType::kU32, s.hidden_dim);
-  w.AddInt("llama.rope.dimension_count", GgufType::kU32, s.dim / s.num_heads);
-  w.AddInt("llama.attention.head_count", GgufType::kU32, s.num_heads);
-  w.AddInt("llama.attention.head_count_kv", GgufType::kU32, s.num_kv_heads);
-  w.AddFloat("llama.attention.layer_norm_rms_epsilon", 1e-5);
-  w.AddFloat("llama.rope.freq_base", 10000.0);
+  w.AddInt(a + "context_length", GgufType::kU32, s.context_len);
+  w.AddInt(a + "embedding_length", GgufType::kU32, s.dim);
+  w.AddInt(a + "block_count", GgufType::kU32, s.num_layers);
+  w.AddInt(a + "feed_forward_length", GgufType::kU32, s.hidden_dim);
+  w.AddInt(a + "rope.dimension_count", GgufType::kU32, rope_dims);
+  w.AddInt(a + "attention.head_count", GgufType::kU32, s.num_heads);
+  w.AddInt(a + "attention.head_count_kv", GgufType::kU32, s.num_kv_heads);
+  w.AddFloat(a + "attention.layer_norm_rms_epsilon", 1e-5);
+  w.AddFloat(a + "rope.freq_base", 10000.0);
+  if (!s.rope_scaling.empty()) {
+    w.AddString(a + "rope.scaling.type", s.rope_scaling);
+    w.AddFloat(a + "rope.scaling.factor", s.rope_factor);
+    if (s.rope_orig_context > 0) w.AddInt(a + "rope.scaling.original_context_length", GgufType::kU32, s.rope_orig_context);
+  }
   w.AddString("tokenizer.ggml.model", "llama");
   w.AddStringArray("tokenizer.ggml.tokens", vocab.pieces);
   w.AddFloatArray("tokenizer.ggml.scores", vocab.scores);
@@ -171,8 +185,14 @@ Status WriteSynthModel(const SynthModelSpec& s, uint64_t seed, const std::string
     values.assign(static_cast<size_t>(s.dim), 1.0f);
     w.AddTensor(name, GgmlType::kF32, {s.dim}, values.data(), values.size() * 4);
   };
-  const int64_t kv = int64_t{s.num_kv_heads} * (s.dim / s.num_heads);
+  auto vector = [&](const std::string& name, int64_t n, float lo, float hi) {
+    values.resize(static_cast<size_t>(n));
+    for (float& x : values) x = lo + (hi - lo) * 0.5f * (rng.Symmetric() + 1.0f);
+    w.AddTensor(name, GgmlType::kF32, {n}, values.data(), values.size() * 4);
+  };
+  const int64_t kv = int64_t{s.num_kv_heads} * head_dim;
   matrix("token_embd.weight", s.vocab_size, s.dim);
+  if (s.rope_freqs) vector("rope_freqs.weight", rope_dims / 2, 1.0f, 8.0f);
   for (int32_t l = 0; l < s.num_layers; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
     norm(p + "attn_norm.weight");
@@ -180,6 +200,11 @@ Status WriteSynthModel(const SynthModelSpec& s, uint64_t seed, const std::string
     matrix(p + "attn_k.weight", kv, s.dim);
     matrix(p + "attn_v.weight", kv, s.dim);
     matrix(p + "attn_output.weight", s.dim, s.dim);
+    if (s.arch == "qwen2") {
+      vector(p + "attn_q.bias", s.dim, -0.5f, 0.5f);
+      vector(p + "attn_k.bias", kv, -0.5f, 0.5f);
+      vector(p + "attn_v.bias", kv, -0.5f, 0.5f);
+    }
     norm(p + "ffn_norm.weight");
     matrix(p + "ffn_gate.weight", s.hidden_dim, s.dim);
     matrix(p + "ffn_up.weight", s.hidden_dim, s.dim);
