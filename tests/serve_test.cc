@@ -4,6 +4,7 @@
 // cases, a client that disconnects mid-stream, /metrics as Prometheus text,
 // and SIGTERM ending in a clean exit.
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -12,6 +13,8 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -21,6 +24,7 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include "testing/models.h"
 #include "testing/redis_server.h"
 
 namespace {
@@ -31,14 +35,14 @@ constexpr const char* kModel = "../shared/models/stories260K/stories260K.gguf";
 // A `pagekv serve` child process; the port is read from its first line.
 class Server {
  public:
-  explicit Server(const std::vector<std::string>& extra) {
+  explicit Server(const std::vector<std::string>& extra, const std::string& model = kModel) {
     int out[2];
     EXPECT_EQ(pipe(out), 0);
     pid_ = fork();
     if (pid_ == 0) {
       dup2(out[1], 1);
       close(out[0]);
-      std::vector<std::string> args = {PAGEKV_CLI_PATH, "serve", "--model", kModel, "--port", "0"};
+      std::vector<std::string> args = {PAGEKV_CLI_PATH, "serve", "--model", model, "--port", "0"};
       args.insert(args.end(), extra.begin(), extra.end());
       std::vector<char*> argv;
       for (auto& a : args) argv.push_back(a.data());
@@ -258,6 +262,121 @@ TEST(ServeTest, AFullQueueAnswers429WithRetryAfter) {
   EXPECT_EQ(server.Terminate(), 0);
 }
 
+
+// One whole UTF-8 character after another (no character cut).
+bool WholeUtf8(const std::string& s) {
+  for (size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    const size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    if (n == 0 || i + n > s.size()) return false;
+    for (size_t k = 1; k < n; ++k) {
+      if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return false;
+    }
+    i += n;
+  }
+  return true;
+}
+
+// SmolLM2 (a real instruct model with a ChatML template): chat requests
+// render the template, end at <|im_end|> when no max_tokens is given, stream
+// whole characters, and template or token errors are 400s naming them.
+TEST(ServeTest, SmolLM2ChatRendersTheTemplateStopsAtTheTurnAndStreamsWholeCharacters) {
+  const std::string model = pagekv::testing::SmolLM2Path();
+  struct stat st {};
+  ASSERT_EQ(::stat(model.c_str(), &st), 0) << model << " is missing: run scripts/fetch-model.sh (make test does)";
+  // A second server whose template raises for a conversation that does not
+  // open with a user message.
+  const std::string strict = std::filesystem::temp_directory_path() / ("pagekv-strict-" + std::to_string(getpid()) + ".jinja");
+  std::ofstream(strict) << "{% if messages[0]['role'] != 'user' %}{{ raise_exception('Conversations must start with "
+                           "the user') }}{% endif %}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+                           "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+  Server server({"--kv-budget", "512MiB"}, model);
+  Server strict_server({"--chat-template", strict, "--kv-budget", "64MiB"}, model);
+  ASSERT_GT(server.port(), 0);
+  ASSERT_GT(strict_server.port(), 0);
+  httplib::Client cli("127.0.0.1", server.port());
+  cli.set_read_timeout(120, 0);
+  auto post = [](httplib::Client& c, const std::string& path, const json& body) {
+    auto r = c.Post(path.c_str(), body.dump(), "application/json");
+    EXPECT_TRUE(r) << httplib::to_string(r.error());
+    return r;
+  };
+  const json question = {{"messages", {{{"role", "user"}, {"content", "What is the capital of France?"}}}},
+                         {"temperature", 0}};
+  auto res = post(cli, "/v1/chat/completions", question);
+  ASSERT_EQ(res->status, 200) << res->body;
+  const json answer = json::parse(res->body);
+  const std::string content = answer["choices"][0]["message"]["content"];
+  EXPECT_NE(content.find("Paris"), std::string::npos) << content;
+  EXPECT_EQ(content.find("<|im_end|>"), std::string::npos) << content;
+  EXPECT_EQ(answer["choices"][0]["finish_reason"], "stop");
+  EXPECT_LT(answer["usage"]["completion_tokens"].get<int>(), 64);
+  // The prompt is the template's rendering: the default system message
+  // SmolLM2's template adds, the user turn, the assistant's opening.
+  EXPECT_GT(answer["usage"]["prompt_tokens"].get<int>(), 30);
+
+  // Streaming: whole characters in every chunk, the same text in all.
+  json stream = {{"messages", {{{"role", "user"}, {"content", "Translate 'good morning' into Japanese."}}}},
+                 {"temperature", 0}, {"max_tokens", 40}};
+  auto whole = post(cli, "/v1/chat/completions", stream);
+  ASSERT_EQ(whole->status, 200) << whole->body;
+  const std::string want = json::parse(whole->body)["choices"][0]["message"]["content"];
+  stream["stream"] = true;
+  auto streamed = post(cli, "/v1/chat/completions", stream);
+  ASSERT_EQ(streamed->status, 200);
+  std::istringstream lines(streamed->body);
+  std::string text;
+  int chunks = 0, multibyte = 0;
+  bool done = false;
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("data: ", 0) != 0) continue;
+    if (line == "data: [DONE]") {
+      done = true;
+      break;
+    }
+    // The raw bytes of each event are whole characters (the JSON escapes
+    // none of them: dump keeps UTF-8).
+    EXPECT_TRUE(WholeUtf8(line)) << line;
+    const json choice = json::parse(line.substr(6))["choices"][0];
+    const json delta = choice["delta"];
+    if (!delta.contains("content")) continue;
+    const std::string piece = delta["content"];
+    EXPECT_TRUE(WholeUtf8(piece));
+    // Bytes of a character that never completes become U+FFFD, only where
+    // max_tokens cut the answer inside it: the last chunk.
+    if (choice["finish_reason"].is_null()) {
+      EXPECT_EQ(piece.find("\xEF\xBF\xBD"), std::string::npos) << "a replacement character before the end";
+    }
+    multibyte += std::any_of(piece.begin(), piece.end(), [](char c) { return (static_cast<unsigned char>(c) & 0x80) != 0; });
+    text += piece;
+    ++chunks;
+  }
+  EXPECT_TRUE(done);
+  EXPECT_EQ(text, want);
+  EXPECT_GT(multibyte, 0) << "the answer was to hold Japanese: " << text;
+  EXPECT_GT(chunks, 5);
+
+  // Errors: a template that raises, a message without content, token ids
+  // outside the vocabulary.
+  httplib::Client strict_cli("127.0.0.1", strict_server.port());
+  strict_cli.set_read_timeout(60, 0);
+  auto raised = post(strict_cli, "/v1/chat/completions",
+                     {{"messages", {{{"role", "system"}, {"content", "Be brief."}}, {{"role", "user"}, {"content", "Hi"}}}},
+                      {"max_tokens", 4}});
+  EXPECT_EQ(raised->status, 400) << raised->body;
+  EXPECT_NE(raised->body.find("Conversations must start with the user"), std::string::npos) << raised->body;
+  auto ok = post(strict_cli, "/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"max_tokens", 4}});
+  EXPECT_EQ(ok->status, 200) << ok->body;
+  auto no_content = post(cli, "/v1/chat/completions", {{"messages", {{{"role", "user"}}}}});
+  EXPECT_EQ(no_content->status, 400);
+  EXPECT_NE(no_content->body.find("content"), std::string::npos) << no_content->body;
+  auto bad_ids = post(cli, "/v1/completions", {{"prompt", {1, 49152}}, {"max_tokens", 2}});
+  EXPECT_EQ(bad_ids->status, 400);
+  EXPECT_NE(bad_ids->body.find("49152"), std::string::npos) << bad_ids->body;
+  EXPECT_EQ(server.Terminate(), 0);
+  EXPECT_EQ(strict_server.Terminate(), 0);
+  std::remove(strict.c_str());
+}
 
 // Two servers at one Redis: a prompt the first computed is a Redis hit for
 // the second, with the same completion, counted in /metrics.

@@ -16,6 +16,7 @@ struct EvalArgs {
       layer_dtypes;
   double budget = 1.0, prompt_fraction = 0.5;
   int32_t continuations = 4, block_len = 32;
+  int64_t max_len = 0;
   int threads = 0;
   bool json = false, no_speed = false, table = false;
   std::string rotate = "none";
@@ -104,6 +105,7 @@ int RunEvalKv(const EvalArgs& a) {
   o.policy = a.policy;
   o.budget = a.budget;
   o.continuations = a.continuations;
+  o.max_len = a.max_len;
   o.block_len = a.block_len;
   o.threads = a.threads;
   o.measure_speed = !a.no_speed;
@@ -144,7 +146,8 @@ CLI::App* AddEvalCommand(CLI::App& app, int& exit_code) {
   CLI::App* kv = eval->add_subcommand("kv", "A KV format against the f32 cache: KL, top-1 agreement, NLL, bytes, speed");
   kv->add_option("--model", args.model, "Model: a .gguf file, or a llama2.c .bin (with --tokenizer)")->required();
   kv->add_option("--tokenizer", args.tokenizer, "llama2.c tokenizer.bin (for .bin checkpoints)");
-  kv->add_option("--goldens", args.goldens, "Goldens JSON with prompts and the NLL text (default ../shared/goldens/stories260K.json)");
+  kv->add_option("--goldens", args.goldens, "Goldens JSON with prompts and the NLL text: ../shared's layout (the default, "
+                 "../shared/goldens/stories260K.json) or tools/reference.py's (tests/data/smollm2-goldens.json)");
   kv->add_option("--kv-dtype", args.kv_dtype, "KV format under test: int8 (default), int4 (KIVI), fp8_e4m3, fp8_e5m2, f16, bf16, f32");
   kv->add_option("--kv-layer-dtypes", args.layer_dtypes,
                  "Per-layer overrides of --kv-dtype: LAYERS=DTYPE,... (index, -1 = last, or a:b), e.g. 0=f16,-1=f16");
@@ -160,6 +163,9 @@ CLI::App* AddEvalCommand(CLI::App& app, int& exit_code) {
                "at --budget (0.2 unless given) on f16");
   kv->add_option("--continuations", args.continuations, "Sampled sequences to the full context (default 4)")
       ->check(CLI::Range(0, 64));
+  kv->add_option("--max-len", args.max_len,
+                 "End each sequence and the NLL text at this many tokens (default: the model's trained context)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
   kv->add_option("--block-len", args.block_len, "Tokens per KV block (default 32; int4 needs a multiple of its 32-token groups)");
   kv->add_option("--threads", args.threads, "Threads (default: all cores)")->check(CLI::Range(0, 4096));
   kv->add_flag("--no-speed", args.no_speed, "Skip the decode-kernel speed comparison");

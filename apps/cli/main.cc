@@ -4,6 +4,7 @@
 //   pagekv demo   [--sequences 300] [--seed 1]
 //   pagekv bench attention [--json] [--quick | --full] [--threads N]
 //   pagekv generate --model stories260K.gguf --prompt "Once upon a time" [-n 64] [--json]
+//   pagekv chat     --model SmolLM2-135M-Instruct.Q4_1.gguf [--system "..."]
 //
 // Exit codes: 0 success, 1 the work failed, 2 bad input.
 #include <cstdio>
@@ -25,6 +26,7 @@ int main(int argc, char** argv) {
   pagekv::cli::AddSynthModelCommand(app, exit_code);
   pagekv::cli::AddReplayCommand(app, exit_code);
   pagekv::cli::AddServeCommand(app, exit_code);
+  pagekv::cli::AddChatCommand(app, exit_code);
   pagekv::cli::AddEvalCommand(app, exit_code);
   if (argc > 1 && argv[1][0] != '-') {
     // Name an unknown command rather than CLI11's generic "subcommand required".

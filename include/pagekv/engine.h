@@ -99,7 +99,7 @@ struct EngineOptions {
   std::string kv_layer_dtypes;  // per-layer overrides, e.g. "0=f16,-1=f16" (ParseLayerFormats)
   bool kv_hadamard = false;     // int8 / fp8 rows stored Hadamard-rotated (RotateQuantizedRows)
   int64_t num_blocks = 0;        // the pool; or
-  int64_t kv_budget_bytes = 0;   // a byte budget (one of the two)
+  int64_t kv_budget_bytes = 0;   // a byte budget (at most one of the two; neither: one full context)
   int64_t max_step_tokens = 256; // tokens per step over all sequences (chunked prefill)
   int32_t max_running = 256;     // sequences per step
   int64_t watermark_blocks = -1; // free blocks kept at admission; -1 = 1% of the pool

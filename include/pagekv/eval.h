@@ -1,7 +1,7 @@
 // KV-compression fidelity: what storing KV in a smaller format costs on a
 // real model, measured against the uncompressed f32 cache (`pagekv eval kv`).
 //
-// On a llama model (stories260K in the table), seeded sampled
+// On a llama model (stories260K and SmolLM2 in docs/PERFORMANCE.md), seeded sampled
 // continuations of the goldens' prompts up to the model's full context are
 // run the way a server meets them: the first half (prompt_fraction) as one
 // prompt step, the rest one decode step per token through a cache of the
@@ -37,6 +37,7 @@ struct KvEvalOptions {
   double budget = 1.0;          // fraction of tokens kept, (0, 1]; 1 with policy none
   double prompt_fraction = 0.5; // each sequence's first part, prefilled as the prompt; the rest is decoded
   int32_t continuations = 4;    // sampled sequences (seeds 1..n), each to the full context
+  int64_t max_len = 0;          // > 0: sequences and the NLL text end at this many tokens (a long context's cost)
   float temperature = 1.0f;
   int32_t block_len = 32;         // a multiple of int4 KIVI's 32-token groups
   bool measure_speed = true;    // the decode kernel comparison (a few seconds)

@@ -35,6 +35,9 @@ struct SamplingOptions {
   // unseeded requests sample differently (greedy decoding needs none).
   std::optional<uint64_t> seed;
 };
+// kInvalidArgument naming the first value out of range (what every entry
+// point that samples checks).
+Status ValidateSampling(const SamplingOptions& options);
 
 struct GenerateOptions {
   std::string model_path;      // .gguf, or a llama2.c .bin (then tokenizer_path is required)

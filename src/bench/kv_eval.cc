@@ -134,9 +134,19 @@ Result<KvEvalReport> EvalKv(const KvEvalOptions& o) {
   } catch (const std::exception& e) {
     return InvalidArgumentError("eval kv: goldens '" + o.goldens_path + "' is not JSON: " + e.what());
   }
-  if (!goldens.contains("nll") || !goldens["nll"].contains("token_ids") || !goldens.contains("prompts")) {
-    return InvalidArgumentError("eval kv: goldens '" + o.goldens_path + "' lacks prompts or nll.token_ids");
+  // Two layouts: ../shared's (prompts[].prompt_ids, nll.token_ids) and
+  // tools/reference.py's (prompts[].ids, nll.ids).
+  const char* text_key = goldens.contains("nll") && goldens["nll"].contains("token_ids") ? "token_ids" : "ids";
+  if (!goldens.contains("nll") || !goldens["nll"].contains(text_key) || !goldens.contains("prompts") ||
+      !goldens["prompts"].is_array() || goldens["prompts"].empty()) {
+    return InvalidArgumentError("eval kv: goldens '" + o.goldens_path + "' lacks prompts or nll.token_ids (or nll.ids)");
   }
+  for (const auto& p : goldens["prompts"]) {
+    if (!p.contains("prompt_ids") && !p.contains("ids")) {
+      return InvalidArgumentError("eval kv: a prompt of goldens '" + o.goldens_path + "' has no prompt_ids (or ids)");
+    }
+  }
+  if (o.max_len < 0 || o.max_len == 1) return InvalidArgumentError("eval kv: max_len must be 0 (the context) or at least 2");
   PAGEKV_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(o.model_path, o.tokenizer_path));
   const LlamaModel& model = *m.model;
   const int32_t vocab = model.config().vocab_size;
@@ -146,6 +156,7 @@ Result<KvEvalReport> EvalKv(const KvEvalOptions& o) {
   if (goldens.contains("config") && goldens["config"].contains("seq_len")) {
     context = std::min<int64_t>(context, goldens["config"]["seq_len"].get<int64_t>());
   }
+  if (o.max_len > 0) context = std::min<int64_t>(context, o.max_len);
   // The format must be one the cache stores: check before any work.
   PAGEKV_ASSIGN_OR_RETURN(
       std::vector<KvFormat> layers,
@@ -191,7 +202,7 @@ Result<KvEvalReport> EvalKv(const KvEvalOptions& o) {
   for (int32_t c = 0; c < o.continuations; ++c) {
     const auto& p = prompts[static_cast<size_t>(c) % prompts.size()];
     PAGEKV_ASSIGN_OR_RETURN(std::vector<int32_t> seq,
-                            Continue(model, p["prompt_ids"].get<std::vector<int32_t>>(), context, o.temperature,
+                            Continue(model, p[p.contains("prompt_ids") ? "prompt_ids" : "ids"].get<std::vector<int32_t>>(), context, o.temperature,
                                      static_cast<uint64_t>(c + 1), o.block_len, o.threads));
     const int64_t split = split_of(seq.size());
     PAGEKV_ASSIGN_OR_RETURN(std::vector<float> ref, AllLogits(model, DType::kF32, o.block_len, seq, o.threads));
@@ -217,7 +228,8 @@ Result<KvEvalReport> EvalKv(const KvEvalOptions& o) {
   }
 
   // 2. The golden text's mean NLL over its decoded part, both caches.
-  const std::vector<int32_t> text = goldens["nll"]["token_ids"].get<std::vector<int32_t>>();
+  std::vector<int32_t> text = goldens["nll"][text_key].get<std::vector<int32_t>>();
+  if (static_cast<int64_t>(text.size()) > context) text.resize(static_cast<size_t>(context));
   if (text.size() < 3) return InvalidArgumentError("eval kv: the goldens' NLL text has fewer than 3 tokens");
   const int64_t text_split = split_of(text.size());
   {

@@ -384,9 +384,10 @@ Engine::~Engine() {
 Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& o) {
   if (o.max_step_tokens < 1) return InvalidArgumentError("engine: max_step_tokens must be at least 1");
   if (o.max_running < 1) return InvalidArgumentError("engine: max_running must be at least 1");
-  if ((o.num_blocks > 0) == (o.kv_budget_bytes > 0)) {
-    return InvalidArgumentError("engine: give the pool as num_blocks or as kv_budget_bytes (exactly one)");
+  if (o.num_blocks < 0 || o.kv_budget_bytes < 0 || (o.num_blocks > 0 && o.kv_budget_bytes > 0)) {
+    return InvalidArgumentError("engine: give the pool as num_blocks or as kv_budget_bytes (at most one, not negative)");
   }
+  if (o.block_len < 1) return InvalidArgumentError("engine: block_len must be at least 1");
   auto st = std::make_unique<State>();
   st->o = o;
   PAGEKV_ASSIGN_OR_RETURN(st->m, LoadModel(o.model_path, o.tokenizer_path));
@@ -405,7 +406,13 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& o) {
     st->chat_error = chat.status();  // chat requests get it; completions still work
   }
   KvCacheOptions co;
-  co.config = st->m.model->CacheGeometry(o.block_len, o.kv_dtype, o.num_blocks);
+  int64_t num_blocks = o.num_blocks;
+  if (num_blocks == 0 && o.kv_budget_bytes == 0) {
+    // One full context, and the watermark above it.
+    const int64_t context = (st->m.model->config().context_len + o.block_len - 1) / o.block_len + 1;
+    num_blocks = o.watermark_blocks >= 0 ? context + o.watermark_blocks : (context * 100 + 98) / 99 + 1;
+  }
+  co.config = st->m.model->CacheGeometry(o.block_len, o.kv_dtype, num_blocks);
   co.config.budget_bytes = o.kv_budget_bytes;
   PAGEKV_ASSIGN_OR_RETURN(co.config.layer_formats,
                           ParseLayerFormats(o.kv_layer_dtypes, st->m.model->config().num_layers,

@@ -117,7 +117,7 @@ bool KnownTensor(const std::string& name, int32_t layers) {
 Result<std::unique_ptr<LlamaModel>> LlamaModel::FromGguf(std::unique_ptr<GgufFile> file) {
   PAGEKV_ASSIGN_OR_RETURN(std::string arch, file->GetString("general.architecture"));
   if (arch != "llama" && arch != "qwen2") {
-    return UnimplementedError("model architecture '" + arch +
+    return UnimplementedError("model metadata general.architecture = '" + arch +
                               "' is not supported: PageKV runs llama (also Mistral-style files) and qwen2");
   }
   const std::string a = arch + ".";

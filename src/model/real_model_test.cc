@@ -20,6 +20,7 @@
 #include "jinja/jinja.h"
 #include "model/llama_model.h"
 #include "model/model_loader.h"
+#include "testing/models.h"
 
 namespace pagekv {
 namespace {
@@ -32,18 +33,7 @@ constexpr bool kSanitized = false;
 
 const ForwardOptions kExact{.activations = Activations::kF32};
 
-std::string ModelPath() {
-  if (const char* p = std::getenv("PAGEKV_SMOLLM2"); p != nullptr && *p != '\0') return p;
-  std::string cache;
-  if (const char* c = std::getenv("PAGEKV_MODEL_CACHE"); c != nullptr && *c != '\0') {
-    cache = c;
-  } else if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x != '\0') {
-    cache = std::string(x) + "/pagekv/models";
-  } else {
-    cache = std::string(std::getenv("HOME") != nullptr ? std::getenv("HOME") : "") + "/.cache/pagekv/models";
-  }
-  return cache + "/SmolLM2-135M-Instruct.Q4_1.gguf";
-}
+std::string ModelPath() { return testing::SmolLM2Path(); }
 
 class SmolLM2Test : public ::testing::Test {
  protected:

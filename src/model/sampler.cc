@@ -28,6 +28,8 @@ Status Sampler::Validate(const SamplingOptions& o) {
   return Status::Ok();
 }
 
+Status ValidateSampling(const SamplingOptions& options) { return Sampler::Validate(options); }
+
 namespace {
 
 // The lowest index of the largest value (std::max_element's answer): eight
