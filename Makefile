@@ -33,8 +33,8 @@ run: build
 	    $(PAGEKV) chat --model "$$smollm2" --temp 0 -n 96 2>&1 | grep -v '^pagekv chat:' || exit 1; \
 	  echo; echo "== pagekv generate --chat: four questions in one batch behind one system prompt, shared through the prefix cache"; \
 	  $(PAGEKV) generate --model "$$smollm2" --system "$(SYSTEM)" --prefix-cache -n 64 \
-	    --prompt "Why is the sky blue?" --prompt "What do bees make?" --prompt "Name a famous painter." \
-	    --prompt "What is 12 times 7?" || exit 1; \
+	    --prompt "What is the largest ocean on Earth?" --prompt "What do bees make?" \
+	    --prompt "How many legs does a spider have?" --prompt "Who wrote Romeo and Juliet?" || exit 1; \
 	else \
 	  model=$$(bash scripts/find-model.sh); \
 	  if [ -n "$$model" ]; then \
