@@ -70,20 +70,21 @@ test-asan: deps models
 	cmake --build build/asan -j $(JOBS)
 	ctest --test-dir build/asan --output-on-failure -j $(JOBS)
 
-# The GGUF reader under libFuzzer (clang, ASan + UBSan) for FUZZ_SECONDS,
-# seeded with synthetic models and, when present, the shared stories260K
-# file. Any crash, sanitizer report or allocation over 1 GiB fails the run
-# and leaves the input in build/fuzz/ (crash-*, oom-*, leak-*).
+# The GGUF reader under libFuzzer (clang, ASan + UBSan: the fuzzer lives in
+# the asan build) for FUZZ_SECONDS, seeded with synthetic models and, when
+# present, the shared stories260K file. Any crash, sanitizer report or
+# allocation over 1 GiB fails the run and leaves the input in build/fuzz/
+# (crash-*, oom-*, leak-*).
 FUZZ_SECONDS ?= 60
 fuzz: build
-	@cmake --preset fuzz >/dev/null
-	cmake --build build/fuzz --target pagekv_gguf_fuzzer -j $(JOBS)
+	@cmake --preset asan >/dev/null
+	cmake --build build/asan --target pagekv_gguf_fuzzer -j $(JOBS)
 	@mkdir -p build/fuzz/seeds build/fuzz/corpus
 	@$(PAGEKV) synth-model --preset tiny --weight-type q8_0 --out build/fuzz/seeds/tiny-q8_0.gguf >/dev/null
 	@$(PAGEKV) synth-model --preset tiny --weight-type f16 --out build/fuzz/seeds/tiny-f16.gguf >/dev/null
 	@if [ -f ../shared/models/stories260K/stories260K.gguf ]; then \
 	  cp ../shared/models/stories260K/stories260K.gguf build/fuzz/seeds/; fi
-	build/fuzz/src/model/pagekv_gguf_fuzzer -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 \
+	build/asan/src/model/pagekv_gguf_fuzzer -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 \
 	  -malloc_limit_mb=1024 -print_final_stats=1 -artifact_prefix=build/fuzz/ build/fuzz/corpus build/fuzz/seeds \
 	  2>&1 | grep -v "^#[0-9]" | tail -25; test $${PIPESTATUS[0]} -eq 0
 

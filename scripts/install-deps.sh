@@ -25,7 +25,7 @@ PACKAGES=(
   libcpp-httplib-dev   # the HTTP server of `pagekv serve` (and its tests' client)
   libhiredis-dev       # the Redis KV tier (hiredis client)
   redis-server         # tests start a real server on a loopback port
-  clang                # libFuzzer builds of the file parsers (make test runs them)
+  clang                # the ASan + UBSan build and its libFuzzer target (make test runs both)
   libclang-rt-14-dev   # libFuzzer and sanitizer runtimes for clang
   libopenblas-dev      # only the matmul benchmark links it, to re-measure our kernel against sgemm
   libpcre2-dev         # Unicode-aware regexes of the byte-level BPE pre-tokenizers (PCRE2 with UCP)

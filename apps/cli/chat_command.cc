@@ -7,7 +7,7 @@
 //
 // Input: one message per line (a line ending in '\' continues on the next);
 // /reset forgets the conversation, /exit (or end of input) ends. Ctrl-C stops
-// the answer being written; a second one while idle exits.
+// the answer being written; at the prompt it ends the chat.
 #include <unistd.h>
 
 #include <atomic>
@@ -112,7 +112,11 @@ int RunChat(const ChatArgs& a) {
                "input ends%s.\n",
                a.model.c_str(), engine.chat_template_name().c_str(), engine.context_len(),
                tty ? "; Ctrl-C stops an answer" : "");
-  std::signal(SIGINT, OnInterrupt);
+  // No SA_RESTART: Ctrl-C at the prompt interrupts the read, which ends the chat.
+  struct sigaction sa {};
+  sa.sa_handler = OnInterrupt;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
 
   nlohmann::json history = nlohmann::json::array();
   if (!a.system.empty()) history.push_back({{"role", "system"}, {"content", a.system}});
@@ -121,7 +125,7 @@ int RunChat(const ChatArgs& a) {
   for (;;) {
     g_interrupts = 0;
     std::optional<std::string> in = ReadMessage(tty);
-    if (!in) break;
+    if (!in || g_interrupts.load() > 0) break;
     const std::string text = Trim(*in);
     if (text.empty()) continue;
     if (text == "/exit" || text == "/quit") break;

@@ -305,7 +305,8 @@ void AttendRowsT(DF df, const RowTask& task) {
       }
       for (; t < n; t += lanes) {
         const auto mask = hn::FirstN(df, static_cast<size_t>(std::max<int64_t>(0, valid - t)));
-        const auto e = hn::IfThenElseZero(mask, hn::CallExp(df, hn::Sub(hn::LoadU(df, s + t), vmax)));
+        // Lanes past `valid` hold anything (NaN too): kept out of Exp.
+        const auto e = hn::IfThenElseZero(mask, hn::CallExp(df, hn::IfThenElseZero(mask, hn::Sub(hn::LoadU(df, s + t), vmax))));
         hn::StoreU(e, df, s + t);
         vsum = hn::Add(vsum, e);
       }

@@ -47,8 +47,10 @@ namespace HWY_NAMESPACE {
 
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
 // The target's own features plus AVX-512 BF16: Highway's functions (a
-// subset) still inline into these.
-#define PAGEKV_BF16_DOT_ATTR __attribute__((target("avx512bf16")))
+// subset) still inline into these. The target's string is repeated because
+// clang's attribute replaces the one Highway's pragma applies (GCC adds).
+#undef PAGEKV_BF16_DOT_ATTR
+#define PAGEKV_BF16_DOT_ATTR __attribute__((target(HWY_TARGET_STR ",avx512bf16")))
 
 namespace bf16dot {
 

@@ -1,10 +1,14 @@
 // Block-quantized weights times int16 activations (the fast path of
 // matmul.h for a few tokens): each activation row is quantized once per call
 // in blocks of 32 (an f32 scale d = max |x| / 32767 and 32 int16 values),
-// and each 32-element chunk of a weight row is unpacked to 32 small
+// and each 32-element chunk of a k-quant weight row is unpacked to 32 small
 // unsigned integers u with a per-16 scale and bias, so that
 //
 //   sum_i w_i x_i = dx * sum_16 scale * (sum u_i q_i) + sum_16 bias * (dx * sum q_i)
+//
+// The 32-element formats (q4_0 ... q8_0: one scale, and a minimum or a
+// fixed offset, per block) are widened to int16 straight from memory
+// (Widen32) and take one scale per block (Tile32).
 //
 // The integer sums are `vpmaddwd` (i16 pairs into i32; u <= 63 and |q| <=
 // 32767 cannot overflow): 32 multiply-adds in two instructions, against four
@@ -56,25 +60,10 @@ namespace intdot {
 // scale and bias per 16 elements (lanes 0-3 of the integer sums cover
 // elements 0-15, lanes 4-7 elements 16-31).
 struct Chunk {
-  __m256i u;          // 32 unsigned bytes, or signed ones for q8_0
+  __m256i u;          // 32 unsigned bytes
   __m256 scale;       // low half: elements 0-15, high half: 16-31
   float bias[2];
 };
-
-inline __m256i Nibbles16(const uint8_t* p) {  // low nibbles then high nibbles of 16 bytes
-  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  const __m256i both = _mm256_inserti128_si256(_mm256_castsi128_si256(b), _mm_srli_epi16(b, 4), 1);
-  return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
-}
-
-// 32 bytes of 0x10 where bit i of `bits` is set (element i's fifth bit).
-inline __m256i Bits32(uint32_t bits) {
-  const __m256i shuffle = _mm256_setr_epi64x(0x0000000000000000, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303);
-  __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)), shuffle);  // byte i: byte i / 8 of bits
-  const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ULL));
-  v = _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
-  return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
-}
 
 // (v >> shift) & mask per byte, for a run-time shift.
 inline __m256i ShiftMask(__m256i v, int shift, int mask) {
@@ -85,7 +74,7 @@ inline __m256i Load32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_
 
 inline __m256 Halves(float lo, float hi) { return _mm256_setr_m128(_mm_set1_ps(lo), _mm_set1_ps(hi)); }
 
-// The per-block constants of a 256-element block, decoded once per row.
+// The per-block constants of a 256-element (k-quant) block, decoded once per row.
 struct KScales {
   float scale[16];
   float bias[16];
@@ -93,19 +82,12 @@ struct KScales {
 
 template <WeightType kType>
 inline void BlockScales(const std::byte* b, KScales& k) {
-  if constexpr (QuantTraits<kType>::kElems == 256) {
-    float scale[16], bias[16];
-    Scales<kType>(b, scale, bias);
-    constexpr int kSubs = 256 / QuantTraits<kType>::kSub;
-    for (int i = 0; i < 16; ++i) {  // per 16 elements
-      k.scale[i] = scale[i * kSubs / 16];
-      k.bias[i] = bias[i * kSubs / 16];
-    }
-  } else {
-    float scale[1], bias[1];
-    Scales<kType>(b, scale, bias);
-    k.scale[0] = k.scale[1] = scale[0];
-    k.bias[0] = k.bias[1] = bias[0];
+  float scale[16], bias[16];
+  Scales<kType>(b, scale, bias);
+  constexpr int kSubs = 256 / QuantTraits<kType>::kSub;
+  for (int i = 0; i < 16; ++i) {  // per 16 elements
+    k.scale[i] = scale[i * kSubs / 16];
+    k.bias[i] = bias[i * kSubs / 16];
   }
 }
 
@@ -118,18 +100,8 @@ inline Chunk Unpack(const std::byte* b, int c, const KScales& k) {
   out.scale = Halves(k.scale[s0], k.scale[s0 + 1]);
   out.bias[0] = k.bias[s0];
   out.bias[1] = k.bias[s0 + 1];
-  if constexpr (kType == WeightType::kQ8_0) {
-    out.u = Load32(u + 2);
-  } else if constexpr (kType == WeightType::kQ4_0) {
-    out.u = Nibbles16(u + 2);
-  } else if constexpr (kType == WeightType::kQ4_1) {
-    out.u = Nibbles16(u + 4);
-  } else if constexpr (kType == WeightType::kQ5_0 || kType == WeightType::kQ5_1) {
-    constexpr bool kMin = kType == WeightType::kQ5_1;
-    uint32_t qh;
-    std::memcpy(&qh, b + (kMin ? 4 : 2), 4);
-    out.u = _mm256_or_si256(Nibbles16(u + (kMin ? 8 : 6)), Bits32(qh));
-  } else if constexpr (kType == WeightType::kQ2_K) {
+  static_assert(QuantTraits<kType>::kElems == 256, "32-element formats go through Widen32 and Tile32");
+  if constexpr (kType == WeightType::kQ2_K) {
     const int half = c / 4, s = c % 4;
     out.u = ShiftMask(Load32(u + 16 + half * 32), 2 * s, 3);
   } else if constexpr (kType == WeightType::kQ3_K) {
@@ -155,16 +127,10 @@ inline Chunk Unpack(const std::byte* b, int c, const KScales& k) {
   return out;
 }
 
-// The 32 weight bytes as two vectors of 16 int16 (elements 0-15, 16-31).
-template <WeightType kType>
+// The 32 unsigned weight bytes as two vectors of 16 int16 (elements 0-15, 16-31).
 inline void Widen(__m256i w, __m256i& lo, __m256i& hi) {
-  if constexpr (kType == WeightType::kQ8_0) {
-    lo = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w));
-    hi = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(w, 1));
-  } else {
-    lo = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(w));
-    hi = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(w, 1));
-  }
+  lo = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(w));
+  hi = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(w, 1));
 }
 
 inline float HSum(__m256 v) {
@@ -210,7 +176,7 @@ inline void Tile(const std::byte* const* rows, int64_t cols, const int16_t* xq, 
       for (int r = 0; r < kRows; ++r) {
         const Chunk w = Unpack<kType>(rows[r] + b * block_bytes, c, ks[r]);
         __m256i wlo, whi;
-        Widen<kType>(w.u, wlo, whi);
+        Widen(w.u, wlo, whi);
         // Sums of elements 0-15 in lanes 0-3 and of 16-31 in lanes 4-7, as
         // the per-16 scale vector expects.
         for (int t = 0; t < kT; ++t) {
@@ -229,9 +195,42 @@ inline void Tile(const std::byte* const* rows, int64_t cols, const int16_t* xq, 
   }
 }
 
+// A 32-element block's weights as two vectors of 16 int16 (elements 0-15,
+// 16-31) straight from memory: one widening load, then the nibbles (and
+// the fifth bits) split in 16-bit lanes, where no cross-lane step is needed.
+inline __m256i FifthBits16(uint32_t bits) {  // lane i: 0x10 where bit i of the low 16 bits is set
+  const __m256i bit = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384,
+                                        static_cast<int16_t>(-32768));
+  const __m256i v = _mm256_and_si256(_mm256_set1_epi16(static_cast<int16_t>(bits & 0xFFFF)), bit);
+  return _mm256_and_si256(_mm256_cmpeq_epi16(v, bit), _mm256_set1_epi16(0x10));
+}
+
+template <WeightType kType>
+inline void Widen32(const std::byte* b, __m256i& lo, __m256i& hi) {
+  const auto* u = reinterpret_cast<const uint8_t*>(b);
+  auto load16 = [](const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); };
+  if constexpr (kType == WeightType::kQ8_0) {
+    lo = _mm256_cvtepi8_epi16(load16(u + 2));
+    hi = _mm256_cvtepi8_epi16(load16(u + 18));
+  } else {
+    constexpr bool kFive = kType == WeightType::kQ5_0 || kType == WeightType::kQ5_1;
+    constexpr int kQs = kType == WeightType::kQ4_0 ? 2 : kType == WeightType::kQ4_1 ? 4 : kType == WeightType::kQ5_0 ? 6 : 8;
+    const __m256i v = _mm256_cvtepu8_epi16(load16(u + kQs));  // byte i in lane i
+    lo = _mm256_and_si256(v, _mm256_set1_epi16(0x0F));          // element i: low nibble of byte i
+    hi = _mm256_srli_epi16(v, 4);                              // element 16 + i: its high nibble
+    if constexpr (kFive) {
+      uint32_t qh;
+      std::memcpy(&qh, b + (kType == WeightType::kQ5_1 ? 4 : 2), 4);
+      lo = _mm256_or_si256(lo, FifthBits16(qh));
+      hi = _mm256_or_si256(hi, FifthBits16(qh >> 16));
+    }
+  }
+}
+
 // The 32-element formats (one scale per block, and for q4_1 / q5_1 one
-// minimum): the kRows rows' f16 constants converted together, one scale
-// per (row, token) and block, no per-16 split.
+// minimum): the kRows rows' f16 constants converted together, their
+// products with each token's scale (and the minimums' terms) taken four
+// rows at a time, one scale per (row, token) and block, no per-16 split.
 template <WeightType kType, int kRows, int kT>
 inline void Tile32(const std::byte* const* rows, int64_t cols, const int16_t* xq, const float* xd, const float* xs,
                    int64_t row_step, float* out) {
@@ -241,12 +240,10 @@ inline void Tile32(const std::byte* const* rows, int64_t cols, const int16_t* xq
   const int64_t block_bytes = FormatOf(kType).block_bytes;
   const int64_t blocks = cols / 32;
   __m256 acc[kRows][kT];
-  float bias[kRows][kT];
-  for (int r = 0; r < kRows; ++r) {
-    for (int t = 0; t < kT; ++t) {
-      acc[r][t] = _mm256_setzero_ps();
-      bias[r][t] = 0;
-    }
+  __m128 bias[kT];  // the four rows' minimum (or offset) terms
+  for (int t = 0; t < kT; ++t) {
+    bias[t] = _mm_setzero_ps();
+    for (int r = 0; r < kRows; ++r) acc[r][t] = _mm256_setzero_ps();
   }
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t at = b * block_bytes;
@@ -258,34 +255,37 @@ inline void Tile32(const std::byte* const* rows, int64_t cols, const int16_t* xq
       std::memcpy(&hd[r], rows[r] + at, 2);
       if constexpr (kMin) std::memcpy(&hm[r], rows[r] + at + 2, 2);
     }
-    alignas(16) float d[4], m[4];
-    _mm_store_ps(d, _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(hd))));
+    const __m128 d = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(hd)));
+    __m128 m;
     if constexpr (kMin) {
-      _mm_store_ps(m, _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(hm))));
+      m = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(hm)));
     } else {
-      for (int r = 0; r < kRows; ++r) m[r] = -kOffset * d[r];
+      m = _mm_mul_ps(d, _mm_set1_ps(-kOffset));
     }
     __m256i xlo[kT], xhi[kT];
-    float dx[kT], sx[kT];
+    alignas(16) float dd[kT][4];  // d[r] * dx[t], broadcast from memory below
     for (int t = 0; t < kT; ++t) {
       xlo[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + t * cols + b * 32));
       xhi[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + t * cols + b * 32 + 16));
-      dx[t] = xd[t * blocks + b];
-      sx[t] = xs[t * 2 * blocks + 2 * b] + xs[t * 2 * blocks + 2 * b + 1];
+      _mm_store_ps(dd[t], _mm_mul_ps(d, _mm_set1_ps(xd[t * blocks + b])));
+      if constexpr (kType != WeightType::kQ8_0) {
+        const float sx = xs[t * 2 * blocks + 2 * b] + xs[t * 2 * blocks + 2 * b + 1];
+        bias[t] = _mm_fmadd_ps(m, _mm_set1_ps(sx), bias[t]);
+      }
     }
     for (int r = 0; r < kRows; ++r) {
-      const KScales none{};
       __m256i wlo, whi;
-      Widen<kType>(Unpack<kType>(rows[r] + at, 0, none).u, wlo, whi);
+      Widen32<kType>(rows[r] + at, wlo, whi);
       for (int t = 0; t < kT; ++t) {
         const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(wlo, xlo[t]), _mm256_madd_epi16(whi, xhi[t]));
-        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d[r] * dx[t]), acc[r][t]);
-        if constexpr (kType != WeightType::kQ8_0) bias[r][t] += m[r] * sx[t];
+        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_broadcast_ss(&dd[t][r]), acc[r][t]);
       }
     }
   }
   for (int t = 0; t < kT; ++t) {
-    for (int r = 0; r < kRows; ++r) out[t * kRows + r] = HSum(acc[r][t]) + bias[r][t];
+    alignas(16) float bt[4];
+    _mm_store_ps(bt, bias[t]);
+    for (int r = 0; r < kRows; ++r) out[t * kRows + r] = HSum(acc[r][t]) + bt[r];
   }
 }
 

@@ -571,9 +571,13 @@ void RowRange(const MatMulTask& task, int64_t row_begin, int64_t row_end) {
 void PanelRange(const MatMulTask& task, int64_t row_begin, int64_t row_end) {
   HWY_DYNAMIC_DISPATCH(PanelRangeImpl)(task, row_begin, row_end);
 }
+bool IntDot() { return HWY_DYNAMIC_DISPATCH(IntDotImpl)(); }
+void QuantizeQ16(const float* x, int64_t tokens, int64_t cols, int16_t* xq, float* xd, float* xs) {
+  HWY_DYNAMIC_DISPATCH(QuantizeQ16Impl)(x, tokens, cols, xq, xd, xs);
+}
 }  // namespace kernels
 
-bool IntActivationsAvailable() { return HWY_DYNAMIC_DISPATCH(kernels::IntDotImpl)(); }
+bool IntActivationsAvailable() { return kernels::IntDot(); }
 
 Status MatMul(const WeightMatrix& w, const float* x, int64_t tokens, float* y, int threads, Activations activations) {
   const MatMulOutput one{w, y};
@@ -627,7 +631,7 @@ Status MatMulShared(std::span<const MatMulOutput> outputs, const float* x, int64
     xq.resize(static_cast<size_t>(tokens * cols));
     xd.resize(static_cast<size_t>(tokens * cols / 32));
     xs.resize(static_cast<size_t>(tokens * cols / 16));
-    HWY_DYNAMIC_DISPATCH(kernels::QuantizeQ16Impl)(x, tokens, cols, xq.data(), xd.data(), xs.data());
+    kernels::QuantizeQ16(x, tokens, cols, xq.data(), xd.data(), xs.data());
     for (kernels::MatMulTask& t : tasks) {
       if (!IsBlockQuantized(t.w.type)) continue;
       t.xq = xq.data();

@@ -157,7 +157,11 @@ void AttendRowsLanesT(DF df, const RowTask& task) {
         V sum = hn::Zero(df);
         for (t = 0; t < n; ++t) {
           const V sv = hn::LoadU(df, st + t * N);
-          const V e = hn::IfThenElseZero(hn::Ne(sv, neg_inf), hn::CallExp(df, hn::Sub(sv, m_new)));
+          // A row that has seen nothing yet has m_new = -inf: its lanes'
+          // -inf - -inf is NaN, kept out of Exp (NaN to int is undefined on
+          // the emulated target).
+          const auto seen = hn::Ne(sv, neg_inf);
+          const V e = hn::IfThenElseZero(seen, hn::CallExp(df, hn::IfThenElseZero(seen, hn::Sub(sv, m_new))));
           hn::StoreU(e, df, st + t * N);
           sum = hn::Add(sum, e);
         }

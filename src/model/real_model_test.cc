@@ -25,7 +25,13 @@
 namespace pagekv {
 namespace {
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+// GCC defines __SANITIZE_*__; clang 14 answers only __has_feature.
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define PAGEKV_SANITIZED 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__) || defined(PAGEKV_SANITIZED)
 constexpr bool kSanitized = true;  // a subset: the same checks on fewer prompts and steps
 #else
 constexpr bool kSanitized = false;
@@ -132,11 +138,11 @@ TEST_F(SmolLM2Test, GreedyStepsAndLogitsMatchTheReference) {
   double worst = 0;
   size_t prompts = 0;
   for (const auto& p : (*goldens_)["prompts"]) {
-    if (kSanitized && prompts >= 2) break;
+    if (kSanitized && prompts >= 1) break;
     ++prompts;
     const std::vector<int32_t> ids = p["ids"].get<std::vector<int32_t>>();
     const std::vector<int32_t> want = p["greedy"].get<std::vector<int32_t>>();
-    const size_t steps = kSanitized ? 8 : want.size();
+    const size_t steps = kSanitized ? 4 : want.size();
     auto cache = Cache(static_cast<int64_t>(ids.size() + steps));
     const SeqId seq = cache->AddSequence();
     std::vector<float> logits(static_cast<size_t>(vocab));
@@ -174,11 +180,11 @@ TEST_F(SmolLM2Test, FastPathKeepsEveryClearGreedyStepAndTheNllWithinHalfAPercent
   int clear_prompts = 0, compared = 0;
   size_t prompts = 0;
   for (const auto& p : (*goldens_)["prompts"]) {
-    if (kSanitized && prompts >= 2) break;
+    if (kSanitized && prompts >= 1) break;
     ++prompts;
     const std::vector<int32_t> ids = p["ids"].get<std::vector<int32_t>>();
     const std::vector<int32_t> want = p["greedy"].get<std::vector<int32_t>>();
-    size_t steps = kSanitized ? 8 : want.size();
+    size_t steps = kSanitized ? 4 : want.size();
     for (size_t k = 0; k < steps; ++k) {
       if (p["top5"][k]["margin"].get<double>() <= 0.05) {
         steps = k;
@@ -203,11 +209,11 @@ TEST_F(SmolLM2Test, FastPathKeepsEveryClearGreedyStepAndTheNllWithinHalfAPercent
   }
   std::printf("fast path: %d greedy steps equal; %d of %zu prompts clear of a 0.05 margin for all 64 steps\n", compared,
               clear_prompts, prompts);
-  EXPECT_GT(compared, kSanitized ? 4 : 200);
+  EXPECT_GT(compared, kSanitized ? 2 : 200);
 
   const auto& nll = (*goldens_)["nll"];
   std::vector<int32_t> ids = nll["ids"].get<std::vector<int32_t>>();
-  if (kSanitized) ids.resize(64);
+  if (kSanitized) ids.resize(32);
   auto cache = Cache(static_cast<int64_t>(ids.size()));
   const SeqId seq = cache->AddSequence();
   std::vector<float> logits(static_cast<size_t>(vocab));
@@ -235,7 +241,7 @@ TEST_F(SmolLM2Test, FastPathKeepsEveryClearGreedyStepAndTheNllWithinHalfAPercent
 TEST_F(SmolLM2Test, MeanNllOfTheLicenceTextMatchesTheReference) {
   const auto& nll = (*goldens_)["nll"];
   std::vector<int32_t> ids = nll["ids"].get<std::vector<int32_t>>();
-  if (kSanitized) ids.resize(256);
+  if (kSanitized) ids.resize(128);
   const int32_t vocab = model_->model->config().vocab_size;
   auto cache = Cache(static_cast<int64_t>(ids.size()));
   const SeqId seq = cache->AddSequence();
