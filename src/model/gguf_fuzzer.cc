@@ -2,7 +2,7 @@
 // that reads a parsed file (metadata getters, the tokenizer, the llama
 // loader's validation). Any crash, sanitizer report, leak, or allocation past
 // libFuzzer's -malloc_limit_mb is a bug: a hostile file must only ever give
-// a Status. Built by the `fuzz` preset (clang); `make test` runs it for 60 s.
+// a Status. Built in the asan build (clang); `make test` runs it for 60 s.
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
