@@ -38,9 +38,9 @@
 #include <vector>
 
 #include "pagekv/dtype.h"
-#include "pagekv/generate.h"
 #include "pagekv/eviction.h"
 #include "pagekv/prefix_cache.h"
+#include "pagekv/sampling.h"
 #include "pagekv/status.h"
 #include "pagekv/tiers.h"
 

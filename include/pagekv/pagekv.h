@@ -22,6 +22,7 @@
 #include "pagekv/plan.h"
 #include "pagekv/prefix_cache.h"
 #include "pagekv/replay.h"
+#include "pagekv/sampling.h"
 #include "pagekv/server.h"
 #include "pagekv/engine.h"
 #include "pagekv/eval.h"

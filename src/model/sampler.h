@@ -8,7 +8,7 @@
 #include <span>
 #include <vector>
 
-#include "pagekv/generate.h"
+#include "pagekv/sampling.h"
 
 namespace pagekv {
 
