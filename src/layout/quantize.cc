@@ -8,17 +8,11 @@
 #include "layout/float16.h"
 
 namespace pagekv::quant {
-namespace {
-
-// The smallest f16 >= want (0 for 0): a row scale that never needs clamping
-// (rounding to nearest could land below it, by up to 3% where f16 is subnormal).
 uint16_t ScaleAtLeast(float want) {
   uint16_t s16 = F32ToF16(want);
   if (F16ToF32(s16) < want) ++s16;  // the next f16 up (positive, finite)
   return s16;
 }
-
-}  // namespace
 
 void HadamardInPlace(float* x, int32_t n) {
   for (int32_t len = 1; len < n; len <<= 1) {

@@ -48,6 +48,11 @@ namespace pagekv::quant {
 // a Hadamard-rotated format (KvFormat::hadamard) are encoded from H x.
 void HadamardInPlace(float* x, int32_t n);
 
+// The smallest f16 >= want (0 for 0), as bits: a row scale that never needs
+// clamping (rounding to nearest could land below it, by up to 3% where f16
+// is subnormal).
+uint16_t ScaleAtLeast(float want);
+
 void EncodeInt8Row(const float* x, int32_t n, std::byte* row);
 void DecodeInt8Row(const std::byte* row, int32_t n, float* x);
 // The row's scale (for kernels that apply it after a dot product).

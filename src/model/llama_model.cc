@@ -13,19 +13,12 @@
 #include <unordered_set>
 
 #include "base/thread_pool.h"
+#include "kernels/ops.h"
 #include "layout/float16.h"
-#include "layout/quantize.h"
 #include "pagekv/attention.h"
 
 namespace pagekv {
 namespace {
-
-void RmsNorm(const float* x, const float* weight, int32_t n, float eps, float* out) {
-  float ss = 0.0f;
-  for (int32_t i = 0; i < n; ++i) ss += x[i] * x[i];
-  const float scale = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
-  for (int32_t i = 0; i < n; ++i) out[i] = weight[i] * (scale * x[i]);
-}
 
 std::string ShapeString(const std::vector<int64_t>& dims) {
   std::string out;
@@ -323,6 +316,7 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::FromGguf(std::unique_ptr<GgufFil
     m->layers_.push_back(L);
   }
   m->file_ = std::move(file);
+  m->BuildRope();
   PAGEKV_RETURN_IF_ERROR(m->PackWeights());
   return m;
 }
@@ -403,6 +397,7 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::FromLlama2c(const std::string& p
                                f32(w1 + l * hd * d, hd, d), f32(w3 + l * hd * d, hd, d), f32(w2 + l * d * hd, d, hd)});
   }
   m->mapping_ = std::move(mapping);
+  m->BuildRope();
   PAGEKV_RETURN_IF_ERROR(m->PackWeights());
   return m;
 }
@@ -424,6 +419,21 @@ void ReleaseFilePages(const std::byte* p, int64_t n) {
 }
 
 }  // namespace
+
+void LlamaModel::BuildRope() {
+  const LlamaConfig& c = config_;
+  RopeParams p;
+  p.head_dim = c.head_dim;
+  p.rope_dims = c.rope_dims;
+  p.halves = c.rope_halves;
+  p.theta = c.rope_theta;
+  p.freq_scale = c.rope_freq_scale;
+  p.yarn = c.rope_scaling == LlamaConfig::RopeScaling::kYarn;
+  p.yarn_attn_factor = c.rope_attn_factor;
+  p.yarn_orig_context = c.rope_orig_context;
+  p.freq_divisors = rope_freqs_;
+  rope_ = std::make_shared<const Rope>(std::move(p));
+}
 
 Status LlamaModel::PackWeights() {
   // GGUF opened from a file, or a llama2.c checkpoint (always mapped).
@@ -584,7 +594,7 @@ Status LlamaModel::Compute(KvCache& cache, std::span<const ForwardItem> items, c
   const LlamaConfig& c = config_;
   const CacheConfig& cc = cache.layout().config();
   const int64_t T = batch.rows;
-  const int32_t d = c.dim, kv_dim = c.num_kv_heads * c.head_dim, hd = c.hidden_dim, half = c.rope_dims / 2;
+  const int32_t d = c.dim, kv_dim = c.num_kv_heads * c.head_dim, hd = c.hidden_dim;
   double* matmul_time = options.timings != nullptr ? &options.timings->matmul : nullptr;
   double* attention_time = options.timings != nullptr ? &options.timings->attention : nullptr;
   size_t slot = 0;
@@ -610,9 +620,6 @@ Status LlamaModel::Compute(KvCache& cache, std::span<const ForwardItem> items, c
         std::upper_bound(batch.first.begin(), batch.first.end(), t) - batch.first.begin() - 1);
     WeightRow(embedding_, items[item].tokens[static_cast<size_t>(t - batch.first[item])], &x[static_cast<size_t>(t * d)]);
   }
-  // Rotary angles per row, shared by every layer: pair i of each head turns
-  // by pos * theta^(-2i / rope_dims) (divided by rope_freqs[i], scaled as
-  // the file says).
   // Per-row work (norms, rotary, K/V conversion, residuals, SiLU) of a long
   // step is split over the pool in chunks of rows, so the second core does
   // not wait through it; a decode step's few rows stay on this thread.
@@ -625,97 +632,15 @@ Status LlamaModel::Compute(KvCache& cache, std::span<const ForwardItem> items, c
     ThreadPool::Shared().ParallelFor((n + kChunk - 1) / kChunk, options.threads,
                                      [&](int64_t i) { fn(i * kChunk, std::min(n, (i + 1) * kChunk)); });
   };
-  // Per frequency: the unscaled angle per position (extrapolation), the
-  // scaled one (interpolation), and YaRN's blend of the two between its
-  // correction dimensions (ggml's rope_yarn: beta_fast 32, beta_slow 1).
-  std::vector<double> freq(static_cast<size_t>(half)), mix(static_cast<size_t>(half), 0.0);
-  for (int32_t i = 0; i < half; ++i) {
-    double f = std::pow(static_cast<double>(c.rope_theta), -2.0 * i / c.rope_dims);
-    if (!rope_freqs_.empty()) f /= rope_freqs_[static_cast<size_t>(i)];
-    freq[static_cast<size_t>(i)] = f;
-  }
-  double mscale = 1.0;
-  const bool yarn = c.rope_scaling == LlamaConfig::RopeScaling::kYarn;
-  if (yarn) {
-    auto corr = [&](double rotations) {
-      return c.rope_dims * std::log(c.rope_orig_context / (rotations * 2 * M_PI)) / (2 * std::log(static_cast<double>(c.rope_theta)));
-    };
-    const double lo = std::max(0.0, std::floor(corr(32.0))), hi = std::min(c.rope_dims - 1.0, std::ceil(corr(1.0)));
-    for (int32_t i = 0; i < half; ++i) {
-      mix[static_cast<size_t>(i)] = 1.0 - std::clamp((i - lo) / std::max(0.001, hi - lo), 0.0, 1.0);
-    }
-    mscale = c.rope_attn_factor * (1.0 + 0.1 * std::log(1.0 / c.rope_freq_scale));
-  }
-  const std::span<float> rope_cos = rows(T, half), rope_sin = rows(T, half);
+  // Rotary tables per row, shared by every layer (kernels/ops.h).
+  const int32_t rope_dims = c.rope_dims;
+  const std::span<float> rope_cos = rows(T, rope_dims), rope_sin = rows(T, rope_dims);
   for_rows(T, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      const auto p = static_cast<double>(batch.pos[static_cast<size_t>(t)]);
-      for (int32_t i = 0; i < half; ++i) {
-        const double extrap = p * freq[static_cast<size_t>(i)];
-        const double interp = extrap * c.rope_freq_scale;
-        const double angle = yarn ? interp * (1 - mix[static_cast<size_t>(i)]) + extrap * mix[static_cast<size_t>(i)] : interp;
-        rope_cos[static_cast<size_t>(t * half + i)] = static_cast<float>(std::cos(angle) * mscale);
-        rope_sin[static_cast<size_t>(t * half + i)] = static_cast<float>(std::sin(angle) * mscale);
-      }
-    }
+    rope_->Tables(std::span<const int64_t>(batch.pos).subspan(static_cast<size_t>(t0), static_cast<size_t>(t1 - t0)),
+                  &rope_cos[static_cast<size_t>(t0 * rope_dims)], &rope_sin[static_cast<size_t>(t0 * rope_dims)]);
   });
-  // Each head's first rope_dims dimensions: pairs (2i, 2i + 1) (llama's
-  // GGUF convention), or (i, i + rope_dims / 2) (qwen2, "NEOX").
-  auto rope = [&](float* row, int64_t t, int32_t width) {
-    const float* cs = &rope_cos[static_cast<size_t>(t * half)];
-    const float* sn = &rope_sin[static_cast<size_t>(t * half)];
-    for (int32_t h0 = 0; h0 < width; h0 += c.head_dim) {
-      float* head = row + h0;
-      for (int32_t i = 0; i < half; ++i) {
-        float& a = c.rope_halves ? head[i] : head[2 * i];
-        float& b = c.rope_halves ? head[i + half] : head[2 * i + 1];
-        const float x = a, y = b;
-        a = x * cs[i] - y * sn[i];
-        b = x * sn[i] + y * cs[i];
-      }
-    }
-  };
-  // Biases added to each row of a product (a null bias: nothing).
   auto add_bias = [&](float* rows_out, int64_t n, int64_t width, const float* bias) {
-    if (bias == nullptr) return;
-    for (int64_t t = 0; t < n; ++t) {
-      for (int64_t j = 0; j < width; ++j) rows_out[t * width + j] += bias[j];
-    }
-  };
-  auto store = [&](const KvFormat& format, const float* src, std::byte* dst, int64_t n) {
-    if (format.IsKivi()) {  // f16 rows: the cache quantizes each group when it fills
-      for (int64_t j = 0; j < n; ++j) {
-        const uint16_t h = F32ToF16(src[j]);
-        std::memcpy(dst + 2 * j, &h, 2);
-      }
-      return;
-    }
-    if (!format.IsPlainFloat()) {  // one scaled row per (token, head): int8 or fp8
-      const int64_t row = FormatRowBytes(format, c.head_dim);
-      const DType q = format.dtype;
-      std::vector<float> rotated(format.hadamard ? static_cast<size_t>(c.head_dim) : 0);
-      for (int64_t r = 0; r < n / c.head_dim; ++r) {
-        const float* x = src + r * c.head_dim;
-        if (format.hadamard) {  // the row is stored as H x (layout/quantize.h)
-          std::copy(x, x + c.head_dim, rotated.begin());
-          quant::HadamardInPlace(rotated.data(), c.head_dim);
-          x = rotated.data();
-        }
-        if (q == DType::kInt8) {
-          quant::EncodeInt8Row(x, c.head_dim, dst + r * row);
-        } else {
-          quant::EncodeFp8Row(x, c.head_dim, q == DType::kFP8E4M3, dst + r * row);
-        }
-      }
-      return;
-    }
-    for (int64_t j = 0; j < n; ++j) {
-      switch (format.dtype) {
-        case DType::kF32: std::memcpy(dst + 4 * j, src + j, 4); break;
-        case DType::kF16: { const uint16_t h = F32ToF16(src[j]); std::memcpy(dst + 2 * j, &h, 2); break; }
-        default: { const uint16_t h = F32ToBF16(src[j]); std::memcpy(dst + 2 * j, &h, 2); break; }
-      }
-    }
+    if (bias != nullptr) AddBiasRows(rows_out, bias, n, width);
   };
   const bool decode_only = static_cast<int64_t>(items.size()) == T;
   std::vector<PrefillSeq> prefill(items.size());
@@ -725,7 +650,7 @@ Status LlamaModel::Compute(KvCache& cache, std::span<const ForwardItem> items, c
   for (int32_t l = 0; l < c.num_layers; ++l) {
     const Layer& L = layers_[static_cast<size_t>(l)];
     for_rows(T, [&](int64_t t0, int64_t t1) {
-      for (int64_t t = t0; t < t1; ++t) RmsNorm(&x[static_cast<size_t>(t * d)], L.attn_norm, d, c.norm_eps, &xb[static_cast<size_t>(t * d)]);
+      RmsNormRows(&x[static_cast<size_t>(t0 * d)], L.attn_norm, t1 - t0, d, c.norm_eps, &xb[static_cast<size_t>(t0 * d)]);
     });
     PAGEKV_RETURN_IF_ERROR(matmul_shared({{L.wq, q.data()}, {L.wk, k.data()}, {L.wv, v.data()}}, xb.data(), T));
     add_bias(q.data(), T, d, L.bq);
@@ -734,13 +659,14 @@ Status LlamaModel::Compute(KvCache& cache, std::span<const ForwardItem> items, c
     const KvFormat& format = cc.FormatOf(l);
     const auto token_bytes = static_cast<size_t>(cache.layout().row_bytes(l) * c.num_kv_heads);
     for_rows(T, [&](int64_t t0, int64_t t1) {
-      for (int64_t t = t0; t < t1; ++t) {
-        rope(&q[static_cast<size_t>(t * d)], t, d);
-        rope(&k[static_cast<size_t>(t * kv_dim)], t, kv_dim);
-      }
       const auto first = static_cast<size_t>(t0);
-      store(format, k.data() + first * kv_dim, k_rows.data() + first * token_bytes, (t1 - t0) * kv_dim);
-      store(format, v.data() + first * kv_dim, v_rows.data() + first * token_bytes, (t1 - t0) * kv_dim);
+      const float* cs = &rope_cos[first * static_cast<size_t>(rope_dims)];
+      const float* sn = &rope_sin[first * static_cast<size_t>(rope_dims)];
+      rope_->Apply(&q[first * static_cast<size_t>(d)], t1 - t0, d, cs, sn);
+      rope_->Apply(&k[first * static_cast<size_t>(kv_dim)], t1 - t0, kv_dim, cs, sn);
+      const int64_t heads = (t1 - t0) * c.num_kv_heads;
+      EncodeKvRows(format, c.head_dim, k.data() + first * kv_dim, heads, k_rows.data() + first * token_bytes);
+      EncodeKvRows(format, c.head_dim, v.data() + first * kv_dim, heads, v_rows.data() + first * token_bytes);
     });
     for (size_t i = 0; i < items.size(); ++i) {
       const auto n = static_cast<int64_t>(items[i].tokens.size());
@@ -762,19 +688,16 @@ Status LlamaModel::Compute(KvCache& cache, std::span<const ForwardItem> items, c
     PAGEKV_RETURN_IF_ERROR(matmul(L.wo, att.data(), T, tmp.data()));
     add_bias(tmp.data(), T, d, L.bo);
     for_rows(T, [&](int64_t t0, int64_t t1) {
-      for (auto j = static_cast<size_t>(t0 * d); j < static_cast<size_t>(t1 * d); ++j) x[j] += tmp[j];
-      for (int64_t t = t0; t < t1; ++t) RmsNorm(&x[static_cast<size_t>(t * d)], L.ffn_norm, d, c.norm_eps, &xb[static_cast<size_t>(t * d)]);
+      AddInPlace(&x[static_cast<size_t>(t0 * d)], &tmp[static_cast<size_t>(t0 * d)], (t1 - t0) * d);
+      RmsNormRows(&x[static_cast<size_t>(t0 * d)], L.ffn_norm, t1 - t0, d, c.norm_eps, &xb[static_cast<size_t>(t0 * d)]);
     });
     PAGEKV_RETURN_IF_ERROR(matmul_shared({{L.w_gate, h1.data()}, {L.w_up, h2.data()}}, xb.data(), T));
     for_rows(T, [&](int64_t t0, int64_t t1) {
-      for (auto j = static_cast<size_t>(t0 * hd); j < static_cast<size_t>(t1 * hd); ++j) {
-        const float g = h1[j];
-        h1[j] = g / (1.0f + std::exp(-g)) * h2[j];
-      }
+      SwiGluInPlace(&h1[static_cast<size_t>(t0 * hd)], &h2[static_cast<size_t>(t0 * hd)], (t1 - t0) * hd);
     });
     PAGEKV_RETURN_IF_ERROR(matmul(L.w_down, h1.data(), T, tmp.data()));
     for_rows(T, [&](int64_t t0, int64_t t1) {
-      for (auto j = static_cast<size_t>(t0 * d); j < static_cast<size_t>(t1 * d); ++j) x[j] += tmp[j];
+      AddInPlace(&x[static_cast<size_t>(t0 * d)], &tmp[static_cast<size_t>(t0 * d)], (t1 - t0) * d);
     });
   }
   // Classifier over the rows whose logits are wanted, in one product.
@@ -787,7 +710,7 @@ Status LlamaModel::Compute(KvCache& cache, std::span<const ForwardItem> items, c
   if (wanted.empty()) return Status::Ok();
   const auto W = static_cast<int64_t>(wanted.size());
   for (int64_t r = 0; r < W; ++r) {
-    RmsNorm(&x[static_cast<size_t>(wanted[static_cast<size_t>(r)] * d)], final_norm_, d, c.norm_eps, &xb[static_cast<size_t>(r * d)]);
+    RmsNormRows(&x[static_cast<size_t>(wanted[static_cast<size_t>(r)] * d)], final_norm_, 1, d, c.norm_eps, &xb[static_cast<size_t>(r * d)]);
   }
   const std::span<float> logits = rows(W, c.vocab_size);
   PAGEKV_RETURN_IF_ERROR(matmul(classifier_, xb.data(), W, logits.data()));

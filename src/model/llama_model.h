@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "kernels/matmul.h"
+#include "kernels/ops.h"
 #include "model/gguf_file.h"
 #include "pagekv/ids.h"
 #include "pagekv/kv_cache.h"
@@ -170,6 +171,8 @@ class LlamaModel {
   // layout the products run fastest on from a few tokens up; q8_0 stays as
   // stored. The mapped file's pages are then only read for the norms.
   Status PackWeights();
+  // The rotary constants of config_ and rope_freqs_ (kernels/ops.h).
+  void BuildRope();
 
   std::unique_ptr<GgufFile> file_;          // GGUF weights, or
   std::shared_ptr<const std::byte> mapping_;  // a mapped llama2.c checkpoint
@@ -177,6 +180,7 @@ class LlamaModel {
   Matrix embedding_;                   // [vocab][dim]
   const float* final_norm_ = nullptr;  // [dim]
   std::vector<float> rope_freqs_;      // [rope_dims / 2] frequency divisors, when the file has them
+  std::shared_ptr<const Rope> rope_;   // built from config_ and rope_freqs_ at load
   Matrix classifier_;                  // [vocab][dim]
   std::vector<std::vector<float>> converted_;  // norm vectors stored in another type, as f32
   std::vector<Layer> layers_;
