@@ -8,6 +8,7 @@
 #include <random>
 
 #include "base/thread_pool.h"
+#include "engine/forward_step.h"
 #include "kernels/machine_ceilings.h"
 #include "model/gguf_file.h"
 #include "model/llama_model.h"
@@ -98,7 +99,7 @@ Result<GenerateBenchReport> RunGenerateBench(const GenerateBenchOptions& o) {
     }
     const ForwardOptions fo{o.num_threads, nullptr};
     auto start = std::chrono::steady_clock::now();
-    PAGEKV_ASSIGN_OR_RETURN(bool fit, model->ForwardBatch(*cache, items, fo));
+    PAGEKV_ASSIGN_OR_RETURN(bool fit, ForwardStep(*model, *cache, items, fo));
     if (!fit) return InternalError("bench generate: the pool was sized too small");
     GenerateBenchResult r;
     r.batch = batch;
@@ -117,7 +118,7 @@ Result<GenerateBenchReport> RunGenerateBench(const GenerateBenchOptions& o) {
         next[static_cast<size_t>(i)] = static_cast<int32_t>(std::max_element(row, row + c.vocab_size) - row);
         items[static_cast<size_t>(i)].tokens = {&next[static_cast<size_t>(i)], 1};
       }
-      PAGEKV_ASSIGN_OR_RETURN(bool step_fit, model->ForwardBatch(*cache, items, timed));
+      PAGEKV_ASSIGN_OR_RETURN(bool step_fit, ForwardStep(*model, *cache, items, timed));
       if (!step_fit) return InternalError("bench generate: the pool was sized too small");
     }
     r.decode_seconds = Seconds(start);

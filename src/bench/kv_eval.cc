@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/forward_step.h"
 #include "model/llama_model.h"
 #include "model/model_loader.h"
 #include "model/sampler.h"
@@ -31,7 +32,7 @@ Result<std::vector<float>> AllLogits(const LlamaModel& model, DType dtype, int32
   std::vector<float> logits(tokens.size() * static_cast<size_t>(vocab));
   const SeqId seq = cache->AddSequence("eval");
   const ForwardItem item{seq, tokens, logits.data(), true};
-  PAGEKV_ASSIGN_OR_RETURN(bool fit, model.ForwardBatch(*cache, {&item, 1}, {threads, nullptr}));
+  PAGEKV_ASSIGN_OR_RETURN(bool fit, ForwardStep(model, *cache, {&item, 1}, {threads, nullptr}));
   if (!fit) return InternalError("eval: the cache sized for the sequence did not hold it");
   return logits;
 }
@@ -77,7 +78,7 @@ Result<std::vector<float>> DecodedLogits(const LlamaModel& model, DType dtype, c
                      out.data() + static_cast<size_t>(fed + step - split) * static_cast<size_t>(vocab), false};
     item.scores = sc.scores;
     item.score_queries = sc.score_queries;
-    PAGEKV_ASSIGN_OR_RETURN(bool fit, model.ForwardBatch(*cache, {&item, 1}, {threads, nullptr}));
+    PAGEKV_ASSIGN_OR_RETURN(bool fit, ForwardStep(model, *cache, {&item, 1}, {threads, nullptr}));
     if (!fit) return InternalError("eval: the cache sized for the sequence did not hold it");
     PAGEKV_RETURN_IF_ERROR(evictor->EndStep(*cache, seq));
     fed += step;
@@ -106,7 +107,7 @@ Result<std::vector<int32_t>> Continue(const LlamaModel& model, std::vector<int32
   size_t fed = 0;
   while (static_cast<int64_t>(tokens.size()) < length) {
     const ForwardItem item{seq, std::span<const int32_t>(tokens).subspan(fed), logits.data(), false};
-    PAGEKV_ASSIGN_OR_RETURN(bool fit, model.ForwardBatch(*cache, {&item, 1}, {threads, nullptr}));
+    PAGEKV_ASSIGN_OR_RETURN(bool fit, ForwardStep(model, *cache, {&item, 1}, {threads, nullptr}));
     if (!fit) return InternalError("eval: the continuation outgrew its cache");
     fed = tokens.size();
     tokens.push_back(sampler.Sample(logits, tokens));

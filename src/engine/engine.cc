@@ -13,7 +13,8 @@
 #include <unordered_map>
 
 #include "base/check.h"
-#include "model/chat.h"
+#include "engine/chat.h"
+#include "engine/forward_step.h"
 #include "model/llama_model.h"
 #include "model/model_loader.h"
 #include "model/sampler.h"
@@ -570,7 +571,7 @@ Result<bool> Engine::Step() {
     items[i].scores = sc.scores;
     items[i].score_queries = sc.score_queries;
   }
-  Result<bool> fit = st.m.model->ForwardBatch(*st.cache, items, {st.o.threads, nullptr});
+  Result<bool> fit = ForwardStep(*st.m.model, *st.cache, items, {st.o.threads, nullptr});
   if (!fit.ok() || !*fit) {
     const Status error = fit.ok() ? InternalError("scheduler planned a step the pool could not hold") : fit.status();
     for (const Planned& p : plan) st.Finish(p.s, FinishReason::kError, error);

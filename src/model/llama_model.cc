@@ -10,7 +10,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <unordered_set>
 
 #include "base/thread_pool.h"
 #include "kernels/ops.h"
@@ -493,25 +492,16 @@ CacheConfig LlamaModel::CacheGeometry(int32_t block_len, DType dtype, int64_t nu
   return cc;
 }
 
-// The rows of one step: item i owns rows [first[i], first[i] + n_i), which
-// sit at positions [start[i], start[i] + n_i) of its sequence.
+// The rows of one step: item i owns rows [first[i], first[i] + n_i).
 struct LlamaModel::Batch {
   std::vector<int64_t> first;
-  std::vector<int64_t> start;
   std::vector<int64_t> pos;  // per row
   int64_t rows = 0;
 };
 
-Result<bool> LlamaModel::Forward(KvCache& cache, SeqId seq, std::span<const int32_t> tokens, float* logits) const {
-  const ForwardItem item{seq, tokens, logits, true};
-  return ForwardBatch(cache, {&item, 1});
-}
-
-Result<bool> LlamaModel::ForwardBatch(KvCache& cache, std::span<const ForwardItem> items,
-                                      const ForwardOptions& options) const {
-  Stopwatch total(options.timings != nullptr ? &options.timings->total : nullptr);
+Status LlamaModel::CheckStep(std::span<const StepItem> items, const KvLayout& layout) const {
   const LlamaConfig& c = config_;
-  const CacheConfig& cc = cache.layout().config();
+  const CacheConfig& cc = layout.config();
   if (cc.num_layers != c.num_layers || cc.num_kv_heads != c.num_kv_heads || cc.head_dim != c.head_dim ||
       cc.num_q_heads != c.num_heads) {
     return InvalidArgumentError("the cache's geometry does not match the model: build it from CacheGeometry()");
@@ -522,14 +512,7 @@ Result<bool> LlamaModel::ForwardBatch(KvCache& cache, std::span<const ForwardIte
       return UnimplementedError("forward: KV format " + f.ToString() + " (layer " + std::to_string(l) + ") not supported");
     }
   }
-  Batch batch;
-  std::unordered_set<int64_t> seen;
-  for (const ForwardItem& item : items) {
-    if (!seen.insert(ToInt(item.seq)).second) {
-      return InvalidArgumentError("sequence " + std::to_string(ToInt(item.seq)) +
-                                  " appears twice in one step: give it one item with all its tokens");
-    }
-    PAGEKV_ASSIGN_OR_RETURN(SequenceView before, cache.View(item.seq));
+  for (const StepItem& item : items) {
     const auto n = static_cast<int64_t>(item.tokens.size());
     if (n == 0) return InvalidArgumentError("a step item has no tokens");
     for (int32_t t : item.tokens) {
@@ -538,39 +521,30 @@ Result<bool> LlamaModel::ForwardBatch(KvCache& cache, std::span<const ForwardIte
                                     std::to_string(c.vocab_size) + ")");
       }
     }
-    // Positions continue past the tokens eviction dropped; slots do not.
-    const int64_t first_pos = before.num_tokens + before.evicted;
-    if (first_pos + n > c.context_len) {
-      return OutOfRangeError("positions up to " + std::to_string(first_pos + n) +
+    if (item.position < 0 || item.position + n > c.context_len) {
+      return OutOfRangeError("positions up to " + std::to_string(item.position + n) +
                              " exceed the model's context of " + std::to_string(c.context_len) + " tokens");
     }
     if (item.score_queries < 0 || item.score_queries > n) {
       return InvalidArgumentError("a step item's score_queries " + std::to_string(item.score_queries) +
                                   " is outside [0, its " + std::to_string(n) + " tokens]");
     }
+  }
+  return Status::Ok();
+}
+
+Status LlamaModel::Forward(std::span<const StepItem> items, StepKv& kv, const ForwardOptions& options) const {
+  Stopwatch total(options.timings != nullptr ? &options.timings->total : nullptr);
+  PAGEKV_RETURN_IF_ERROR(CheckStep(items, kv.layout()));
+  Batch batch;
+  for (const StepItem& item : items) {
+    const auto n = static_cast<int64_t>(item.tokens.size());
     batch.first.push_back(batch.rows);
-    batch.start.push_back(before.num_tokens);
-    for (int64_t i = 0; i < n; ++i) batch.pos.push_back(first_pos + i);
+    for (int64_t i = 0; i < n; ++i) batch.pos.push_back(item.position + i);
     batch.rows += n;
   }
-  if (items.empty()) return true;
-  auto undo = [&](size_t reserved) {
-    for (size_t i = 0; i < reserved; ++i) cache.Truncate(items[i].seq, batch.start[i]).IgnoreError();
-  };
-  for (size_t i = 0; i < items.size(); ++i) {
-    Result<bool> fit = cache.Reserve(items[i].seq, static_cast<int64_t>(items[i].tokens.size()));
-    if (!fit.ok() || !*fit) {
-      undo(i);  // all or nothing
-      if (!fit.ok()) return fit.status();
-      return false;
-    }
-  }
-  Status s = Compute(cache, items, batch, options);
-  if (!s.ok()) {
-    undo(items.size());  // leave nothing half-written
-    return s;
-  }
-  return true;
+  if (items.empty()) return Status::Ok();
+  return Compute(items, kv, batch, options);
 }
 
 namespace {
@@ -589,10 +563,11 @@ std::span<T> Scratch(size_t slot, size_t n) {
 
 }  // namespace
 
-Status LlamaModel::Compute(KvCache& cache, std::span<const ForwardItem> items, const Batch& batch,
+Status LlamaModel::Compute(std::span<const StepItem> items, StepKv& kv, const Batch& batch,
                            const ForwardOptions& options) const {
   const LlamaConfig& c = config_;
-  const CacheConfig& cc = cache.layout().config();
+  const KvLayout& layout = kv.layout();
+  const CacheConfig& cc = layout.config();
   const int64_t T = batch.rows;
   const int32_t d = c.dim, kv_dim = c.num_kv_heads * c.head_dim, hd = c.hidden_dim;
   double* matmul_time = options.timings != nullptr ? &options.timings->matmul : nullptr;
@@ -604,7 +579,7 @@ Status LlamaModel::Compute(KvCache& cache, std::span<const ForwardItem> items, c
   // Bytes of one token's K (or V) rows over all KV heads, as the cache
   // stores them: the buffers fit the widest layer; each layer uses its own.
   int64_t widest_row = 0;
-  for (int32_t l = 0; l < c.num_layers; ++l) widest_row = std::max(widest_row, cache.layout().row_bytes(l));
+  for (int32_t l = 0; l < c.num_layers; ++l) widest_row = std::max(widest_row, layout.row_bytes(l));
   const std::span<std::byte> k_rows = Scratch<std::byte>(0, static_cast<size_t>(T * widest_row * c.num_kv_heads)),
                              v_rows = Scratch<std::byte>(1, k_rows.size());
   auto matmul = [&](const Matrix& w, const float* in, int64_t n, float* out) {
@@ -657,7 +632,7 @@ Status LlamaModel::Compute(KvCache& cache, std::span<const ForwardItem> items, c
     add_bias(k.data(), T, kv_dim, L.bk);
     add_bias(v.data(), T, kv_dim, L.bv);
     const KvFormat& format = cc.FormatOf(l);
-    const auto token_bytes = static_cast<size_t>(cache.layout().row_bytes(l) * c.num_kv_heads);
+    const auto token_bytes = static_cast<size_t>(layout.row_bytes(l) * c.num_kv_heads);
     for_rows(T, [&](int64_t t0, int64_t t1) {
       const auto first = static_cast<size_t>(t0);
       const float* cs = &rope_cos[first * static_cast<size_t>(rope_dims)];
@@ -671,8 +646,7 @@ Status LlamaModel::Compute(KvCache& cache, std::span<const ForwardItem> items, c
     for (size_t i = 0; i < items.size(); ++i) {
       const auto n = static_cast<int64_t>(items[i].tokens.size());
       const size_t offset = static_cast<size_t>(batch.first[i]) * token_bytes;
-      PAGEKV_RETURN_IF_ERROR(cache.WriteLayer(items[i].seq, l, batch.start[i], {n, k_rows.data() + offset, v_rows.data() + offset}));
-      PAGEKV_ASSIGN_OR_RETURN(SequenceView view, cache.View(items[i].seq));
+      PAGEKV_ASSIGN_OR_RETURN(const KvSpan view, kv.Store(i, l, k_rows.data() + offset, v_rows.data() + offset));
       float* scores = items[i].scores == nullptr
                           ? nullptr
                           : items[i].scores + static_cast<int64_t>(l) * c.num_kv_heads * view.num_tokens;
@@ -681,9 +655,9 @@ Status LlamaModel::Compute(KvCache& cache, std::span<const ForwardItem> items, c
     }
     {
       Stopwatch watch(attention_time);
-      const PagedKv kv{&cache.layout(), cache.arena(), l};
-      PAGEKV_RETURN_IF_ERROR(decode_only ? PagedDecodeAttention(kv, decode, q.data(), att.data(), attention_options)
-                                         : PagedPrefillAttention(kv, prefill, q.data(), att.data(), attention_options));
+      const PagedKv paged{&layout, kv.arena(), l};
+      PAGEKV_RETURN_IF_ERROR(decode_only ? PagedDecodeAttention(paged, decode, q.data(), att.data(), attention_options)
+                                         : PagedPrefillAttention(paged, prefill, q.data(), att.data(), attention_options));
     }
     PAGEKV_RETURN_IF_ERROR(matmul(L.wo, att.data(), T, tmp.data()));
     add_bias(tmp.data(), T, d, L.bo);
@@ -715,7 +689,7 @@ Status LlamaModel::Compute(KvCache& cache, std::span<const ForwardItem> items, c
   const std::span<float> logits = rows(W, c.vocab_size);
   PAGEKV_RETURN_IF_ERROR(matmul(classifier_, xb.data(), W, logits.data()));
   size_t r = 0;
-  for (const ForwardItem& item : items) {
+  for (const StepItem& item : items) {
     if (item.logits == nullptr) continue;
     const size_t n = item.all_logits ? item.tokens.size() : 1;
     std::memcpy(item.logits, &logits[r * static_cast<size_t>(c.vocab_size)], n * static_cast<size_t>(c.vocab_size) * 4);

@@ -9,9 +9,9 @@
 // projection -> residual -> RMSNorm -> SwiGLU feed-forward -> residual]
 // -> final RMSNorm -> classifier.
 //
-// The model knows nothing of allocation policy: the caller owns the KvCache
-// and the sequence; Forward reserves the positions it computes (and reports a
-// full pool as `false`, changing nothing).
+// The model knows nothing of allocation: it reads and writes KV through a
+// StepKv (layout/step_kv.h) whose slots the block manager reserved before
+// the step (engine/forward_step.h runs a step over a KvCache).
 //
 // Architectures: llama (also Mistral-style files that say llama) and qwen2.
 // Metadata or tensors the runner does not implement (another architecture,
@@ -32,9 +32,10 @@
 
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
+#include "layout/step_kv.h"
 #include "model/gguf_file.h"
 #include "pagekv/ids.h"
-#include "pagekv/kv_cache.h"
+#include "pagekv/kv_layout.h"
 #include "pagekv/status.h"
 
 namespace pagekv {
@@ -69,23 +70,7 @@ struct LlamaConfig {
   bool rope_freq_factors = false; // a rope_freqs tensor divides each frequency (Llama 3.1's scaling)
 };
 
-// One sequence's part of a batched step.
-struct ForwardItem {
-  SeqId seq{};
-  std::span<const int32_t> tokens;  // >= 1 token, at the sequence's next positions
-  // Logits out: [tokens][vocab] when all_logits, else [vocab] for the last
-  // token only (what sampling needs); null = none.
-  float* logits = nullptr;
-  bool all_logits = false;
-  // Token eviction: when set, every layer's attention weights are added to
-  // scores[layer][num_kv_heads][cached tokens after the step] (see
-  // DecodeSeq::scores), from the last score_queries tokens of the item (0 =
-  // all of them).
-  float* scores = nullptr;
-  int64_t score_queries = 0;
-};
-
-// Where the time of ForwardBatch calls went (accumulated, seconds).
+// Where the time of Forward calls went (accumulated, seconds).
 struct ForwardTimings {
   double total = 0;
   double attention = 0;  // paged attention kernels
@@ -126,22 +111,19 @@ class LlamaModel {
   // The cache geometry this model needs (format and block_len as given).
   CacheConfig CacheGeometry(int32_t block_len, DType dtype, int64_t num_blocks) const;
 
-  // Runs `tokens` at positions [len, len + n) of `seq` (len = its current
-  // length plus the tokens eviction dropped from it), writing their K and V into the cache, and writes the logits of
-  // every one of them to logits[n][vocab_size]. Returns false (nothing
-  // changed) when the pool lacks the blocks. Errors: token ids outside the
-  // vocabulary, positions past the context length, a cache of another
-  // geometry, unknown sequence.
-  Result<bool> Forward(KvCache& cache, SeqId seq, std::span<const int32_t> tokens, float* logits) const;
-
-  // One step of a batch: every item's tokens go through the weights together
-  // (each weight matrix is read once per step, not once per sequence), each
-  // sequence attends to its own cached prefix. Items may mix prompt chunks
-  // and single decode tokens. All-or-nothing: returns false, changing
-  // nothing, when the pool lacks the blocks for any item; on an error every
-  // item is left as it was. A sequence may appear once per step.
-  Result<bool> ForwardBatch(KvCache& cache, std::span<const ForwardItem> items,
-                            const ForwardOptions& options = {}) const;
+  // One step: every item's tokens go through the weights together (each
+  // weight matrix is read once per step, not once per sequence), their K and
+  // V are stored through `kv`, and each sequence attends to its own cached
+  // prefix. Items may mix prompt chunks and single decode tokens. The slots
+  // are reserved before (the block manager's part: engine/forward_step.h);
+  // the model computes only. Errors: a cache of another geometry, token ids
+  // outside the vocabulary, positions past the context length; on an error
+  // the stored rows of this step are garbage and the caller rolls the step
+  // back.
+  Status Forward(std::span<const StepItem> items, StepKv& kv, const ForwardOptions& options = {}) const;
+  // Forward's checks of a step alone (what the caller runs before it
+  // reserves anything).
+  Status CheckStep(std::span<const StepItem> items, const KvLayout& layout) const;
 
  private:
   using Matrix = WeightMatrix;  // [rows][cols] row-major (row = output)
@@ -163,10 +145,8 @@ class LlamaModel {
   struct Batch;  // the rows of one step (llama_model.cc)
 
   LlamaModel() = default;
-  // The forward pass proper, after every item's Reserve; ForwardBatch undoes
-  // the reservations when it fails.
-  Status Compute(KvCache& cache, std::span<const ForwardItem> items, const Batch& batch,
-                 const ForwardOptions& options) const;
+  // The forward pass proper, after Forward's checks.
+  Status Compute(std::span<const StepItem> items, StepKv& kv, const Batch& batch, const ForwardOptions& options) const;
   // Regroups every f32 / f16 / bf16 matrix into panels (PackedWeights), the
   // layout the products run fastest on from a few tokens up; q8_0 stays as
   // stored. The mapped file's pages are then only read for the norms.

@@ -4,7 +4,6 @@
 #include <cstring>
 #include <fstream>
 
-#include "model/chat.h"
 #include "model/gguf_file.h"
 
 namespace pagekv {

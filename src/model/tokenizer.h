@@ -130,4 +130,11 @@ class Utf8Stream {
 // `s` with every invalid UTF-8 sequence replaced by U+FFFD.
 std::string SanitizeUtf8(std::string_view s);
 
+// The stop tokens of a tokenizer without a chat template: the end-of-sequence
+// id and every control token the vocabulary has among the end-of-turn markers
+// of the common templates (<|im_end|>, <|eot_id|>, <|eom_id|>,
+// <end_of_turn>, <|end|>, <|endoftext|>, </s>, <|return|>) or names as
+// tokenizer.ggml.eot_token_id / eom_token_id.
+std::vector<int32_t> StopTokens(const Tokenizer& tokenizer, const GgufFile* file = nullptr);
+
 }  // namespace pagekv

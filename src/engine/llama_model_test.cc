@@ -1,5 +1,6 @@
 // The llama forward pass over the paged cache against the goldens of the real
 // stories260K model: greedy ids, first-step logits and the mean NLL.
+#include "engine/forward_step.h"
 #include "model/llama_model.h"
 
 #include <algorithm>
@@ -65,7 +66,7 @@ TEST_P(LlamaGoldenTest, GreedyGenerationReproducesTheGoldens) {
     const std::vector<int32_t> prompt = p["prompt_ids"].get<std::vector<int32_t>>();
     const std::vector<int32_t> want = p["generated_ids"].get<std::vector<int32_t>>();
     std::vector<float> logits(prompt.size() * static_cast<size_t>(vocab));
-    ASSERT_TRUE(*model_->Forward(*cache, seq, prompt, logits.data()));
+    ASSERT_TRUE(*ForwardSequence(*model_, *cache, seq, prompt, logits.data()));
     const float* last = logits.data() + (prompt.size() - 1) * static_cast<size_t>(vocab);
     if (dtype == DType::kF32) {
       const std::vector<double> first = p["first_step_full_logits"].get<std::vector<double>>();
@@ -90,7 +91,7 @@ TEST_P(LlamaGoldenTest, GreedyGenerationReproducesTheGoldens) {
       const int32_t next = Argmax(step.data(), vocab);
       got.push_back(next);
       if (k + 1 == want.size()) break;
-      ASSERT_TRUE(*model_->Forward(*cache, seq, {&next, 1}, step.data()));
+      ASSERT_TRUE(*ForwardSequence(*model_, *cache, seq, {&next, 1}, step.data()));
     }
     // f16 and bf16 KV give the same 64 greedy ids as f32 on this model (the
     // smallest golden margin is 0.07, far above 16-bit rounding of K and V).
@@ -114,8 +115,8 @@ TEST_P(LlamaNllTest, MeanNegativeLogLikelihoodOfTheGoldenText) {
   std::vector<float> logits(scored * static_cast<size_t>(vocab));
   // Two chunks, split off a block boundary, to exercise chunked prefill.
   const size_t split = 37;
-  ASSERT_TRUE(*model_->Forward(*cache, seq, std::span<const int32_t>(ids).subspan(0, split), logits.data()));
-  ASSERT_TRUE(*model_->Forward(*cache, seq, std::span<const int32_t>(ids).subspan(split, scored - split),
+  ASSERT_TRUE(*ForwardSequence(*model_, *cache, seq, std::span<const int32_t>(ids).subspan(0, split), logits.data()));
+  ASSERT_TRUE(*ForwardSequence(*model_, *cache, seq, std::span<const int32_t>(ids).subspan(split, scored - split),
                                logits.data() + split * static_cast<size_t>(vocab)));
   double total = 0;
   for (size_t i = 0; i < scored; ++i) {
@@ -167,19 +168,19 @@ TEST(LlamaModelTest, BadInputIsAnErrorAndLeavesTheSequenceUnchanged) {
   const SeqId seq = cache->AddSequence();
   std::vector<float> logits(512 * 4);
   const std::vector<int32_t> bad = {1, 512};
-  EXPECT_EQ(model->Forward(*cache, seq, bad, logits.data()).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ForwardSequence(*model, *cache, seq, bad, logits.data()).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(cache->View(seq)->num_tokens, 0);
   // The pool holds 8 x 16 = 128 tokens: more is a plain "does not fit".
   std::vector<int32_t> many(129, 5);
   std::vector<float> big(129 * 512);
-  EXPECT_FALSE(*model->Forward(*cache, seq, many, big.data()));
+  EXPECT_FALSE(*ForwardSequence(*model, *cache, seq, many, big.data()));
   EXPECT_EQ(cache->View(seq)->num_tokens, 0);
   // A cache of another geometry is refused.
   CacheConfig other = model->CacheGeometry(16, DType::kF32, 8);
   other.num_layers = 2;
   auto wrong = std::move(*KvCache::Create({.config = other, .prefault = false}));
   const SeqId s2 = wrong->AddSequence();
-  EXPECT_EQ(model->Forward(*wrong, s2, {bad.data(), 1}, logits.data()).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ForwardSequence(*model, *wrong, s2, {bad.data(), 1}, logits.data()).status().code(), StatusCode::kInvalidArgument);
 }
 
 TEST(LlamaModelTest, ABatchedStepMixingPromptChunksAndDecodesMatchesSeparateCalls) {
@@ -198,19 +199,19 @@ TEST(LlamaModelTest, ABatchedStepMixingPromptChunksAndDecodesMatchesSeparateCall
   // Sequence 0 is already 7 tokens long (decodes one), 1 gets a 3-token
   // chunk, 2 a 10-token prompt crossing a block boundary.
   std::vector<float> scratch(10 * static_cast<size_t>(vocab));
-  ASSERT_TRUE(*model->Forward(*solo, s1[0], a, scratch.data()));
-  ASSERT_TRUE(*model->Forward(*batched, s2[0], a, scratch.data()));
+  ASSERT_TRUE(*ForwardSequence(*model, *solo, s1[0], a, scratch.data()));
+  ASSERT_TRUE(*ForwardSequence(*model, *batched, s2[0], a, scratch.data()));
   const int32_t next = 42;
   std::vector<float> want0(vocab), want1(3 * static_cast<size_t>(vocab)), want2(10 * static_cast<size_t>(vocab));
-  ASSERT_TRUE(*model->Forward(*solo, s1[0], {&next, 1}, want0.data()));
-  ASSERT_TRUE(*model->Forward(*solo, s1[1], b, want1.data()));
-  ASSERT_TRUE(*model->Forward(*solo, s1[2], c, want2.data()));
+  ASSERT_TRUE(*ForwardSequence(*model, *solo, s1[0], {&next, 1}, want0.data()));
+  ASSERT_TRUE(*ForwardSequence(*model, *solo, s1[1], b, want1.data()));
+  ASSERT_TRUE(*ForwardSequence(*model, *solo, s1[2], c, want2.data()));
   std::vector<float> got0(vocab), got1(3 * static_cast<size_t>(vocab)), got2(vocab);
   const std::vector<ForwardItem> items = {{s2[0], {&next, 1}, got0.data(), false},
                                           {s2[1], b, got1.data(), true},
                                           {s2[2], c, got2.data(), false}};
   ForwardTimings timings;
-  ASSERT_TRUE(*model->ForwardBatch(*batched, items, {.threads = 0, .timings = &timings}));
+  ASSERT_TRUE(*ForwardStep(*model, *batched, items, {.threads = 0, .timings = &timings}));
   for (int32_t i = 0; i < vocab; ++i) {
     EXPECT_NEAR(got0[i], want0[i], 1e-4f * (1 + std::fabs(want0[i])));
     EXPECT_NEAR(got2[i], want2[9 * static_cast<size_t>(vocab) + i], 1e-4f * (1 + std::fabs(want2[i])));
@@ -232,17 +233,17 @@ TEST(LlamaModelTest, ABatchedStepIsAllOrNothing) {
   const SeqId x = cache->AddSequence(), y = cache->AddSequence();
   const std::vector<int32_t> small(9, 5), big(24, 6);
   const std::vector<ForwardItem> items = {{x, small, nullptr, false}, {y, big, nullptr, false}};
-  EXPECT_FALSE(*model->ForwardBatch(*cache, items));
+  EXPECT_FALSE(*ForwardStep(*model, *cache, items));
   EXPECT_EQ(cache->View(x)->num_tokens, 0);
   EXPECT_EQ(cache->Stats().blocks_used, 0);
   // A bad token in the second item leaves the first untouched too.
   const std::vector<int32_t> bad = {1, 100000};
   const std::vector<ForwardItem> with_bad = {{x, small, nullptr, false}, {y, bad, nullptr, false}};
-  EXPECT_EQ(model->ForwardBatch(*cache, with_bad).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ForwardStep(*model, *cache, with_bad).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(cache->View(x)->num_tokens, 0);
   // One sequence twice in a step is refused.
   const std::vector<ForwardItem> twice = {{x, small, nullptr, false}, {x, small, nullptr, false}};
-  const Status s = model->ForwardBatch(*cache, twice).status();
+  const Status s = ForwardStep(*model, *cache, twice).status();
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("twice"), std::string::npos);
   cache->CheckInvariants();
@@ -315,7 +316,7 @@ TEST(LlamaWeightTypesTest, F16AndQ8_0WeightsTrackTheF32Model) {
     auto cache = std::move(*KvCache::Create({.config = (*model)->CacheGeometry(16, DType::kF32, 16), .prefault = false}));
     const SeqId seq = cache->AddSequence();
     std::vector<float> logits(prompt.size() * 512);
-    ASSERT_TRUE(*(*model)->Forward(*cache, seq, prompt, logits.data()));
+    ASSERT_TRUE(*ForwardSequence(**model, *cache, seq, prompt, logits.data()));
     const float* last = logits.data() + (prompt.size() - 1) * 512;
     double worst = 0;
     for (int32_t t = 0; t < 512; ++t) worst = std::max(worst, std::fabs(last[t] - want[static_cast<size_t>(t)]));

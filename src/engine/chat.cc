@@ -1,5 +1,5 @@
 // ChatTemplate (chat.h).
-#include "model/chat.h"
+#include "engine/chat.h"
 
 #include <algorithm>
 #include <fstream>
@@ -60,24 +60,6 @@ const char* ChatTemplate::BuiltIn(std::string_view name) {
     if (name == b.name) return b.source;
   }
   return nullptr;
-}
-
-std::vector<int32_t> StopTokens(const Tokenizer& tok, const GgufFile* file) {
-  std::vector<int32_t> out{tok.eos_id()};
-  auto add = [&](int32_t id) {
-    if (id >= 0 && id < tok.vocab_size() && std::find(out.begin(), out.end(), id) == out.end()) out.push_back(id);
-  };
-  static constexpr const char* kEndOfTurn[] = {"<|im_end|>", "<|eot_id|>",    "<|eom_id|>", "<end_of_turn>",
-                                               "<|end|>",    "<|endoftext|>", "</s>",       "<|return|>"};
-  for (const char* piece : kEndOfTurn) {
-    if (std::optional<int32_t> id = tok.TokenId(piece); id && tok.IsControl(*id)) add(*id);
-  }
-  if (file != nullptr) {
-    for (const char* key : {"tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"}) {
-      if (Result<int64_t> id = file->GetInt(key); id.ok()) add(static_cast<int32_t>(*id));
-    }
-  }
-  return out;
 }
 
 Result<ChatTemplate> ChatTemplate::Create(const std::string& source, const std::string& override_name,

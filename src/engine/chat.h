@@ -65,8 +65,4 @@ class ChatTemplate {
   std::vector<int32_t> stop_tokens_;
 };
 
-// The stop tokens of a tokenizer without a template (EOS and the end-of-turn
-// control tokens it has).
-std::vector<int32_t> StopTokens(const Tokenizer& tokenizer, const GgufFile* file = nullptr);
-
 }  // namespace pagekv

@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "engine/forward_step.h"
 #include "model/llama_model.h"
 #include "model/model_loader.h"
 #include "pagekv/synth_model.h"
@@ -89,7 +90,7 @@ class ModelVariantsTest : public ::testing::Test {
     const SeqId seq = (*cache)->AddSequence();
     std::vector<float> logits(ids.size() * static_cast<size_t>(vocab));
     ForwardItem item{seq, ids, logits.data(), true};
-    EXPECT_TRUE(m.model->ForwardBatch(**cache, {&item, 1}, {.activations = Activations::kF32}).ok());
+    EXPECT_TRUE(ForwardStep(*m.model, **cache, {&item, 1}, {.activations = Activations::kF32}).ok());
     return logits;
   }
 

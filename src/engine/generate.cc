@@ -7,7 +7,8 @@
 #include <memory>
 
 #include "base/checked_math.h"
-#include "model/chat.h"
+#include "engine/chat.h"
+#include "engine/forward_step.h"
 #include "model/gguf_file.h"
 #include "model/llama_model.h"
 #include "model/model_loader.h"
@@ -173,7 +174,7 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
   if (lcp > 0) {
     const SeqId root = cache->AddSequence("shared prefix");
     const ForwardItem prefix{root, std::span<const int32_t>(ids[0]).subspan(0, lcp), nullptr, false};
-    PAGEKV_ASSIGN_OR_RETURN(bool fit, model.ForwardBatch(*cache, {&prefix, 1}, forward));
+    PAGEKV_ASSIGN_OR_RETURN(bool fit, ForwardStep(model, *cache, {&prefix, 1}, forward));
     if (!fit) return out_of_blocks();
     for (size_t i = 0; i < ids.size(); ++i) {
       PAGEKV_ASSIGN_OR_RETURN(SeqId s, cache->Fork(root, "prompt " + std::to_string(i + 1)));
@@ -240,7 +241,7 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
       items.push_back({seqs[i], rest, logits.data() + i * static_cast<size_t>(vocab), false});
       begin_step(i, items.back(), true);
     }
-    PAGEKV_ASSIGN_OR_RETURN(bool fit, model.ForwardBatch(*cache, items, forward));
+    PAGEKV_ASSIGN_OR_RETURN(bool fit, ForwardStep(model, *cache, items, forward));
     if (!fit) return out_of_blocks();
     track();
     for (size_t i = begin; i < end; ++i) PAGEKV_RETURN_IF_ERROR(end_step(i));
@@ -296,7 +297,7 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
       owner.push_back(i);
     }
     if (items.empty()) break;
-    PAGEKV_ASSIGN_OR_RETURN(bool step_fit, model.ForwardBatch(*cache, items, forward));
+    PAGEKV_ASSIGN_OR_RETURN(bool step_fit, ForwardStep(model, *cache, items, forward));
     if (!step_fit) return out_of_blocks();
     st.decode_tokens += static_cast<int64_t>(items.size());
     track();

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "jinja/jinja.h"
+#include "engine/forward_step.h"
 #include "model/llama_model.h"
 #include "model/model_loader.h"
 #include "testing/models.h"
@@ -147,7 +148,7 @@ TEST_F(SmolLM2Test, GreedyStepsAndLogitsMatchTheReference) {
     const SeqId seq = cache->AddSequence();
     std::vector<float> logits(static_cast<size_t>(vocab));
     ForwardItem item{seq, ids, logits.data(), false};
-    ASSERT_TRUE(*model_->model->ForwardBatch(*cache, {&item, 1}, kExact));
+    ASSERT_TRUE(*ForwardStep(*model_->model, *cache, {&item, 1}, kExact));
     for (size_t k = 0; k < steps; ++k) {
       const auto& top = p["top5"][k];
       for (size_t j = 0; j < 5; ++j) {
@@ -162,7 +163,7 @@ TEST_F(SmolLM2Test, GreedyStepsAndLogitsMatchTheReference) {
       ASSERT_EQ(next, want[k]) << "step " << k << " of " << p["prompt"] << " (reference margin " << top["margin"] << ")";
       const std::vector<int32_t> one{next};
       ForwardItem step{seq, one, logits.data(), false};
-      ASSERT_TRUE(*model_->model->ForwardBatch(*cache, {&step, 1}, kExact));
+      ASSERT_TRUE(*ForwardStep(*model_->model, *cache, {&step, 1}, kExact));
     }
   }
   std::printf("worst relative logit error over the reference's top-5: %.2e\n", worst);
@@ -196,7 +197,7 @@ TEST_F(SmolLM2Test, FastPathKeepsEveryClearGreedyStepAndTheNllWithinHalfAPercent
     const SeqId seq = cache->AddSequence();
     std::vector<float> logits(static_cast<size_t>(vocab));
     ForwardItem item{seq, ids, logits.data(), false};
-    ASSERT_TRUE(*model_->model->ForwardBatch(*cache, {&item, 1}, fast));
+    ASSERT_TRUE(*ForwardStep(*model_->model, *cache, {&item, 1}, fast));
     for (size_t k = 0; k < steps; ++k) {
       const auto next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
       ASSERT_EQ(next, want[k]) << "step " << k << " of " << p["prompt"] << " (reference margin "
@@ -204,7 +205,7 @@ TEST_F(SmolLM2Test, FastPathKeepsEveryClearGreedyStepAndTheNllWithinHalfAPercent
       ++compared;
       const std::vector<int32_t> one{next};
       ForwardItem step{seq, one, logits.data(), false};
-      ASSERT_TRUE(*model_->model->ForwardBatch(*cache, {&step, 1}, fast));
+      ASSERT_TRUE(*ForwardStep(*model_->model, *cache, {&step, 1}, fast));
     }
   }
   std::printf("fast path: %d greedy steps equal; %d of %zu prompts clear of a 0.05 margin for all 64 steps\n", compared,
@@ -221,7 +222,7 @@ TEST_F(SmolLM2Test, FastPathKeepsEveryClearGreedyStepAndTheNllWithinHalfAPercent
   for (size_t i = 0; i + 1 < ids.size(); ++i) {
     const std::vector<int32_t> one{ids[i]};
     ForwardItem step{seq, one, logits.data(), false};
-    ASSERT_TRUE(*model_->model->ForwardBatch(*cache, {&step, 1}, fast));
+    ASSERT_TRUE(*ForwardStep(*model_->model, *cache, {&step, 1}, fast));
     const float mx = *std::max_element(logits.begin(), logits.end());
     double sum = 0;
     for (float l : logits) sum += std::exp(static_cast<double>(l) - mx);
@@ -247,7 +248,7 @@ TEST_F(SmolLM2Test, MeanNllOfTheLicenceTextMatchesTheReference) {
   const SeqId seq = cache->AddSequence();
   std::vector<float> logits(ids.size() * static_cast<size_t>(vocab));
   ForwardItem item{seq, ids, logits.data(), true};
-  ASSERT_TRUE(*model_->model->ForwardBatch(*cache, {&item, 1}, kExact));
+  ASSERT_TRUE(*ForwardStep(*model_->model, *cache, {&item, 1}, kExact));
   double total = 0;
   for (size_t i = 0; i + 1 < ids.size(); ++i) {
     const float* row = logits.data() + i * static_cast<size_t>(vocab);

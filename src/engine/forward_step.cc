@@ -1,0 +1,80 @@
+// ForwardStep (forward_step.h): reserve, compute, roll back on failure.
+#include "engine/forward_step.h"
+
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+namespace pagekv {
+namespace {
+
+// StepKv over a KvCache: item i's rows go to its sequence from the slot its
+// reservation began at.
+class CacheStepKv final : public StepKv {
+ public:
+  CacheStepKv(KvCache& cache, std::span<const ForwardItem> items, std::span<const int64_t> start)
+      : cache_(cache), items_(items), start_(start) {}
+  const KvLayout& layout() const override { return cache_.layout(); }
+  const std::byte* arena() const override { return cache_.arena(); }
+  Result<KvSpan> Store(size_t item, int32_t layer, const std::byte* k, const std::byte* v) override {
+    const ForwardItem& it = items_[item];
+    PAGEKV_RETURN_IF_ERROR(
+        cache_.WriteLayer(it.seq, layer, start_[item], {static_cast<int64_t>(it.tokens.size()), k, v}));
+    PAGEKV_ASSIGN_OR_RETURN(const SequenceView view, cache_.View(it.seq));
+    return KvSpan{view.blocks, view.num_tokens, view.tail};
+  }
+
+ private:
+  KvCache& cache_;
+  std::span<const ForwardItem> items_;
+  std::span<const int64_t> start_;
+};
+
+}  // namespace
+
+Result<bool> ForwardStep(const LlamaModel& model, KvCache& cache, std::span<const ForwardItem> items,
+                         const ForwardOptions& options) {
+  std::vector<int64_t> start;
+  std::vector<StepItem> step;
+  start.reserve(items.size());
+  step.reserve(items.size());
+  std::unordered_set<int64_t> seen;
+  for (const ForwardItem& item : items) {
+    if (!seen.insert(ToInt(item.seq)).second) {
+      return InvalidArgumentError("sequence " + std::to_string(ToInt(item.seq)) +
+                                  " appears twice in one step: give it one item with all its tokens");
+    }
+    PAGEKV_ASSIGN_OR_RETURN(const SequenceView before, cache.View(item.seq));
+    start.push_back(before.num_tokens);
+    // Positions continue past the tokens eviction dropped; slots do not.
+    step.push_back({item.tokens, before.num_tokens + before.evicted, item.logits, item.all_logits, item.scores,
+                    item.score_queries});
+  }
+  if (items.empty()) return true;
+  PAGEKV_RETURN_IF_ERROR(model.CheckStep(step, cache.layout()));  // before anything changes
+  auto undo = [&](size_t reserved) {
+    for (size_t i = 0; i < reserved; ++i) cache.Truncate(items[i].seq, start[i]).IgnoreError();
+  };
+  for (size_t i = 0; i < items.size(); ++i) {
+    Result<bool> fit = cache.Reserve(items[i].seq, static_cast<int64_t>(items[i].tokens.size()));
+    if (!fit.ok() || !*fit) {
+      undo(i);  // all or nothing
+      if (!fit.ok()) return fit.status();
+      return false;
+    }
+  }
+  CacheStepKv kv(cache, items, start);
+  if (Status s = model.Forward(step, kv, options); !s.ok()) {
+    undo(items.size());  // leave nothing half-written
+    return s;
+  }
+  return true;
+}
+
+Result<bool> ForwardSequence(const LlamaModel& model, KvCache& cache, SeqId seq, std::span<const int32_t> tokens,
+                             float* logits, const ForwardOptions& options) {
+  const ForwardItem item{seq, tokens, logits, true};
+  return ForwardStep(model, cache, {&item, 1}, options);
+}
+
+}  // namespace pagekv

@@ -1,0 +1,51 @@
+// One forward step of the model over the paged cache: the only place the
+// model's Forward runs (the engine's step loop, and through it Generate and
+// the benchmarks, call this).
+//
+// The block manager's part comes first: every item's slots are reserved
+// (allocation and copy-on-write happen here, never inside the model), all
+// or nothing; then the model computes and stores K / V through the cache;
+// a failure at any point truncates every item back to its length before
+// the step.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "model/llama_model.h"
+#include "pagekv/ids.h"
+#include "pagekv/kv_cache.h"
+#include "pagekv/status.h"
+
+namespace pagekv {
+
+// One sequence's part of a step.
+struct ForwardItem {
+  SeqId seq{};
+  std::span<const int32_t> tokens;  // >= 1 token, at the sequence's next positions
+  // Logits out: [tokens][vocab] when all_logits, else [vocab] for the last
+  // token only (what sampling needs); null = none.
+  float* logits = nullptr;
+  bool all_logits = false;
+  // Token eviction: when set, every layer's attention weights are added to
+  // scores[layer][num_kv_heads][cached tokens after the step] (see
+  // DecodeSeq::scores), from the last score_queries tokens of the item (0 =
+  // all of them).
+  float* scores = nullptr;
+  int64_t score_queries = 0;
+};
+
+// Runs `items` at positions [len, len + n) of their sequences (len = the
+// current length plus the tokens eviction dropped). Returns false (nothing
+// changed) when the pool lacks the blocks for any item. Errors (the cache
+// left as before the step): an unknown sequence, a sequence twice in one
+// step, anything Forward refuses (token ids, positions past the context, a
+// cache of another geometry).
+Result<bool> ForwardStep(const LlamaModel& model, KvCache& cache, std::span<const ForwardItem> items,
+                         const ForwardOptions& options = {});
+
+// One sequence's tokens (all their logits into logits[n][vocab]).
+Result<bool> ForwardSequence(const LlamaModel& model, KvCache& cache, SeqId seq, std::span<const int32_t> tokens,
+                             float* logits, const ForwardOptions& options = {});
+
+}  // namespace pagekv
