@@ -52,6 +52,16 @@ Result<bool> ForwardStep(const LlamaModel& model, KvCache& cache, std::span<cons
   }
   if (items.empty()) return true;
   PAGEKV_RETURN_IF_ERROR(model.CheckStep(step, cache.layout()));  // before anything changes
+  // Ask before acting: when the step as a whole does not fit, return before
+  // any reservation, so a full pool changes nothing (no prefix-cache block is
+  // evicted for an item that then could not run). The sum is an upper bound:
+  // a copy-on-write one item makes can only lower what the next needs.
+  int64_t need = 0;
+  for (const ForwardItem& item : items) {
+    PAGEKV_ASSIGN_OR_RETURN(const AppendNeed n, cache.BlocksNeeded(item.seq, static_cast<int64_t>(item.tokens.size())));
+    need += n.total();
+  }
+  if (need > cache.FreeBlockCount()) return false;
   auto undo = [&](size_t reserved) {
     for (size_t i = 0; i < reserved; ++i) cache.Truncate(items[i].seq, start[i]).IgnoreError();
   };

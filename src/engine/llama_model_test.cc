@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "layout/float16.h"
+#include "pagekv/prefix_cache.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -246,6 +247,37 @@ TEST(LlamaModelTest, ABatchedStepIsAllOrNothing) {
   const Status s = ForwardStep(*model, *cache, twice).status();
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("twice"), std::string::npos);
+  cache->CheckInvariants();
+}
+
+TEST(LlamaModelTest, AStepThatDoesNotFitEvictsNoPrefixCacheBlocks) {
+  auto file = GgufFile::Open(kGguf);
+  ASSERT_TRUE(file.ok());
+  auto model = std::move(*LlamaModel::FromGguf(std::move(*file)));
+  auto cache = std::move(*KvCache::Create({.config = model->CacheGeometry(8, DType::kF32, 8), .prefault = false}));
+  auto prefix = std::move(*PrefixCache::Create(*cache, {}));
+  // A finished request leaves 3 published blocks cached (free, evictable).
+  std::vector<int32_t> done(24);
+  for (size_t i = 0; i < done.size(); ++i) done[i] = static_cast<int32_t>(1 + 7 * i % 400);
+  const PrefixCache::Admitted a = *prefix->AddSequence(done, {}, "done");
+  ASSERT_TRUE(*ForwardSequence(*model, *cache, a.seq, done, nullptr));
+  ASSERT_TRUE(prefix->Publish(a.seq, done).ok());
+  ASSERT_TRUE(prefix->Free(a.seq).ok());
+  ASSERT_EQ(cache->CachedFreeBlockCount(), 3);
+  // 7 blocks for x (5 plain + 2 cached ones) and 2 for y: 9 > 8. Reserving
+  // x first would evict two cached blocks before y is found not to fit.
+  const SeqId x = cache->AddSequence(), y = cache->AddSequence();
+  const std::vector<int32_t> xs(56, 5), ys(16, 6);
+  const std::vector<ForwardItem> items = {{x, xs, nullptr, false}, {y, ys, nullptr, false}};
+  EXPECT_FALSE(*ForwardStep(*model, *cache, items));
+  EXPECT_EQ(cache->CachedFreeBlockCount(), 3);
+  EXPECT_EQ(prefix->Stats().evicted, 0);
+  EXPECT_EQ(cache->View(x)->num_tokens, 0);
+  EXPECT_EQ(cache->View(y)->num_tokens, 0);
+  // A prompt that continues it still hits all three blocks.
+  std::vector<int32_t> more = done;
+  more.push_back(9);
+  EXPECT_EQ(prefix->AddSequence(more, {}, "again")->match.num_tokens, 24);
   cache->CheckInvariants();
 }
 
