@@ -294,19 +294,37 @@ HWY_EXPORT(AddInPlaceImpl);
 HWY_EXPORT(SwiGluImpl);
 HWY_EXPORT(RopeApplyImpl);
 HWY_EXPORT(EncodeKvRowsImpl);
+// The dispatches name the exported functions unqualified, from their own
+// namespace: a build that compiles only the static target turns
+// HWY_DYNAMIC_DISPATCH(F) into N_<target>::F.
+void RmsNorm(const float* x, const float* weight, int64_t rows, int32_t width, float eps, float* out) {
+  HWY_DYNAMIC_DISPATCH(RmsNormImpl)(x, weight, rows, width, eps, out);
+}
+void AddBias(float* x, const float* bias, int64_t rows, int64_t width) {
+  HWY_DYNAMIC_DISPATCH(AddBiasImpl)(x, bias, rows, width);
+}
+void Add(float* x, const float* y, int64_t n) { HWY_DYNAMIC_DISPATCH(AddInPlaceImpl)(x, y, n); }
+void SwiGlu(float* gate, const float* up, int64_t n) { HWY_DYNAMIC_DISPATCH(SwiGluImpl)(gate, up, n); }
+void RopeApply(float* x, int64_t rows, int32_t width, int32_t head_dim, int32_t rope_dims, bool halves,
+               const float* cos, const float* sin) {
+  HWY_DYNAMIC_DISPATCH(RopeApplyImpl)(x, rows, width, head_dim, rope_dims, halves, cos, sin);
+}
+void EncodeKv(const KvFormat& format, int32_t elems, const float* src, int64_t rows, std::byte* dst) {
+  HWY_DYNAMIC_DISPATCH(EncodeKvRowsImpl)(format, elems, src, rows, dst);
+}
 }  // namespace kernels
 
 void RmsNormRows(const float* x, const float* weight, int64_t rows, int32_t width, float eps, float* out) {
-  HWY_DYNAMIC_DISPATCH(kernels::RmsNormImpl)(x, weight, rows, width, eps, out);
+  kernels::RmsNorm(x, weight, rows, width, eps, out);
 }
 
 void AddBiasRows(float* x, const float* bias, int64_t rows, int64_t width) {
-  HWY_DYNAMIC_DISPATCH(kernels::AddBiasImpl)(x, bias, rows, width);
+  kernels::AddBias(x, bias, rows, width);
 }
 
-void AddInPlace(float* x, const float* y, int64_t n) { HWY_DYNAMIC_DISPATCH(kernels::AddInPlaceImpl)(x, y, n); }
+void AddInPlace(float* x, const float* y, int64_t n) { kernels::Add(x, y, n); }
 
-void SwiGluInPlace(float* gate, const float* up, int64_t n) { HWY_DYNAMIC_DISPATCH(kernels::SwiGluImpl)(gate, up, n); }
+void SwiGluInPlace(float* gate, const float* up, int64_t n) { kernels::SwiGlu(gate, up, n); }
 
 Rope::Rope(RopeParams params) : p_(std::move(params)) {
   const int32_t half = p_.rope_dims / 2;
@@ -355,7 +373,7 @@ void Rope::Tables(std::span<const int64_t> positions, float* cos, float* sin) co
 }
 
 void Rope::Apply(float* x, int64_t rows, int32_t width, const float* cos, const float* sin) const {
-  HWY_DYNAMIC_DISPATCH(kernels::RopeApplyImpl)(x, rows, width, p_.head_dim, p_.rope_dims, p_.halves, cos, sin);
+  kernels::RopeApply(x, rows, width, p_.head_dim, p_.rope_dims, p_.halves, cos, sin);
 }
 
 int64_t EncodedRowBytes(const KvFormat& format, int32_t elems) {
@@ -363,7 +381,7 @@ int64_t EncodedRowBytes(const KvFormat& format, int32_t elems) {
 }
 
 void EncodeKvRows(const KvFormat& format, int32_t elems, const float* src, int64_t rows, std::byte* dst) {
-  HWY_DYNAMIC_DISPATCH(kernels::EncodeKvRowsImpl)(format, elems, src, rows, dst);
+  kernels::EncodeKv(format, elems, src, rows, dst);
 }
 
 }  // namespace pagekv
