@@ -598,6 +598,8 @@ std::string DispatchedTargetName() { return HWY_DYNAMIC_DISPATCH(TargetNameImpl)
 
 std::vector<int64_t> SupportedTargets() { return hwy::SupportedAndGeneratedTargets(); }
 
+std::string TargetName(int64_t target) { return hwy::TargetName(target); }
+
 namespace {
 std::atomic<bool> bf16_dot_allowed{true};
 bool CpuHasBf16Dot() {

@@ -84,6 +84,8 @@ std::string DispatchedTargetName();
 // and forcing dispatch to one of them (0 restores normal dispatch).
 std::vector<int64_t> SupportedTargets();
 void SetTargetForTest(int64_t target);
+// A target's name ("AVX2", ...), e.g. for naming per-target test cases.
+std::string TargetName(int64_t target);
 
 // Whether bf16 K/V run through AVX-512 BF16 `vdpbf16ps` (kernels/bf16_dot-inl.h):
 // on AVX-512 targets of a CPU that has the instructions, unless a test turned

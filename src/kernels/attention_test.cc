@@ -578,12 +578,7 @@ TEST_P(AttentionTargetTest, PrefillAttentionWeightsOfTheLastQueriesMatchReferenc
   EXPECT_EQ(PagedPrefillAttention(f.Kv(0), {&bad, 1}, q.data(), out.data()).code(), StatusCode::kInvalidArgument);
 }
 
-std::string TargetName(const ::testing::TestParamInfo<int64_t>& info) {
-  kernels::SetTargetForTest(info.param);
-  std::string name = kernels::DispatchedTargetName();
-  kernels::SetTargetForTest(0);
-  return name;
-}
+std::string TargetName(const ::testing::TestParamInfo<int64_t>& info) { return kernels::TargetName(info.param); }
 
 INSTANTIATE_TEST_SUITE_P(EveryTarget, AttentionTargetTest, ::testing::ValuesIn(kernels::SupportedTargets()),
                          TargetName);

@@ -290,12 +290,7 @@ TEST(MatMulTest, PackRefusesQ8AndPackedInput) {
   EXPECT_EQ(PackedWeights::Pack(packed->matrix()).status().code(), StatusCode::kInvalidArgument);
 }
 
-std::string TargetName(const ::testing::TestParamInfo<int64_t>& info) {
-  kernels::SetTargetForTest(info.param);
-  std::string name = kernels::DispatchedTargetName();
-  kernels::SetTargetForTest(0);
-  return name;
-}
+std::string TargetName(const ::testing::TestParamInfo<int64_t>& info) { return kernels::TargetName(info.param); }
 
 INSTANTIATE_TEST_SUITE_P(EveryTarget, MatMulTargetTest, ::testing::ValuesIn(kernels::SupportedTargets()), TargetName);
 

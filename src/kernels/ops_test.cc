@@ -230,12 +230,7 @@ TEST_P(OpsTargetTest, EncodeKvRowsIsBitIdenticalToTheScalarCodecs) {
   }
 }
 
-std::string TargetName(const ::testing::TestParamInfo<int64_t>& info) {
-  kernels::SetTargetForTest(info.param);
-  std::string name = kernels::DispatchedTargetName();
-  kernels::SetTargetForTest(0);
-  return name;
-}
+std::string TargetName(const ::testing::TestParamInfo<int64_t>& info) { return kernels::TargetName(info.param); }
 
 INSTANTIATE_TEST_SUITE_P(EveryTarget, OpsTargetTest, ::testing::ValuesIn(kernels::SupportedTargets()), TargetName);
 
