@@ -35,6 +35,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "pagekv/dtype.h"
@@ -47,6 +48,7 @@
 namespace pagekv {
 
 using RequestId = int64_t;
+struct LoadedModel;  // model/model_loader.h
 
 enum class FinishReason : uint8_t { kNone, kLength, kEos, kStop, kCancelled, kError };
 const char* FinishReasonName(FinishReason r);  // "length", "stop" (EOS or a stop string), "cancelled", "error"
@@ -73,6 +75,7 @@ struct EngineRequest {
   bool ignore_eos = false;             // do not end at EOS / end-of-turn tokens (Engine::stop_tokens)
   int32_t priority = 0;                // higher runs first and is preempted last
   ExtraKeys extra;                     // prefix-cache salt etc.
+  int32_t top_logits = 0;              // > 0: record the top-k (id, logit) of every sampled step
   std::function<void(const TokenUpdate&)> on_update;  // streaming, optional
 };
 
@@ -87,6 +90,15 @@ struct RequestResult {
   int64_t preemptions = 0;
   double time_to_first_token = 0;    // seconds from submission
   std::vector<double> inter_token;   // seconds between consecutive tokens
+  // With top_logits > 0: per sampled step, the top-k ids and logits.
+  std::vector<std::vector<std::pair<int32_t, float>>> step_top;
+  // SubmitShared: prompt tokens prefilled once for the whole group and
+  // forked to this request (0 when it computed its whole prompt).
+  int64_t forked_prompt_tokens = 0;
+  // Token eviction: tokens this request's evictor dropped, and the tokens
+  // its sequence held at its last step.
+  int64_t tokens_evicted = 0;
+  int64_t final_kv_tokens = 0;
 };
 
 enum class Allocator : uint8_t { kPaged, kContiguous };
@@ -126,6 +138,12 @@ struct EngineOptions {
   // request's model_fingerprint defaults to the model file's, and Redis
   // keys are namespaced by it.
   TierOptions tiers;
+  // Publish the prefix cache's KV events (vLLM's msgpack format over
+  // ZeroMQ, docs/KV_EVENTS.md) at this bound address, one batch per step,
+  // after waiting up to kv_events_wait_ms for a first subscriber. Needs the
+  // prefix cache.
+  std::string kv_events_endpoint;
+  int kv_events_wait_ms = 0;
 };
 
 struct EngineMetrics {
@@ -136,6 +154,13 @@ struct EngineMetrics {
   int64_t slots_reserved = 0;  // contiguous: reserved slots of running sequences; paged: allocated slots
   int64_t tokens_stored = 0;   // KV slots holding tokens of running sequences
   int64_t tokens_evicted = 0;  // token eviction: tokens dropped so far
+  int64_t peak_blocks_used = 0;     // the most blocks in use right after a step's forward pass
+  int64_t copy_on_write_blocks = 0; // shared partly filled blocks copied before a write
+  int64_t bytes_per_block = 0, bytes_per_token = 0;  // the pool's geometry
+  int64_t kv_event_batches = 0;     // published to kv_events_endpoint
+  // Time in the model's forward pass (seconds, accumulated), and of it in
+  // the attention kernels and in the weight products.
+  double forward_seconds = 0, attention_seconds = 0, matmul_seconds = 0;
   PrefixCacheStats prefix;
   std::optional<TiersStats> tiers;  // when tiers are configured
   std::string model_fingerprint;    // of the model file, with tiers
@@ -152,6 +177,9 @@ class Engine {
   // written in the text parsed), and generated ids to text.
   std::vector<int32_t> Encode(const std::string& text) const;
   std::string Decode(const std::vector<int32_t>& tokens, int32_t prev) const;
+  // Ids to text from the start of a sequence (the tokenizer's own rule for
+  // the first token).
+  std::string Detokenize(const std::vector<int32_t>& tokens) const;
   // A conversation (a JSON array of OpenAI-style messages; `tools_json`: an
   // array of tool definitions, or empty) rendered through the chat template
   // (the model's, or EngineOptions::chat_template) and encoded. Errors
@@ -172,6 +200,15 @@ class Engine {
   // vocabulary, invalid sampling or extra keys, a full queue (kUnavailable),
   // a request that could never fit the pool.
   Result<RequestId> Submit(EngineRequest request);
+  // Queues requests whose prompts begin alike: their longest common prefix
+  // (each keeps at least its last prompt token to compute) is prefilled
+  // once, then forked to every request, which shares those blocks (the
+  // first write to a shared, partly filled block copies it). Paged allocator
+  // without the prefix cache or token eviction (with the prefix cache,
+  // Submit shares full blocks anyway); otherwise, or when the prompts share
+  // nothing, the same as Submit of each. All or nothing: an error queues
+  // none (the same errors as Submit).
+  Result<std::vector<RequestId>> SubmitShared(std::vector<EngineRequest> requests);
   // Ends a request (waiting or running) as cancelled; its blocks are freed at
   // the next step boundary. False when it is unknown or already finished.
   bool Cancel(RequestId id);
@@ -189,6 +226,8 @@ class Engine {
   std::optional<RequestResult> TryResult(RequestId id);
 
   EngineMetrics Metrics() const;
+  // Waits until the KV tiers have written every block queued for them.
+  void DrainTiers();
   // Aborts with a message when the cache, the prefix cache or the
   // scheduler's bookkeeping disagree. Call between steps.
   void CheckInvariants() const;
@@ -196,6 +235,9 @@ class Engine {
  private:
   struct State;
   explicit Engine(std::unique_ptr<State> state);
+  // Generate (engine/generate.cc) builds an engine around a model it has
+  // already loaded to size the pool (engine/engine_internal.h).
+  friend Result<std::unique_ptr<Engine>> CreateEngineWithModel(const EngineOptions& options, LoadedModel model);
   std::unique_ptr<State> state_;
 };
 

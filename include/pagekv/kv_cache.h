@@ -238,6 +238,7 @@ class KvCache {
   int32_t BlockRefCount(BlockId block) const;  // 0 when free or unknown
   int64_t FreeBlockCount() const;        // O(1); Stats() walks every block
   int64_t CachedFreeBlockCount() const;  // O(1): free blocks still holding prefix-cache KV
+  int64_t CopyOnWriteCount() const;      // O(1): shared, partly filled blocks copied so far (Reserve / Append)
   // Free blocks in the order allocations would take them (plain, then
   // cached least recently freed first). O(free blocks).
   std::vector<BlockId> FreeBlocks() const;

@@ -14,12 +14,14 @@
 
 #include "base/check.h"
 #include "engine/chat.h"
+#include "engine/engine_internal.h"
 #include "engine/forward_step.h"
 #include "model/llama_model.h"
 #include "model/model_loader.h"
 #include "model/sampler.h"
 #include "model/tokenizer.h"
 #include "pagekv/kv_cache.h"
+#include "prefix/kv_event_publisher.h"
 
 namespace pagekv {
 
@@ -53,6 +55,12 @@ struct Seq {
   bool preempted = false;
   bool admitted_once = false;
   bool prefetched = false;      // lower-tier hits requested ahead of admission
+  // SubmitShared: a group's root prefills the common prefix for its members
+  // (it samples nothing and has no result); a member waits, out of the
+  // queues, until the root forks its sequence to it.
+  bool root = false;
+  std::vector<RequestId> members;  // root: its members
+  bool awaiting_fork = false;      // member: not yet forked
   std::unique_ptr<TokenEvictor> evictor;  // token eviction, while running
   Sampler sampler;
   std::string text;             // generated text
@@ -69,6 +77,20 @@ struct Planned {
   int64_t count;
 };
 
+std::vector<std::pair<int32_t, float>> TopK(std::span<const float> logits, int32_t k) {
+  const auto n = static_cast<int32_t>(logits.size());
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (int32_t i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = i;
+  k = std::min(k, n);
+  std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int32_t a, int32_t b) {
+    return logits[static_cast<size_t>(a)] > logits[static_cast<size_t>(b)] ||
+           (logits[static_cast<size_t>(a)] == logits[static_cast<size_t>(b)] && a < b);
+  });
+  std::vector<std::pair<int32_t, float>> out;
+  for (int32_t i = 0; i < k; ++i) out.emplace_back(ids[static_cast<size_t>(i)], logits[static_cast<size_t>(ids[static_cast<size_t>(i)])]);
+  return out;
+}
+
 }  // namespace
 
 struct Engine::State {
@@ -81,7 +103,10 @@ struct Engine::State {
   std::unique_ptr<BlockTiers> tiers;  // outlives prefix, which calls it
   std::unique_ptr<PrefixCache> prefix;
   std::string fingerprint;            // of the model file, with tiers
+  std::unique_ptr<KvEventPublisher> events;  // with kv_events_endpoint
   int64_t watermark = 0;
+  ForwardTimings timings;             // stepping thread; copied into metrics
+  int64_t peak_blocks = 0;
 
   // Shared with submitting threads.
   mutable std::mutex mu;
@@ -114,6 +139,12 @@ struct Engine::State {
 
   void Release(Seq* s) {
     if (!s->seq) return;
+    if (s->evictor) {
+      s->result.tokens_evicted += s->evictor->stats().tokens_evicted;
+      s->result.final_kv_tokens = s->evictor->cached();
+    } else {
+      s->result.final_kv_tokens = s->computed;
+    }
     PAGEKV_CHECK((prefix ? prefix->Free(*s->seq) : cache->Free(*s->seq)).ok());
     s->seq.reset();
     s->evictor.reset();
@@ -162,7 +193,43 @@ struct Engine::State {
     s->req.on_update(u);
   }
 
+  // A root's end: its sequence freed, itself forgotten (it has no result).
+  void Retire(Seq* s) {
+    Release(s);
+    if (auto it = std::find(running.begin(), running.end(), s); it != running.end()) running.erase(it);
+    if (auto it = std::find(waiting.begin(), waiting.end(), s); it != waiting.end()) waiting.erase(it);
+    live.erase(s->id);
+    std::lock_guard lock(mu);
+    --queued;
+  }
+
+  // A root that computed the common prefix: every member still alive gets
+  // a fork of its sequence and runs from there.
+  void ForkMembers(Seq* root) {
+    for (RequestId id : root->members) {
+      auto it = live.find(id);
+      if (it == live.end()) continue;  // cancelled meanwhile
+      Seq* m = it->second.get();
+      m->seq = *cache->Fork(*root->seq, "request " + std::to_string(m->id));
+      m->computed = root->computed;
+      m->awaiting_fork = false;
+      m->admitted_once = true;
+      m->result.forked_prompt_tokens = root->computed;
+      m->admit_order = admit_counter++;
+      running.push_back(m);
+    }
+    Retire(root);
+  }
+
   void Finish(Seq* s, FinishReason reason, Status error = Status::Ok()) {
+    if (s->root) {  // its members end the same way
+      const std::vector<RequestId> members = s->members;
+      Retire(s);
+      for (RequestId id : members) {
+        if (auto it = live.find(id); it != live.end()) Finish(it->second.get(), reason, error);
+      }
+      return;
+    }
     Release(s);
     if (auto it = std::find(running.begin(), running.end(), s); it != running.end()) running.erase(it);
     if (auto it = std::find(waiting.begin(), waiting.end(), s); it != waiting.end()) waiting.erase(it);
@@ -180,6 +247,24 @@ struct Engine::State {
     done_cv.notify_all();
   }
 
+  // Queues one checked request (mu held); a root has no result to wait for.
+  RequestId EnqueueLocked(EngineRequest r, bool awaiting_fork, bool root = false) {
+    if (tiers && r.extra.model_fingerprint.empty()) r.extra.model_fingerprint = fingerprint;
+    const RequestId id = next_id++;
+    auto s = std::make_unique<Seq>(id, std::move(r));
+    s->tokens = s->req.prompt;
+    s->prompt_len = static_cast<int64_t>(s->tokens.size());
+    s->submitted = Clock::now();
+    s->result.id = id;
+    s->result.prompt_tokens = s->prompt_len;
+    s->awaiting_fork = awaiting_fork;
+    s->root = root;
+    inbox.push_back(std::move(s));
+    if (!root) known[id] = false;
+    ++queued;
+    return id;
+  }
+
   // Moves new requests into the waiting queue and applies cancellations.
   void TakeInbox() {
     std::vector<std::unique_ptr<Seq>> fresh;
@@ -195,6 +280,7 @@ struct Engine::State {
     for (auto& f : fresh) {
       Seq* s = f.get();
       live.emplace(s->id, std::move(f));
+      if (s->awaiting_fork) continue;  // its root brings it in
       auto at = std::find_if(waiting.begin(), waiting.end(), [&](const Seq* w) {
         return !w->preempted && w->req.priority < s->req.priority;
       });
@@ -341,6 +427,12 @@ struct Engine::State {
     mx.waiting = queued - mx.running;
     mx.tokens_stored = stored;
     mx.slots_reserved = o.allocator == Allocator::kContiguous ? reserved : mx.blocks_used * o.block_len;
+    mx.peak_blocks_used = peak_blocks;
+    mx.copy_on_write_blocks = cache->CopyOnWriteCount();
+    mx.forward_seconds = timings.total;
+    mx.attention_seconds = timings.attention;
+    mx.matmul_seconds = timings.matmul;
+    if (events) mx.kv_event_batches = static_cast<int64_t>(events->batches_sent());
     if (prefix) mx.prefix = prefix->Stats();
   }
 
@@ -383,15 +475,20 @@ Engine::~Engine() {
 }
 
 Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& o) {
+  PAGEKV_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(o.model_path, o.tokenizer_path));
+  return CreateEngineWithModel(o, std::move(m));
+}
+
+Result<std::unique_ptr<Engine>> CreateEngineWithModel(const EngineOptions& o, LoadedModel model) {
   if (o.max_step_tokens < 1) return InvalidArgumentError("engine: max_step_tokens must be at least 1");
   if (o.max_running < 1) return InvalidArgumentError("engine: max_running must be at least 1");
   if (o.num_blocks < 0 || o.kv_budget_bytes < 0 || (o.num_blocks > 0 && o.kv_budget_bytes > 0)) {
     return InvalidArgumentError("engine: give the pool as num_blocks or as kv_budget_bytes (at most one, not negative)");
   }
   if (o.block_len < 1) return InvalidArgumentError("engine: block_len must be at least 1");
-  auto st = std::make_unique<State>();
+  auto st = std::make_unique<Engine::State>();
   st->o = o;
-  PAGEKV_ASSIGN_OR_RETURN(st->m, LoadModel(o.model_path, o.tokenizer_path));
+  st->m = std::move(model);
   st->stop_tokens = st->m.stop_tokens;
   // A model without a template (a base model) chats in ChatML, as llama.cpp's
   // server does; the name says so.
@@ -439,11 +536,21 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& o) {
     PAGEKV_ASSIGN_OR_RETURN(st->tiers, BlockTiers::Create(to, o.block_len, st->cache->block_payload_bytes()));
     st->metrics.model_fingerprint = st->fingerprint;
   }
+  if (!o.kv_events_endpoint.empty() && (o.allocator != Allocator::kPaged || !o.prefix_cache)) {
+    return InvalidArgumentError("engine: KV events come from the prefix cache: they need the paged allocator with it");
+  }
   if (o.allocator == Allocator::kPaged && o.prefix_cache) {
     PrefixCacheOptions po;
     po.tiers = st->tiers.get();
+    po.record_events = !o.kv_events_endpoint.empty();
     PAGEKV_ASSIGN_OR_RETURN(st->prefix, PrefixCache::Create(*st->cache, po));
   }
+  if (!o.kv_events_endpoint.empty()) {
+    PAGEKV_ASSIGN_OR_RETURN(st->events, KvEventPublisher::Create(o.kv_events_endpoint));
+    if (o.kv_events_wait_ms > 0) st->events->WaitForSubscriber(o.kv_events_wait_ms);
+  }
+  st->metrics.bytes_per_block = st->cache->layout().bytes_per_block();
+  st->metrics.bytes_per_token = st->cache->layout().bytes_per_token();
   const int64_t blocks = st->cache->layout().num_blocks();
   st->watermark = o.watermark_blocks >= 0 ? o.watermark_blocks : blocks / 100;
   if (st->watermark >= blocks) return InvalidArgumentError("engine: the watermark leaves no block to allocate");
@@ -477,6 +584,12 @@ std::string Engine::chat_template_name() const {
   return st.chat->name() == "model" ? "the model's (tokenizer.chat_template)" : st.chat->name();
 }
 
+std::string Engine::Detokenize(const std::vector<int32_t>& tokens) const { return state_->m.tokenizer->Decode(tokens); }
+
+void Engine::DrainTiers() {
+  if (state_->tiers) state_->tiers->Drain();
+}
+
 std::string Engine::Decode(const std::vector<int32_t>& tokens, int32_t prev) const {
   std::string out;
   for (int32_t t : tokens) {
@@ -489,47 +602,95 @@ std::string Engine::Decode(const std::vector<int32_t>& tokens, int32_t prev) con
 int32_t Engine::context_len() const { return state_->m.model->config().context_len; }
 int32_t Engine::eos_id() const { return state_->m.tokenizer->eos_id(); }
 
-Result<RequestId> Engine::Submit(EngineRequest r) {
-  State& st = *state_;
+namespace {
+
+// Submit's checks of one request (nothing queued).
+Status CheckRequest(const Engine& engine, const LlamaModel& model, const KvCache& cache, int64_t watermark,
+                    int32_t block_len, const EngineRequest& r) {
   if (r.prompt.empty()) return InvalidArgumentError("the prompt is empty: give at least one token (BOS)");
   if (r.max_tokens < 1) return InvalidArgumentError("max_tokens " + std::to_string(r.max_tokens) + ": must be at least 1");
-  const int32_t vocab = st.m.model->config().vocab_size;
+  const int32_t vocab = model.config().vocab_size;
   for (int32_t t : r.prompt) {
     if (t < 0 || t >= vocab) {
       return InvalidArgumentError("token id " + std::to_string(t) + " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
     }
   }
   const int64_t total = static_cast<int64_t>(r.prompt.size()) + r.max_tokens;
-  if (total > context_len()) {
+  if (total > engine.context_len()) {
     return OutOfRangeError("the prompt has " + std::to_string(r.prompt.size()) + " tokens; with max_tokens " +
                            std::to_string(r.max_tokens) + " it needs " + std::to_string(total) +
-                           " positions, more than the model's context of " + std::to_string(context_len()));
+                           " positions, more than the model's context of " + std::to_string(engine.context_len()));
   }
   PAGEKV_RETURN_IF_ERROR(Sampler::Validate(r.sampling));
   PAGEKV_RETURN_IF_ERROR(PrefixCache::ValidateExtraKeys(r.extra));
-  if (st.BlocksFor(total) > st.cache->layout().num_blocks() - st.watermark) {
-    return ResourceExhaustedError("the request needs " + std::to_string(st.BlocksFor(total)) +
-                                  " KV blocks; the pool has " + std::to_string(st.cache->layout().num_blocks()) +
-                                  " (less a watermark of " + std::to_string(st.watermark) + ")");
+  if (r.top_logits < 0) return InvalidArgumentError("top_logits " + std::to_string(r.top_logits) + ": must be >= 0");
+  const int64_t blocks = (total + block_len - 1) / block_len;
+  if (blocks > cache.layout().num_blocks() - watermark) {
+    return ResourceExhaustedError("the request needs " + std::to_string(blocks) + " KV blocks; the pool has " +
+                                  std::to_string(cache.layout().num_blocks()) + " (less a watermark of " +
+                                  std::to_string(watermark) + ")");
   }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<RequestId> Engine::Submit(EngineRequest r) {
+  State& st = *state_;
+  PAGEKV_RETURN_IF_ERROR(CheckRequest(*this, *st.m.model, *st.cache, st.watermark, st.o.block_len, r));
   std::lock_guard lock(st.mu);
   if (st.queued >= st.o.max_queue) {
     return UnavailableError("the queue is full (" + std::to_string(st.o.max_queue) + " requests): retry later");
   }
-  if (st.tiers && r.extra.model_fingerprint.empty()) r.extra.model_fingerprint = st.fingerprint;
-  const RequestId id = st.next_id++;
-  auto s = std::make_unique<Seq>(id, std::move(r));
-  s->tokens = s->req.prompt;
-  s->prompt_len = static_cast<int64_t>(s->tokens.size());
-  s->submitted = Clock::now();
-  s->result.id = id;
-  s->result.prompt_tokens = s->prompt_len;
-  st.inbox.push_back(std::move(s));
-  st.known[id] = false;
-  ++st.queued;
+  const RequestId id = st.EnqueueLocked(std::move(r), false);
   st.work_cv.notify_all();
   return id;
 }
+
+Result<std::vector<RequestId>> Engine::SubmitShared(std::vector<EngineRequest> requests) {
+  State& st = *state_;
+  for (const EngineRequest& r : requests) {
+    PAGEKV_RETURN_IF_ERROR(CheckRequest(*this, *st.m.model, *st.cache, st.watermark, st.o.block_len, r));
+  }
+  // The longest common prefix, each prompt keeping at least one token.
+  size_t lcp = 0;
+  if (requests.size() > 1 && st.o.allocator == Allocator::kPaged && !st.prefix &&
+      st.o.eviction.policy == EvictionPolicy::kNone) {
+    size_t shortest = requests[0].prompt.size();
+    for (const EngineRequest& r : requests) shortest = std::min(shortest, r.prompt.size());
+    while (lcp + 1 < shortest && std::all_of(requests.begin(), requests.end(), [&](const EngineRequest& r) {
+             return r.prompt[lcp] == requests[0].prompt[lcp];
+           })) {
+      ++lcp;
+    }
+  }
+  std::lock_guard lock(st.mu);
+  const auto extra = static_cast<int64_t>(requests.size()) + (lcp > 0 ? 1 : 0);
+  if (st.queued + extra > st.o.max_queue) {
+    return UnavailableError("the queue cannot take " + std::to_string(requests.size()) + " more requests (" +
+                            std::to_string(st.o.max_queue) + " at most): retry later");
+  }
+  std::vector<RequestId> ids;
+  int32_t priority = requests.empty() ? 0 : requests[0].priority;
+  for (const EngineRequest& r : requests) priority = std::max(priority, r.priority);
+  std::vector<int32_t> prefix = lcp > 0 ? std::vector<int32_t>(requests[0].prompt.begin(), requests[0].prompt.begin() + static_cast<std::ptrdiff_t>(lcp))
+                                        : std::vector<int32_t>{};
+  for (EngineRequest& r : requests) ids.push_back(st.EnqueueLocked(std::move(r), lcp > 0));
+  if (lcp > 0) {
+    EngineRequest root;
+    root.prompt = std::move(prefix);
+    root.max_tokens = 1;
+    root.priority = priority;
+    root.sampling.seed = 0;  // samples nothing
+    const RequestId id = st.EnqueueLocked(std::move(root), false, /*root=*/true);
+    Seq* r = st.inbox.back().get();
+    PAGEKV_CHECK(r->id == id);
+    r->members = ids;
+  }
+  st.work_cv.notify_all();
+  return ids;
+}
+
 
 bool Engine::Cancel(RequestId id) {
   std::lock_guard lock(state_->mu);
@@ -557,7 +718,7 @@ Result<bool> Engine::Step() {
   std::vector<ForwardItem> items;
   for (size_t i = 0; i < plan.size(); ++i) {
     Seq* s = plan[i].s;
-    const bool samples = s->computed + plan[i].count == static_cast<int64_t>(s->tokens.size());
+    const bool samples = !s->root && s->computed + plan[i].count == static_cast<int64_t>(s->tokens.size());
     items.push_back({*s->seq, std::span<const int32_t>(s->tokens).subspan(static_cast<size_t>(s->computed), static_cast<size_t>(plan[i].count)),
                      samples ? logits.data() + i * static_cast<size_t>(vocab) : nullptr, false});
   }
@@ -571,17 +732,23 @@ Result<bool> Engine::Step() {
     items[i].scores = sc.scores;
     items[i].score_queries = sc.score_queries;
   }
-  Result<bool> fit = ForwardStep(*st.m.model, *st.cache, items, {st.o.threads, nullptr});
+  Result<bool> fit = ForwardStep(*st.m.model, *st.cache, items, {st.o.threads, &st.timings});
   if (!fit.ok() || !*fit) {
     const Status error = fit.ok() ? InternalError("scheduler planned a step the pool could not hold") : fit.status();
     for (const Planned& p : plan) st.Finish(p.s, FinishReason::kError, error);
     return error;
   }
+  st.peak_blocks = std::max(st.peak_blocks, st.cache->layout().num_blocks() - st.cache->FreeBlockCount());
   // Postprocess: count the computed tokens, publish full blocks, sample.
   int64_t generated = 0;
+  std::vector<Seq*> prefixed;  // roots whose common prefix is computed
   for (size_t i = 0; i < plan.size(); ++i) {
     Seq* s = plan[i].s;
     s->computed += plan[i].count;
+    if (s->root) {
+      if (s->computed == static_cast<int64_t>(s->tokens.size())) prefixed.push_back(s);
+      continue;
+    }
     if (st.prefix) PAGEKV_RETURN_IF_ERROR(st.prefix->Publish(*s->seq, s->tokens));
     if (s->evictor) {
       const int64_t before = s->evictor->stats().tokens_evicted;
@@ -590,7 +757,9 @@ Result<bool> Engine::Step() {
       st.metrics.tokens_evicted += s->evictor->stats().tokens_evicted - before;
     }
     if (items[i].logits == nullptr) continue;
-    const int32_t token = s->sampler.Sample({items[i].logits, static_cast<size_t>(vocab)}, s->tokens);
+    const std::span<const float> row(items[i].logits, static_cast<size_t>(vocab));
+    if (s->req.top_logits > 0) s->result.step_top.push_back(TopK(row, s->req.top_logits));
+    const int32_t token = s->sampler.Sample(row, s->tokens);
     const FinishReason end = st.Accept(s, token);
     ++generated;
     if (end == FinishReason::kNone) {
@@ -599,6 +768,8 @@ Result<bool> Engine::Step() {
       st.Finish(s, end);
     }
   }
+  for (Seq* root : prefixed) st.ForkMembers(root);
+  if (st.events) PAGEKV_RETURN_IF_ERROR(st.events->Publish(st.prefix->DrainEvents()));
   st.Snapshot(generated);
   return true;
 }

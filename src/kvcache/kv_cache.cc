@@ -124,6 +124,7 @@ Result<bool> KvCache::Reserve(SeqId id, int64_t n) {
     }
     PAGEKV_CHECK(state_->pool.Release(shared).ok());
     s.blocks.back() = copy;
+    ++state_->copies_on_write;
   }
   s.blocks.insert(s.blocks.end(), fresh.begin() + static_cast<std::ptrdiff_t>(next), fresh.end());
   s.num_tokens += n;
@@ -254,6 +255,7 @@ int32_t KvCache::BlockRefCount(BlockId block) const {
 int64_t KvCache::FreeBlockCount() const { return state_->pool.num_free(); }
 
 int64_t KvCache::CachedFreeBlockCount() const { return state_->pool.num_cached_free(); }
+int64_t KvCache::CopyOnWriteCount() const { return state_->copies_on_write; }
 
 std::vector<BlockId> KvCache::FreeBlocks() const { return state_->pool.FreeListOrder(); }
 

@@ -244,6 +244,7 @@ TEST_F(KvCacheTest, CopyOnWriteHappensExactlyWhenASharedPartialBlockIsAppendedTo
   ASSERT_TRUE(Append(a, tail_a));
   EXPECT_EQ(cache_->View(a)->blocks[1], shared_partial);
   EXPECT_EQ(cache_->Stats().blocks_used, 3);
+  EXPECT_EQ(cache_->CopyOnWriteCount(), 1);  // b's copy only
   // Contents: both prefixes intact, each tail its own.
   const KvLayout& l = cache_->layout();
   EXPECT_EQ(ReadAll(*cache_, a).k, Concat(l, {first, tail_a}, false));
