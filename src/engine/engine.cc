@@ -22,6 +22,7 @@
 #include "model/tokenizer.h"
 #include "pagekv/kv_cache.h"
 #include "prefix/kv_event_publisher.h"
+#include "scheduler/scheduler.h"
 
 namespace pagekv {
 
@@ -42,39 +43,23 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 
-// One request's life in the engine.
-struct Seq {
-  RequestId id = 0;
+// One request's life in the engine: the scheduler's sequence, and what the
+// engine keeps for the request (its callbacks, sampler, text, result).
+struct Seq : Sequence {
   EngineRequest req;
-  std::vector<int32_t> tokens;  // prompt, then generated
-  int64_t prompt_len = 0;
-  int64_t computed = 0;         // tokens whose KV is in the cache
-  std::optional<SeqId> seq;     // while running
-  int64_t admit_order = -1;
-  int64_t reserved_blocks = 0;  // contiguous allocator
-  bool preempted = false;
-  bool admitted_once = false;
-  bool prefetched = false;      // lower-tier hits requested ahead of admission
-  // SubmitShared: a group's root prefills the common prefix for its members
-  // (it samples nothing and has no result); a member waits, out of the
-  // queues, until the root forks its sequence to it.
-  bool root = false;
-  std::vector<RequestId> members;  // root: its members
-  bool awaiting_fork = false;      // member: not yet forked
-  std::unique_ptr<TokenEvictor> evictor;  // token eviction, while running
+  std::vector<RequestId> members;  // a SubmitShared root: its members
   Sampler sampler;
   std::string text;             // generated text
   size_t streamed = 0;          // bytes of text already sent
   Clock::time_point submitted, last_token;
   RequestResult result;
 
-  Seq(RequestId i, EngineRequest r) : id(i), req(std::move(r)), sampler(req.sampling) {}
-  int64_t remaining() const { return static_cast<int64_t>(tokens.size()) - computed; }
-};
-
-struct Planned {
-  Seq* s;
-  int64_t count;
+  Seq(RequestId i, EngineRequest r) : req(std::move(r)), sampler(req.sampling) {
+    id = i;
+    priority = req.priority;
+    max_tokens = req.max_tokens;
+    extra = req.extra;
+  }
 };
 
 std::vector<std::pair<int32_t, float>> TopK(std::span<const float> logits, int32_t k) {
@@ -123,44 +108,8 @@ struct Engine::State {
 
   // Stepping thread only.
   std::unordered_map<RequestId, std::unique_ptr<Seq>> live;
-  std::deque<Seq*> waiting;  // preempted first, then by priority, then arrival
-  std::vector<Seq*> running; // by priority (high first), then admission order
-  int64_t admit_counter = 0;
+  std::unique_ptr<Scheduler> sched;
   std::mutex step_mu;        // one Step at a time
-
-  int64_t BlocksFor(int64_t tokens) const { return (tokens + o.block_len - 1) / o.block_len; }
-
-  // Blocks running contiguous sequences reserved but do not hold yet.
-  int64_t Outstanding() const {
-    int64_t n = 0;
-    for (const Seq* s : running) n += s->reserved_blocks - static_cast<int64_t>((*cache->View(*s->seq)).blocks.size());
-    return n;
-  }
-
-  void Release(Seq* s) {
-    if (!s->seq) return;
-    if (s->evictor) {
-      s->result.tokens_evicted += s->evictor->stats().tokens_evicted;
-      s->result.final_kv_tokens = s->evictor->cached();
-    } else {
-      s->result.final_kv_tokens = s->computed;
-    }
-    PAGEKV_CHECK((prefix ? prefix->Free(*s->seq) : cache->Free(*s->seq)).ok());
-    s->seq.reset();
-    s->evictor.reset();
-  }
-
-  void Preempt(Seq* s) {
-    Release(s);
-    s->computed = 0;
-    s->reserved_blocks = 0;
-    s->preempted = true;
-    ++s->result.preemptions;
-    running.erase(std::find(running.begin(), running.end(), s));
-    waiting.push_front(s);
-    std::lock_guard lock(mu);
-    ++metrics.preemptions;
-  }
 
   void Emit(Seq* s, int32_t token, FinishReason finish) {
     if (!s->req.on_update) return;
@@ -195,9 +144,7 @@ struct Engine::State {
 
   // A root's end: its sequence freed, itself forgotten (it has no result).
   void Retire(Seq* s) {
-    Release(s);
-    if (auto it = std::find(running.begin(), running.end(), s); it != running.end()) running.erase(it);
-    if (auto it = std::find(waiting.begin(), waiting.end(), s); it != waiting.end()) waiting.erase(it);
+    sched->Remove(s);
     live.erase(s->id);
     std::lock_guard lock(mu);
     --queued;
@@ -206,19 +153,14 @@ struct Engine::State {
   // A root that computed the common prefix: every member still alive gets
   // a fork of its sequence and runs from there.
   void ForkMembers(Seq* root) {
+    std::vector<Sequence*> members;
     for (RequestId id : root->members) {
-      auto it = live.find(id);
-      if (it == live.end()) continue;  // cancelled meanwhile
-      Seq* m = it->second.get();
-      m->seq = *cache->Fork(*root->seq, "request " + std::to_string(m->id));
-      m->computed = root->computed;
-      m->awaiting_fork = false;
-      m->admitted_once = true;
-      m->result.forked_prompt_tokens = root->computed;
-      m->admit_order = admit_counter++;
-      running.push_back(m);
+      if (auto it = live.find(id); it != live.end()) members.push_back(it->second.get());  // else cancelled meanwhile
     }
-    Retire(root);
+    sched->Fork(root, members);
+    live.erase(root->id);
+    std::lock_guard lock(mu);
+    --queued;
   }
 
   void Finish(Seq* s, FinishReason reason, Status error = Status::Ok()) {
@@ -230,9 +172,12 @@ struct Engine::State {
       }
       return;
     }
-    Release(s);
-    if (auto it = std::find(running.begin(), running.end(), s); it != running.end()) running.erase(it);
-    if (auto it = std::find(waiting.begin(), waiting.end(), s); it != waiting.end()) waiting.erase(it);
+    sched->Remove(s);
+    s->result.cached_prompt_tokens = s->cached_prompt_tokens;
+    s->result.forked_prompt_tokens = s->forked_prompt_tokens;
+    s->result.preemptions = s->preemptions;
+    s->result.tokens_evicted = s->tokens_evicted;
+    s->result.final_kv_tokens = s->final_kv_tokens;
     s->result.finish = reason;
     s->result.error = std::move(error);
     s->result.text = SanitizeUtf8(s->text);
@@ -281,128 +226,11 @@ struct Engine::State {
       Seq* s = f.get();
       live.emplace(s->id, std::move(f));
       if (s->awaiting_fork) continue;  // its root brings it in
-      auto at = std::find_if(waiting.begin(), waiting.end(), [&](const Seq* w) {
-        return !w->preempted && w->req.priority < s->req.priority;
-      });
-      waiting.insert(at, s);
+      sched->Enqueue(s);
     }
     for (RequestId id : cancel) {
       if (auto it = live.find(id); it != live.end()) Finish(it->second.get(), FinishReason::kCancelled);
     }
-  }
-
-  // The scheduler: which sequences run this step, with how many tokens.
-  std::vector<Planned> Schedule() {
-    std::vector<Planned> plan;
-    int64_t budget = o.max_step_tokens;
-    int64_t planned_blocks = 0;
-    const bool paged = o.allocator == Allocator::kPaged;
-    int64_t outstanding = paged ? 0 : Outstanding();
-    auto available = [&] { return cache->FreeBlockCount() - planned_blocks - outstanding; };
-    std::stable_sort(running.begin(), running.end(), [](const Seq* a, const Seq* b) {
-      return a->req.priority != b->req.priority ? a->req.priority > b->req.priority : a->admit_order < b->admit_order;
-    });
-    // 1. Running sequences: a decode token or the next prompt chunk each.
-    for (size_t i = 0; i < running.size() && budget > 0;) {
-      Seq* s = running[i];
-      const int64_t n = std::min(s->remaining(), budget);
-      const int64_t need = (*cache->BlocksNeeded(*s->seq, n)).total();
-      bool preempted_self = false;
-      if (paged) {
-        while (available() < need) {
-          Seq* victim = running.back();  // lowest priority, most recently admitted
-          preempted_self = victim == s;
-          Preempt(victim);
-          if (preempted_self) break;
-        }
-      } else {
-        outstanding -= need;  // contiguous: comes out of its reservation
-      }
-      if (preempted_self) continue;
-      plan.push_back({s, n});
-      budget -= n;
-      planned_blocks += need;
-      ++i;
-    }
-    // Paged: the blocks the running sequences still need for tokens they
-    // already have (the rest of a prompt prefilled in chunks) stay out of
-    // admission's reach, and a new request is admitted only when its whole
-    // prompt fits beside them: admitting on its first chunk alone would
-    // preempt someone a step later to make room for the rest.
-    int64_t owed = 0;
-    if (paged) {
-      for (const Seq* s : running) {
-        int64_t n = 0;
-        for (const Planned& p : plan) n = p.s == s ? p.count : n;
-        owed += std::max<int64_t>(0, BlocksFor(static_cast<int64_t>(s->tokens.size())) - BlocksFor(s->computed + n));
-      }
-    }
-    // 2. Admission, in queue order, while the blocks exist (ask, then act).
-    while (budget > 0 && static_cast<int64_t>(running.size()) < o.max_running && !waiting.empty()) {
-      Seq* s = waiting.front();
-      PrefixMatch match;
-      int64_t need;
-      if (paged) {
-        if (prefix) match = *prefix->Lookup(s->tokens, s->req.extra);
-        int64_t claimed = 0;
-        for (BlockId b : match.blocks) claimed += cache->BlockRefCount(b) == 0 ? 1 : 0;
-        const int64_t n = std::min(static_cast<int64_t>(s->tokens.size()) - match.num_tokens, budget);
-        need = BlocksFor(match.num_tokens + n) - static_cast<int64_t>(match.blocks.size()) + claimed;
-        const int64_t rest = BlocksFor(static_cast<int64_t>(s->tokens.size())) - BlocksFor(match.num_tokens + n);
-        // Beyond the watermark, one free block per running sequence: each
-        // may need its next block before the admission after this one, and
-        // taking it from the newcomer by preemption costs a recomputation
-        // (2,000-request Azure run: preemptions 426 -> 94, PERFORMANCE.md).
-        const int64_t headroom = watermark + static_cast<int64_t>(running.size());
-        if (available() - owed - need - rest < headroom) break;
-        owed += rest;
-      } else {
-        need = BlocksFor(s->prompt_len + s->req.max_tokens);
-      }
-      if (available() - need < watermark) break;
-      if (prefix) {
-        PrefixCache::Admitted a = *prefix->AddSequence(s->tokens, s->req.extra, "request " + std::to_string(s->id));
-        s->seq = a.seq;
-        s->computed = a.match.num_tokens;
-      } else {
-        s->seq = cache->AddSequence("request " + std::to_string(s->id));
-        s->computed = 0;
-        if (o.eviction.policy != EvictionPolicy::kNone) {
-          s->evictor = std::move(*TokenEvictor::Create(o.eviction, cache->layout()));  // validated at Create
-        }
-      }
-      if (!s->admitted_once) {
-        s->result.cached_prompt_tokens = s->computed;
-        s->admitted_once = true;
-      }
-      const int64_t n = std::min(s->remaining(), budget);
-      if (paged) {
-        planned_blocks += need;
-      } else {
-        // Reserve the whole request; the first chunk's blocks move from the
-        // reservation to this step's plan.
-        s->reserved_blocks = need;
-        outstanding += need - BlocksFor(n);
-        planned_blocks += BlocksFor(n);
-      }
-      s->preempted = false;
-      s->admit_order = admit_counter++;
-      waiting.pop_front();
-      running.push_back(s);
-      plan.push_back({s, n});
-      budget -= n;
-    }
-    // 3. The next few waiting requests: fetch their lower-tier blocks from
-    // disk or Redis while this step computes.
-    if (prefix && tiers) {
-      int n = 0;
-      for (auto it = waiting.begin(); it != waiting.end() && n < 4; ++it, ++n) {
-        if ((*it)->prefetched) continue;
-        (*it)->prefetched = true;
-        prefix->Prefetch((*it)->tokens, (*it)->req.extra);
-      }
-    }
-    return plan;
   }
 
   // Refreshes the metrics snapshot readers see.
@@ -410,11 +238,7 @@ struct Engine::State {
     // O(running) per step: the pool's counters, and the running sequences'
     // lengths (exactly the cache's sequences, CheckInvariants says).
     const int64_t total = cache->layout().num_blocks(), free = cache->FreeBlockCount();
-    int64_t stored = 0, reserved = 0;
-    for (const Seq* s : running) {
-      stored += s->evictor ? s->evictor->cached() : s->computed;
-      reserved += s->reserved_blocks * o.block_len;
-    }
+    const int64_t stored = sched->StoredTokens(), reserved = sched->ReservedSlots();
     std::lock_guard lock(mu);
     EngineMetrics& mx = metrics;
     ++mx.steps;
@@ -423,7 +247,7 @@ struct Engine::State {
     mx.blocks_used = total - free;
     mx.blocks_free = free;
     mx.blocks_cached = cache->CachedFreeBlockCount();
-    mx.running = static_cast<int64_t>(running.size());
+    mx.running = static_cast<int64_t>(sched->running().size());
     mx.waiting = queued - mx.running;
     mx.tokens_stored = stored;
     mx.slots_reserved = o.allocator == Allocator::kContiguous ? reserved : mx.blocks_used * o.block_len;
@@ -554,6 +378,15 @@ Result<std::unique_ptr<Engine>> CreateEngineWithModel(const EngineOptions& o, Lo
   const int64_t blocks = st->cache->layout().num_blocks();
   st->watermark = o.watermark_blocks >= 0 ? o.watermark_blocks : blocks / 100;
   if (st->watermark >= blocks) return InvalidArgumentError("engine: the watermark leaves no block to allocate");
+  SchedulerOptions so;
+  so.max_step_tokens = o.max_step_tokens;
+  so.max_running = o.max_running;
+  so.paged = o.allocator == Allocator::kPaged;
+  so.block_len = o.block_len;
+  so.watermark = st->watermark;
+  so.eviction = o.eviction;
+  so.prefetch = st->tiers != nullptr;
+  st->sched = std::make_unique<Scheduler>(so, *st->cache, st->prefix.get());
   return std::unique_ptr<Engine>(new Engine(std::move(st)));
 }
 
@@ -705,46 +538,47 @@ Result<bool> Engine::Step() {
   State& st = *state_;
   std::lock_guard step(st.step_mu);
   st.TakeInbox();
-  const std::vector<Planned> plan = st.Schedule();
-  if (plan.empty()) {
-    PAGEKV_CHECK_MSG(st.running.empty(), "scheduler: running sequences but nothing planned");
+  const StepPlan plan = st.sched->Plan();
+  if (!plan.preempted.empty()) {
+    std::lock_guard lock(st.mu);
+    st.metrics.preemptions += static_cast<int64_t>(plan.preempted.size());
+  }
+  if (plan.items.empty()) {
+    PAGEKV_CHECK_MSG(st.sched->running().empty(), "scheduler: running sequences but nothing planned");
     st.Snapshot(0);
     return false;
   }
-  // Build the batch: every planned sequence's next tokens; logits only where
-  // the step completes what the sequence has (a sample follows).
+  // Build the batch: every planned sequence's next tokens; logits where a
+  // sample follows; the attention weights an evicting sequence's policy
+  // needs (the step that completes the prompt marks its end).
   const int32_t vocab = st.m.model->config().vocab_size;
-  std::vector<float> logits(plan.size() * static_cast<size_t>(vocab));
+  std::vector<float> logits(plan.items.size() * static_cast<size_t>(vocab));
   std::vector<ForwardItem> items;
-  for (size_t i = 0; i < plan.size(); ++i) {
-    Seq* s = plan[i].s;
-    const bool samples = !s->root && s->computed + plan[i].count == static_cast<int64_t>(s->tokens.size());
-    items.push_back({*s->seq, std::span<const int32_t>(s->tokens).subspan(static_cast<size_t>(s->computed), static_cast<size_t>(plan[i].count)),
-                     samples ? logits.data() + i * static_cast<size_t>(vocab) : nullptr, false});
-  }
-  // Token eviction: each evicting sequence's step reports the attention
-  // weights its policy needs (the step that completes the prompt marks its end).
-  for (size_t i = 0; i < plan.size(); ++i) {
-    Seq* s = plan[i].s;
-    if (!s->evictor) continue;
-    const bool prompt_ends = s->computed < s->prompt_len && s->computed + plan[i].count >= s->prompt_len;
-    const StepScores sc = s->evictor->BeginStep(s->evictor->cached(), plan[i].count, prompt_ends);
-    items[i].scores = sc.scores;
-    items[i].score_queries = sc.score_queries;
+  for (size_t i = 0; i < plan.items.size(); ++i) {
+    const StepPlan::Item& p = plan.items[i];
+    Sequence* s = p.seq;
+    items.push_back({*s->seq, std::span<const int32_t>(s->tokens).subspan(static_cast<size_t>(s->computed), static_cast<size_t>(p.count)),
+                     p.samples ? logits.data() + i * static_cast<size_t>(vocab) : nullptr, false});
+    if (s->evictor) {
+      const bool prompt_ends = s->computed < s->prompt_len && s->computed + p.count >= s->prompt_len;
+      const StepScores sc = s->evictor->BeginStep(s->evictor->cached(), p.count, prompt_ends);
+      items[i].scores = sc.scores;
+      items[i].score_queries = sc.score_queries;
+    }
   }
   Result<bool> fit = ForwardStep(*st.m.model, *st.cache, items, {st.o.threads, &st.timings});
   if (!fit.ok() || !*fit) {
     const Status error = fit.ok() ? InternalError("scheduler planned a step the pool could not hold") : fit.status();
-    for (const Planned& p : plan) st.Finish(p.s, FinishReason::kError, error);
+    for (const StepPlan::Item& p : plan.items) st.Finish(static_cast<Seq*>(p.seq), FinishReason::kError, error);
     return error;
   }
   st.peak_blocks = std::max(st.peak_blocks, st.cache->layout().num_blocks() - st.cache->FreeBlockCount());
   // Postprocess: count the computed tokens, publish full blocks, sample.
   int64_t generated = 0;
   std::vector<Seq*> prefixed;  // roots whose common prefix is computed
-  for (size_t i = 0; i < plan.size(); ++i) {
-    Seq* s = plan[i].s;
-    s->computed += plan[i].count;
+  for (size_t i = 0; i < plan.items.size(); ++i) {
+    Seq* s = static_cast<Seq*>(plan.items[i].seq);
+    s->computed += plan.items[i].count;
     if (s->root) {
       if (s->computed == static_cast<int64_t>(s->tokens.size())) prefixed.push_back(s);
       continue;
@@ -858,15 +692,7 @@ void Engine::CheckInvariants() const {
   std::lock_guard step(st.step_mu);
   st.cache->CheckInvariants();
   if (st.prefix) st.prefix->CheckInvariants();
-  int64_t sequences = 0;
-  for (const Seq* s : st.running) {
-    PAGEKV_CHECK_MSG(s->seq.has_value(), "a running request has no sequence");
-    const SequenceView view = *st.cache->View(*s->seq);  // evicted tokens were computed, then dropped
-    PAGEKV_CHECK_MSG(view.num_tokens + view.evicted == s->computed, "a running request's KV length disagrees");
-    ++sequences;
-  }
-  for (const Seq* s : st.waiting) PAGEKV_CHECK_MSG(!s->seq.has_value(), "a waiting request holds a sequence");
-  PAGEKV_CHECK_MSG(st.cache->num_sequences() == sequences, "the cache holds sequences of no running request");
+  st.sched->CheckInvariants();
 }
 
 }  // namespace pagekv
