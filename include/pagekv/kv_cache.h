@@ -105,6 +105,21 @@ struct AppendNeed {
   int64_t total() const { return new_blocks + (copy_on_write ? 1 : 0); }
 };
 
+// What one Reserve changed in a sequence, to put it back exactly
+// (KvCache::Unreserve).
+struct ReserveUndo {
+  SeqId seq{};
+  int64_t num_tokens = 0;          // the length before
+  size_t num_blocks = 0;           // block-table entries before
+  bool copied = false;             // a copy-on-write replaced the last block:
+  BlockId shared{};                //   the shared block it replaced
+  // INT4 KIVI layers' f16 tail before, saved when the reservation reaches a
+  // group's end (sealing it overwrites rows the sequence had); else the
+  // rows it had are not touched and nothing is saved.
+  bool tail_saved = false;
+  std::vector<std::byte> tail;
+};
+
 struct SequenceStats {
   SeqId id{};
   std::string label;
@@ -197,6 +212,17 @@ class KvCache {
   // outside the sequence, or positions in a block shared with another
   // sequence (only positions added since the last fork are writable).
   Result<bool> Reserve(SeqId id, int64_t n);
+  // Reserve, recording in *undo what it changed (when it returns true).
+  Result<bool> Reserve(SeqId id, int64_t n, ReserveUndo* undo);
+  // Puts the sequence back exactly as it was before the Reserve that filled
+  // `undo`, whatever WriteLayer wrote since: its block table (the shared
+  // block a copy-on-write replaced, its reference restored), its length and
+  // its KIVI tail; the blocks the reservation took go back to the free list.
+  // Unlike Truncate it tells no cut listener (the tokens the sequence had
+  // are untouched). A cached block the reservation took stays evicted.
+  // Undo several reservations in the reverse of their order. REQUIRES: the
+  // sequence changed only through WriteLayer since that Reserve.
+  Status Unreserve(const ReserveUndo& undo);
   Status WriteLayer(SeqId id, int32_t layer, int64_t pos, const KvTokens& rows);
 
   // Whole blocks as bytes, for moving them to and from other storage tiers:

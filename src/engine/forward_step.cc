@@ -1,6 +1,8 @@
 // ForwardStep (forward_step.h): reserve, compute, roll back on failure.
 #include "engine/forward_step.h"
 
+#include "base/check.h"
+
 #include <string>
 #include <unordered_set>
 #include <vector>
@@ -12,12 +14,14 @@ namespace {
 // reservation began at.
 class CacheStepKv final : public StepKv {
  public:
-  CacheStepKv(KvCache& cache, std::span<const ForwardItem> items, std::span<const int64_t> start)
-      : cache_(cache), items_(items), start_(start) {}
+  CacheStepKv(KvCache& cache, std::span<const ForwardItem> items, std::span<const int64_t> start,
+              const StepFault* fault)
+      : cache_(cache), items_(items), start_(start), fault_(fault) {}
   const KvLayout& layout() const override { return cache_.layout(); }
   const std::byte* arena() const override { return cache_.arena(); }
   Result<KvSpan> Store(size_t item, int32_t layer, const std::byte* k, const std::byte* v) override {
     const ForwardItem& it = items_[item];
+    if (fault_ != nullptr && *fault_) PAGEKV_RETURN_IF_ERROR((*fault_)(item, layer));
     PAGEKV_RETURN_IF_ERROR(
         cache_.WriteLayer(it.seq, layer, start_[item], {static_cast<int64_t>(it.tokens.size()), k, v}));
     PAGEKV_ASSIGN_OR_RETURN(const SequenceView view, cache_.View(it.seq));
@@ -28,12 +32,13 @@ class CacheStepKv final : public StepKv {
   KvCache& cache_;
   std::span<const ForwardItem> items_;
   std::span<const int64_t> start_;
+  const StepFault* fault_;
 };
 
 }  // namespace
 
 Result<bool> ForwardStep(const LlamaModel& model, KvCache& cache, std::span<const ForwardItem> items,
-                         const ForwardOptions& options) {
+                         const ForwardOptions& options, const StepFault* fault) {
   std::vector<int64_t> start;
   std::vector<StepItem> step;
   start.reserve(items.size());
@@ -62,18 +67,20 @@ Result<bool> ForwardStep(const LlamaModel& model, KvCache& cache, std::span<cons
     need += n.total();
   }
   if (need > cache.FreeBlockCount()) return false;
+  // Rollback: every reservation undone exactly, the last first.
+  std::vector<ReserveUndo> undos(items.size());
   auto undo = [&](size_t reserved) {
-    for (size_t i = 0; i < reserved; ++i) cache.Truncate(items[i].seq, start[i]).IgnoreError();
+    for (size_t i = reserved; i > 0; --i) PAGEKV_CHECK(cache.Unreserve(undos[i - 1]).ok());
   };
   for (size_t i = 0; i < items.size(); ++i) {
-    Result<bool> fit = cache.Reserve(items[i].seq, static_cast<int64_t>(items[i].tokens.size()));
+    Result<bool> fit = cache.Reserve(items[i].seq, static_cast<int64_t>(items[i].tokens.size()), &undos[i]);
     if (!fit.ok() || !*fit) {
       undo(i);  // all or nothing
       if (!fit.ok()) return fit.status();
       return false;
     }
   }
-  CacheStepKv kv(cache, items, start);
+  CacheStepKv kv(cache, items, start, fault);
   if (Status s = model.Forward(step, kv, options); !s.ok()) {
     undo(items.size());  // leave nothing half-written
     return s;

@@ -5,11 +5,14 @@
 // The block manager's part comes first: every item's slots are reserved
 // (allocation and copy-on-write happen here, never inside the model), all
 // or nothing; then the model computes and stores K / V through the cache;
-// a failure at any point truncates every item back to its length before
-// the step.
+// a failure at any point puts every item back exactly as it was
+// (KvCache::Unreserve: block tables, the shared blocks copies replaced,
+// lengths, KIVI tails; no cut event). A cached prefix block a reservation
+// took stays evicted.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 
 #include "model/llama_model.h"
@@ -35,6 +38,10 @@ struct ForwardItem {
   int64_t score_queries = 0;
 };
 
+// A test hook: called before each item's K / V of each layer are stored; an
+// error fails the step there (and rolls it back).
+using StepFault = std::function<Status(size_t item, int32_t layer)>;
+
 // Runs `items` at positions [len, len + n) of their sequences (len = the
 // current length plus the tokens eviction dropped). Returns false (nothing
 // changed) when the pool lacks the blocks for any item. Errors (the cache
@@ -42,7 +49,7 @@ struct ForwardItem {
 // step, anything Forward refuses (token ids, positions past the context, a
 // cache of another geometry).
 Result<bool> ForwardStep(const LlamaModel& model, KvCache& cache, std::span<const ForwardItem> items,
-                         const ForwardOptions& options = {});
+                         const ForwardOptions& options = {}, const StepFault* fault = nullptr);
 
 // One sequence's tokens (all their logits into logits[n][vocab]).
 Result<bool> ForwardSequence(const LlamaModel& model, KvCache& cache, SeqId seq, std::span<const int32_t> tokens,

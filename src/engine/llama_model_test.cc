@@ -250,6 +250,88 @@ TEST(LlamaModelTest, ABatchedStepIsAllOrNothing) {
   cache->CheckInvariants();
 }
 
+// A failure injected at every (item, layer) store of a step: the cache and
+// the prefix cache come back exactly as before it (block tables, the shared
+// block a copy-on-write replaced, lengths, reference counts, free and cached
+// counts, contents), and the step then runs as if nothing had happened.
+TEST(LlamaModelTest, AStepThatFailsAtAnyStoreLeavesTheCacheExactlyAsBefore) {
+  auto file = GgufFile::Open(kGguf);
+  ASSERT_TRUE(file.ok());
+  auto model = std::move(*LlamaModel::FromGguf(std::move(*file)));
+  const int32_t layers = model->config().num_layers, vocab = model->config().vocab_size;
+  auto make = [&] { return std::move(*KvCache::Create({.config = model->CacheGeometry(8, DType::kF16, 32), .prefault = false})); };
+  auto cache = make();
+  auto prefix = std::move(*PrefixCache::Create(*cache, {}));
+  // A finished request's published blocks (cached, free); A with a shared
+  // partial block forked to B; C new.
+  std::vector<int32_t> done(16);
+  for (size_t i = 0; i < done.size(); ++i) done[i] = static_cast<int32_t>(1 + 11 * i % 400);
+  const PrefixCache::Admitted d = *prefix->AddSequence(done, {}, "done");
+  ASSERT_TRUE(*ForwardSequence(*model, *cache, d.seq, done, nullptr));
+  ASSERT_TRUE(prefix->Publish(d.seq, done).ok());
+  ASSERT_TRUE(prefix->Free(d.seq).ok());
+  const std::vector<int32_t> a_prompt = {1, 403, 407, 261, 378, 9, 30, 41, 52, 63, 74, 85};
+  const SeqId a = cache->AddSequence();
+  ASSERT_TRUE(*ForwardSequence(*model, *cache, a, a_prompt, nullptr));
+  const SeqId b = *cache->Fork(a);
+  const SeqId c = cache->AddSequence();
+  const std::vector<int32_t> ta = {7, 8, 9}, tb = {10, 11}, tc = {1, 200, 201, 202, 203, 204, 205, 206, 207, 208};
+  auto snapshot = [&] {
+    std::vector<int64_t> out = {cache->FreeBlockCount(), cache->CachedFreeBlockCount(), prefix->Stats().cached_blocks,
+                                prefix->Stats().evicted};
+    for (SeqId s : {a, b, c}) {
+      const SequenceView v = *cache->View(s);
+      out.push_back(v.num_tokens);
+      for (BlockId blk : v.blocks) {
+        out.push_back(ToInt(blk));
+        out.push_back(cache->BlockRefCount(blk));
+      }
+    }
+    return out;
+  };
+  auto contents = [&](SeqId s) {
+    const KvLayout& l = cache->layout();
+    const int64_t n = cache->View(s)->num_tokens;
+    std::vector<std::byte> k(static_cast<size_t>(l.num_layers() * n * l.num_heads() * l.row_bytes())), v(k.size());
+    EXPECT_TRUE(cache->Read(s, 0, {n, k.data(), v.data()}).ok());
+    k.insert(k.end(), v.begin(), v.end());
+    return k;
+  };
+  const std::vector<int64_t> before = snapshot();
+  const std::vector<std::byte> a_kv = contents(a), b_kv = contents(b);
+  std::vector<float> la(vocab), lb(vocab), lc(vocab);
+  const std::vector<ForwardItem> items = {{a, ta, la.data(), false}, {b, tb, lb.data(), false}, {c, tc, lc.data(), false}};
+  for (size_t item = 0; item < items.size(); ++item) {
+    for (int32_t layer = 0; layer < layers; ++layer) {
+      const StepFault fault = [&](size_t i, int32_t l) {
+        return i == item && l == layer ? InternalError("injected") : Status::Ok();
+      };
+      const Result<bool> r = ForwardStep(*model, *cache, items, {}, &fault);
+      ASSERT_FALSE(r.ok());
+      EXPECT_EQ(r.status().message(), "injected");
+      EXPECT_EQ(snapshot(), before) << "item " << item << " layer " << layer;
+      EXPECT_EQ(contents(a), a_kv);
+      EXPECT_EQ(contents(b), b_kv);
+      cache->CheckInvariants();
+      prefix->CheckInvariants();
+    }
+  }
+  // The step itself, after all that, gives what it gives on a cache that
+  // never failed.
+  ASSERT_TRUE(*ForwardStep(*model, *cache, items));
+  auto clean = make();
+  const SeqId ca = clean->AddSequence();
+  ASSERT_TRUE(*ForwardSequence(*model, *clean, ca, a_prompt, nullptr));
+  const SeqId cb = *clean->Fork(ca);
+  const SeqId cc = clean->AddSequence();
+  std::vector<float> wa(vocab), wb(vocab), wc(vocab);
+  const std::vector<ForwardItem> again = {{ca, ta, wa.data(), false}, {cb, tb, wb.data(), false}, {cc, tc, wc.data(), false}};
+  ASSERT_TRUE(*ForwardStep(*model, *clean, again));
+  EXPECT_EQ(la, wa);
+  EXPECT_EQ(lb, wb);
+  EXPECT_EQ(lc, wc);
+}
+
 TEST(LlamaModelTest, AStepThatDoesNotFitEvictsNoPrefixCacheBlocks) {
   auto file = GgufFile::Open(kGguf);
   ASSERT_TRUE(file.ok());

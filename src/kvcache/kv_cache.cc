@@ -95,12 +95,24 @@ Result<bool> KvCache::Append(SeqId id, const KvTokens& tokens) {
   return true;
 }
 
-Result<bool> KvCache::Reserve(SeqId id, int64_t n) {
+Result<bool> KvCache::Reserve(SeqId id, int64_t n) { return Reserve(id, n, nullptr); }
+
+Result<bool> KvCache::Reserve(SeqId id, int64_t n, ReserveUndo* undo) {
   PAGEKV_ASSIGN_OR_RETURN(AppendNeed need, BlocksNeeded(id, n));
+  Sequence& s = state_->sequences.at(ToInt(id));
+  if (undo != nullptr) {
+    *undo = ReserveUndo{id, s.num_tokens, s.blocks.size(), false, BlockId{}, false, {}};
+    for (int32_t l = 0; l < layout_.num_layers() && !undo->tail_saved; ++l) {
+      const int64_t g = layout_.kivi(l) ? layout_.config().FormatOf(l).group_size : 0;
+      if (g > 0 && s.num_tokens % g + n >= g) {
+        undo->tail_saved = true;
+        undo->tail = s.tail;
+      }
+    }
+  }
   if (n == 0) return true;
   if (!state_->pool.CanAllocate(need.total())) return false;
 
-  Sequence& s = state_->sequences.at(ToInt(id));
   std::vector<BlockId>& fresh = state_->scratch;
   fresh.clear();
   PAGEKV_CHECK(state_->pool.Allocate(static_cast<int32_t>(need.total()), fresh));
@@ -125,6 +137,10 @@ Result<bool> KvCache::Reserve(SeqId id, int64_t n) {
     PAGEKV_CHECK(state_->pool.Release(shared).ok());
     s.blocks.back() = copy;
     ++state_->copies_on_write;
+    if (undo != nullptr) {
+      undo->copied = true;
+      undo->shared = shared;
+    }
   }
   s.blocks.insert(s.blocks.end(), fresh.begin() + static_cast<std::ptrdiff_t>(next), fresh.end());
   s.num_tokens += n;
@@ -301,6 +317,27 @@ Status KvCache::Shorten(SeqId id, int64_t new_len) {
   for (size_t i = s.blocks.size(); i > keep; --i) PAGEKV_CHECK(state_->pool.Release(s.blocks[i - 1]).ok());
   s.blocks.resize(keep);
   s.num_tokens = new_len;
+  return Status::Ok();
+}
+
+Status KvCache::Unreserve(const ReserveUndo& undo) {
+  auto it = state_->sequences.find(ToInt(undo.seq));
+  if (it == state_->sequences.end()) return NotFoundError("unreserve: " + SeqName(undo.seq) + " does not exist");
+  Sequence& s = it->second;
+  if (undo.num_tokens > s.num_tokens || undo.num_blocks > s.blocks.size() ||
+      (undo.copied && undo.num_blocks == 0)) {
+    return FailedPreconditionError("unreserve: " + SeqName(undo.seq) + " changed since the reservation");
+  }
+  // Deepest first, as Truncate releases.
+  for (size_t i = s.blocks.size(); i > undo.num_blocks; --i) PAGEKV_CHECK(state_->pool.Release(s.blocks[i - 1]).ok());
+  s.blocks.resize(undo.num_blocks);
+  if (undo.copied) {
+    PAGEKV_RETURN_IF_ERROR(state_->pool.IncRef(undo.shared));  // still held by its other owner
+    PAGEKV_CHECK(state_->pool.Release(s.blocks.back()).ok());  // the private copy
+    s.blocks.back() = undo.shared;
+  }
+  s.num_tokens = undo.num_tokens;
+  if (undo.tail_saved) s.tail = undo.tail;
   return Status::Ok();
 }
 

@@ -253,6 +253,46 @@ TEST_F(KvCacheTest, CopyOnWriteHappensExactlyWhenASharedPartialBlockIsAppendedTo
   cache_->CheckInvariants();
 }
 
+TEST_F(KvCacheTest, UnreservePutsBackTheBlockTableTheSharedBlockAndTheLength) {
+  const SeqId a = cache_->AddSequence();
+  ASSERT_TRUE(Append(a, Random(12)));  // [full 8][partial 4]
+  const SeqId b = *cache_->Fork(a);
+  const Tokens before = ReadAll(*cache_, b);
+  const std::vector<BlockId> table(cache_->View(b)->blocks.begin(), cache_->View(b)->blocks.end());
+  const std::vector<BlockId> free_order = cache_->FreeBlocks();
+  const int32_t shared_refs = cache_->BlockRefCount(table[1]);
+  int cuts = 0;
+  cache_->SetCutListener([&](const KvCache::SequenceCut&) { ++cuts; });
+  // 10 more tokens: a copy of the shared partial block and one new block,
+  // then every layer written.
+  ReserveUndo undo;
+  ASSERT_TRUE(*cache_->Reserve(b, 10, &undo));
+  EXPECT_TRUE(undo.copied);
+  EXPECT_NE(cache_->View(b)->blocks[1], table[1]);
+  const KvLayout& l = cache_->layout();
+  const Tokens t = Random(10);
+  const int64_t layer_bytes = 10 * l.num_heads() * l.row_bytes();
+  for (int32_t layer = 0; layer < l.num_layers(); ++layer) {
+    ASSERT_TRUE(cache_->WriteLayer(b, layer, 12, {10, t.k.data() + layer * layer_bytes, t.v.data() + layer * layer_bytes}).ok());
+  }
+  ASSERT_TRUE(cache_->Unreserve(undo).ok());
+  EXPECT_EQ(std::vector<BlockId>(cache_->View(b)->blocks.begin(), cache_->View(b)->blocks.end()), table);
+  EXPECT_EQ(cache_->View(b)->num_tokens, 12);
+  EXPECT_EQ(cache_->BlockRefCount(table[1]), shared_refs);
+  EXPECT_EQ(ReadAll(*cache_, b).k, before.k);
+  EXPECT_EQ(ReadAll(*cache_, b).v, before.v);
+  std::vector<BlockId> now = cache_->FreeBlocks(), was = free_order;
+  std::sort(now.begin(), now.end());
+  std::sort(was.begin(), was.end());
+  EXPECT_EQ(now, was);  // the same free blocks (their order may differ)
+  EXPECT_EQ(cuts, 0);   // nothing the sequence had was cut
+  cache_->CheckInvariants();
+  // Truncate, by contrast, would keep the private copy in b's table.
+  ASSERT_TRUE(*cache_->Reserve(b, 1));
+  ASSERT_TRUE(cache_->Truncate(b, 12).ok());
+  EXPECT_NE(cache_->View(b)->blocks[1], table[1]);
+}
+
 TEST_F(KvCacheTest, NoCopyWhenTheSharedLastBlockIsFull) {
   const SeqId a = cache_->AddSequence();
   ASSERT_TRUE(Append(a, Random(16)));  // two full blocks
@@ -794,6 +834,56 @@ TEST(KvCacheKiviTest, SealedGroupsReadAsTheirCodecAndTheTailExactly) {
   std::vector<int32_t> keep(2 * heads, 0);
   EXPECT_EQ(cache->Compact(seq, keep, 1).code(), StatusCode::kUnimplemented);
   cache->CheckInvariants();
+}
+
+TEST(KvCacheKiviTest, UnreserveRestoresTheTailExactlyWhereTruncateDecodesIt) {
+  const int32_t heads = 2, d = 8, g = 8, bl = 16;
+  CacheConfig c = Config(bl, DType::kF16, 32, /*layers=*/2, heads, d);
+  c.format = KvFormat::Int4Kivi(g);
+  auto cache = MakeCache(c);
+  std::vector<KiviModel> model(2, KiviModel(heads, d, g));
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+  auto rows = [&](int64_t n, std::vector<float>& k, std::vector<float>& v) {
+    k.assign(static_cast<size_t>(2 * n * heads * d), 0.0f);
+    v.assign(k.size(), 0.0f);
+    for (float& x : k) x = F16ToF32(F32ToF16(u(rng)));
+    for (float& x : v) x = F16ToF32(F32ToF16(u(rng)));
+  };
+  const SeqId seq = cache->AddSequence();
+  std::vector<float> k, v;
+  rows(5, k, v);  // 5 tokens: all in the f16 tail
+  {
+    const std::vector<uint16_t> k16 = ToF16(k), v16 = ToF16(v);
+    ASSERT_TRUE(*cache->Append(seq, {5, k16.data(), v16.data()}));
+    const auto per_layer = static_cast<std::ptrdiff_t>(5 * heads * d);
+    for (int32_t layer = 0; layer < 2; ++layer) {
+      model[static_cast<size_t>(layer)].Append(std::vector<float>(k.begin() + layer * per_layer, k.begin() + (layer + 1) * per_layer),
+                                               std::vector<float>(v.begin() + layer * per_layer, v.begin() + (layer + 1) * per_layer), 5);
+    }
+  }
+  ExpectKivi(*cache, seq, model, "before");
+  // 6 more tokens seal the group 0..7 (overwriting the tail's rows), then
+  // the reservation is undone: the original f16 rows come back exactly
+  // (Truncate would refill them decoded from the sealed group).
+  ReserveUndo undo;
+  ASSERT_TRUE(*cache->Reserve(seq, 6, &undo));
+  EXPECT_TRUE(undo.tail_saved);
+  rows(6, k, v);
+  const std::vector<uint16_t> k16 = ToF16(k), v16 = ToF16(v);
+  const auto per_layer = static_cast<std::ptrdiff_t>(6 * heads * d);
+  for (int32_t layer = 0; layer < 2; ++layer) {
+    ASSERT_TRUE(cache->WriteLayer(seq, layer, 5, {6, k16.data() + layer * per_layer, v16.data() + layer * per_layer}).ok());
+  }
+  ASSERT_TRUE(cache->Unreserve(undo).ok());
+  ExpectKivi(*cache, seq, model, "after Unreserve");
+  cache->CheckInvariants();
+  // A reservation inside the group saves nothing (nothing it had is overwritten).
+  ReserveUndo small;
+  ASSERT_TRUE(*cache->Reserve(seq, 2, &small));
+  EXPECT_FALSE(small.tail_saved);
+  ASSERT_TRUE(cache->Unreserve(small).ok());
+  ExpectKivi(*cache, seq, model, "after a small Unreserve");
 }
 
 }  // namespace
