@@ -107,6 +107,10 @@ class TokenEvictor {
   int64_t cached() const { return cached_; }
   int64_t seen() const { return seen_; }
   const EvictionStats& stats() const { return stats_; }
+  // Aborts with a message when its index disagrees: one position list (and,
+  // for h2o, one score list) per (layer, head) of exactly cached() slots,
+  // distinct positions below seen().
+  void CheckInvariants() const;
 
  private:
   TokenEvictor(const EvictionOptions& options, const KvLayout& layout);

@@ -100,6 +100,9 @@ class BlockStore {
   virtual TierStats Stats() const = 0;
   // Makes what was stored durable (disk: writes the index). Default: nothing.
   virtual Status Flush() { return Status::Ok(); }
+  // Aborts with a message when the store's index, LRU and free slots
+  // disagree (host, disk); a remote store (redis) keeps none to check.
+  virtual void CheckInvariants() const {}
 };
 
 // Bytes one stored block takes (header, token ids, KV), before any rounding.
@@ -208,6 +211,8 @@ class BlockTiers final : public LowerTiers {
   // Blocks until every queued put and prefetch is done; flushes the stores.
   void Drain();
   TiersStats Stats() const;
+  // Every store's CheckInvariants (BlockStore).
+  void CheckInvariants() const;
   BlockStore* store(Tier t);  // nullptr when not configured
 
  private:

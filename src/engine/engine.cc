@@ -693,6 +693,7 @@ void Engine::CheckInvariants() const {
   st.cache->CheckInvariants();
   if (st.prefix) st.prefix->CheckInvariants();
   st.sched->CheckInvariants();
+  if (st.tiers) st.tiers->CheckInvariants();
 }
 
 }  // namespace pagekv

@@ -4,6 +4,7 @@
 #include <numeric>
 #include <string>
 
+#include "base/check.h"
 #include "pagekv/eviction.h"
 
 namespace pagekv {
@@ -215,6 +216,27 @@ Status TokenEvictor::Apply(KvCache& cache, SeqId seq, int64_t k) {
   ++stats_.compactions;
   cached_ = k;
   return Status::Ok();
+}
+
+void TokenEvictor::CheckInvariants() const {
+  const size_t lists = static_cast<size_t>(layers_) * static_cast<size_t>(heads_);
+  PAGEKV_CHECK_MSG(positions_.size() == lists, "evictor: not one position list per (layer, head)");
+  PAGEKV_CHECK_MSG(cached_ <= seen_, "evictor: more cached slots than tokens ever appended");
+  for (const std::vector<int64_t>& p : positions_) {
+    PAGEKV_CHECK_MSG(static_cast<int64_t>(p.size()) == cached_, "evictor: a position list's length is not cached()");
+    std::vector<int64_t> sorted = p;
+    std::sort(sorted.begin(), sorted.end());
+    for (size_t i = 0; i < sorted.size(); ++i) {
+      PAGEKV_CHECK_MSG(sorted[i] >= 0 && sorted[i] < seen_, "evictor: a position outside [0, seen())");
+      PAGEKV_CHECK_MSG(i == 0 || sorted[i - 1] < sorted[i], "evictor: a position held by two slots");
+    }
+  }
+  if (!acc_.empty()) {
+    PAGEKV_CHECK_MSG(acc_.size() == lists, "evictor: not one score list per (layer, head)");
+    for (const std::vector<float>& a : acc_) {
+      PAGEKV_CHECK_MSG(static_cast<int64_t>(a.size()) == cached_, "evictor: a score list's length is not cached()");
+    }
+  }
 }
 
 std::span<const int64_t> TokenEvictor::Positions(int32_t layer, int32_t head) const {

@@ -94,6 +94,7 @@ void Step(KvCache& cache, SeqId seq, TokenEvictor& ev, int64_t n, bool prompt_en
   AppendTagged(cache, seq, ev.seen(), n);
   if (s.scores != nullptr) weights(s.scores, cached + n, s.score_queries);
   ASSERT_TRUE(ev.EndStep(cache, seq).ok());
+  ev.CheckInvariants();
   cache.CheckInvariants();
 }
 

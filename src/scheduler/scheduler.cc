@@ -200,6 +200,10 @@ void Scheduler::CheckInvariants() const {
     const SequenceView view = *cache_.View(*s->seq);  // evicted tokens were computed, then dropped
     PAGEKV_CHECK_MSG(view.num_tokens + view.evicted == s->computed, "a running request's KV length disagrees");
     PAGEKV_CHECK_MSG(!s->awaiting_fork, "a member awaiting its fork is running");
+    if (s->evictor) {
+      s->evictor->CheckInvariants();
+      PAGEKV_CHECK_MSG(s->evictor->cached() == view.num_tokens, "an evictor's slots disagree with its sequence");
+    }
     ++sequences;
   }
   for (const Sequence* s : waiting_) {

@@ -51,6 +51,7 @@ void ExpectRoundTrip(BlockStore& s, uint64_t i) {
   std::vector<std::byte> out(kKvBytes);
   ASSERT_TRUE(*s.Get(Meta(i), out));
   EXPECT_EQ(out, Kv(i));
+  s.CheckInvariants();
 }
 
 std::string TempPath(const std::string& name) {

@@ -463,6 +463,10 @@ void BlockTiers::Drain() {
   }
 }
 
+void BlockTiers::CheckInvariants() const {
+  for (const auto& store : state_->stores) store->CheckInvariants();
+}
+
 TiersStats BlockTiers::Stats() const {
   const State& st = *state_;
   TiersStats out;

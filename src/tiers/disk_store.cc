@@ -23,6 +23,7 @@
 
 #include <xxhash.h>
 
+#include "base/check.h"
 #include "pagekv/tiers.h"
 #include "tiers/block_payload.h"
 #include "tiers/key_hash.h"
@@ -170,6 +171,21 @@ class DiskStore final : public BlockStore {
     lru_.splice(lru_.end(), lru_, it->second);
     ++stats_.hits;
     return true;
+  }
+
+  // Every slot is free or held, once; the index and the LRU agree.
+  void CheckInvariants() const override {
+    std::lock_guard lock(mu_);
+    std::vector<int> seen(slots_, 0);
+    for (size_t s : free_) {
+      PAGEKV_CHECK_MSG(s < slots_ && seen[s]++ == 0, "disk tier: a free slot is out of range or listed twice");
+    }
+    PAGEKV_CHECK_MSG(lru_.size() == index_.size(), "disk tier: the LRU and the index differ in size");
+    PAGEKV_CHECK_MSG(free_.size() + index_.size() == slots_, "disk tier: free + held slots != slots");
+    for (const auto& [key, at] : index_) {
+      PAGEKV_CHECK_MSG(at->key == key, "disk tier: an index entry's LRU node holds another key");
+      PAGEKV_CHECK_MSG(at->slot < slots_ && seen[at->slot]++ == 0, "disk tier: a slot is both free and held, or held twice");
+    }
   }
 
   Result<bool> Contains(const BlockKey& key) override {

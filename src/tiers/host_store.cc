@@ -4,6 +4,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "base/check.h"
 #include "pagekv/tiers.h"
 #include "tiers/block_payload.h"
 #include "tiers/key_hash.h"
@@ -77,6 +78,23 @@ class HostStore final : public BlockStore {
   Result<bool> Contains(const BlockKey& key) override {
     std::lock_guard lock(mu_);
     return index_.count(key) > 0;
+  }
+
+  // Every slot is free or held, once; the LRU holds exactly the indexed
+  // slots; each index entry names its slot's key.
+  void CheckInvariants() const override {
+    std::lock_guard lock(mu_);
+    std::vector<int> seen(metas_.size(), 0);
+    for (size_t s : free_) {
+      PAGEKV_CHECK_MSG(s < seen.size() && seen[s]++ == 0, "host tier: a free slot is out of range or listed twice");
+    }
+    PAGEKV_CHECK_MSG(lru_.size() == index_.size(), "host tier: the LRU and the index differ in size");
+    PAGEKV_CHECK_MSG(free_.size() + index_.size() == metas_.size(), "host tier: free + held slots != slots");
+    for (const auto& [key, where] : index_) {
+      PAGEKV_CHECK_MSG(*where.at == where.slot, "host tier: an index entry's LRU node names another slot");
+      PAGEKV_CHECK_MSG(seen[where.slot]++ == 0, "host tier: a slot is both free and held, or held twice");
+      PAGEKV_CHECK_MSG(metas_[where.slot].key == key, "host tier: a slot holds another key than its index entry");
+    }
   }
 
   Status Remove(const BlockKey& key) override {

@@ -324,6 +324,7 @@ TEST_P(TieredPrefixDifferentialTest, EveryHitMatchesTheNaiveModel) {
     }
     pc_->CheckInvariants();
     cache_->CheckInvariants();
+    if (tiers_ != nullptr) tiers_->CheckInvariants();  // under each store's lock, beside its workers
   }
   while (!live_.empty()) Free(0);
   const PrefixCacheStats st = pc_->Stats();
