@@ -30,19 +30,22 @@ const std::vector<std::string> kPrompts = {
     "Once upon a time", "Lily and Ben went to the park", "The little cat", "One day, a boy named Tom",
     "Once upon a time, in a big forest, there lived a bear", "Sara had a red ball"};
 
-// Each prompt generated alone on an ample pool: the reference.
+// One prompt generated alone on an ample pool: the reference.
+std::vector<int32_t> AloneOne(const std::string& prompt, int32_t max_tokens) {
+  auto e = std::move(*Engine::Create(Options(256)));
+  EngineRequest r;
+  r.prompt = e->Encode(prompt);
+  r.max_tokens = max_tokens;
+  r.ignore_eos = true;
+  const RequestId id = *e->Submit(r);
+  EXPECT_TRUE(e->RunUntilIdle().ok());
+  return e->Wait(id).tokens;
+}
+
+// Each of kPrompts alone.
 std::vector<std::vector<int32_t>> Alone(int32_t max_tokens) {
   std::vector<std::vector<int32_t>> out;
-  for (const std::string& p : kPrompts) {
-    auto e = std::move(*Engine::Create(Options(256)));
-    EngineRequest r;
-    r.prompt = e->Encode(p);
-    r.max_tokens = max_tokens;
-    r.ignore_eos = true;
-    const RequestId id = *e->Submit(r);
-    EXPECT_TRUE(e->RunUntilIdle().ok());
-    out.push_back(e->Wait(id).tokens);
-  }
+  for (const std::string& p : kPrompts) out.push_back(AloneOne(p, max_tokens));
   return out;
 }
 
@@ -355,17 +358,6 @@ TEST(EngineTest, BadRequestsAreNamed) {
 const std::vector<std::string> kShared = {
     "Once upon a time, in a big forest, there lived a bear. He", "Once upon a time, in a big forest, there lived a bear. One day",
     "Once upon a time, in a big forest, there lived a bear. The bear", "Once upon a time, in a big forest, there lived a"};
-
-std::vector<int32_t> AloneOne(const std::string& prompt, int32_t max_tokens) {
-  auto e = std::move(*Engine::Create(Options(256)));
-  EngineRequest r;
-  r.prompt = e->Encode(prompt);
-  r.max_tokens = max_tokens;
-  r.ignore_eos = true;
-  const RequestId id = *e->Submit(r);
-  EXPECT_TRUE(e->RunUntilIdle().ok());
-  return e->Wait(id).tokens;
-}
 
 // Without the prefix cache: SubmitShared forks.
 EngineOptions ForkOptions(int64_t blocks) {
