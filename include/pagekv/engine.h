@@ -138,6 +138,13 @@ struct EngineOptions {
   // request's model_fingerprint defaults to the model file's, and Redis
   // keys are namespaced by it.
   TierOptions tiers;
+  // Tier moves off the stepping thread: a prefix found in a lower tier is
+  // loaded by the tiers' threads while other requests' steps run (the
+  // request starts the step after its loads finish), and the cached blocks
+  // the next step would evict are copied down during the current one.
+  // false: loaded at admission and copied at eviction, on the stepping
+  // thread (the same tokens, measured by the tier tests).
+  bool background_tier_moves = true;
   // Publish the prefix cache's KV events (vLLM's msgpack format over
   // ZeroMQ, docs/KV_EVENTS.md) at this bound address, one batch per step,
   // after waiting up to kv_events_wait_ms for a first subscriber. Needs the
@@ -149,6 +156,7 @@ struct EngineOptions {
 struct EngineMetrics {
   int64_t blocks_total = 0, blocks_used = 0, blocks_free = 0, blocks_cached = 0;
   int64_t waiting = 0, running = 0, preemptions = 0;
+  int64_t loading = 0;  // admitted, their prefix loading from a lower tier
   int64_t finished = 0, prompt_tokens = 0, generated_tokens = 0;
   int64_t steps = 0;
   int64_t slots_reserved = 0;  // contiguous: reserved slots of running sequences; paged: allocated slots

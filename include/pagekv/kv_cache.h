@@ -243,6 +243,13 @@ class KvCache {
   // not be shared or published. Errors (nothing written): unknown id, index
   // out of range, a shared block, data of the wrong size.
   Status WriteBlock(SeqId id, int64_t index, std::span<const std::byte> data);
+  // Overwrites pool block `block` with data without reading or changing any
+  // bookkeeping, so a background mover may call it (and ReadBlock) from its
+  // own thread while the owner works on other blocks. The caller guarantees
+  // that nothing else reads or writes the block meanwhile (a block reserved
+  // for a load that nothing runs on until the load is done). Errors: an id
+  // outside the pool, data of the wrong size.
+  Status FillBlock(BlockId block, std::span<const std::byte> data);
 
   // A new sequence sharing all of `parent`'s blocks. Never allocates.
   Result<SeqId> Fork(SeqId parent, std::string label = {});
@@ -268,6 +275,9 @@ class KvCache {
   // Free blocks in the order allocations would take them (plain, then
   // cached least recently freed first). O(free blocks).
   std::vector<BlockId> FreeBlocks() const;
+  // The free cached blocks at positions [skip, skip + count) of the order
+  // evictions take them (least recently freed first). O(skip + count).
+  std::vector<BlockId> CachedEvictionOrder(int64_t skip, int64_t count) const;
   void SetEvictionListener(std::function<void(BlockId)> listener);
 
   // A sequence lost tokens, had rows moved, or was freed. `kept_tokens` is

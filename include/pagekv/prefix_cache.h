@@ -39,6 +39,8 @@
 #pragma once
 
 #include <array>
+#include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -109,9 +111,31 @@ struct TierChange {
   BlockMeta meta;  // kRemoved: only meta.key is meaningful
 };
 
+// A block to load in the background (LowerTiers::StartLoads). On a tiers
+// worker, `store` gets the block's verified bytes and writes them into its
+// pool block, which nothing else reads or writes until `done`; then `done`
+// gets the tier they came from, or nullopt on a miss (store not called).
+struct TierLoadJob {
+  BlockMeta meta;
+  std::function<void(std::span<const std::byte>)> store;
+  std::function<void(std::optional<Tier>)> done;
+};
+
+// A cached pool block to copy down ahead of its eviction
+// (LowerTiers::StartOffloads). On a tiers worker, `read` fills the span with
+// the block's bytes (the block is free and cached: nobody writes it until
+// `done`); then `done` gets the tier that took the copy (nullopt: none).
+struct TierOffloadJob {
+  BlockMeta meta;
+  std::function<void(std::span<std::byte>)> read;
+  std::function<void(std::optional<Tier>)> done;
+};
+
 // The lower tiers as the prefix cache sees them (implemented by BlockTiers
 // in include/pagekv/tiers.h). Calls come from the thread that owns the
-// prefix cache; byte spans are valid only during the call.
+// prefix cache; byte spans are valid only during the call. The jobs of
+// StartLoads and StartOffloads run later, on the tiers' own threads, and
+// call back from there.
 class LowerTiers {
  public:
   virtual ~LowerTiers() = default;
@@ -131,6 +155,17 @@ class LowerTiers {
   virtual std::optional<Tier> Evicted(const BlockMeta& meta, std::span<const std::byte> kv) = 0;
   // Hint: these blocks will be loaded soon; fetch them from slow tiers now.
   virtual void Prefetch(std::vector<BlockMeta> metas) = 0;
+  // Background moves, off the caller's thread: loads (each job's done is
+  // called exactly once, loads are never dropped) and copies ahead of
+  // eviction (Evicted's work, done in advance; a full queue answers done
+  // with nullopt at once).
+  virtual void StartLoads(std::vector<TierLoadJob> jobs) = 0;
+  virtual void StartOffloads(std::vector<TierOffloadJob> jobs) = 0;
+  // At the eviction of a block an earlier offload stored in `tier`: whether
+  // the copy can be counted on without copying again (host RAM may have
+  // dropped it for room since; the slower tiers are trusted as Evicted's
+  // answer is).
+  virtual bool StillHolds(const BlockKey& key, Tier tier) = 0;
   // While on, every block a tier comes to hold or stops holding (stored,
   // dropped for room, dropped as corrupt, removed, found gone) is recorded;
   // TakeChanges hands the records over in order. The prefix cache turns
@@ -184,6 +219,11 @@ struct PrefixCacheStats {
   // hit_blocks by where they were found: [pool, host, disk, redis]
   std::array<int64_t, kNumTiers> tier_hit_blocks{};
   int64_t tier_load_failures = 0;  // located in a tier but not loaded (miss, corrupt, I/O): recomputed
+  int64_t background_loads = 0;    // lower-tier blocks loaded off the admitting thread (AddSequence's background_loads)
+  int64_t offloads_ahead = 0;      // cached blocks copied down before their eviction (OffloadAhead)
+  int64_t evictions_precopied = 0; // evictions that found their copy already down: nothing copied then
+  int64_t evictions_copied = 0;    // evictions that copied the block down themselves (on the allocation path)
+  int64_t eviction_waits = 0;      // evictions that waited for the block's offload still in flight
   double token_hit_rate = 0;     // hit_tokens / requested_tokens
   double block_hit_rate = 0;     // hit_blocks / requested_blocks
   // The same rates over the last stats_window lookups.
@@ -243,12 +283,40 @@ class PrefixCache {
   // published; loading stops at the first block that fails, or when the
   // pool has no block for it. The caller computes the rest from
   // match.num_tokens on. max_tokens as for Lookup.
+  //
+  // background_loads: the lower tiers' blocks get their pool blocks now and
+  // are loaded by the tiers' threads (LowerTiers::StartLoads) while the
+  // caller goes on; `loading_blocks` says how many. The sequence must not
+  // be read, written, forked or run until TakeLoaded names it; match covers
+  // the pool's part only (the statistics wait for TakeLoaded too).
   struct Admitted {
     SeqId seq{};
     PrefixMatch match;
+    int64_t loading_blocks = 0;
   };
   Result<Admitted> AddSequence(std::span<const int32_t> tokens, const ExtraKeys& extra, std::string label = {},
-                               int64_t max_tokens = -1);
+                               int64_t max_tokens = -1, bool background_loads = false);
+
+  // Sequences whose background loads have all finished since the last call.
+  // Their loaded blocks are published, in order, up to the first that
+  // failed; the sequence is cut back to there (the caller computes the rest
+  // from num_tokens, its cached length now).
+  struct Loaded {
+    SeqId seq{};
+    int64_t num_tokens = 0;
+  };
+  std::vector<Loaded> TakeLoaded();
+  // Sequences still loading (TakeLoaded has not named them).
+  int64_t loading() const;
+  // Waits until a background load or offload finishes or `timeout` passes.
+  void WaitForBackground(std::chrono::milliseconds timeout);
+
+  // Copies down, in the background, the free cached blocks the pool would
+  // evict next: positions [skip, skip + count) of its eviction order, those
+  // not copied yet. Their evictions then copy nothing (an eviction that
+  // comes first waits for the copy). Returns how many were started; 0
+  // without tiers.
+  int64_t OffloadAhead(int64_t skip, int64_t count);
 
   // Publishes every block of `seq` that has become full since the last call.
   // `tokens` are the sequence's token ids, at least as many as its cached
@@ -261,7 +329,8 @@ class PrefixCache {
   Result<SeqId> Fork(SeqId seq, std::string label = {});
 
   // Frees the sequence in the cache (its published blocks stay cached,
-  // evictable) and forgets its chain. KvCache::Free, Truncate and Compact
+  // evictable) and forgets its chain; a sequence still loading first waits
+  // for its loads (and publishes none of them). KvCache::Free, Truncate and Compact
   // called directly on the cache are also seen (through its cut listener):
   // the chain keeps only the full blocks whose rows are unchanged, so blocks
   // that grow back with other tokens get keys of their own prefix.

@@ -26,7 +26,11 @@
 // the prefix cache's LowerTiers interface and moves blocks between them with
 // worker threads fed by bounded queues: the caller copies a block's bytes
 // into the queue and goes on; a full queue drops the copy (counted) rather
-// than stall a decode step. Loads on the request path read the host tier (a
+// than stall a decode step. The workers also run the prefix cache's
+// background moves: loads into reserved pool blocks (StartLoads, ahead of
+// every other job, never dropped) and copies of cached pool blocks ahead of
+// their eviction (StartOffloads), so that neither happens on the thread that
+// allocates and runs the forward pass. Loads on the request path read the host tier (a
 // memcpy) or, for blocks no prefetch brought up, the slower tier directly.
 // A prefetched block waits in a staging area as its whole payload, and its
 // load passes the same check as a store's get, against the request that
@@ -176,6 +180,9 @@ struct TierOptions {
   int workers = 1;
   // Faults and fallbacks are reported here, one line each (default: dropped).
   std::function<void(const std::string&)> log;
+  // Tests: called on a worker thread before each background load (may block
+  // to hold a load in flight).
+  std::function<void(const BlockMeta&)> before_background_load;
 };
 
 bool TiersConfigured(const TierOptions& o);  // any of host, disk, redis
@@ -189,6 +196,8 @@ struct TiersStats {
   int64_t load_failures = 0;      // located but not loaded (counted as misses, recomputed)
   int64_t staged_mismatches = 0;  // prefetched blocks refused at load: fetched for other tokens or parent
   int64_t dropped_changes = 0;    // changes not recorded: more than queue_blocks * 16 waiting
+  int64_t background_loads = 0;   // loads run on the workers (StartLoads)
+  int64_t offloads = 0;           // copies ahead of eviction run on the workers (StartOffloads)
 };
 
 class BlockTiers final : public LowerTiers {
@@ -205,6 +214,9 @@ class BlockTiers final : public LowerTiers {
   void Published(const BlockMeta& meta, std::span<const std::byte> kv) override;
   std::optional<Tier> Evicted(const BlockMeta& meta, std::span<const std::byte> kv) override;
   void Prefetch(std::vector<BlockMeta> metas) override;
+  void StartLoads(std::vector<TierLoadJob> jobs) override;
+  void StartOffloads(std::vector<TierOffloadJob> jobs) override;
+  bool StillHolds(const BlockKey& key, Tier tier) override;
   void RecordChanges(bool on) override;
   std::vector<TierChange> TakeChanges() override;
 

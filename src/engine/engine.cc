@@ -248,7 +248,8 @@ struct Engine::State {
     mx.blocks_free = free;
     mx.blocks_cached = cache->CachedFreeBlockCount();
     mx.running = static_cast<int64_t>(sched->running().size());
-    mx.waiting = queued - mx.running;
+    mx.loading = static_cast<int64_t>(sched->loading().size());
+    mx.waiting = queued - mx.running - mx.loading;
     mx.tokens_stored = stored;
     mx.slots_reserved = o.allocator == Allocator::kContiguous ? reserved : mx.blocks_used * o.block_len;
     mx.peak_blocks_used = peak_blocks;
@@ -386,6 +387,7 @@ Result<std::unique_ptr<Engine>> CreateEngineWithModel(const EngineOptions& o, Lo
   so.watermark = st->watermark;
   so.eviction = o.eviction;
   so.prefetch = st->tiers != nullptr;
+  so.background_tier_moves = st->tiers != nullptr && o.background_tier_moves;
   st->sched = std::make_unique<Scheduler>(so, *st->cache, st->prefix.get());
   return std::unique_ptr<Engine>(new Engine(std::move(st)));
 }
@@ -546,6 +548,11 @@ Result<bool> Engine::Step() {
   if (plan.items.empty()) {
     PAGEKV_CHECK_MSG(st.sched->running().empty(), "scheduler: running sequences but nothing planned");
     st.Snapshot(0);
+    if (!st.sched->loading().empty()) {
+      // Nothing to compute until a prefix arrives from a lower tier.
+      st.sched->WaitForLoads(std::chrono::milliseconds(20));
+      return true;
+    }
     return false;
   }
   // Build the batch: every planned sequence's next tokens; logits where a
@@ -679,7 +686,7 @@ EngineMetrics Engine::Metrics() const {
   {
     std::lock_guard lock(state_->mu);
     m = state_->metrics;
-    m.waiting = state_->queued - m.running;
+    m.waiting = state_->queued - m.running - m.loading;
   }
   // Read by the caller, not each step: a store's counters share its lock
   // with its I/O, which the step loop must never wait for.

@@ -5,7 +5,9 @@
 // or restarting empty mid-run changes nothing but the counters.
 #include <unistd.h>
 
+#include <condition_variable>
 #include <filesystem>
+#include <mutex>
 
 #include <gtest/gtest.h>
 
@@ -117,6 +119,103 @@ TEST_F(EngineTiersTest, RamTierRestoresEarlierTurnsInsteadOfRecomputing) {
   EXPECT_EQ(m.prefix.tier_load_failures, 0);
   EXPECT_EQ(m.tiers->load_hits[1], m.prefix.tier_hit_blocks[1]);
   EXPECT_FALSE(m.model_fingerprint.empty());
+  // The moves ran on the tiers' threads: every load, and copies ahead of
+  // eviction that left most evictions nothing to copy.
+  EXPECT_EQ(m.prefix.background_loads, m.tiers->background_loads);
+  EXPECT_GE(m.prefix.background_loads, m.prefix.tier_hit_blocks[1]);
+  EXPECT_GT(m.prefix.offloads_ahead, 0);
+  EXPECT_GT(m.prefix.evictions_precopied, 0);
+  EXPECT_EQ(m.tiers->offloads, m.prefix.offloads_ahead);
+
+  // The same run with every move on the stepping thread: the same tokens,
+  // and no background move.
+  EngineOptions inline_moves = Options(kSmallPool, t);
+  inline_moves.background_tier_moves = false;
+  auto s = std::move(*Engine::Create(inline_moves));
+  std::vector<Conversation> c = Start(*s);
+  RunTurns(*s, c, 0, kTurns);
+  ExpectSameReplies(c, kTurns);
+  const EngineMetrics ms = s->Metrics();
+  EXPECT_GT(ms.prefix.tier_hit_blocks[1], 0);
+  EXPECT_EQ(ms.prefix.background_loads + ms.prefix.offloads_ahead + ms.prefix.evictions_precopied, 0);
+  EXPECT_EQ(ms.prefix.evictions_copied, ms.prefix.evicted);
+}
+
+TEST_F(EngineTiersTest, APrefixLoadsFromRamWhileOtherRequestsStepAndGivesTheSameTokens) {
+  // The load is held on the tiers' thread until two steps of another
+  // request have run: the steps compute while it is in flight.
+  std::mutex mu;
+  std::condition_variable cv;
+  int entered = 0;
+  bool release = false;
+  TierOptions t;
+  t.host_bytes = 8 << 20;
+  t.before_background_load = [&](const BlockMeta&) {
+    std::unique_lock lock(mu);
+    ++entered;
+    cv.notify_all();
+    cv.wait(lock, [&] { return release; });
+  };
+  auto e = std::move(*Engine::Create(Options(kSmallPool, t)));
+  std::vector<Conversation> convs = Start(*e);
+  convs.resize(1);
+  RunTurns(*e, convs, 0, 1);
+  // A prompt as long as the pool: every cached block of the first turn
+  // goes down to RAM.
+  EngineRequest flush;
+  for (int i = 0; i < kSmallPool * 8 - 8; ++i) flush.prompt.push_back(1 + (i * 7) % 500);
+  flush.max_tokens = 7;
+  flush.ignore_eos = true;
+  const RequestId flush_id = *e->Submit(flush);
+  ASSERT_TRUE(e->RunUntilIdle().ok());
+  ASSERT_EQ(e->Wait(flush_id).finish, FinishReason::kLength);
+  ASSERT_EQ(e->Metrics().prefix.tier_hit_blocks[1], 0);
+
+  // Turn 2 of the conversation (its prefix in RAM), and a fresh request.
+  Conversation& c = convs[0];
+  c.prompt.insert(c.prompt.end(), c.replies.back().begin(), c.replies.back().end());
+  const std::vector<int32_t> user = e->Encode("Then they");
+  c.prompt.insert(c.prompt.end(), user.begin() + 1, user.end());
+  EngineRequest turn;
+  turn.prompt = c.prompt;
+  turn.max_tokens = kReply;
+  turn.ignore_eos = true;
+  EngineRequest other;
+  other.prompt = e->Encode("The little cat");
+  other.max_tokens = 8;
+  other.ignore_eos = true;
+  const RequestId turn_id = *e->Submit(turn);
+  const RequestId other_id = *e->Submit(other);
+  const int64_t generated = e->Metrics().generated_tokens;
+  for (int step = 0; step < 2; ++step) {
+    ASSERT_TRUE(*e->Step());
+    std::unique_lock lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return entered > 0; }));
+    const EngineMetrics m = e->Metrics();
+    EXPECT_EQ(m.loading, 1) << "step " << step;
+    EXPECT_EQ(m.running, 1) << "step " << step;
+    EXPECT_EQ(m.generated_tokens, generated + step + 1) << "the other request did not run beside the load";
+    EXPECT_FALSE(e->TryResult(turn_id).has_value());
+  }
+  {
+    std::lock_guard lock(mu);
+    release = true;
+  }
+  cv.notify_all();
+  ASSERT_TRUE(e->RunUntilIdle().ok());
+  EXPECT_EQ(e->Wait(turn_id).tokens, Reference()[0].replies[1]);
+  const std::vector<int32_t> other_tokens = e->Wait(other_id).tokens;
+  const EngineMetrics m = e->Metrics();
+  EXPECT_GT(m.prefix.tier_hit_blocks[1], 0) << "the prefix did not come from RAM";
+  EXPECT_EQ(m.prefix.tier_load_failures, 0);
+  EXPECT_GE(m.prefix.background_loads, m.prefix.tier_hit_blocks[1]);
+  e->CheckInvariants();
+
+  // The fresh request alone, on a pool without tiers: the same tokens.
+  auto alone = std::move(*Engine::Create(Options(kSmallPool)));
+  const RequestId id = *alone->Submit(other);
+  ASSERT_TRUE(alone->RunUntilIdle().ok());
+  EXPECT_EQ(other_tokens, alone->Wait(id).tokens);
 }
 
 TEST_F(EngineTiersTest, DiskTierRestoresAfterAnEngineRestart) {

@@ -122,6 +122,14 @@ std::vector<BlockId> BlockPool::FreeListOrder() const {
   return out;
 }
 
+std::vector<BlockId> BlockPool::CachedOrder(int64_t skip, int64_t count) const {
+  std::vector<BlockId> out;
+  int32_t b = lists_[1].head;
+  for (int64_t i = 0; i < skip && b != kNil; ++i) b = next_[b];
+  for (; b != kNil && static_cast<int64_t>(out.size()) < count; b = next_[b]) out.push_back(BlockId{b});
+  return out;
+}
+
 void BlockPool::CheckInvariants() const {
   const int32_t n = num_blocks();
   int32_t zero_refs = 0;

@@ -89,6 +89,8 @@ class BlockPool {
   // Free blocks in the order Allocate would take them: the plain list, then
   // the cached list, each head to tail. O(num_free).
   std::vector<BlockId> FreeListOrder() const;
+  // Positions [skip, skip + count) of the cached free list, head first.
+  std::vector<BlockId> CachedOrder(int64_t skip, int64_t count) const;
 
   // Aborts with a message when an invariant above is broken. O(num_blocks).
   void CheckInvariants() const;

@@ -275,6 +275,10 @@ int64_t KvCache::CopyOnWriteCount() const { return state_->copies_on_write; }
 
 std::vector<BlockId> KvCache::FreeBlocks() const { return state_->pool.FreeListOrder(); }
 
+std::vector<BlockId> KvCache::CachedEvictionOrder(int64_t skip, int64_t count) const {
+  return state_->pool.CachedOrder(std::max<int64_t>(0, skip), std::max<int64_t>(0, count));
+}
+
 void KvCache::SetEvictionListener(std::function<void(BlockId)> listener) {
   state_->pool.SetEvictionListener(std::move(listener));
 }
@@ -526,6 +530,21 @@ Status KvCache::WriteBlock(SeqId id, int64_t index, std::span<const std::byte> d
   if (state_->pool.RefCount(block) > 1 || state_->pool.IsCached(block)) {
     return FailedPreconditionError("write block: block " + std::to_string(index) + " of " + SeqName(id) +
                                    " is shared or published to the prefix cache");
+  }
+  ForEachSlab(layout_, ToInt(block), [&](int64_t offset, size_t at, size_t slab) {
+    std::memcpy(state_->arena->data() + offset, data.data() + at, slab);
+  });
+  return Status::Ok();
+}
+
+Status KvCache::FillBlock(BlockId block, std::span<const std::byte> data) {
+  if (ToInt(block) < 0 || ToInt(block) >= layout_.num_blocks()) {
+    return OutOfRangeError("fill block: block " + std::to_string(ToInt(block)) + " outside the pool of " +
+                           std::to_string(layout_.num_blocks()));
+  }
+  if (static_cast<int64_t>(data.size()) != block_payload_bytes()) {
+    return InvalidArgumentError("fill block: " + std::to_string(data.size()) + " bytes; a block has " +
+                                std::to_string(block_payload_bytes()));
   }
   ForEachSlab(layout_, ToInt(block), [&](int64_t offset, size_t at, size_t slab) {
     std::memcpy(state_->arena->data() + offset, data.data() + at, slab);

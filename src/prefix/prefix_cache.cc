@@ -3,7 +3,9 @@
 #include "pagekv/prefix_cache.h"
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <unordered_map>
 
 #include "base/check.h"
@@ -58,6 +60,7 @@ struct Entry {
   std::optional<BlockKey> parent;
   std::vector<int32_t> tokens;
   ExtraKeys extra;  // salt kept only on a first block
+  std::optional<Tier> below;  // where an offload ahead of eviction put a copy
 };
 
 bool SameExtra(const ExtraKeys& a, const ExtraKeys& b, bool first) {
@@ -83,6 +86,26 @@ struct WindowEntry {
   int64_t requested_tokens, hit_tokens, requested_blocks, hit_blocks;
 };
 
+// One sequence's lower-tier blocks loading in the background.
+struct Loading {
+  size_t first = 0;                          // block index of entries[0]
+  std::vector<Entry> entries;                // to publish, in order, once loaded
+  std::vector<std::optional<Tier>> results;  // per entry, as the workers report
+  size_t remaining = 0;                      // entries not reported yet
+  int64_t requested_tokens = 0;              // the admitted prompt's length
+};
+
+// What the tiers' threads report; taken by the owner's thread.
+struct LoadDone {
+  int64_t seq;
+  size_t index;
+  std::optional<Tier> from;
+};
+struct OffloadDone {
+  int32_t block;
+  std::optional<Tier> to;
+};
+
 }  // namespace
 
 struct PrefixCache::State {
@@ -103,6 +126,99 @@ struct PrefixCache::State {
   mutable std::vector<uint8_t> scratch;
   uint64_t geometry = 0;
   std::vector<std::byte> block_bytes;  // [block_payload_bytes], a block on its way to or from a tier
+
+  // Background moves (owner's thread): sequences loading, blocks whose
+  // offload is in flight (by block id).
+  std::unordered_map<int64_t, Loading> loading;
+  std::vector<uint8_t> offloading;  // [num_blocks]
+  int64_t offloads_in_flight = 0;
+  // Reports from the tiers' threads.
+  std::mutex done_mu;
+  std::condition_variable done_cv;
+  std::vector<LoadDone> loads_done;
+  std::vector<OffloadDone> offloads_done;
+
+  // Moves the workers' reports into `loading` and the entries; true when
+  // there was any.
+  bool Collect() {
+    std::vector<LoadDone> loads;
+    std::vector<OffloadDone> offloads;
+    {
+      std::lock_guard lock(done_mu);
+      loads.swap(loads_done);
+      offloads.swap(offloads_done);
+    }
+    for (const LoadDone& d : loads) {
+      Loading& l = loading.at(d.seq);
+      l.results[d.index] = d.from;
+      --l.remaining;
+    }
+    for (const OffloadDone& d : offloads) {
+      offloading[static_cast<size_t>(d.block)] = 0;
+      --offloads_in_flight;
+      std::optional<Entry>& e = entries[static_cast<size_t>(d.block)];
+      if (e && d.to) e->below = d.to;
+    }
+    return !loads.empty() || !offloads.empty();
+  }
+
+  // Blocks until a report arrives (or the timeout passes), then collects.
+  bool WaitAndCollect(std::chrono::milliseconds timeout) {
+    {
+      std::unique_lock lock(done_mu);
+      done_cv.wait_for(lock, timeout, [&] { return !loads_done.empty() || !offloads_done.empty(); });
+    }
+    return Collect();
+  }
+
+  void WaitLoads(int64_t seq) {
+    for (;;) {
+      Collect();
+      if (loading.at(seq).remaining == 0) return;
+      WaitAndCollect(std::chrono::milliseconds(50));
+    }
+  }
+
+  void WaitOffload(BlockId block) {
+    while (offloading[static_cast<size_t>(ToInt(block))] != 0) {
+      if (!Collect()) WaitAndCollect(std::chrono::milliseconds(50));
+    }
+  }
+
+  void RecordLookup(const WindowEntry& w) {
+    ++stats.lookups;
+    stats.requested_tokens += w.requested_tokens;
+    stats.hit_tokens += w.hit_tokens;
+    stats.requested_blocks += w.requested_blocks;
+    stats.hit_blocks += w.hit_blocks;
+    window.push_back(w);
+    auto add = [](WindowEntry& sum, const WindowEntry& x, int64_t sign) {
+      sum.requested_tokens += sign * x.requested_tokens;
+      sum.hit_tokens += sign * x.hit_tokens;
+      sum.requested_blocks += sign * x.requested_blocks;
+      sum.hit_blocks += sign * x.hit_blocks;
+    };
+    add(window_sum, w, 1);
+    if (static_cast<int64_t>(window.size()) > options.stats_window) {
+      add(window_sum, window.front(), -1);
+      window.pop_front();
+    }
+  }
+
+  // Publishes a block loaded from a lower tier as block i of its sequence.
+  void PublishLoaded(BlockId block, Entry e, size_t i, Tier from) {
+    KvEvent ev;
+    ev.type = KvEvent::Type::kBlockStored;
+    ev.keys.push_back(e.key);
+    ev.parent = e.parent;
+    ev.token_ids = e.tokens;
+    ev.block_len = block_len;
+    ev.adapter_id = e.extra.adapter_id;
+    ev.extra_keys = EventExtraKeys(e.extra, i == 0);
+    Insert(block, std::move(e));
+    Emit(std::move(ev));
+    stats.tier_hit_blocks[static_cast<size_t>(from)] += 1;
+  }
 
   BlockMeta MetaOf(const Entry& e) const {
     return BlockMeta{e.key,    e.parent,           e.tokens,
@@ -215,10 +331,19 @@ struct PrefixCache::State {
   void OnEvict(BlockId block) {
     std::optional<Entry>& e = entries[static_cast<size_t>(ToInt(block))];
     if (!e) return;
-    if (options.tiers != nullptr && cache->ReadBlock(block, block_bytes).ok()) {
-      // Its bytes are intact until the caller writes it. Where the copy
-      // lands is announced by the tier itself (TakeChanges).
-      options.tiers->Evicted(MetaOf(*e), block_bytes);
+    if (options.tiers != nullptr) {
+      if (offloading[static_cast<size_t>(ToInt(block))] != 0) {
+        ++stats.eviction_waits;  // its copy is being made: the caller may write it only after
+        WaitOffload(block);
+      }
+      if (e->below && options.tiers->StillHolds(e->key, *e->below)) {
+        ++stats.evictions_precopied;
+      } else if (cache->ReadBlock(block, block_bytes).ok()) {
+        // Its bytes are intact until the caller writes it. Where the copy
+        // lands is announced by the tier itself (TakeChanges).
+        ++stats.evictions_copied;
+        options.tiers->Evicted(MetaOf(*e), block_bytes);
+      }
     }
     index.erase(e->key);
     KvEvent ev;
@@ -233,6 +358,9 @@ struct PrefixCache::State {
 PrefixCache::PrefixCache(std::unique_ptr<State> state) : state_(std::move(state)) {}
 
 PrefixCache::~PrefixCache() {
+  // The tiers' threads call back into this state: let every move finish.
+  for (auto& [seq, l] : state_->loading) state_->WaitLoads(seq);
+  while (state_->offloads_in_flight > 0) state_->WaitAndCollect(std::chrono::milliseconds(50));
   state_->cache->SetEvictionListener(nullptr);
   state_->cache->SetCutListener(nullptr);
   if (state_->options.tiers != nullptr) state_->options.tiers->RecordChanges(false);
@@ -253,6 +381,7 @@ Result<std::unique_ptr<PrefixCache>> PrefixCache::Create(KvCache& cache, const P
   state->entries.resize(static_cast<size_t>(cache.layout().num_blocks()));
   state->geometry = cache.GeometryTag();
   if (options.tiers != nullptr) state->block_bytes.resize(static_cast<size_t>(cache.block_payload_bytes()));
+  state->offloading.resize(static_cast<size_t>(cache.layout().num_blocks()));
   State* raw = state.get();
   cache.SetEvictionListener([raw](BlockId b) { raw->OnEvict(b); });
   cache.SetCutListener([raw](const KvCache::SequenceCut& cut) { raw->OnCut(cut); });
@@ -372,7 +501,7 @@ bool PrefixCache::CanAdmit(const PrefixMatch& match, int64_t new_tokens) const {
 }
 
 Result<PrefixCache::Admitted> PrefixCache::AddSequence(std::span<const int32_t> tokens, const ExtraKeys& extra,
-                                                       std::string label, int64_t max_tokens) {
+                                                       std::string label, int64_t max_tokens, bool background_loads) {
   PAGEKV_RETURN_IF_ERROR(ValidateExtraKeys(extra));
   std::vector<Link> links;
   PrefixMatch match = state_->Walk(tokens, extra, max_tokens, links);
@@ -380,12 +509,55 @@ Result<PrefixCache::Admitted> PrefixCache::AddSequence(std::span<const int32_t> 
   const size_t in_pool = match.blocks.size();
   PrefixCacheStats& st = state_->stats;
   st.tier_hit_blocks[0] += static_cast<int64_t>(in_pool);
-  if (!match.lower.empty()) {
+  const int64_t bl = state_->block_len;
+  int64_t loading_blocks = 0;
+  if (!match.lower.empty() && background_loads) {
+    // Pool blocks for the lower tiers' part now, their bytes from the tiers'
+    // threads; TakeLoaded publishes them once every load has answered.
+    Loading l;
+    l.first = in_pool;
+    l.requested_tokens = static_cast<int64_t>(tokens.size());
+    std::vector<TierLoadJob> jobs;
+    for (size_t j = 0; j < match.lower.size(); ++j) {
+      const size_t i = in_pool + j;
+      Entry e = state_->EntryOf(tokens, i, links, extra);
+      if (state_->index.count(e.key) > 0) break;  // cannot happen between Walk and here; stay safe
+      Result<bool> room = state_->cache->Reserve(seq, bl);
+      if (!room.ok() || !*room) break;
+      const BlockId block = (*state_->cache->View(seq)).blocks[i];
+      TierLoadJob job;
+      job.meta = state_->MetaOf(e);
+      KvCache* cache = state_->cache;
+      job.store = [cache, block](std::span<const std::byte> kv) { PAGEKV_CHECK(cache->FillBlock(block, kv).ok()); };
+      State* raw = state_.get();
+      const int64_t id = ToInt(seq);
+      job.done = [raw, id, j](std::optional<Tier> from) {
+        // Notified under the lock: once the owner sees the report, this
+        // thread no longer touches the state (which may then go).
+        std::lock_guard lock(raw->done_mu);
+        raw->loads_done.push_back({id, j, from});
+        raw->done_cv.notify_all();
+      };
+      jobs.push_back(std::move(job));
+      l.entries.push_back(std::move(e));
+    }
+    links.resize(in_pool);
+    match.keys.resize(in_pool);
+    match.lower.clear();
+    match.num_tokens = static_cast<int64_t>(in_pool) * bl;
+    if (!jobs.empty()) {
+      loading_blocks = static_cast<int64_t>(jobs.size());
+      l.results.resize(jobs.size());
+      l.remaining = jobs.size();
+      state_->loading.emplace(ToInt(seq), std::move(l));
+      st.background_loads += loading_blocks;
+      state_->options.tiers->StartLoads(std::move(jobs));
+    }
+  } else if (!match.lower.empty()) {
     // Load the lower tiers' part into new pool blocks, in order, and publish
     // each; the first block that cannot be had ends the match there. Every
     // load is checked against this request's key, digest, parent, tokens
     // and geometry, wherever its bytes come from.
-    const int64_t bl = state_->block_len;
     std::vector<Tier> loaded;
     for (size_t j = 0; j < match.lower.size(); ++j) {
       const size_t i = in_pool + j;
@@ -399,18 +571,7 @@ Result<PrefixCache::Admitted> PrefixCache::AddSequence(std::span<const int32_t> 
         PAGEKV_CHECK(state_->cache->Truncate(seq, static_cast<int64_t>(i) * bl).ok());
         break;
       }
-      const BlockId block = (*state_->cache->View(seq)).blocks[i];
-      KvEvent ev;
-      ev.type = KvEvent::Type::kBlockStored;
-      ev.keys.push_back(e.key);
-      ev.parent = e.parent;
-      ev.token_ids = e.tokens;
-      ev.block_len = static_cast<int32_t>(bl);
-      ev.adapter_id = extra.adapter_id;
-      ev.extra_keys = EventExtraKeys(extra, i == 0);
-      state_->Insert(block, std::move(e));
-      state_->Emit(std::move(ev));
-      st.tier_hit_blocks[static_cast<size_t>(*from)] += 1;
+      state_->PublishLoaded((*state_->cache->View(seq)).blocks[i], std::move(e), i, *from);
       loaded.push_back(*from);
     }
     links.resize(in_pool + loaded.size());
@@ -423,27 +584,79 @@ Result<PrefixCache::Admitted> PrefixCache::AddSequence(std::span<const int32_t> 
   chain.extra = extra;
   chain.links = std::move(links);
   state_->chains.emplace(ToInt(seq), std::move(chain));
-  // Statistics: a lookup of this prompt's tokens and full blocks.
-  const WindowEntry w{static_cast<int64_t>(tokens.size()), match.num_tokens,
-                      static_cast<int64_t>(tokens.size()) / state_->block_len, static_cast<int64_t>(match.blocks.size())};
-  ++st.lookups;
-  st.requested_tokens += w.requested_tokens;
-  st.hit_tokens += w.hit_tokens;
-  st.requested_blocks += w.requested_blocks;
-  st.hit_blocks += w.hit_blocks;
-  state_->window.push_back(w);
-  auto add = [](WindowEntry& sum, const WindowEntry& x, int64_t sign) {
-    sum.requested_tokens += sign * x.requested_tokens;
-    sum.hit_tokens += sign * x.hit_tokens;
-    sum.requested_blocks += sign * x.requested_blocks;
-    sum.hit_blocks += sign * x.hit_blocks;
-  };
-  add(state_->window_sum, w, 1);
-  if (static_cast<int64_t>(state_->window.size()) > state_->options.stats_window) {
-    add(state_->window_sum, state_->window.front(), -1);
-    state_->window.pop_front();
+  // Statistics: a lookup of this prompt's tokens and full blocks (when the
+  // loads finish, for a sequence still loading).
+  if (loading_blocks == 0) {
+    state_->RecordLookup({static_cast<int64_t>(tokens.size()), match.num_tokens,
+                          static_cast<int64_t>(tokens.size()) / bl, static_cast<int64_t>(match.blocks.size())});
   }
-  return Admitted{seq, std::move(match)};
+  return Admitted{seq, std::move(match), loading_blocks};
+}
+
+std::vector<PrefixCache::Loaded> PrefixCache::TakeLoaded() {
+  State& st = *state_;
+  std::vector<Loaded> out;
+  if (st.loading.empty()) return out;
+  st.Collect();
+  const int64_t bl = st.block_len;
+  for (auto it = st.loading.begin(); it != st.loading.end();) {
+    Loading& l = it->second;
+    if (l.remaining > 0) {
+      ++it;
+      continue;
+    }
+    const SeqId seq{static_cast<int32_t>(it->first)};
+    SeqChain& chain = st.chains.at(it->first);
+    size_t ok = 0;
+    for (; ok < l.entries.size() && l.results[ok].has_value(); ++ok) {
+      const size_t i = l.first + ok;
+      const BlockId block = (*st.cache->View(seq)).blocks[i];
+      chain.links.push_back(Link{l.entries[ok].key, l.entries[ok].digest});
+      st.PublishLoaded(block, std::move(l.entries[ok]), i, *l.results[ok]);
+    }
+    if (ok < l.entries.size()) {
+      ++st.stats.tier_load_failures;
+      PAGEKV_CHECK(st.cache->Truncate(seq, static_cast<int64_t>(l.first + ok) * bl).ok());
+    }
+    const int64_t num_tokens = static_cast<int64_t>(l.first + ok) * bl;
+    st.RecordLookup({l.requested_tokens, num_tokens, l.requested_tokens / bl, static_cast<int64_t>(l.first + ok)});
+    out.push_back({seq, num_tokens});
+    it = st.loading.erase(it);
+  }
+  return out;
+}
+
+int64_t PrefixCache::loading() const { return static_cast<int64_t>(state_->loading.size()); }
+
+void PrefixCache::WaitForBackground(std::chrono::milliseconds timeout) { state_->WaitAndCollect(timeout); }
+
+int64_t PrefixCache::OffloadAhead(int64_t skip, int64_t count) {
+  State& st = *state_;
+  if (st.options.tiers == nullptr || count <= 0) return 0;
+  st.Collect();
+  std::vector<TierOffloadJob> jobs;
+  for (BlockId block : st.cache->CachedEvictionOrder(skip, count)) {
+    const auto b = static_cast<size_t>(ToInt(block));
+    std::optional<Entry>& e = st.entries[b];
+    if (!e || e->below || st.offloading[b] != 0) continue;
+    TierOffloadJob job;
+    job.meta = st.MetaOf(*e);
+    const KvCache* cache = st.cache;
+    job.read = [cache, block](std::span<std::byte> kv) { PAGEKV_CHECK(cache->ReadBlock(block, kv).ok()); };
+    State* raw = &st;
+    job.done = [raw, block](std::optional<Tier> to) {
+      std::lock_guard lock(raw->done_mu);  // notified under the lock, as for loads
+      raw->offloads_done.push_back({ToInt(block), to});
+      raw->done_cv.notify_all();
+    };
+    st.offloading[b] = 1;
+    ++st.offloads_in_flight;
+    jobs.push_back(std::move(job));
+  }
+  const auto started = static_cast<int64_t>(jobs.size());
+  st.stats.offloads_ahead += started;
+  if (!jobs.empty()) st.options.tiers->StartOffloads(std::move(jobs));
+  return started;
 }
 
 Status PrefixCache::Publish(SeqId seq, std::span<const int32_t> tokens) {
@@ -543,12 +756,18 @@ Result<SeqId> PrefixCache::Fork(SeqId seq, std::string label) {
 }
 
 Status PrefixCache::Free(SeqId seq) {
+  if (auto it = state_->loading.find(ToInt(seq)); it != state_->loading.end()) {
+    state_->WaitLoads(ToInt(seq));  // the workers write its blocks until then
+    state_->loading.erase(it);
+  }
   PAGEKV_RETURN_IF_ERROR(state_->cache->Free(seq));
   state_->chains.erase(ToInt(seq));
   return Status::Ok();
 }
 
 void PrefixCache::Clear() {
+  // Unpublished blocks may be reused at once: no offload may still read one.
+  while (state_->offloads_in_flight > 0) state_->WaitAndCollect(std::chrono::milliseconds(50));
   for (size_t b = 0; b < state_->entries.size(); ++b) {
     if (!state_->entries[b]) continue;
     PAGEKV_CHECK(state_->cache->SetBlockCached(BlockId{static_cast<int32_t>(b)}, false).ok());
@@ -593,6 +812,7 @@ void PrefixCache::CheckInvariants() const {
     const BlockId id{static_cast<int32_t>(b)};
     const bool has = state_->entries[b].has_value();
     PAGEKV_CHECK_MSG(has == state_->cache->IsBlockCached(id), "a block's cached mark disagrees with the key index");
+    PAGEKV_CHECK_MSG(has || state_->offloading[b] == 0, "an offload is in flight for a block that is not published");
     if (!has) continue;
     ++with_entry;
     auto it = state_->index.find(state_->entries[b]->key);

@@ -48,8 +48,9 @@ void Scheduler::Preempt(Sequence* s, StepPlan& plan) {
 }
 
 void Scheduler::Remove(Sequence* s) {
-  Release(s);
+  Release(s);  // a loading sequence's Free waits for its loads
   if (auto it = std::find(running_.begin(), running_.end(), s); it != running_.end()) running_.erase(it);
+  if (auto it = std::find(loading_.begin(), loading_.end(), s); it != loading_.end()) loading_.erase(it);
   if (auto it = std::find(waiting_.begin(), waiting_.end(), s); it != waiting_.end()) waiting_.erase(it);
 }
 
@@ -66,7 +67,32 @@ void Scheduler::Fork(Sequence* root, std::span<Sequence* const> members) {
   Remove(root);
 }
 
+void Scheduler::Admitted(Sequence* s) {
+  if (!s->admitted_once) {
+    s->cached_prompt_tokens = s->computed;
+    s->admitted_once = true;
+  }
+}
+
+void Scheduler::TakeLoaded() {
+  if (prefix_ == nullptr || loading_.empty()) return;
+  for (const PrefixCache::Loaded& l : prefix_->TakeLoaded()) {
+    auto it = std::find_if(loading_.begin(), loading_.end(), [&](const Sequence* s) { return *s->seq == l.seq; });
+    PAGEKV_CHECK_MSG(it != loading_.end(), "the prefix cache finished loading a sequence of no request");
+    Sequence* s = *it;
+    loading_.erase(it);
+    s->computed = l.num_tokens;
+    Admitted(s);
+    running_.push_back(s);  // admit_order from its admission: sorted into place below
+  }
+}
+
+void Scheduler::WaitForLoads(std::chrono::milliseconds timeout) {
+  if (prefix_ != nullptr && !loading_.empty()) prefix_->WaitForBackground(timeout);
+}
+
 StepPlan Scheduler::Plan() {
+  TakeLoaded();
   StepPlan plan;
   int64_t budget = o_.max_step_tokens;
   int64_t planned_blocks = 0;
@@ -113,9 +139,13 @@ StepPlan Scheduler::Plan() {
       for (const StepPlan::Item& p : plan.items) n = p.seq == s ? p.count : n;
       owed += std::max<int64_t>(0, BlocksFor(static_cast<int64_t>(s->tokens.size())) - BlocksFor(s->computed + n));
     }
+    for (const Sequence* s : loading_) {  // its reservation covers the loads; the rest is owed
+      owed += std::max<int64_t>(0, BlocksFor(static_cast<int64_t>(s->tokens.size())) -
+                                       static_cast<int64_t>((*cache_.View(*s->seq)).blocks.size()));
+    }
   }
   // 2. Admission, in queue order, while the blocks exist (ask, then act).
-  while (budget > 0 && static_cast<int64_t>(running_.size()) < o_.max_running && !waiting_.empty()) {
+  while (budget > 0 && static_cast<int64_t>(running_.size() + loading_.size()) < o_.max_running && !waiting_.empty()) {
     Sequence* s = waiting_.front();
     PrefixMatch match;
     int64_t need;
@@ -138,9 +168,23 @@ StepPlan Scheduler::Plan() {
     }
     if (available() - need < o_.watermark) break;
     if (prefix_) {
-      PrefixCache::Admitted a = *prefix_->AddSequence(s->tokens, s->extra, "request " + std::to_string(s->id));
+      const int64_t free_before = cache_.FreeBlockCount();
+      PrefixCache::Admitted a = *prefix_->AddSequence(s->tokens, s->extra, "request " + std::to_string(s->id), -1,
+                                                      o_.background_tier_moves);
       s->seq = a.seq;
       s->computed = a.match.num_tokens;
+      if (a.loading_blocks > 0) {
+        // It runs once loaded: the blocks it took are out of the free count
+        // already, and nothing of it is planned this step.
+        planned_blocks += need - (free_before - cache_.FreeBlockCount());
+        planned_blocks = std::max<int64_t>(planned_blocks, 0);
+        s->preempted = false;
+        s->admit_order = admit_counter_++;
+        waiting_.pop_front();
+        loading_.push_back(s);
+        plan.loading.push_back(s);
+        continue;
+      }
     } else {
       s->seq = cache_.AddSequence("request " + std::to_string(s->id));
       s->computed = 0;
@@ -148,10 +192,7 @@ StepPlan Scheduler::Plan() {
         s->evictor = std::move(*TokenEvictor::Create(o_.eviction, cache_.layout()));  // validated by the engine
       }
     }
-    if (!s->admitted_once) {
-      s->cached_prompt_tokens = s->computed;
-      s->admitted_once = true;
-    }
+    Admitted(s);
     const int64_t n = std::min(s->remaining(), budget);
     if (paged) {
       planned_blocks += need;
@@ -168,7 +209,17 @@ StepPlan Scheduler::Plan() {
     running_.push_back(s);
     add(s, n);
   }
-  // 3. The next few waiting requests: fetch their lower-tier blocks from
+  // 3. Background copies: the cached blocks the next step would evict (past
+  // those this step's reservations take), so that their evictions copy
+  // nothing on the allocation path.
+  if (prefix_ && paged && o_.background_tier_moves) {
+    const int64_t plain_free = cache_.FreeBlockCount() - cache_.CachedFreeBlockCount();
+    const int64_t evicted_now = std::max<int64_t>(0, planned_blocks - plain_free);
+    const int64_t next_step = BlocksFor(o_.max_step_tokens) + static_cast<int64_t>(running_.size());
+    const int64_t evicted_next = std::max<int64_t>(0, next_step - std::max<int64_t>(0, plain_free - planned_blocks));
+    plan.offloads = prefix_->OffloadAhead(evicted_now, evicted_next);
+  }
+  // 4. The next few waiting requests: fetch their lower-tier blocks from
   // disk or Redis while this step computes.
   if (prefix_ && o_.prefetch) {
     int n = 0;
@@ -204,6 +255,11 @@ void Scheduler::CheckInvariants() const {
       s->evictor->CheckInvariants();
       PAGEKV_CHECK_MSG(s->evictor->cached() == view.num_tokens, "an evictor's slots disagree with its sequence");
     }
+    ++sequences;
+  }
+  for (const Sequence* s : loading_) {
+    PAGEKV_CHECK_MSG(s->seq.has_value(), "a loading request has no sequence");
+    PAGEKV_CHECK_MSG(std::find(running_.begin(), running_.end(), s) == running_.end(), "a loading request is running");
     ++sequences;
   }
   for (const Sequence* s : waiting_) {

@@ -14,9 +14,17 @@
 // recomputed. Contiguous allocation (for comparison) reserves prompt +
 // max_tokens blocks at admission and never preempts.
 //
+// With background tier moves, a request whose prefix continues in RAM, on
+// disk or in Redis is admitted with its blocks reserved and waits in a
+// loading list while the tiers' threads fill them; the plan after the last
+// load answers moves it to the running queue (with what was loaded, the
+// rest to compute). Each plan also has the cached blocks that the next
+// step would evict copied down while this one computes.
+//
 // Thread safety: one thread (the engine's stepping thread).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -70,6 +78,12 @@ struct SchedulerOptions {
   int64_t watermark = 0;          // free blocks kept at admission
   EvictionOptions eviction;       // token eviction per admitted sequence (paged, no prefix cache)
   bool prefetch = false;          // ask the prefix cache's tiers for the next waiting prompts
+  // With the prefix cache's tiers: a request whose prefix continues in a
+  // lower tier waits, out of the running queue, while the tiers' threads
+  // load it into its reserved blocks (other sequences' steps go on), and
+  // the cached blocks the next steps would evict are copied down during
+  // this one. false: loads on admission and copies on eviction, in line.
+  bool background_tier_moves = false;
 };
 
 // One step's plan: which sequences run with how many tokens, and who was
@@ -82,6 +96,11 @@ struct StepPlan {
   };
   std::vector<Item> items;
   std::vector<Sequence*> preempted;
+  // Background tier moves this plan started: sequences admitted to load
+  // their prefix (they run once loaded), and cached blocks being copied
+  // down ahead of their eviction.
+  std::vector<Sequence*> loading;
+  int64_t offloads = 0;
 };
 
 class Scheduler {
@@ -100,6 +119,10 @@ class Scheduler {
   void Fork(Sequence* root, std::span<Sequence* const> members);
 
   const std::vector<Sequence*>& running() const { return running_; }
+  // Admitted, their prefix loading from a lower tier (background_tier_moves).
+  const std::vector<Sequence*>& loading() const { return loading_; }
+  // Waits (up to `timeout`) for a background tier move to finish.
+  void WaitForLoads(std::chrono::milliseconds timeout);
   const std::deque<Sequence*>& waiting() const { return waiting_; }
   // Slots of the running sequences: tokens stored, and (contiguous) reserved.
   int64_t StoredTokens() const;
@@ -115,12 +138,15 @@ class Scheduler {
   int64_t Outstanding() const;  // blocks contiguous sequences reserved but do not hold yet
   void Release(Sequence* s);
   void Preempt(Sequence* s, StepPlan& plan);
+  void TakeLoaded();
+  void Admitted(Sequence* s);
 
   SchedulerOptions o_;
   KvCache& cache_;
   PrefixCache* prefix_;
   std::deque<Sequence*> waiting_;   // preempted first, then by priority, then arrival
   std::vector<Sequence*> running_;  // by priority (high first), then admission order
+  std::vector<Sequence*> loading_;  // admission order
   int64_t admit_counter_ = 0;
 };
 

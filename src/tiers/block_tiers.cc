@@ -74,10 +74,12 @@ bool TiersConfigured(const TierOptions& o) { return o.host_bytes > 0 || !o.disk_
 namespace {
 
 struct Job {
-  enum class Kind : uint8_t { kPut, kPrefetch } kind = Kind::kPut;
+  enum class Kind : uint8_t { kPut, kPrefetch, kLoad, kOffload } kind = Kind::kPut;
   BlockStore* target = nullptr;  // kPut
   BlockMeta meta;
   std::vector<std::byte> kv;     // kPut
+  TierLoadJob load;              // kLoad (its meta is `meta`)
+  TierOffloadJob offload;        // kOffload
 };
 
 // A prefetched block, kept as a whole payload (header, token ids, KV) so
@@ -100,7 +102,9 @@ struct BlockTiers::State {
   std::mutex mu;  // the queue, staging and counters below
   std::condition_variable work_cv, idle_cv;
   std::deque<Job> queue;
+  std::deque<Job> loads;  // background loads: served first, never dropped
   int64_t busy = 0;
+  int64_t background_loads = 0, offloads = 0;
   bool stopping = false;
   std::unordered_map<BlockKey, Staged, tiers::KeyHash> staged;
   std::deque<BlockKey> staged_order;
@@ -229,33 +233,56 @@ struct BlockTiers::State {
     }
   }
 
-  void Work() {
+  // Background loads, in order, each through one worker-owned staging
+  // buffer: the verified bytes reach the pool block by the job's store.
+  void RunLoads(std::vector<Job>& jobs, BlockTiers& self) {
+    std::vector<std::byte> staging(static_cast<size_t>(kv_bytes));
+    for (Job& j : jobs) {
+      if (o.before_background_load) o.before_background_load(j.meta);
+      const std::optional<Tier> from = self.Load(j.meta, staging);
+      if (from) j.load.store(staging);
+      j.load.done(from);
+    }
+  }
+
+  // Copies ahead of eviction: the block's bytes, then what Evicted does.
+  void RunOffloads(std::vector<Job>& jobs, BlockTiers& self) {
+    std::vector<std::byte> staging(static_cast<size_t>(kv_bytes));
+    for (Job& j : jobs) {
+      j.offload.read(staging);
+      j.offload.done(self.Evicted(j.offload.meta, staging));
+    }
+  }
+
+  void Work(BlockTiers& self) {
     constexpr size_t kBatch = 32;
     for (;;) {
       std::vector<Job> batch;
       {
         std::unique_lock lock(mu);
-        work_cv.wait(lock, [&] { return stopping || !queue.empty(); });
-        if (queue.empty()) return;  // stopping, and all done
+        work_cv.wait(lock, [&] { return stopping || !queue.empty() || !loads.empty(); });
+        std::deque<Job>& from = !loads.empty() ? loads : queue;
+        if (from.empty()) return;  // stopping, and all done
         // The front job and those right behind it of the same kind (and
         // target), up to a batch.
-        batch.push_back(std::move(queue.front()));
-        queue.pop_front();
-        while (!queue.empty() && batch.size() < kBatch && queue.front().kind == batch.front().kind &&
-               queue.front().target == batch.front().target) {
-          batch.push_back(std::move(queue.front()));
-          queue.pop_front();
+        batch.push_back(std::move(from.front()));
+        from.pop_front();
+        while (!from.empty() && batch.size() < kBatch && from.front().kind == batch.front().kind &&
+               from.front().target == batch.front().target) {
+          batch.push_back(std::move(from.front()));
+          from.pop_front();
         }
         ++busy;
       }
-      if (batch.front().kind == Job::Kind::kPut) {
-        RunPuts(batch);
-      } else {
-        RunPrefetches(batch);
+      switch (batch.front().kind) {
+        case Job::Kind::kPut: RunPuts(batch); break;
+        case Job::Kind::kPrefetch: RunPrefetches(batch); break;
+        case Job::Kind::kLoad: RunLoads(batch, self); break;
+        case Job::Kind::kOffload: RunOffloads(batch, self); break;
       }
       std::lock_guard lock(mu);
       --busy;
-      if (queue.empty() && busy == 0) idle_cv.notify_all();
+      if (queue.empty() && loads.empty() && busy == 0) idle_cv.notify_all();
     }
   }
 };
@@ -323,8 +350,10 @@ Result<std::unique_ptr<BlockTiers>> BlockTiers::Create(const TierOptions& o, int
     st->stores.push_back(std::move(s));
   }
   for (auto& s : st->stores) st->by_tier[static_cast<int>(s->tier())] = s.get();
-  for (int i = 0; i < o.workers; ++i) st->workers.emplace_back([raw] { raw->Work(); });
-  return std::unique_ptr<BlockTiers>(new BlockTiers(std::move(st)));
+  std::unique_ptr<BlockTiers> tiers(new BlockTiers(std::move(st)));
+  BlockTiers* self = tiers.get();
+  for (int i = 0; i < o.workers; ++i) raw->workers.emplace_back([raw, self] { raw->Work(*self); });
+  return tiers;
 }
 
 std::vector<Tier> BlockTiers::LocatePrefix(std::span<const BlockKey> keys) {
@@ -435,6 +464,50 @@ void BlockTiers::Prefetch(std::vector<BlockMeta> metas) {
   }
 }
 
+void BlockTiers::StartLoads(std::vector<TierLoadJob> jobs) {
+  State& st = *state_;
+  std::lock_guard lock(st.mu);
+  for (TierLoadJob& l : jobs) {
+    Job j;
+    j.kind = Job::Kind::kLoad;
+    j.meta = l.meta;
+    j.load = std::move(l);
+    st.loads.push_back(std::move(j));
+    ++st.background_loads;
+  }
+  st.work_cv.notify_all();
+}
+
+void BlockTiers::StartOffloads(std::vector<TierOffloadJob> jobs) {
+  State& st = *state_;
+  std::vector<TierOffloadJob> refused;
+  {
+    std::lock_guard lock(st.mu);
+    for (TierOffloadJob& f : jobs) {
+      if (static_cast<int64_t>(st.queue.size()) >= st.o.queue_blocks) {
+        ++st.dropped;
+        refused.push_back(std::move(f));
+        continue;
+      }
+      Job j;
+      j.kind = Job::Kind::kOffload;
+      j.offload = std::move(f);
+      st.queue.push_back(std::move(j));
+      ++st.offloads;
+    }
+    st.work_cv.notify_all();
+  }
+  for (TierOffloadJob& f : refused) f.done(std::nullopt);  // its eviction copies it then
+}
+
+bool BlockTiers::StillHolds(const BlockKey& key, Tier tier) {
+  if (tier != Tier::kHost) return true;  // as Evicted's answer for the slower tiers
+  BlockStore* host = state_->by_tier[static_cast<int>(Tier::kHost)];
+  if (host == nullptr) return false;
+  Result<bool> has = host->Contains(key);
+  return has.ok() && *has;
+}
+
 void BlockTiers::RecordChanges(bool on) {
   State& st = *state_;
   st.record.store(on);
@@ -456,7 +529,7 @@ void BlockTiers::Drain() {
   State& st = *state_;
   {
     std::unique_lock lock(st.mu);
-    st.idle_cv.wait(lock, [&] { return st.queue.empty() && st.busy == 0; });
+    st.idle_cv.wait(lock, [&] { return st.queue.empty() && st.loads.empty() && st.busy == 0; });
   }
   for (auto& s : st.stores) {
     if (Status f = s->Flush(); !f.ok()) st.Log(std::string(TierName(s->tier())) + " flush", f);
@@ -478,6 +551,8 @@ TiersStats BlockTiers::Stats() const {
   for (int t = 0; t < kNumTiers; ++t) out.load_hits[t] = st.load_hits[t];
   out.load_failures = st.load_failures;
   out.staged_mismatches = st.staged_mismatches;
+  out.background_loads = st.background_loads;
+  out.offloads = st.offloads;
   {
     std::lock_guard changes_lock(state_->changes_mu);
     out.dropped_changes = st.dropped_changes;

@@ -14,6 +14,7 @@
 // held somewhere (the pool's index or a tier), asked block by block.
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -239,9 +240,28 @@ class TieredPrefixDifferentialTest : public ::testing::TestWithParam<DiffCase> {
     const int64_t max_blocks = (len - 1) / B;
     const int64_t expected = p.exact ? HeldChain(tokens, salt, max_blocks) : -1;
     const int64_t bound = DictChain(tokens, salt, max_blocks);
-    auto a = pc_->AddSequence(tokens, Extra(salt));
+    // Every other admission with tiers loads in the background.
+    const bool background = tiers_ != nullptr && admissions_ % 2 == 1;
+    auto a = pc_->AddSequence(tokens, Extra(salt), {}, -1, background);
     ASSERT_TRUE(a.ok()) << a.status().ToString();
-    const int64_t hit = a->match.num_tokens / B;
+    int64_t num_tokens = a->match.num_tokens;
+    if (a->loading_blocks > 0) {
+      // While the tiers' threads fill its blocks, the owner works on the
+      // pool: cached blocks copied down ahead, then every free block taken
+      // (evictions, some waiting for those copies) and given back.
+      pc_->OffloadAhead(0, 4);
+      const SeqId other = cache_->AddSequence();
+      ASSERT_TRUE(*cache_->Reserve(other, cache_->FreeBlockCount() * B));
+      ASSERT_TRUE(cache_->Free(other).ok());
+      std::vector<PrefixCache::Loaded> done;
+      while ((done = pc_->TakeLoaded()).empty()) pc_->WaitForBackground(std::chrono::milliseconds(10));
+      ASSERT_EQ(done.size(), 1u);
+      ASSERT_EQ(done[0].seq, a->seq);
+      ASSERT_EQ(pc_->loading(), 0);
+      num_tokens = done[0].num_tokens;
+      ++background_admissions_;
+    }
+    const int64_t hit = num_tokens / B;
     ++admissions_;
     hit_blocks_ += hit;
     ASSERT_LE(hit, bound) << "a hit beyond every block ever computed after this prefix";
@@ -252,7 +272,7 @@ class TieredPrefixDifferentialTest : public ::testing::TestWithParam<DiffCase> {
       const auto& want = dict_.at({salt, std::vector<int32_t>(tokens.begin(), tokens.begin() + (i + 1) * B)});
       ASSERT_EQ(CachedContents(*cache_, a->seq, i), want) << "block " << i << " of a hit holds another prefix's KV";
     }
-    Live s{a->seq, std::vector<int32_t>(tokens.begin(), tokens.begin() + a->match.num_tokens), salt};
+    Live s{a->seq, std::vector<int32_t>(tokens.begin(), tokens.begin() + num_tokens), salt};
     Finish(s, tokens);
     live_.push_back(s);
   }
@@ -285,6 +305,7 @@ class TieredPrefixDifferentialTest : public ::testing::TestWithParam<DiffCase> {
     } else if (op < 80) {
       Free(rng_() % live_.size());
     } else if (op < 87) {  // evict: a sequence outside the prefix cache takes every free block
+      if (tiers_ != nullptr) pc_->OffloadAhead(static_cast<int64_t>(op % 3), 8);  // some copies made ahead
       const SeqId s = cache_->AddSequence();
       ASSERT_TRUE(*cache_->Reserve(s, cache_->FreeBlockCount() * B));
       ASSERT_TRUE(cache_->Free(s).ok());
@@ -312,7 +333,7 @@ class TieredPrefixDifferentialTest : public ::testing::TestWithParam<DiffCase> {
   std::mt19937 rng_;
   std::map<std::pair<int, std::vector<int32_t>>, std::vector<float>> dict_;
   std::vector<Live> live_;
-  int64_t admissions_ = 0, hit_blocks_ = 0;
+  int64_t admissions_ = 0, hit_blocks_ = 0, background_admissions_ = 0;
 };
 
 TEST_P(TieredPrefixDifferentialTest, EveryHitMatchesTheNaiveModel) {
@@ -339,6 +360,9 @@ TEST_P(TieredPrefixDifferentialTest, EveryHitMatchesTheNaiveModel) {
   EXPECT_GT(hit_blocks_, admissions_ / 2) << "too few hits to mean anything";
   if (tiers_ != nullptr) {
     EXPECT_GT(st.tier_hit_blocks[1] + st.tier_hit_blocks[2] + st.tier_hit_blocks[3], 0) << "nothing came back from a tier";
+    EXPECT_GT(background_admissions_, 0) << "no load ran in the background";
+    EXPECT_GT(st.offloads_ahead, 0);
+    EXPECT_GT(st.evictions_precopied, 0) << "no eviction found its copy made ahead";
   }
 }
 
