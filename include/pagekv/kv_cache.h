@@ -48,8 +48,13 @@
 
 namespace pagekv {
 
+class Backend;  // kernels/backend.h
+
 struct KvCacheOptions {
   CacheConfig config;
+  // Where the arena lives and what moves its blocks (null: the CPU backend);
+  // must outlive the cache.
+  const Backend* backend = nullptr;
   bool huge_pages = true;  // request transparent huge pages for the arena
   bool prefault = true;    // touch every arena page at Create, not on the decode path
   // Called from the destructor with LeakReport() when blocks are still
@@ -235,6 +240,8 @@ class KvCache {
   // heads, row elements, block_len, every layer's format and row bytes): blocks of caches with
   // different tags are never interchangeable.
   uint64_t GeometryTag() const;
+  // What holds the arena and moves its blocks (KvCacheOptions::backend).
+  const Backend& backend() const;
   // Copies block `block` of the pool into out. Errors: an id outside the
   // pool, out not exactly block_payload_bytes() long.
   Status ReadBlock(BlockId block, std::span<std::byte> out) const;

@@ -18,7 +18,7 @@
 #include "base/checked_math.h"
 #include "base/thread_pool.h"
 #include "kernels/machine_ceilings.h"
-#include "kvcache/kv_arena.h"
+#include "kernels/kv_arena.h"
 #include "layout/float16.h"
 #include "layout/quantize.h"
 #include "pagekv/attention.h"

@@ -81,7 +81,9 @@ Result<bool> ForwardStep(const LlamaModel& model, KvCache& cache, std::span<cons
     }
   }
   CacheStepKv kv(cache, items, start, fault);
-  if (Status s = model.Forward(step, kv, options); !s.ok()) {
+  ForwardOptions run = options;
+  if (run.backend == nullptr) run.backend = &cache.backend();  // the math where the pool lives
+  if (Status s = model.Forward(step, kv, run); !s.ok()) {
     undo(items.size());  // leave nothing half-written
     return s;
   }

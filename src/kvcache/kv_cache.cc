@@ -35,10 +35,11 @@ Result<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& options) 
                                 "scale per row (KvFormat::Int8(head_dim), KvFormat::Fp8(dtype, head_dim)), or int4 KIVI (KvFormat::Int4Kivi)");
     }
   }
-  PAGEKV_ASSIGN_OR_RETURN(auto arena, KvArena::Create({.size_bytes = layout.total_bytes(),
-                                                        .huge_pages = options.huge_pages,
-                                                        .prefault = options.prefault}));
-  auto state = std::make_unique<State>(std::move(arena), static_cast<int32_t>(layout.num_blocks()));
+  const Backend& backend = options.backend != nullptr ? *options.backend : CpuBackend();
+  PAGEKV_ASSIGN_OR_RETURN(auto arena, backend.AllocateArena({.size_bytes = layout.total_bytes(),
+                                                             .huge_pages = options.huge_pages,
+                                                             .prefault = options.prefault}));
+  auto state = std::make_unique<State>(backend, std::move(arena), static_cast<int32_t>(layout.num_blocks()));
   state->leak_sink = options.leak_sink;
   return std::unique_ptr<KvCache>(new KvCache(std::move(layout), std::move(state)));
 }
@@ -123,17 +124,8 @@ Result<bool> KvCache::Reserve(SeqId id, int64_t n, ReserveUndo* undo) {
     // it for the private copy.
     const BlockId shared = s.blocks.back();
     const BlockId copy = fresh[next++];
-    const int32_t fill = static_cast<int32_t>(s.num_tokens % layout_.block_len());
-    for (int32_t l = 0; l < layout_.num_layers(); ++l) {
-      for (int32_t p = 0; p < layout_.num_planes(); ++p) {
-        // KIVI slabs are groups, not rows: copy the whole slab.
-        const auto bytes = static_cast<size_t>(layout_.kivi(l) ? layout_.slab_bytes(l, p) : fill * layout_.row_bytes(l));
-        for (int32_t h = 0; h < layout_.num_heads(); ++h) {
-          std::memcpy(base + layout_.SlabOffset(l, p, h, ToInt(copy)),
-                      base + layout_.SlabOffset(l, p, h, ToInt(shared)), bytes);
-        }
-      }
-    }
+    const BlockCopy c{shared, copy, static_cast<int32_t>(s.num_tokens % layout_.block_len())};
+    state_->backend.CopyBlocks(layout_, base, {&c, 1});
     PAGEKV_CHECK(state_->pool.Release(shared).ok());
     s.blocks.back() = copy;
     ++state_->copies_on_write;
@@ -463,22 +455,8 @@ Status KvCache::Compact(SeqId id, std::span<const int32_t> keep, int64_t keep_co
   return Status::Ok();
 }
 
-namespace {
 
-// Calls f(arena offset, payload offset, slab bytes) for every slab of a
-// block, in the payload order of ReadBlock / WriteBlock (layer, plane, head).
-template <typename F>
-void ForEachSlab(const KvLayout& layout, int64_t block, F&& f) {
-  size_t at = 0;
-  for (int32_t l = 0; l < layout.num_layers(); ++l) {
-    for (int32_t p = 0; p < layout.num_planes(); ++p) {
-      const auto slab = static_cast<size_t>(layout.slab_bytes(l, p));
-      for (int32_t h = 0; h < layout.num_heads(); ++h, at += slab) f(layout.SlabOffset(l, p, h, block), at, slab);
-    }
-  }
-}
-
-}  // namespace
+const Backend& KvCache::backend() const { return state_->backend; }
 
 uint64_t KvCache::GeometryTag() const {
   std::vector<int64_t> fields = {layout_.num_layers(), layout_.num_planes(), layout_.num_heads(), layout_.row_elems(),
@@ -508,9 +486,7 @@ Status KvCache::ReadBlock(BlockId block, std::span<std::byte> out) const {
     return InvalidArgumentError("read block: the buffer has " + std::to_string(out.size()) + " bytes; a block has " +
                                 std::to_string(block_payload_bytes()));
   }
-  ForEachSlab(layout_, ToInt(block), [&](int64_t offset, size_t at, size_t slab) {
-    std::memcpy(out.data() + at, state_->arena->data() + offset, slab);
-  });
+  state_->backend.BlockToHost(layout_, state_->arena->data(), block, out);
   return Status::Ok();
 }
 
@@ -531,9 +507,7 @@ Status KvCache::WriteBlock(SeqId id, int64_t index, std::span<const std::byte> d
     return FailedPreconditionError("write block: block " + std::to_string(index) + " of " + SeqName(id) +
                                    " is shared or published to the prefix cache");
   }
-  ForEachSlab(layout_, ToInt(block), [&](int64_t offset, size_t at, size_t slab) {
-    std::memcpy(state_->arena->data() + offset, data.data() + at, slab);
-  });
+  state_->backend.HostToBlock(layout_, state_->arena->data(), block, data);
   return Status::Ok();
 }
 
@@ -546,9 +520,7 @@ Status KvCache::FillBlock(BlockId block, std::span<const std::byte> data) {
     return InvalidArgumentError("fill block: " + std::to_string(data.size()) + " bytes; a block has " +
                                 std::to_string(block_payload_bytes()));
   }
-  ForEachSlab(layout_, ToInt(block), [&](int64_t offset, size_t at, size_t slab) {
-    std::memcpy(state_->arena->data() + offset, data.data() + at, slab);
-  });
+  state_->backend.HostToBlock(layout_, state_->arena->data(), block, data);
   return Status::Ok();
 }
 

@@ -10,7 +10,8 @@
 #include <vector>
 
 #include "kvcache/block_pool.h"
-#include "kvcache/kv_arena.h"
+#include "kernels/backend.h"
+#include "kernels/kv_arena.h"
 #include "pagekv/kv_cache.h"
 
 namespace pagekv {
@@ -26,8 +27,10 @@ struct KvCache::Sequence {
 };
 
 struct KvCache::State {
-  State(std::unique_ptr<KvArena> a, int32_t num_blocks) : arena(std::move(a)), pool(num_blocks) {}
+  State(const Backend& b, std::unique_ptr<KvArena> a, int32_t num_blocks)
+      : backend(b), arena(std::move(a)), pool(num_blocks) {}
 
+  const Backend& backend;  // the arena's, and every block move's
   std::unique_ptr<KvArena> arena;
   BlockPool pool;
   std::unordered_map<int64_t, Sequence> sequences;  // by SeqId value; ids never reused

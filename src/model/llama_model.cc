@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "base/thread_pool.h"
+#include "kernels/backend.h"
 #include "kernels/ops.h"
 #include "layout/float16.h"
 #include "pagekv/attention.h"
@@ -568,6 +569,7 @@ Status LlamaModel::Compute(std::span<const StepItem> items, StepKv& kv, const Ba
   const LlamaConfig& c = config_;
   const KvLayout& layout = kv.layout();
   const CacheConfig& cc = layout.config();
+  const Backend& be = options.backend != nullptr ? *options.backend : CpuBackend();
   const int64_t T = batch.rows;
   const int32_t d = c.dim, kv_dim = c.num_kv_heads * c.head_dim, hd = c.hidden_dim;
   double* matmul_time = options.timings != nullptr ? &options.timings->matmul : nullptr;
@@ -584,16 +586,16 @@ Status LlamaModel::Compute(std::span<const StepItem> items, StepKv& kv, const Ba
                              v_rows = Scratch<std::byte>(1, k_rows.size());
   auto matmul = [&](const Matrix& w, const float* in, int64_t n, float* out) {
     Stopwatch watch(matmul_time);
-    return MatMul(w, in, n, out, options.threads, options.activations);
+    return be.MatMul(w, in, n, out, options.threads, options.activations);
   };
   auto matmul_shared = [&](std::initializer_list<MatMulOutput> outputs, const float* in, int64_t n) {
     Stopwatch watch(matmul_time);
-    return MatMulShared({outputs.begin(), outputs.size()}, in, n, options.threads, options.activations);
+    return be.MatMulShared({outputs.begin(), outputs.size()}, in, n, options.threads, options.activations);
   };
   for (int64_t t = 0; t < T; ++t) {
     const size_t item = static_cast<size_t>(
         std::upper_bound(batch.first.begin(), batch.first.end(), t) - batch.first.begin() - 1);
-    WeightRow(embedding_, items[item].tokens[static_cast<size_t>(t - batch.first[item])], &x[static_cast<size_t>(t * d)]);
+    be.WeightRow(embedding_, items[item].tokens[static_cast<size_t>(t - batch.first[item])], &x[static_cast<size_t>(t * d)]);
   }
   // Per-row work (norms, rotary, K/V conversion, residuals, SiLU) of a long
   // step is split over the pool in chunks of rows, so the second core does
@@ -611,11 +613,11 @@ Status LlamaModel::Compute(std::span<const StepItem> items, StepKv& kv, const Ba
   const int32_t rope_dims = c.rope_dims;
   const std::span<float> rope_cos = rows(T, rope_dims), rope_sin = rows(T, rope_dims);
   for_rows(T, [&](int64_t t0, int64_t t1) {
-    rope_->Tables(std::span<const int64_t>(batch.pos).subspan(static_cast<size_t>(t0), static_cast<size_t>(t1 - t0)),
+    be.RopeTables(*rope_, std::span<const int64_t>(batch.pos).subspan(static_cast<size_t>(t0), static_cast<size_t>(t1 - t0)),
                   &rope_cos[static_cast<size_t>(t0 * rope_dims)], &rope_sin[static_cast<size_t>(t0 * rope_dims)]);
   });
   auto add_bias = [&](float* rows_out, int64_t n, int64_t width, const float* bias) {
-    if (bias != nullptr) AddBiasRows(rows_out, bias, n, width);
+    if (bias != nullptr) be.AddBiasRows(rows_out, bias, n, width);
   };
   const bool decode_only = static_cast<int64_t>(items.size()) == T;
   std::vector<PrefillSeq> prefill(items.size());
@@ -625,7 +627,7 @@ Status LlamaModel::Compute(std::span<const StepItem> items, StepKv& kv, const Ba
   for (int32_t l = 0; l < c.num_layers; ++l) {
     const Layer& L = layers_[static_cast<size_t>(l)];
     for_rows(T, [&](int64_t t0, int64_t t1) {
-      RmsNormRows(&x[static_cast<size_t>(t0 * d)], L.attn_norm, t1 - t0, d, c.norm_eps, &xb[static_cast<size_t>(t0 * d)]);
+      be.RmsNormRows(&x[static_cast<size_t>(t0 * d)], L.attn_norm, t1 - t0, d, c.norm_eps, &xb[static_cast<size_t>(t0 * d)]);
     });
     PAGEKV_RETURN_IF_ERROR(matmul_shared({{L.wq, q.data()}, {L.wk, k.data()}, {L.wv, v.data()}}, xb.data(), T));
     add_bias(q.data(), T, d, L.bq);
@@ -637,11 +639,11 @@ Status LlamaModel::Compute(std::span<const StepItem> items, StepKv& kv, const Ba
       const auto first = static_cast<size_t>(t0);
       const float* cs = &rope_cos[first * static_cast<size_t>(rope_dims)];
       const float* sn = &rope_sin[first * static_cast<size_t>(rope_dims)];
-      rope_->Apply(&q[first * static_cast<size_t>(d)], t1 - t0, d, cs, sn);
-      rope_->Apply(&k[first * static_cast<size_t>(kv_dim)], t1 - t0, kv_dim, cs, sn);
+      be.RopeApply(*rope_, &q[first * static_cast<size_t>(d)], t1 - t0, d, cs, sn);
+      be.RopeApply(*rope_, &k[first * static_cast<size_t>(kv_dim)], t1 - t0, kv_dim, cs, sn);
       const int64_t heads = (t1 - t0) * c.num_kv_heads;
-      EncodeKvRows(format, c.head_dim, k.data() + first * kv_dim, heads, k_rows.data() + first * token_bytes);
-      EncodeKvRows(format, c.head_dim, v.data() + first * kv_dim, heads, v_rows.data() + first * token_bytes);
+      be.EncodeKvRows(format, c.head_dim, k.data() + first * kv_dim, heads, k_rows.data() + first * token_bytes);
+      be.EncodeKvRows(format, c.head_dim, v.data() + first * kv_dim, heads, v_rows.data() + first * token_bytes);
     });
     for (size_t i = 0; i < items.size(); ++i) {
       const auto n = static_cast<int64_t>(items[i].tokens.size());
@@ -656,22 +658,22 @@ Status LlamaModel::Compute(std::span<const StepItem> items, StepKv& kv, const Ba
     {
       Stopwatch watch(attention_time);
       const PagedKv paged{&layout, kv.arena(), l};
-      PAGEKV_RETURN_IF_ERROR(decode_only ? PagedDecodeAttention(paged, decode, q.data(), att.data(), attention_options)
-                                         : PagedPrefillAttention(paged, prefill, q.data(), att.data(), attention_options));
+      PAGEKV_RETURN_IF_ERROR(decode_only ? be.DecodeAttention(paged, decode, q.data(), att.data(), attention_options)
+                                         : be.PrefillAttention(paged, prefill, q.data(), att.data(), attention_options));
     }
     PAGEKV_RETURN_IF_ERROR(matmul(L.wo, att.data(), T, tmp.data()));
     add_bias(tmp.data(), T, d, L.bo);
     for_rows(T, [&](int64_t t0, int64_t t1) {
-      AddInPlace(&x[static_cast<size_t>(t0 * d)], &tmp[static_cast<size_t>(t0 * d)], (t1 - t0) * d);
-      RmsNormRows(&x[static_cast<size_t>(t0 * d)], L.ffn_norm, t1 - t0, d, c.norm_eps, &xb[static_cast<size_t>(t0 * d)]);
+      be.AddInPlace(&x[static_cast<size_t>(t0 * d)], &tmp[static_cast<size_t>(t0 * d)], (t1 - t0) * d);
+      be.RmsNormRows(&x[static_cast<size_t>(t0 * d)], L.ffn_norm, t1 - t0, d, c.norm_eps, &xb[static_cast<size_t>(t0 * d)]);
     });
     PAGEKV_RETURN_IF_ERROR(matmul_shared({{L.w_gate, h1.data()}, {L.w_up, h2.data()}}, xb.data(), T));
     for_rows(T, [&](int64_t t0, int64_t t1) {
-      SwiGluInPlace(&h1[static_cast<size_t>(t0 * hd)], &h2[static_cast<size_t>(t0 * hd)], (t1 - t0) * hd);
+      be.SwiGluInPlace(&h1[static_cast<size_t>(t0 * hd)], &h2[static_cast<size_t>(t0 * hd)], (t1 - t0) * hd);
     });
     PAGEKV_RETURN_IF_ERROR(matmul(L.w_down, h1.data(), T, tmp.data()));
     for_rows(T, [&](int64_t t0, int64_t t1) {
-      AddInPlace(&x[static_cast<size_t>(t0 * d)], &tmp[static_cast<size_t>(t0 * d)], (t1 - t0) * d);
+      be.AddInPlace(&x[static_cast<size_t>(t0 * d)], &tmp[static_cast<size_t>(t0 * d)], (t1 - t0) * d);
     });
   }
   // Classifier over the rows whose logits are wanted, in one product.
@@ -684,7 +686,7 @@ Status LlamaModel::Compute(std::span<const StepItem> items, StepKv& kv, const Ba
   if (wanted.empty()) return Status::Ok();
   const auto W = static_cast<int64_t>(wanted.size());
   for (int64_t r = 0; r < W; ++r) {
-    RmsNormRows(&x[static_cast<size_t>(wanted[static_cast<size_t>(r)] * d)], final_norm_, 1, d, c.norm_eps, &xb[static_cast<size_t>(r * d)]);
+    be.RmsNormRows(&x[static_cast<size_t>(wanted[static_cast<size_t>(r)] * d)], final_norm_, 1, d, c.norm_eps, &xb[static_cast<size_t>(r * d)]);
   }
   const std::span<float> logits = rows(W, c.vocab_size);
   PAGEKV_RETURN_IF_ERROR(matmul(classifier_, xb.data(), W, logits.data()));

@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/backend.h"
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
 #include "layout/step_kv.h"
@@ -84,6 +85,8 @@ struct ForwardOptions {
   // activations of steps of a few tokens to int16 for integer dot products;
   // kF32 keeps every product in f32 (the exact path). kernels/matmul.h.
   Activations activations = Activations::kInt16;
+  // Runs the math (kernels/backend.h); null = the CPU backend.
+  const Backend* backend = nullptr;
 };
 
 class LlamaModel {

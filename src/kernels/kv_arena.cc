@@ -1,4 +1,4 @@
-#include "kvcache/kv_arena.h"
+#include "kernels/kv_arena.h"
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -36,9 +36,11 @@ Result<std::unique_ptr<KvArena>> KvArena::Create(const KvArenaOptions& options) 
       *reinterpret_cast<volatile std::byte*>(bytes + off) = std::byte{0};
     }
   }
-  return std::unique_ptr<KvArena>(new KvArena(bytes, options.size_bytes, huge));
+  return std::unique_ptr<KvArena>(new KvArena(bytes, options.size_bytes, huge, /*mapped=*/true));
 }
 
-KvArena::~KvArena() { munmap(data_, static_cast<size_t>(size_bytes_)); }
+KvArena::~KvArena() {
+  if (mapped_) munmap(data_, static_cast<size_t>(size_bytes_));
+}
 
 }  // namespace pagekv

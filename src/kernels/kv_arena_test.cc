@@ -1,4 +1,4 @@
-#include "kvcache/kv_arena.h"
+#include "kernels/kv_arena.h"
 
 #include <cstdint>
 

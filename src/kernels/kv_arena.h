@@ -6,6 +6,7 @@
 // pre-faulted (every page touched once) so the decode path never takes a page
 // fault. Freed with munmap in the destructor.
 //
+// The CPU backend's arena (kernels/backend.h, CpuBackend().AllocateArena).
 // Ownership: owns its memory; move-only. Thread safety: the arena itself is
 // immutable after Create; concurrent access to its bytes is the caller's to
 // coordinate.
@@ -31,7 +32,8 @@ class KvArena {
   // (ResourceExhausted, naming the size and suggesting a smaller budget).
   static Result<std::unique_ptr<KvArena>> Create(const KvArenaOptions& options);
 
-  ~KvArena();
+  // A device backend's arena subclasses this over its own memory.
+  virtual ~KvArena();
   KvArena(const KvArena&) = delete;
   KvArena& operator=(const KvArena&) = delete;
 
@@ -40,13 +42,17 @@ class KvArena {
   int64_t size_bytes() const { return size_bytes_; }
   bool huge_pages_requested() const { return huge_pages_; }
 
+ protected:
+  // For a subclass that owns `data` (and frees it in its own destructor).
+  KvArena(std::byte* data, int64_t size_bytes, bool huge_pages, bool mapped = false)
+      : data_(data), size_bytes_(size_bytes), huge_pages_(huge_pages), mapped_(mapped) {}
+
  private:
-  KvArena(std::byte* data, int64_t size_bytes, bool huge_pages)
-      : data_(data), size_bytes_(size_bytes), huge_pages_(huge_pages) {}
 
   std::byte* data_;
   int64_t size_bytes_;
   bool huge_pages_;
+  bool mapped_;  // by Create: munmap in the destructor
 };
 
 }  // namespace pagekv

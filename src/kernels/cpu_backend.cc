@@ -1,0 +1,103 @@
+// CpuBackend (kernels/backend.h): the dispatched kernels over an mmap'd arena.
+#include <cstring>
+
+#include "kernels/backend.h"
+
+namespace pagekv {
+namespace {
+
+// f(arena offset, payload offset, slab bytes) for every slab of a block, in
+// payload order (layer, plane, head).
+template <typename F>
+void ForEachSlab(const KvLayout& layout, int64_t block, F&& f) {
+  size_t at = 0;
+  for (int32_t l = 0; l < layout.num_layers(); ++l) {
+    for (int32_t p = 0; p < layout.num_planes(); ++p) {
+      const auto slab = static_cast<size_t>(layout.slab_bytes(l, p));
+      for (int32_t h = 0; h < layout.num_heads(); ++h, at += slab) f(layout.SlabOffset(l, p, h, block), at, slab);
+    }
+  }
+}
+
+class Cpu final : public Backend {
+ public:
+  std::string name() const override { return "cpu"; }
+
+  Result<std::unique_ptr<KvArena>> AllocateArena(const KvArenaOptions& options) const override {
+    return KvArena::Create(options);
+  }
+
+  void CopyBlocks(const KvLayout& layout, std::byte* arena, std::span<const BlockCopy> copies) const override {
+    for (const BlockCopy& c : copies) {
+      for (int32_t l = 0; l < layout.num_layers(); ++l) {
+        for (int32_t p = 0; p < layout.num_planes(); ++p) {
+          const auto bytes = static_cast<size_t>(layout.kivi(l) ? layout.slab_bytes(l, p) : c.filled * layout.row_bytes(l));
+          for (int32_t h = 0; h < layout.num_heads(); ++h) {
+            std::memcpy(arena + layout.SlabOffset(l, p, h, ToInt(c.dst)), arena + layout.SlabOffset(l, p, h, ToInt(c.src)),
+                        bytes);
+          }
+        }
+      }
+    }
+  }
+
+  void BlockToHost(const KvLayout& layout, const std::byte* arena, BlockId block,
+                   std::span<std::byte> host) const override {
+    ForEachSlab(layout, ToInt(block),
+                [&](int64_t offset, size_t at, size_t slab) { std::memcpy(host.data() + at, arena + offset, slab); });
+  }
+
+  void HostToBlock(const KvLayout& layout, std::byte* arena, BlockId block,
+                   std::span<const std::byte> host) const override {
+    ForEachSlab(layout, ToInt(block),
+                [&](int64_t offset, size_t at, size_t slab) { std::memcpy(arena + offset, host.data() + at, slab); });
+  }
+
+  void EncodeKvRows(const KvFormat& format, int32_t elems, const float* src, int64_t rows,
+                    std::byte* dst) const override {
+    pagekv::EncodeKvRows(format, elems, src, rows, dst);
+  }
+
+  Status MatMul(const WeightMatrix& w, const float* x, int64_t tokens, float* y, int threads,
+                Activations activations) const override {
+    return pagekv::MatMul(w, x, tokens, y, threads, activations);
+  }
+  Status MatMulShared(std::span<const MatMulOutput> outputs, const float* x, int64_t tokens, int threads,
+                      Activations activations) const override {
+    return pagekv::MatMulShared(outputs, x, tokens, threads, activations);
+  }
+  void WeightRow(const WeightMatrix& w, int64_t r, float* out) const override { pagekv::WeightRow(w, r, out); }
+  void RmsNormRows(const float* x, const float* weight, int64_t rows, int32_t width, float eps,
+                   float* out) const override {
+    pagekv::RmsNormRows(x, weight, rows, width, eps, out);
+  }
+  void AddBiasRows(float* x, const float* bias, int64_t rows, int64_t width) const override {
+    pagekv::AddBiasRows(x, bias, rows, width);
+  }
+  void AddInPlace(float* x, const float* y, int64_t n) const override { pagekv::AddInPlace(x, y, n); }
+  void SwiGluInPlace(float* gate, const float* up, int64_t n) const override { pagekv::SwiGluInPlace(gate, up, n); }
+  void RopeTables(const Rope& rope, std::span<const int64_t> positions, float* cos, float* sin) const override {
+    rope.Tables(positions, cos, sin);
+  }
+  void RopeApply(const Rope& rope, float* x, int64_t rows, int32_t width, const float* cos,
+                 const float* sin) const override {
+    rope.Apply(x, rows, width, cos, sin);
+  }
+  Status DecodeAttention(const PagedKv& kv, std::span<const DecodeSeq> seqs, const float* q, float* out,
+                         const AttentionOptions& options) const override {
+    return PagedDecodeAttention(kv, seqs, q, out, options);
+  }
+  Status PrefillAttention(const PagedKv& kv, std::span<const PrefillSeq> seqs, const float* q, float* out,
+                          const AttentionOptions& options) const override {
+    return PagedPrefillAttention(kv, seqs, q, out, options);
+  }
+};
+
+}  // namespace
+
+const Backend& CpuBackend() {
+  static const Cpu cpu;
+  return cpu;
+}
+
+}  // namespace pagekv
