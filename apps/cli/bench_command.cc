@@ -319,7 +319,9 @@ int RunServeBenchCommand(const ServeBenchArgs& a) {
                                   {"prefix_hit_rate", x.prefix_hit_rate}, {"tiers", x.tiers},
                                   {"pool_hit_blocks", x.pool_hit_blocks}, {"host_hit_blocks", x.host_hit_blocks},
                                   {"disk_hit_blocks", x.disk_hit_blocks}, {"redis_hit_blocks", x.redis_hit_blocks},
-                                  {"tier_errors", x.tier_errors}};
+                                  {"tier_errors", x.tier_errors}, {"background_loads", x.background_loads},
+                                  {"evictions_copied", x.evictions_copied},
+                                  {"evictions_precopied", x.evictions_precopied}};
   };
   if (a.json) {
     nlohmann::ordered_json j;
@@ -400,7 +402,7 @@ CLI::App* AddBenchCommand(CLI::App& app, int& exit_code) {
   sv->add_option("--threads", serve.threads, "Threads (default: all cores)")->check(CLI::Range(0, 4096));
   sv->add_option("--tiers", serve.tiers,
                   "Compare lower KV tiers, one paged run each: a comma list of none, host, disk, redis or '+' joins, "
-                  "e.g. none,host,host+redis (the allocator is then paged)");
+                  "e.g. none,host,host+redis (the allocator is then paged); '+inline' runs the tier moves on the stepping thread");
   sv->add_option("--host-cache", serve.host_cache, "Host tier size where --tiers names host (default 256MiB)");
   sv->add_option("--disk-cache-size", serve.disk_cache_size, "Disk tier size where --tiers names disk (a temporary file; default 1GiB)");
   sv->add_option("--redis", serve.redis, "redis://HOST[:PORT] where --tiers names redis (password: PAGEKV_REDIS_PASSWORD)");

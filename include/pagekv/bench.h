@@ -162,7 +162,9 @@ struct ServeBenchOptions {
   int threads = 0;
   // Lower KV tiers to compare, each a paged run of its own (the allocators
   // are then ignored): "none", "host", "disk", "redis", or a '+' join such
-  // as "host+redis". Empty: no tier comparison.
+  // as "host+redis"; "+inline" moves blocks on the stepping thread instead
+  // of the tiers' (EngineOptions::background_tier_moves = false), e.g.
+  // "host,host+inline". Empty: no tier comparison.
   std::vector<std::string> tier_configs;
   int64_t host_cache_bytes = 256ll << 20;  // the host tier where a config names it
   int64_t disk_cache_bytes = 1ll << 30;    // the disk tier: a temporary file in TMPDIR, removed after
@@ -194,6 +196,10 @@ struct ServeBenchResult {
   std::string tiers = "none";  // the lower tiers of this run
   int64_t pool_hit_blocks = 0, host_hit_blocks = 0, disk_hit_blocks = 0, redis_hit_blocks = 0;
   int64_t tier_errors = 0;     // I/O failures and corrupt payloads (recomputed)
+  // Where the tier moves ran: blocks loaded on the tiers' threads, and
+  // evictions that copied the block on the allocation path / found it
+  // copied ahead.
+  int64_t background_loads = 0, evictions_copied = 0, evictions_precopied = 0;
   int64_t blocks = 0;          // the pool
   std::vector<ServeSample> samples;
 };

@@ -66,7 +66,7 @@ struct TokenUpdate {
 
 struct EngineRequest {
   std::vector<int32_t> prompt;         // token ids; Engine::Encode makes them from text
-  int32_t max_tokens = 16;             // >= 1; what the contiguous allocator reserves for
+  int32_t max_tokens = 16;             // >= 1 (0: score the prompt only, with prompt_logits); what the contiguous allocator reserves for
   // Benchmarks: end after this many tokens (a trace's output length) as if
   // the model had stopped; 0 = off. Reservations still see max_tokens.
   int32_t stop_at_tokens = 0;
@@ -76,6 +76,15 @@ struct EngineRequest {
   int32_t priority = 0;                // higher runs first and is preempted last
   ExtraKeys extra;                     // prefix-cache salt etc.
   int32_t top_logits = 0;              // > 0: record the top-k (id, logit) of every sampled step
+  // Scoring a known text: the tokens to emit, in order, instead of sampled
+  // ones (teacher forcing; at least max_tokens of them; stop conditions
+  // still apply). Empty: sample.
+  std::vector<int32_t> forced_tokens;
+  bool return_logits = false;          // every sampled step's logits into RequestResult::logits
+  // The logits at every prompt position into RequestResult::prompt_logits.
+  // The whole prompt is then computed (no prefix-cache hit and no shared
+  // group prefix, since cached positions have no logits).
+  bool prompt_logits = false;
   std::function<void(const TokenUpdate&)> on_update;  // streaming, optional
 };
 
@@ -99,6 +108,11 @@ struct RequestResult {
   // its sequence held at its last step.
   int64_t tokens_evicted = 0;
   int64_t final_kv_tokens = 0;
+  // return_logits: [sampled steps][vocab], row i the distribution token i
+  // was taken from. prompt_logits: [prompt tokens][vocab], row i after
+  // prompt token i (the last row is logits' first).
+  std::vector<float> logits;
+  std::vector<float> prompt_logits;
 };
 
 enum class Allocator : uint8_t { kPaged, kContiguous };

@@ -8,12 +8,13 @@
 #include <random>
 
 #include "base/thread_pool.h"
-#include "engine/forward_step.h"
+#include "engine/engine_internal.h"
 #include "kernels/machine_ceilings.h"
-#include "model/gguf_file.h"
 #include "model/llama_model.h"
+#include "model/model_loader.h"
 #include "pagekv/attention.h"
 #include "pagekv/bench.h"
+#include "pagekv/engine.h"
 #include "pagekv/kv_cache.h"
 #include "pagekv/synth_model.h"
 
@@ -66,12 +67,12 @@ Result<GenerateBenchReport> RunGenerateBench(const GenerateBenchOptions& o) {
     report.model = path;
     report.weight_type = "as stored";
   }
-  PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::Open(path));
-  PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model, LlamaModel::FromGguf(std::move(file)));
+  PAGEKV_ASSIGN_OR_RETURN(LoadedModel loaded, LoadModel(path));
+  const LlamaModel* model = loaded.model.get();
   const LlamaConfig& c = model->config();
-  if (o.prompt_len + o.decode_steps > c.context_len) {
+  if (o.prompt_len + o.decode_steps + 1 > c.context_len) {  // the last step's sampled token takes a position too
     return OutOfRangeError("bench generate: prompt " + std::to_string(o.prompt_len) + " + " +
-                           std::to_string(o.decode_steps) + " steps exceed the model's context of " +
+                           std::to_string(o.decode_steps) + " steps + 1 exceed the model's context of " +
                            std::to_string(c.context_len));
   }
   report.parameters = model->ParameterCount();
@@ -79,58 +80,63 @@ Result<GenerateBenchReport> RunGenerateBench(const GenerateBenchOptions& o) {
   report.block_len = o.block_len;
   report.simd_target = AttentionSimdTarget();
   report.threads = o.num_threads > 0 ? o.num_threads : ThreadPool::Shared().num_threads();
+  PAGEKV_ASSIGN_OR_RETURN(const KvLayout layout, KvLayout::Create(model->CacheGeometry(o.block_len, o.kv_dtype, 1)));
   std::mt19937 rng(7);
   std::uniform_int_distribution<int32_t> token(3, c.vocab_size - 1);
   for (int64_t batch : o.batches) {
-    const int64_t per_seq = o.prompt_len + o.decode_steps;
-    KvCacheOptions co;
-    co.config = model->CacheGeometry(o.block_len, o.kv_dtype, batch * ((per_seq + o.block_len - 1) / o.block_len));
-    PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache, KvCache::Create(co));
-    std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(batch));
-    std::vector<SeqId> seqs;
-    std::vector<ForwardItem> items;
-    std::vector<float> logits(static_cast<size_t>(batch * c.vocab_size));
+    // The engine, stepped here: one step prefills every prompt, then one
+    // decode step per token for the whole batch (greedy).
+    const int64_t per_seq = o.prompt_len + o.decode_steps + 1;
+    EngineOptions eo;
+    eo.model_path = path;
+    eo.block_len = o.block_len;
+    eo.kv_dtype = o.kv_dtype;
+    eo.prefix_cache = false;
+    eo.num_blocks = batch * ((per_seq + o.block_len - 1) / o.block_len + 1);
+    eo.watermark_blocks = 0;
+    eo.max_step_tokens = batch * o.prompt_len;
+    eo.max_running = static_cast<int32_t>(batch);
+    eo.max_queue = batch;
+    eo.threads = o.num_threads;
+    PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, CreateEngineWithModel(eo, loaded));
     for (int64_t i = 0; i < batch; ++i) {
-      auto& p = prompts[static_cast<size_t>(i)];
-      p.push_back(1);
-      while (static_cast<int64_t>(p.size()) < o.prompt_len) p.push_back(token(rng));
-      seqs.push_back(cache->AddSequence());
-      items.push_back({seqs.back(), p, logits.data() + i * c.vocab_size, false});
+      EngineRequest r;
+      r.prompt.push_back(1);
+      while (static_cast<int64_t>(r.prompt.size()) < o.prompt_len) r.prompt.push_back(token(rng));
+      r.max_tokens = static_cast<int32_t>(o.decode_steps + 1);
+      r.ignore_eos = true;
+      PAGEKV_RETURN_IF_ERROR(engine->Submit(std::move(r)).status());
     }
-    const ForwardOptions fo{o.num_threads, nullptr};
     auto start = std::chrono::steady_clock::now();
-    PAGEKV_ASSIGN_OR_RETURN(bool fit, ForwardStep(*model, *cache, items, fo));
-    if (!fit) return InternalError("bench generate: the pool was sized too small");
+    PAGEKV_RETURN_IF_ERROR(engine->Step().status());
     GenerateBenchResult r;
     r.batch = batch;
     r.prompt_len = o.prompt_len;
     r.decode_steps = o.decode_steps;
     r.prefill_seconds = Seconds(start);
     r.prefill_tokens_per_second = static_cast<double>(batch * o.prompt_len) / r.prefill_seconds;
-    // Decode: greedy next tokens, one step per token for the whole batch.
-    std::vector<int32_t> next(static_cast<size_t>(batch));
-    ForwardTimings timings;
-    const ForwardOptions timed{o.num_threads, &timings};
-    start = std::chrono::steady_clock::now();
-    for (int64_t step = 0; step < o.decode_steps; ++step) {
-      for (int64_t i = 0; i < batch; ++i) {
-        const float* row = logits.data() + i * c.vocab_size;
-        next[static_cast<size_t>(i)] = static_cast<int32_t>(std::max_element(row, row + c.vocab_size) - row);
-        items[static_cast<size_t>(i)].tokens = {&next[static_cast<size_t>(i)], 1};
-      }
-      PAGEKV_ASSIGN_OR_RETURN(bool step_fit, ForwardStep(*model, *cache, items, timed));
-      if (!step_fit) return InternalError("bench generate: the pool was sized too small");
+    const EngineMetrics before = engine->Metrics();
+    if (before.generated_tokens != batch) {
+      return InternalError("bench generate: the first step prefilled " + std::to_string(before.generated_tokens) +
+                           " of " + std::to_string(batch) + " prompts");
     }
+    start = std::chrono::steady_clock::now();
+    for (int64_t step = 0; step < o.decode_steps; ++step) PAGEKV_RETURN_IF_ERROR(engine->Step().status());
     r.decode_seconds = Seconds(start);
+    const EngineMetrics after = engine->Metrics();
+    if (after.generated_tokens != batch * (o.decode_steps + 1)) {
+      return InternalError("bench generate: the decode steps ran " + std::to_string(after.generated_tokens) +
+                           " tokens, not " + std::to_string(batch * (o.decode_steps + 1)));
+    }
     r.decode_tokens_per_second = static_cast<double>(batch * o.decode_steps) / r.decode_seconds;
     r.decode_step_ms = 1e3 * r.decode_seconds / static_cast<double>(o.decode_steps);
-    r.decode_attention_share = timings.attention / timings.total;
-    r.decode_matmul_share = timings.matmul / timings.total;
+    const double forward = after.forward_seconds - before.forward_seconds;
+    r.decode_attention_share = (after.attention_seconds - before.attention_seconds) / forward;
+    r.decode_matmul_share = (after.matmul_seconds - before.matmul_seconds) / forward;
     // Per step: weights once; K and V of every cached position of every layer
     // (the mean context over the steps); the attention's multiply-adds are
     // 2 * head_dim per (query head, position) and the matrices' per token.
     const double mean_ctx = static_cast<double>(o.prompt_len) + static_cast<double>(o.decode_steps + 1) / 2.0;
-    const KvLayout& layout = cache->layout();
     r.step_weight_bytes = model->StepWeightBytes();
     r.step_kv_bytes = static_cast<int64_t>(static_cast<double>(batch) * mean_ctx * static_cast<double>(layout.bytes_per_token()));
     r.step_flops = 2.0 * static_cast<double>(batch) *

@@ -2,16 +2,18 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <limits>
+#include <optional>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
-#include "engine/forward_step.h"
+#include "engine/engine_internal.h"
 #include "model/llama_model.h"
 #include "model/model_loader.h"
-#include "model/sampler.h"
 #include "pagekv/bench.h"
+#include "pagekv/engine.h"
 #include "pagekv/eval.h"
 #include "pagekv/eviction.h"
 #include "pagekv/kv_cache.h"
@@ -19,22 +21,58 @@
 namespace pagekv {
 namespace {
 
-// Logits at every position of `tokens`, teacher-forced through a fresh cache
-// of `dtype`: [tokens.size()][vocab].
-Result<std::vector<float>> AllLogits(const LlamaModel& model, DType dtype, int32_t block_len,
-                                     std::span<const int32_t> tokens, int threads) {
-  const int64_t blocks = (static_cast<int64_t>(tokens.size()) + block_len - 1) / block_len;
-  KvCacheOptions co;
-  co.config = model.CacheGeometry(block_len, dtype, blocks);
-  co.prefault = false;
-  PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache, KvCache::Create(co));
-  const int32_t vocab = model.config().vocab_size;
-  std::vector<float> logits(tokens.size() * static_cast<size_t>(vocab));
-  const SeqId seq = cache->AddSequence("eval");
-  const ForwardItem item{seq, tokens, logits.data(), true};
-  PAGEKV_ASSIGN_OR_RETURN(bool fit, ForwardStep(model, *cache, {&item, 1}, {threads, nullptr}));
-  if (!fit) return InternalError("eval: the cache sized for the sequence did not hold it");
-  return logits;
+// An engine over the loaded model for one cache configuration: paged, no
+// prefix cache, a pool for `tokens` tokens, each prompt in one step.
+Result<std::unique_ptr<Engine>> EvalEngine(const KvEvalOptions& o, const LoadedModel& m, DType dtype,
+                                           const std::string& layer_dtypes, bool hadamard,
+                                           const EvictionOptions& policy, int64_t tokens) {
+  EngineOptions eo;
+  eo.model_path = o.model_path;
+  eo.block_len = o.block_len;
+  eo.kv_dtype = dtype;
+  eo.kv_layer_dtypes = layer_dtypes;
+  eo.kv_hadamard = hadamard;
+  eo.eviction = policy;
+  eo.prefix_cache = false;
+  eo.num_blocks = (tokens + o.block_len - 1) / o.block_len + 1;
+  eo.watermark_blocks = 0;
+  eo.max_step_tokens = std::max<int64_t>(tokens, 1);
+  eo.max_running = 1;
+  eo.threads = o.threads;
+  return CreateEngineWithModel(eo, m);
+}
+
+// Runs one request to its end on `e`, stepping it here; after each decode
+// step (each step after the first), `after_decode(fed tokens, KV tokens
+// held)` hears what the sequence holds.
+Result<RequestResult> RunOne(Engine& e, EngineRequest r,
+                             const std::function<void(int64_t, int64_t)>& after_decode = nullptr) {
+  const auto prompt = static_cast<int64_t>(r.prompt.size());
+  PAGEKV_ASSIGN_OR_RETURN(RequestId id, e.Submit(std::move(r)));
+  std::optional<RequestResult> done;
+  for (int64_t step = 0; !done; ++step) {
+    PAGEKV_ASSIGN_OR_RETURN(bool worked, e.Step());
+    done = e.TryResult(id);
+    if (step > 0 && after_decode) {
+      after_decode(prompt + step, done ? done->final_kv_tokens : e.Metrics().tokens_stored);
+    }
+    if (!worked && !done) return InternalError("eval: the engine stopped before the request finished");
+  }
+  if (done->finish == FinishReason::kError) return done->error;
+  return std::move(*done);
+}
+
+// Logits at every position of `tokens`, teacher-forced through an f32
+// cache: [tokens.size()][vocab].
+Result<std::vector<float>> AllLogits(const KvEvalOptions& o, const LoadedModel& m, std::span<const int32_t> tokens) {
+  const auto n = static_cast<int64_t>(tokens.size());
+  PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<Engine> e, EvalEngine(o, m, DType::kF32, "", false, {}, n));
+  EngineRequest r;
+  r.prompt.assign(tokens.begin(), tokens.end());
+  r.max_tokens = 0;  // score only
+  r.prompt_logits = true;
+  PAGEKV_ASSIGN_OR_RETURN(RequestResult res, RunOne(*e, std::move(r)));
+  return std::move(res.prompt_logits);
 }
 
 void LogSoftmax(const float* x, int32_t n, std::vector<double>& out) {
@@ -49,69 +87,44 @@ void LogSoftmax(const float* x, int32_t n, std::vector<double>& out) {
 
 int32_t ArgMax(const float* x, int32_t n) { return static_cast<int32_t>(std::max_element(x, x + n) - x); }
 
-// Logits through a cache of `dtype` under an eviction policy, the way a
-// server meets them: tokens [0, split) as one prompt step (the policy sees
-// the prompt end there), then one decode step per token. Returns the logits
+// Logits through a cache of the evaluated format under an eviction policy,
+// the way a server meets them: tokens [0, split) as one prompt step (the
+// policy sees the prompt end there), then one decode step per token, the
+// text's own tokens fed back (teacher forcing). Returns the logits
 // predicting tokens split .. n-1: [n - split][vocab]. kept_sum gains the
-// kept fraction (cached / seen) after every decode step.
-Result<std::vector<float>> DecodedLogits(const LlamaModel& model, DType dtype, const std::vector<KvFormat>& layers,
-                                         bool hadamard, const EvictionOptions& policy, int32_t block_len,
-                                         std::span<const int32_t> tokens, int64_t split, int threads,
-                                         double& kept_sum, int64_t& kept_steps) {
+// kept fraction (held / fed) after every decode step.
+Result<std::vector<float>> DecodedLogits(const KvEvalOptions& o, const LoadedModel& m, const EvictionOptions& policy,
+                                         std::span<const int32_t> tokens, int64_t split, double& kept_sum,
+                                         int64_t& kept_steps) {
   const auto n = static_cast<int64_t>(tokens.size());
-  KvCacheOptions co;
-  co.config = model.CacheGeometry(block_len, dtype, (n + block_len - 1) / block_len);
-  co.config.layer_formats = layers;
-  if (hadamard) PAGEKV_RETURN_IF_ERROR(RotateQuantizedRows(co.config));
-  co.prefault = false;
-  PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache, KvCache::Create(co));
-  PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<TokenEvictor> evictor, TokenEvictor::Create(policy, cache->layout()));
-  const int32_t vocab = model.config().vocab_size;
-  std::vector<float> out(static_cast<size_t>(n - split) * static_cast<size_t>(vocab));
-  const SeqId seq = cache->AddSequence("eval");
-  int64_t fed = 0;
-  while (fed < n - 1) {
-    const int64_t step = fed == 0 ? split : 1;
-    PAGEKV_ASSIGN_OR_RETURN(SequenceView view, cache->View(seq));
-    const StepScores sc = evictor->BeginStep(view.num_tokens, step, fed == 0);
-    ForwardItem item{seq, tokens.subspan(static_cast<size_t>(fed), static_cast<size_t>(step)),
-                     out.data() + static_cast<size_t>(fed + step - split) * static_cast<size_t>(vocab), false};
-    item.scores = sc.scores;
-    item.score_queries = sc.score_queries;
-    PAGEKV_ASSIGN_OR_RETURN(bool fit, ForwardStep(model, *cache, {&item, 1}, {threads, nullptr}));
-    if (!fit) return InternalError("eval: the cache sized for the sequence did not hold it");
-    PAGEKV_RETURN_IF_ERROR(evictor->EndStep(*cache, seq));
-    fed += step;
-    if (fed > split) {
-      kept_sum += static_cast<double>(evictor->cached()) / static_cast<double>(evictor->seen());
-      ++kept_steps;
-    }
-  }
-  return out;
+  PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<Engine> e,
+                          EvalEngine(o, m, o.kv_dtype, o.layer_dtypes, o.hadamard, policy, n));
+  EngineRequest r;
+  r.prompt.assign(tokens.begin(), tokens.begin() + split);
+  r.forced_tokens.assign(tokens.begin() + split, tokens.end());
+  r.max_tokens = static_cast<int32_t>(n - split);
+  r.ignore_eos = true;
+  r.return_logits = true;
+  PAGEKV_ASSIGN_OR_RETURN(RequestResult res, RunOne(*e, std::move(r), [&](int64_t fed, int64_t held) {
+                            kept_sum += static_cast<double>(held) / static_cast<double>(fed);
+                            ++kept_steps;
+                          }));
+  return std::move(res.logits);
 }
 
 // A sampled continuation of `prompt` to `length` tokens with an f32 cache.
-Result<std::vector<int32_t>> Continue(const LlamaModel& model, std::vector<int32_t> tokens, int64_t length,
-                                      float temperature, uint64_t seed, int32_t block_len, int threads) {
-  KvCacheOptions co;
-  co.config = model.CacheGeometry(block_len, DType::kF32, (length + block_len - 1) / block_len);
-  co.prefault = false;
-  PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache, KvCache::Create(co));
-  const int32_t vocab = model.config().vocab_size;
-  std::vector<float> logits(static_cast<size_t>(vocab));
-  SamplingOptions so;
-  so.temperature = temperature;
-  so.seed = seed;
-  Sampler sampler(so);
-  const SeqId seq = cache->AddSequence("continuation");
-  size_t fed = 0;
-  while (static_cast<int64_t>(tokens.size()) < length) {
-    const ForwardItem item{seq, std::span<const int32_t>(tokens).subspan(fed), logits.data(), false};
-    PAGEKV_ASSIGN_OR_RETURN(bool fit, ForwardStep(model, *cache, {&item, 1}, {threads, nullptr}));
-    if (!fit) return InternalError("eval: the continuation outgrew its cache");
-    fed = tokens.size();
-    tokens.push_back(sampler.Sample(logits, tokens));
-  }
+Result<std::vector<int32_t>> Continue(const KvEvalOptions& o, const LoadedModel& m, std::vector<int32_t> tokens,
+                                      int64_t length, uint64_t seed) {
+  if (static_cast<int64_t>(tokens.size()) >= length) return tokens;
+  PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<Engine> e, EvalEngine(o, m, DType::kF32, "", false, {}, length));
+  EngineRequest r;
+  r.prompt = tokens;
+  r.max_tokens = static_cast<int32_t>(length - static_cast<int64_t>(tokens.size()));
+  r.ignore_eos = true;
+  r.sampling.temperature = o.temperature;
+  r.sampling.seed = seed;
+  PAGEKV_ASSIGN_OR_RETURN(RequestResult res, RunOne(*e, std::move(r)));
+  tokens.insert(tokens.end(), res.tokens.begin(), res.tokens.end());
   return tokens;
 }
 
@@ -203,12 +216,11 @@ Result<KvEvalReport> EvalKv(const KvEvalOptions& o) {
   for (int32_t c = 0; c < o.continuations; ++c) {
     const auto& p = prompts[static_cast<size_t>(c) % prompts.size()];
     PAGEKV_ASSIGN_OR_RETURN(std::vector<int32_t> seq,
-                            Continue(model, p[p.contains("prompt_ids") ? "prompt_ids" : "ids"].get<std::vector<int32_t>>(), context, o.temperature,
-                                     static_cast<uint64_t>(c + 1), o.block_len, o.threads));
+                            Continue(o, m, p[p.contains("prompt_ids") ? "prompt_ids" : "ids"].get<std::vector<int32_t>>(),
+                                     context, static_cast<uint64_t>(c + 1)));
     const int64_t split = split_of(seq.size());
-    PAGEKV_ASSIGN_OR_RETURN(std::vector<float> ref, AllLogits(model, DType::kF32, o.block_len, seq, o.threads));
-    PAGEKV_ASSIGN_OR_RETURN(std::vector<float> got, DecodedLogits(model, o.kv_dtype, layers, o.hadamard, policy, o.block_len, seq, split,
-                                                                  o.threads, kept_sum, kept_steps));
+    PAGEKV_ASSIGN_OR_RETURN(std::vector<float> ref, AllLogits(o, m, seq));
+    PAGEKV_ASSIGN_OR_RETURN(std::vector<float> got, DecodedLogits(o, m, policy, seq, split, kept_sum, kept_steps));
     for (size_t t = static_cast<size_t>(split) - 1; t + 1 < seq.size(); ++t) {
       const float* a = ref.data() + t * static_cast<size_t>(vocab);
       const float* b = got.data() + (t + 1 - static_cast<size_t>(split)) * static_cast<size_t>(vocab);
@@ -234,9 +246,8 @@ Result<KvEvalReport> EvalKv(const KvEvalOptions& o) {
   if (text.size() < 3) return InvalidArgumentError("eval kv: the goldens' NLL text has fewer than 3 tokens");
   const int64_t text_split = split_of(text.size());
   {
-    PAGEKV_ASSIGN_OR_RETURN(std::vector<float> ref, AllLogits(model, DType::kF32, o.block_len, text, o.threads));
-    PAGEKV_ASSIGN_OR_RETURN(std::vector<float> got, DecodedLogits(model, o.kv_dtype, layers, o.hadamard, policy, o.block_len, text,
-                                                                  text_split, o.threads, kept_sum, kept_steps));
+    PAGEKV_ASSIGN_OR_RETURN(std::vector<float> ref, AllLogits(o, m, text));
+    PAGEKV_ASSIGN_OR_RETURN(std::vector<float> got, DecodedLogits(o, m, policy, text, text_split, kept_sum, kept_steps));
     double nll_ref = 0, nll = 0;
     for (size_t t = static_cast<size_t>(text_split) - 1; t + 1 < text.size(); ++t) {
       LogSoftmax(ref.data() + t * static_cast<size_t>(vocab), vocab, lp);

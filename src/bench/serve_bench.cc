@@ -38,6 +38,8 @@ Result<TierOptions> TiersFor(const ServeBenchOptions& o, const std::string& conf
     } else if (name == "disk") {
       t.disk_path = disk_path;
       t.disk_bytes = o.disk_cache_bytes;
+    } else if (name == "inline") {
+      // RunOne: moves on the stepping thread
     } else if (name == "redis") {
       if (o.redis_url.empty()) return InvalidArgumentError("bench serve: tier config '" + config + "' needs --redis URL");
       t.redis_url = o.redis_url;
@@ -47,7 +49,7 @@ Result<TierOptions> TiersFor(const ServeBenchOptions& o, const std::string& conf
       t.redis_ttl_seconds = 3600;
     } else {
       return InvalidArgumentError("bench serve: unknown tier '" + name + "' in '" + config +
-                                  "' (use none, host, disk, redis, joined by '+')");
+                                  "' (use none, host, disk, redis, joined by '+', and '+inline')");
     }
     at = plus + 1;
   }
@@ -59,6 +61,7 @@ Result<ServeBenchResult> RunOne(const ServeBenchOptions& o, const std::string& m
                                 const std::string& tier_name = "none") {
   EngineOptions eo;
   eo.tiers = tiers;
+  eo.background_tier_moves = tier_name.find("inline") == std::string::npos;
   eo.model_path = model;
   eo.block_len = o.block_len;
   eo.kv_dtype = o.kv_dtype;
@@ -155,6 +158,9 @@ Result<ServeBenchResult> RunOne(const ServeBenchOptions& o, const std::string& m
   if (m.tiers) {
     for (const TierStats& t : m.tiers->tiers) r.tier_errors += t.errors + t.corrupt;
   }
+  r.background_loads = m.prefix.background_loads;
+  r.evictions_copied = m.prefix.evictions_copied;
+  r.evictions_precopied = m.prefix.evictions_precopied;
   // Time-weighted means over the samples (equal spacing), while any request is in the system.
   double running = 0, stored = 0, reserved = 0;
   int64_t n = 0;

@@ -1,11 +1,12 @@
 // Engine (include/pagekv/engine.h): request queues, the scheduler, the step
-// loop. The scheduler (Schedule) only plans and moves sequences between
+// loop. The scheduler (scheduler/) only plans and moves sequences between
 // queues; Step runs the plan through the model and post-processes.
 #include "pagekv/engine.h"
 
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -59,6 +60,7 @@ struct Seq : Sequence {
     priority = req.priority;
     max_tokens = req.max_tokens;
     extra = req.extra;
+    no_prefix_hits = req.prompt_logits;
   }
 };
 
@@ -443,7 +445,10 @@ namespace {
 Status CheckRequest(const Engine& engine, const LlamaModel& model, const KvCache& cache, int64_t watermark,
                     int32_t block_len, const EngineRequest& r) {
   if (r.prompt.empty()) return InvalidArgumentError("the prompt is empty: give at least one token (BOS)");
-  if (r.max_tokens < 1) return InvalidArgumentError("max_tokens " + std::to_string(r.max_tokens) + ": must be at least 1");
+  if (r.max_tokens < 1 && !(r.max_tokens == 0 && r.prompt_logits)) {
+    return InvalidArgumentError("max_tokens " + std::to_string(r.max_tokens) +
+                                ": must be at least 1 (0 only to score a prompt, with prompt_logits)");
+  }
   const int32_t vocab = model.config().vocab_size;
   for (int32_t t : r.prompt) {
     if (t < 0 || t >= vocab) {
@@ -459,6 +464,19 @@ Status CheckRequest(const Engine& engine, const LlamaModel& model, const KvCache
   PAGEKV_RETURN_IF_ERROR(Sampler::Validate(r.sampling));
   PAGEKV_RETURN_IF_ERROR(PrefixCache::ValidateExtraKeys(r.extra));
   if (r.top_logits < 0) return InvalidArgumentError("top_logits " + std::to_string(r.top_logits) + ": must be >= 0");
+  if (!r.forced_tokens.empty()) {
+    if (static_cast<int64_t>(r.forced_tokens.size()) < r.max_tokens) {
+      return InvalidArgumentError("forced_tokens has " + std::to_string(r.forced_tokens.size()) +
+                                  " tokens for max_tokens " + std::to_string(r.max_tokens) +
+                                  ": give at least max_tokens of them");
+    }
+    for (int32_t t : r.forced_tokens) {
+      if (t < 0 || t >= vocab) {
+        return InvalidArgumentError("forced token id " + std::to_string(t) + " is outside the vocabulary [0, " +
+                                    std::to_string(vocab) + ")");
+      }
+    }
+  }
   const int64_t blocks = (total + block_len - 1) / block_len;
   if (blocks > cache.layout().num_blocks() - watermark) {
     return ResourceExhaustedError("the request needs " + std::to_string(blocks) + " KV blocks; the pool has " +
@@ -489,8 +507,10 @@ Result<std::vector<RequestId>> Engine::SubmitShared(std::vector<EngineRequest> r
   }
   // The longest common prefix, each prompt keeping at least one token.
   size_t lcp = 0;
+  const bool any_prompt_logits =
+      std::any_of(requests.begin(), requests.end(), [](const EngineRequest& r) { return r.prompt_logits; });
   if (requests.size() > 1 && st.o.allocator == Allocator::kPaged && !st.prefix &&
-      st.o.eviction.policy == EvictionPolicy::kNone) {
+      st.o.eviction.policy == EvictionPolicy::kNone && !any_prompt_logits) {
     size_t shortest = requests[0].prompt.size();
     for (const EngineRequest& r : requests) shortest = std::min(shortest, r.prompt.size());
     while (lcp + 1 < shortest && std::all_of(requests.begin(), requests.end(), [&](const EngineRequest& r) {
@@ -560,12 +580,18 @@ Result<bool> Engine::Step() {
   // needs (the step that completes the prompt marks its end).
   const int32_t vocab = st.m.model->config().vocab_size;
   std::vector<float> logits(plan.items.size() * static_cast<size_t>(vocab));
+  std::vector<std::vector<float>> all_rows(plan.items.size());  // items whose prompt logits are wanted
   std::vector<ForwardItem> items;
   for (size_t i = 0; i < plan.items.size(); ++i) {
     const StepPlan::Item& p = plan.items[i];
-    Sequence* s = p.seq;
+    Seq* s = static_cast<Seq*>(p.seq);
     items.push_back({*s->seq, std::span<const int32_t>(s->tokens).subspan(static_cast<size_t>(s->computed), static_cast<size_t>(p.count)),
                      p.samples ? logits.data() + i * static_cast<size_t>(vocab) : nullptr, false});
+    if (s->req.prompt_logits && s->computed < s->prompt_len) {
+      all_rows[i].resize(static_cast<size_t>(p.count) * static_cast<size_t>(vocab));
+      items[i].logits = all_rows[i].data();
+      items[i].all_logits = true;
+    }
     if (s->evictor) {
       const bool prompt_ends = s->computed < s->prompt_len && s->computed + p.count >= s->prompt_len;
       const StepScores sc = s->evictor->BeginStep(s->evictor->cached(), p.count, prompt_ends);
@@ -597,10 +623,32 @@ Result<bool> Engine::Step() {
       std::lock_guard lock(st.mu);
       st.metrics.tokens_evicted += s->evictor->stats().tokens_evicted - before;
     }
-    if (items[i].logits == nullptr) continue;
-    const std::span<const float> row(items[i].logits, static_cast<size_t>(vocab));
+    if (!all_rows[i].empty()) {
+      // Rows of prompt positions to the result; a sample takes the last.
+      const int64_t first = s->computed - plan.items[i].count;
+      std::vector<float>& out = s->result.prompt_logits;
+      out.resize(static_cast<size_t>(s->prompt_len) * static_cast<size_t>(vocab));
+      const int64_t rows = std::min(plan.items[i].count, s->prompt_len - first);
+      std::memcpy(out.data() + static_cast<size_t>(first) * static_cast<size_t>(vocab), all_rows[i].data(),
+                  static_cast<size_t>(rows) * static_cast<size_t>(vocab) * sizeof(float));
+      if (!plan.items[i].samples) continue;
+      if (s->req.max_tokens == 0) {  // scored, nothing to generate
+        st.Finish(s, FinishReason::kLength);
+        continue;
+      }
+      std::memcpy(logits.data() + i * static_cast<size_t>(vocab),
+                  all_rows[i].data() + static_cast<size_t>(plan.items[i].count - 1) * static_cast<size_t>(vocab),
+                  static_cast<size_t>(vocab) * sizeof(float));
+    } else if (items[i].logits == nullptr) {
+      continue;
+    }
+    const std::span<const float> row(logits.data() + i * static_cast<size_t>(vocab), static_cast<size_t>(vocab));
     if (s->req.top_logits > 0) s->result.step_top.push_back(TopK(row, s->req.top_logits));
-    const int32_t token = s->sampler.Sample(row, s->tokens);
+    if (s->req.return_logits) s->result.logits.insert(s->result.logits.end(), row.begin(), row.end());
+    const size_t generated_so_far = s->tokens.size() - static_cast<size_t>(s->prompt_len);
+    const int32_t token = !s->req.forced_tokens.empty() && generated_so_far < s->req.forced_tokens.size()
+                              ? s->req.forced_tokens[generated_so_far]
+                              : s->sampler.Sample(row, s->tokens);
     const FinishReason end = st.Accept(s, token);
     ++generated;
     if (end == FinishReason::kNone) {

@@ -470,6 +470,82 @@ TEST(EngineTest, TopLogitsAreRecordedForEverySampledStep) {
   EXPECT_EQ(e->Submit(r).status().code(), StatusCode::kInvalidArgument);
 }
 
+RequestResult RunAlone(Engine& e, const EngineRequest& r) {
+  const RequestId id = *e.Submit(r);
+  EXPECT_TRUE(e.RunUntilIdle().ok());
+  return e.Wait(id);
+}
+
+TEST(EngineTest, ForcedTokensScoreAKnownTextAndPromptLogitsAgreeWithItsSteps) {
+  EngineOptions o = Options(64);
+  o.prefix_cache = false;  // every run computes the same steps
+  auto e = std::move(*Engine::Create(o));
+  const size_t vocab = 512;  // stories260K
+  EngineRequest greedy;
+  greedy.prompt = e->Encode("Once upon a time");
+  greedy.max_tokens = 8;
+  greedy.ignore_eos = true;
+  greedy.return_logits = true;
+  const RequestResult g = RunAlone(*e, greedy);
+  ASSERT_EQ(g.tokens.size(), 8u);
+  ASSERT_EQ(g.logits.size(), 8 * vocab);
+  for (size_t k = 0; k < 8; ++k) {  // greedy: each token is its row's argmax
+    const float* row = g.logits.data() + k * vocab;
+    EXPECT_EQ(std::max_element(row, row + vocab) - row, g.tokens[k]) << "row " << k;
+  }
+
+  // Forcing the greedy text gives its logits bit for bit; forcing other
+  // tokens emits exactly those, from the same first row on.
+  EngineRequest forced = greedy;
+  forced.forced_tokens = g.tokens;
+  const RequestResult f = RunAlone(*e, forced);
+  EXPECT_EQ(f.tokens, g.tokens);
+  EXPECT_EQ(f.logits, g.logits);
+  std::vector<int32_t> other(g.tokens.rbegin(), g.tokens.rend());
+  other[0] = (g.tokens[0] + 1) % static_cast<int32_t>(vocab);
+  forced.forced_tokens = other;
+  const RequestResult x = RunAlone(*e, forced);
+  EXPECT_EQ(x.tokens, other);
+  EXPECT_TRUE(std::equal(x.logits.begin(), x.logits.begin() + vocab, g.logits.begin())) << "the prompt's row changed";
+  EXPECT_FALSE(std::equal(x.logits.begin() + vocab, x.logits.end(), g.logits.begin() + vocab)) << "other tokens, same rows";
+
+  // The prompt plus the text scored in one prompt: its rows after the
+  // prompt are the decode steps' (prefill arithmetic, so to rounding), and
+  // the prompt's rows end with the first sampled row.
+  EngineRequest score;
+  score.prompt = greedy.prompt;
+  score.prompt.insert(score.prompt.end(), g.tokens.begin(), g.tokens.end() - 1);
+  score.max_tokens = 0;
+  score.prompt_logits = true;
+  const RequestResult s = RunAlone(*e, score);
+  EXPECT_TRUE(s.tokens.empty());
+  EXPECT_EQ(s.finish, FinishReason::kLength);
+  ASSERT_EQ(s.prompt_logits.size(), score.prompt.size() * vocab);
+  const size_t p = greedy.prompt.size();
+  for (size_t k = 0; k < 8; ++k) {
+    for (size_t v = 0; v < vocab; ++v) {
+      ASSERT_NEAR(s.prompt_logits[(p - 1 + k) * vocab + v], g.logits[k * vocab + v], 1e-3) << "row " << k;
+    }
+  }
+
+  // With the prefix cache, a request that wants its prompt's logits takes
+  // no hit: every row is there.
+  auto cached = std::move(*Engine::Create(Options(64)));
+  RunAlone(*cached, greedy);
+  const RequestResult again = RunAlone(*cached, score);
+  EXPECT_EQ(again.cached_prompt_tokens, 0);
+  EXPECT_EQ(again.prompt_logits, s.prompt_logits);
+
+  EngineRequest bad = greedy;
+  bad.forced_tokens = {1, 2};  // fewer than max_tokens
+  EXPECT_EQ(e->Submit(bad).status().code(), StatusCode::kInvalidArgument);
+  bad.forced_tokens.assign(8, 512);  // outside the vocabulary
+  EXPECT_EQ(e->Submit(bad).status().code(), StatusCode::kInvalidArgument);
+  bad = greedy;
+  bad.max_tokens = 0;  // nothing to do without prompt_logits
+  EXPECT_EQ(e->Submit(bad).status().code(), StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace pagekv
 

@@ -12,9 +12,11 @@
 
 namespace pagekv {
 
+// Shared and immutable: several engines (one per cache configuration, as
+// eval kv runs them) may compute with one loaded model.
 struct LoadedModel {
-  std::unique_ptr<LlamaModel> model;
-  std::unique_ptr<Tokenizer> tokenizer;
+  std::shared_ptr<const LlamaModel> model;
+  std::shared_ptr<const Tokenizer> tokenizer;
   std::string chat_template;  // tokenizer.chat_template (Jinja source), empty when the file has none
   std::vector<int32_t> stop_tokens;  // EOS and the end-of-turn control tokens (chat.h's StopTokens)
 };

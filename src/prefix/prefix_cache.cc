@@ -612,6 +612,12 @@ std::vector<PrefixCache::Loaded> PrefixCache::TakeLoaded() {
       const size_t i = l.first + ok;
       const BlockId block = (*st.cache->View(seq)).blocks[i];
       chain.links.push_back(Link{l.entries[ok].key, l.entries[ok].digest});
+      if (st.index.count(l.entries[ok].key) > 0) {
+        // Loaded twice (another sequence published the same block while
+        // this one loaded): this copy stays private, the first stays cached.
+        st.stats.tier_hit_blocks[static_cast<size_t>(*l.results[ok])] += 1;
+        continue;
+      }
       st.PublishLoaded(block, std::move(l.entries[ok]), i, *l.results[ok]);
     }
     if (ok < l.entries.size()) {

@@ -150,7 +150,7 @@ StepPlan Scheduler::Plan() {
     PrefixMatch match;
     int64_t need;
     if (paged) {
-      if (prefix_) match = *prefix_->Lookup(s->tokens, s->extra);
+      if (prefix_) match = *prefix_->Lookup(s->tokens, s->extra, s->no_prefix_hits ? 0 : -1);
       int64_t claimed = 0;
       for (BlockId b : match.blocks) claimed += cache_.BlockRefCount(b) == 0 ? 1 : 0;
       const int64_t n = std::min(static_cast<int64_t>(s->tokens.size()) - match.num_tokens, budget);
@@ -169,8 +169,8 @@ StepPlan Scheduler::Plan() {
     if (available() - need < o_.watermark) break;
     if (prefix_) {
       const int64_t free_before = cache_.FreeBlockCount();
-      PrefixCache::Admitted a = *prefix_->AddSequence(s->tokens, s->extra, "request " + std::to_string(s->id), -1,
-                                                      o_.background_tier_moves);
+      PrefixCache::Admitted a = *prefix_->AddSequence(s->tokens, s->extra, "request " + std::to_string(s->id),
+                                                      s->no_prefix_hits ? 0 : -1, o_.background_tier_moves);
       s->seq = a.seq;
       s->computed = a.match.num_tokens;
       if (a.loading_blocks > 0) {
@@ -224,7 +224,7 @@ StepPlan Scheduler::Plan() {
   if (prefix_ && o_.prefetch) {
     int n = 0;
     for (auto it = waiting_.begin(); it != waiting_.end() && n < 4; ++it, ++n) {
-      if ((*it)->prefetched) continue;
+      if ((*it)->prefetched || (*it)->no_prefix_hits) continue;
       (*it)->prefetched = true;
       prefix_->Prefetch((*it)->tokens, (*it)->extra);
     }

@@ -55,6 +55,7 @@ struct Sequence {
   bool preempted = false;
   bool admitted_once = false;
   bool prefetched = false;     // lower-tier hits requested ahead of admission
+  bool no_prefix_hits = false; // computes its whole prompt (its prompt logits are wanted)
   // A group's root prefills the common prefix for its members and samples
   // nothing; a member waits, out of the queues, until Fork.
   bool root = false;

@@ -245,6 +245,33 @@ class TieredPrefixDifferentialTest : public ::testing::TestWithParam<DiffCase> {
     auto a = pc_->AddSequence(tokens, Extra(salt), {}, -1, background);
     ASSERT_TRUE(a.ok()) << a.status().ToString();
     int64_t num_tokens = a->match.num_tokens;
+    if (a->loading_blocks > 0 && admissions_ % 4 == 3 && cache_->FreeBlockCount() >= (len + B - 1) / B) {
+      // The same prompt again while the first still loads: both load, the
+      // first to finish publishes, and both hold the same verified KV.
+      auto twin = pc_->AddSequence(tokens, Extra(salt), {}, -1, true);
+      ASSERT_TRUE(twin.ok()) << twin.status().ToString();
+      std::vector<PrefixCache::Loaded> done;
+      while (done.size() < (twin->loading_blocks > 0 ? 2u : 1u)) {
+        for (const PrefixCache::Loaded& l : pc_->TakeLoaded()) done.push_back(l);
+        pc_->WaitForBackground(std::chrono::milliseconds(10));
+      }
+      int64_t twin_tokens = twin->match.num_tokens;
+      for (const PrefixCache::Loaded& l : done) {
+        if (l.seq == a->seq) num_tokens = l.num_tokens;
+        if (l.seq == twin->seq) twin_tokens = l.num_tokens;
+      }
+      if (p.exact) {
+        ASSERT_EQ(twin_tokens, num_tokens) << "the twin found another prefix";
+      }
+      ASSERT_LE(twin_tokens / B, bound);
+      for (int64_t i = 0; i < twin_tokens / B; ++i) {
+        const auto& want = dict_.at({salt, std::vector<int32_t>(tokens.begin(), tokens.begin() + (i + 1) * B)});
+        ASSERT_EQ(CachedContents(*cache_, twin->seq, i), want) << "block " << i << " of the twin";
+      }
+      ++twin_admissions_;
+      ASSERT_TRUE(pc_->Free(twin->seq).ok());
+      a->loading_blocks = 0;  // done above
+    }
     if (a->loading_blocks > 0) {
       // While the tiers' threads fill its blocks, the owner works on the
       // pool: cached blocks copied down ahead, then every free block taken
@@ -333,7 +360,7 @@ class TieredPrefixDifferentialTest : public ::testing::TestWithParam<DiffCase> {
   std::mt19937 rng_;
   std::map<std::pair<int, std::vector<int32_t>>, std::vector<float>> dict_;
   std::vector<Live> live_;
-  int64_t admissions_ = 0, hit_blocks_ = 0, background_admissions_ = 0;
+  int64_t admissions_ = 0, hit_blocks_ = 0, background_admissions_ = 0, twin_admissions_ = 0;
 };
 
 TEST_P(TieredPrefixDifferentialTest, EveryHitMatchesTheNaiveModel) {
@@ -361,6 +388,7 @@ TEST_P(TieredPrefixDifferentialTest, EveryHitMatchesTheNaiveModel) {
   if (tiers_ != nullptr) {
     EXPECT_GT(st.tier_hit_blocks[1] + st.tier_hit_blocks[2] + st.tier_hit_blocks[3], 0) << "nothing came back from a tier";
     EXPECT_GT(background_admissions_, 0) << "no load ran in the background";
+    EXPECT_GT(twin_admissions_, 0) << "no prompt loaded twice at once";
     EXPECT_GT(st.offloads_ahead, 0);
     EXPECT_GT(st.evictions_precopied, 0) << "no eviction found its copy made ahead";
   }
