@@ -264,6 +264,18 @@ struct PrefixCache::State {
   PrefixMatch Walk(std::span<const int32_t> tokens, const ExtraKeys& extra, int64_t max_tokens,
                    std::vector<Link>& links);
 
+  // Entry i of a request's chain, and a fresh pool block for it at the end
+  // of `seq`; nullopt when the pool has none (or, which cannot happen
+  // between Walk and here, the key is already published).
+  std::optional<Entry> ReserveFor(SeqId seq, std::span<const int32_t> tokens, size_t i, const std::vector<Link>& links,
+                                  const ExtraKeys& extra) {
+    Entry e = EntryOf(tokens, i, links, extra);
+    if (index.count(e.key) > 0) return std::nullopt;
+    Result<bool> room = cache->Reserve(seq, block_len);
+    if (!room.ok() || !*room) return std::nullopt;
+    return e;
+  }
+
   // Entry for block i of `tokens` after links[0, i].
   Entry EntryOf(std::span<const int32_t> tokens, size_t i, const std::vector<Link>& links, const ExtraKeys& extra) const {
     Entry e;
@@ -520,10 +532,9 @@ Result<PrefixCache::Admitted> PrefixCache::AddSequence(std::span<const int32_t> 
     std::vector<TierLoadJob> jobs;
     for (size_t j = 0; j < match.lower.size(); ++j) {
       const size_t i = in_pool + j;
-      Entry e = state_->EntryOf(tokens, i, links, extra);
-      if (state_->index.count(e.key) > 0) break;  // cannot happen between Walk and here; stay safe
-      Result<bool> room = state_->cache->Reserve(seq, bl);
-      if (!room.ok() || !*room) break;
+      std::optional<Entry> reserved = state_->ReserveFor(seq, tokens, i, links, extra);
+      if (!reserved) break;
+      Entry e = std::move(*reserved);
       const BlockId block = (*state_->cache->View(seq)).blocks[i];
       TierLoadJob job;
       job.meta = state_->MetaOf(e);
@@ -561,10 +572,9 @@ Result<PrefixCache::Admitted> PrefixCache::AddSequence(std::span<const int32_t> 
     std::vector<Tier> loaded;
     for (size_t j = 0; j < match.lower.size(); ++j) {
       const size_t i = in_pool + j;
-      Entry e = state_->EntryOf(tokens, i, links, extra);
-      if (state_->index.count(e.key) > 0) break;  // cannot happen between Walk and here; stay safe
-      Result<bool> room = state_->cache->Reserve(seq, bl);
-      if (!room.ok() || !*room) break;
+      std::optional<Entry> reserved = state_->ReserveFor(seq, tokens, i, links, extra);
+      if (!reserved) break;
+      Entry e = std::move(*reserved);
       const std::optional<Tier> from = state_->options.tiers->Load(state_->MetaOf(e), state_->block_bytes);
       if (!from || !state_->cache->WriteBlock(seq, static_cast<int64_t>(i), state_->block_bytes).ok()) {
         ++st.tier_load_failures;
