@@ -162,11 +162,21 @@ TEST(ServeTest, ConcurrentRequestsMatchGenerateThenErrorsMetricsAndACleanExit) {
            {R"({"prompt": "hi", "model": "gpt-9"})", 404, "gpt-9"},
            {R"({"prompt": "hi", "max_tokens": 5000})", 400, "context of 2048"},
            {"{\"prompt\": \"" + std::string(5000, 'a') + "\"}", 413, "max-body-bytes"},
+           // Numbers out of range are named, never wrapped or thrown.
+           {R"({"prompt": [1, 4294967297], "max_tokens": 2})", 400, "token id 4294967297"},
+           {R"({"prompt": "hi", "top_k": 4294967299})", 400, "top_k"},
+           {R"({"prompt": "hi", "max_tokens": 18446744073709551615})", 400, "max_tokens"},
+           {R"({"prompt": "hi", "temperature": 1e400})", 400, "malformed JSON"},
+           {R"({"prompt": "hi", "temperature": 1e300})", 400, "temperature"},
+           {R"({"prompt": "hi", "stop": ""})", 400, "stop"},
+           {"{\"prompt\": \"hi\", \"model\": \"\xff\xfe\"}", 400, "malformed JSON"},
        }) {
     auto r = post("/v1/completions", c.body, auth);
     ASSERT_TRUE(r);
     EXPECT_EQ(r->status, c.status) << c.body.substr(0, 40) << ": " << r->body;
     EXPECT_NE(r->body.find(c.needle), std::string::npos) << r->body;
+    EXPECT_FALSE(json::parse(r->body, nullptr, false).is_discarded()) << "not a JSON body: " << r->body;
+    EXPECT_FALSE(r->has_header("EXCEPTION_WHAT"));
   }
   auto unauth = post("/v1/completions", R"({"prompt":"hi"})", {{"Authorization", "Bearer wrong"}});
   ASSERT_TRUE(unauth);

@@ -8,9 +8,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <ctime>
+#include <limits>
 #include <deque>
 #include <map>
 #include <memory>
@@ -83,7 +85,19 @@ void SendError(httplib::Response& res, int status, const std::string& message, c
   json e = {{"error", {{"message", message}, {"type", type}, {"param", param.empty() ? json(nullptr) : json(param)},
                        {"code", status}}}};
   res.status = status;
-  res.set_content(e.dump(), "application/json");
+  // Replacing invalid UTF-8 (a model name, a parser's quote of the body):
+  // an error answer must never throw.
+  res.set_content(e.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+}
+
+// A JSON integer within [lo, hi], whatever its JSON type (a large unsigned
+// value is out of range, never wrapped).
+bool IntegerIn(const json& v, int64_t lo, int64_t hi) {
+  if (v.is_number_unsigned()) {  // hi >= 0 here, so a value <= hi fits int64
+    const uint64_t u = v.get<uint64_t>();
+    return hi >= 0 && u <= static_cast<uint64_t>(hi) && static_cast<int64_t>(u) >= lo;
+  }
+  return v.is_number_integer() && v.get<int64_t>() >= lo && v.get<int64_t>() <= hi;
 }
 
 // A request field error: names the field.
@@ -127,15 +141,23 @@ EngineRequest ParseRequest(const json& body, const Shared& sh, bool chat, bool& 
     } else if (p->is_array() && p->size() == 1 && (*p)[0].is_string()) {
       r.prompt = sh.engine->Encode((*p)[0].get<std::string>());
     } else if (p->is_array() && !p->empty() && std::all_of(p->begin(), p->end(), [](const json& t) { return t.is_number_integer(); })) {
-      for (const json& t : *p) r.prompt.push_back(t.get<int32_t>());
+      for (const json& t : *p) {
+        if (!IntegerIn(t, 0, std::numeric_limits<int32_t>::max())) {
+          fail("prompt", "token id " + t.dump() + " in 'prompt' is outside [0, " + std::to_string(std::numeric_limits<int32_t>::max()) + "]");
+        }
+        r.prompt.push_back(static_cast<int32_t>(t.get<int64_t>()));
+      }
     } else {
       fail("prompt", "'prompt' must be a string, a one-string array or an array of token ids");
     }
   }
   const char* max_name = chat && field("max_completion_tokens") != nullptr ? "max_completion_tokens" : "max_tokens";
   if (const json* v = field(max_name)) {
-    if (!v->is_number_integer() || v->get<int64_t>() < 1) fail(max_name, std::string("'") + max_name + "' must be a positive integer");
-    r.max_tokens = static_cast<int32_t>(std::min<int64_t>(v->get<int64_t>(), 1 << 30));
+    if (!IntegerIn(*v, 1, std::numeric_limits<int32_t>::max())) {
+      fail(max_name, std::string("'") + max_name + "' must be a positive integer (at most " +
+                         std::to_string(std::numeric_limits<int32_t>::max()) + ")");
+    }
+    r.max_tokens = static_cast<int32_t>(v->get<int64_t>());
   } else if (chat) {
     // A chat without a limit runs until the turn ends or the context does.
     r.max_tokens = static_cast<int32_t>(std::max<int64_t>(1, sh.engine->context_len() - static_cast<int64_t>(r.prompt.size())));
@@ -144,28 +166,33 @@ EngineRequest ParseRequest(const json& body, const Shared& sh, bool chat, bool& 
   }
   r.sampling.temperature = 1.0f;  // OpenAI's default
   if (const json* v = field("temperature")) {
-    if (!v->is_number() || v->get<double>() < 0) fail("temperature", "'temperature' must be a number >= 0");
+    if (!v->is_number() || !std::isfinite(v->get<double>()) || v->get<double>() < 0 || v->get<double>() > 1e4) {
+      fail("temperature", "'temperature' must be a number in [0, 10000]");
+    }
     r.sampling.temperature = v->get<float>();
   }
   if (const json* v = field("top_p")) {
-    if (!v->is_number() || v->get<double>() <= 0 || v->get<double>() > 1) fail("top_p", "'top_p' must be in (0, 1]");
+    if (!v->is_number() || !(v->get<double>() > 0) || v->get<double>() > 1) fail("top_p", "'top_p' must be in (0, 1]");
     r.sampling.top_p = v->get<float>();
   }
   if (const json* v = field("top_k")) {
-    if (!v->is_number_integer() || v->get<int64_t>() < 0) fail("top_k", "'top_k' must be an integer >= 0");
-    r.sampling.top_k = v->get<int32_t>();
+    if (!IntegerIn(*v, 0, std::numeric_limits<int32_t>::max())) {
+      fail("top_k", "'top_k' must be an integer in [0, " + std::to_string(std::numeric_limits<int32_t>::max()) + "]");
+    }
+    r.sampling.top_k = static_cast<int32_t>(v->get<int64_t>());
   }
   if (const json* v = field("seed")) {
     if (!v->is_number_integer()) fail("seed", "'seed' must be an integer");
-    r.sampling.seed = static_cast<uint64_t>(v->get<int64_t>());
+    // Negative seeds as two's complement, as OpenAI's int64 ones; large unsigned ones as they are.
+    r.sampling.seed = v->is_number_unsigned() ? v->get<uint64_t>() : static_cast<uint64_t>(v->get<int64_t>());
   }
   if (const json* v = field("stop")) {
-    if (v->is_string()) {
+    if (v->is_string() && !v->get<std::string>().empty()) {
       r.stop.push_back(v->get<std::string>());
     } else if (v->is_array() && v->size() <= 4 && std::all_of(v->begin(), v->end(), [](const json& s) { return s.is_string() && !s.get<std::string>().empty(); })) {
       for (const json& s : *v) r.stop.push_back(s.get<std::string>());
     } else {
-      fail("stop", "'stop' must be a string or an array of at most 4 non-empty strings");
+      fail("stop", "'stop' must be a non-empty string or an array of at most 4 non-empty strings");
     }
   }
   if (const json* v = field("ignore_eos")) {
@@ -229,7 +256,7 @@ void HandleGenerate(Shared& sh, const httplib::Request& req, httplib::Response& 
     try {
       const json reparsed = json::parse(req.body);
       why = "the body is " + std::string(reparsed.type_name()) + ", not a JSON object";
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {  // a parse error, or a number out of range (1e400)
       why = std::string("malformed JSON: ") + e.what();
     }
     return SendError(res, 400, why, "invalid_request_error");
@@ -456,6 +483,11 @@ Status RunServer(const ServerOptions& o, const std::atomic<bool>& stop) {
   httplib::Server svr;
   svr.new_task_queue = [] { return new httplib::ThreadPool(64); };
   svr.set_payload_max_length(static_cast<size_t>(o.max_body_bytes));
+  // An exception that escapes a handler is a 500 with a JSON body; its text
+  // never reaches the client (httplib's default puts it in a header).
+  svr.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
+    SendError(res, 500, "internal error while handling the request", "server_error");
+  });
   svr.set_pre_routing_handler([&sh](const httplib::Request& req, httplib::Response& res) {
     if (sh.draining.load() && req.path.rfind("/v1/", 0) == 0) {
       res.set_header("Retry-After", "5");
@@ -486,7 +518,7 @@ Status RunServer(const ServerOptions& o, const std::atomic<bool>& stop) {
   svr.Post("/v1/chat/completions", [&sh](const httplib::Request& req, httplib::Response& res) { HandleGenerate(sh, req, res, true); });
   svr.Get("/v1/models", [&sh](const httplib::Request&, httplib::Response& res) {
     json out = {{"object", "list"}, {"data", json::array({{{"id", sh.model}, {"object", "model"}, {"created", 0}, {"owned_by", "pagekv"}}})}};
-    res.set_content(out.dump(), "application/json");
+    res.set_content(out.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
   });
   svr.Get("/health", [](const httplib::Request&, httplib::Response& res) { res.set_content("{\"status\":\"ok\"}", "application/json"); });
   svr.Get("/metrics", [&sh](const httplib::Request&, httplib::Response& res) {
