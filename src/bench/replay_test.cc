@@ -102,6 +102,12 @@ TEST(ReplayTest, MalformedTracesNameTheLineAndTheField) {
            {"{\"input_length\": -5, \"hash_ids\": []}\n", "'input_length' is negative"},
            {"{\"input_length\": 600, \"hash_ids\": [1]}\n", "has 1 ids but input_length 600 needs 2"},
            {"{\"input_length\": 10}\n", "field 'hash_ids' is missing"},
+           // Counts bounded before anything is sized from them; timestamps checked.
+           {"{\"input_length\": 99999999999, \"hash_ids\": []}\n", "'input_length' is 99999999999, above the limit"},
+           {"{\"input_length\": 18446744073709551615, \"hash_ids\": []}\n", "'input_length' is 18446744073709551615"},
+           {"{\"input_length\": 10, \"output_length\": -1, \"hash_ids\": [1]}\n", "'output_length' is negative"},
+           {"{\"input_length\": 10, \"output_length\": \"x\", \"hash_ids\": [1]}\n", "'output_length' is not an integer"},
+           {"{\"input_length\": 10, \"timestamp\": -5, \"hash_ids\": [1]}\n", "line 1: field 'timestamp'"},
        }) {
     const std::string path = WriteTemp("bad.jsonl", c.text);
     ReplayOptions o;
@@ -111,11 +117,25 @@ TEST(ReplayTest, MalformedTracesNameTheLineAndTheField) {
     EXPECT_NE(s.message().find(c.message), std::string::npos) << s.message();
     std::remove(path.c_str());
   }
-  const std::string csv = WriteTemp("bad.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n1,abc,3\n");
   ReplayOptions o;
-  o.trace_path = csv;
-  EXPECT_NE(ReplayTrace(o).status().message().find("line 2: field 'ContextTokens' is not an integer"), std::string::npos);
-  std::remove(csv.c_str());
+  for (const Case& c : std::vector<Case>{
+           {"TIMESTAMP,ContextTokens,GeneratedTokens\n1,abc,3\n", "line 2: field 'ContextTokens' is not an integer"},
+           {"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.1,99999999999,3\n",
+            "line 2: field 'ContextTokens' is 99999999999, above the limit"},
+           {"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.1,99999999999999999999,3\n",
+            "line 2: field 'ContextTokens' is not an integer"},
+           {"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.1,10,-3\n", "'GeneratedTokens' is negative"},
+           {"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.1,10,3\n2023-11-16 99:99:99.9,10,3\n",
+            "line 3: field 'TIMESTAMP' is '2023-11-16 99:99:99.9'"},
+           {"TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,10,3\n", "line 2: field 'TIMESTAMP'"},
+       }) {
+    const std::string csv = WriteTemp("bad.csv", c.text);
+    o.trace_path = csv;
+    const Status s = ReplayTrace(o).status();
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << c.text;
+    EXPECT_NE(s.message().find(c.message), std::string::npos) << s.message();
+    std::remove(csv.c_str());
+  }
   o.trace_path = "/nonexistent/trace.jsonl";
   EXPECT_EQ(ReplayTrace(o).status().code(), StatusCode::kNotFound);
 }

@@ -1,8 +1,11 @@
 #include "bench/trace.h"
 
+#include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -36,6 +39,39 @@ Status LineError(int64_t line, const std::string& what) {
   return InvalidArgumentError("trace line " + std::to_string(line) + ": " + what);
 }
 
+// A token count of a trace line: an integer in [0, kMaxTraceTokens]; the
+// error names the field. (Far above any model's context, so a real trace
+// never meets it, and small enough that a request's tokens always fit in
+// memory.)
+constexpr int64_t kMaxTraceTokens = int64_t{1} << 24;
+
+std::optional<std::string> BadCount(const std::string& field, int64_t v) {
+  if (v < 0) return "field '" + field + "' is negative";
+  if (v > kMaxTraceTokens) {
+    return "field '" + field + "' is " + std::to_string(v) + ", above the limit of " + std::to_string(kMaxTraceTokens) +
+           " tokens";
+  }
+  return std::nullopt;
+}
+
+// A JSON token count: an integer (not one beyond int64) within the limit.
+std::optional<std::string> BadJsonCount(const std::string& field, const nlohmann::json& v) {
+  if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(kMaxTraceTokens)) {
+    return "field '" + field + "' is " + v.dump() + ", above the limit of " + std::to_string(kMaxTraceTokens) + " tokens";
+  }
+  if (!v.is_number_integer()) return "field '" + field + "' is not an integer";
+  return BadCount(field, v.get<int64_t>());
+}
+
+// A decimal integer cell, wholly consumed and within int64.
+std::optional<int64_t> ParseInt(const std::string& cell) {
+  errno = 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(cell.c_str(), &end, 10);
+  if (end == cell.c_str() || *end != '\0' || errno == ERANGE) return std::nullopt;
+  return v;
+}
+
 Result<std::vector<TraceRequest>> ReadMooncake(std::istream& in, int64_t limit) {
   std::vector<TraceRequest> out;
   std::string text;
@@ -46,11 +82,21 @@ Result<std::vector<TraceRequest>> ReadMooncake(std::istream& in, int64_t limit) 
     if (!j.contains("input_length") || !j["input_length"].is_number_integer()) {
       return LineError(line, "field 'input_length' is missing or not an integer");
     }
+    if (auto bad = BadJsonCount("input_length", j["input_length"])) return LineError(line, *bad);
     TraceRequest r;
     r.input_length = j["input_length"].get<int64_t>();
-    if (j.contains("output_length") && j["output_length"].is_number_integer()) r.output_length = j["output_length"].get<int64_t>();
-    if (j.contains("timestamp") && j["timestamp"].is_number()) r.arrival_s = j["timestamp"].get<double>() / 1000.0;
-    if (r.input_length < 0) return LineError(line, "field 'input_length' is negative");
+    if (j.contains("output_length")) {
+      if (auto bad = BadJsonCount("output_length", j["output_length"])) return LineError(line, *bad);
+      r.output_length = j["output_length"].get<int64_t>();
+    }
+    if (j.contains("timestamp")) {
+      // Milliseconds; within a year of the trace's start is all a replay can wait for.
+      const nlohmann::json& t = j["timestamp"];
+      if (!t.is_number() || !std::isfinite(t.get<double>()) || t.get<double>() < 0 || t.get<double>() > 3.2e10) {
+        return LineError(line, "field 'timestamp' must be milliseconds in [0, 3.2e10]");
+      }
+      r.arrival_s = t.get<double>() / 1000.0;
+    }
     if (!j.contains("hash_ids") || !j["hash_ids"].is_array()) {
       return LineError(line, "field 'hash_ids' is missing or not an array");
     }
@@ -92,27 +138,34 @@ Result<std::vector<TraceRequest>> ReadAzure(std::istream& in, int64_t limit) {
     }
     if (static_cast<int64_t>(cells.size()) <= column) return LineError(line, "field 'ContextTokens' is missing");
     TraceRequest r;
-    char* end = nullptr;
-    r.input_length = std::strtoll(cells[static_cast<size_t>(column)].c_str(), &end, 10);
-    if (end == cells[static_cast<size_t>(column)].c_str() || *end != '\0') {
-      return LineError(line, "field 'ContextTokens' is not an integer");
-    }
-    if (r.input_length < 0) return LineError(line, "field 'ContextTokens' is negative");
+    const std::optional<int64_t> input = ParseInt(cells[static_cast<size_t>(column)]);
+    if (!input) return LineError(line, "field 'ContextTokens' is not an integer");
+    if (auto bad = BadCount("ContextTokens", *input)) return LineError(line, *bad);
+    r.input_length = *input;
     if (out_column >= 0 && static_cast<int64_t>(cells.size()) > out_column) {
-      r.output_length = std::strtoll(cells[static_cast<size_t>(out_column)].c_str(), nullptr, 10);
+      const std::optional<int64_t> output = ParseInt(cells[static_cast<size_t>(out_column)]);
+      if (!output) return LineError(line, "field 'GeneratedTokens' is not an integer");
+      if (auto bad = BadCount("GeneratedTokens", *output)) return LineError(line, *bad);
+      r.output_length = *output;
     }
     if (time_column >= 0 && static_cast<int64_t>(cells.size()) > time_column) {
       // "2023-11-16 18:15:46.6805900": seconds within the day are enough
-      // for arrival gaps (the traces span an hour).
-      int hh = 0, mm = 0;
+      // for arrival gaps (the traces span an hour). Parsed strictly: a
+      // clock time that is not one is the line's error, not a wait.
+      int hh = 0, mm = 0, used = 0;
       double ss = 0;
       const std::string& cell = cells[static_cast<size_t>(time_column)];
       const size_t space = cell.find(' ');
-      if (space != std::string::npos && std::sscanf(cell.c_str() + space + 1, "%d:%d:%lf", &hh, &mm, &ss) == 3) {
-        const double t = hh * 3600.0 + mm * 60.0 + ss;
-        if (first_time < 0) first_time = t;
-        r.arrival_s = t - first_time;
+      if (space == std::string::npos ||
+          std::sscanf(cell.c_str() + space + 1, "%2d:%2d:%lf%n", &hh, &mm, &ss, &used) != 3 ||
+          space + 1 + static_cast<size_t>(used) != cell.size() || hh < 0 || hh > 23 || mm < 0 || mm > 59 ||
+          !(ss >= 0 && ss < 61)) {
+        return LineError(line, "field 'TIMESTAMP' is '" + cell + "', not 'YYYY-MM-DD hh:mm:ss[.fraction]'");
       }
+      const double t = hh * 3600.0 + mm * 60.0 + ss;
+      if (first_time < 0) first_time = t;
+      r.arrival_s = t - first_time;
+      if (r.arrival_s < -43200) r.arrival_s += 86400;  // the trace crossed midnight
     }
     out.push_back(r);
   }
