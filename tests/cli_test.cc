@@ -236,6 +236,18 @@ TEST(CliGenerateTest, BadInputExitsTwoWithTheReason) {
   }
 }
 
+TEST(CliPoolSizeTest, ANegativeOrZeroBlockCountIsAnErrorInEveryCommand) {
+  // Before, a pool size <= 0 was silently replaced by the default.
+  for (const std::string& args : {std::string("generate ") + kModelFlag + " --prompt hi --blocks -3",
+                                  std::string("generate ") + kModelFlag + " --prompt hi --blocks 0",
+                                  std::string("serve ") + kModelFlag + " --blocks -3",
+                                  std::string("chat ") + kModelFlag + " --blocks 0", std::string("demo --blocks -1")}) {
+    RunResult r = RunCli(args);
+    EXPECT_EQ(r.exit_code, 2) << args << ": " << r.out;
+    EXPECT_NE(r.out.find("--blocks"), std::string::npos) << args << ": " << r.out;
+  }
+}
+
 }  // namespace
 
 namespace {

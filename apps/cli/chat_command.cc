@@ -239,7 +239,7 @@ CLI::App* AddChatCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--repeat-penalty", args.repeat_penalty, "Repetition penalty >= 1 (1 = off, the default)");
   cmd->add_option("--seed", args.seed, "Sampling seed (default: a fresh one from the OS)");
   cmd->add_option("--kv-budget", args.kv_budget, "KV pool size, e.g. 512MiB (default: one full context)");
-  cmd->add_option("--blocks", args.blocks, "KV pool size in blocks (instead of --kv-budget)");
+  cmd->add_option("--blocks", args.blocks, "KV pool size in blocks (instead of --kv-budget)")->check(CLI::Range(int64_t{1}, int64_t{1} << 31));
   cmd->add_option("--block-len", args.block_len, "Tokens per KV block (default 16)")->check(CLI::Range(1, 1 << 16));
   cmd->add_option("--kv-dtype", args.kv_dtype, "KV storage: f32 (default), f16, bf16, int8, fp8_e4m3, fp8_e5m2, int4");
   cmd->add_option("--threads", args.threads, "Threads for the kernels (default: every hardware thread)")

@@ -190,7 +190,7 @@ CLI::App* AddDemoCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--sequences", args.sequences, "Sequences to run (default 300)");
   cmd->add_option("--max-len", args.max_len, "Longest sequence; the contiguous baseline reserves this (default 2048)");
   cmd->add_option("--block-len", args.block_len, "Tokens per block (default 16)");
-  cmd->add_option("--blocks", args.blocks, "Blocks in the pool (default 2048)");
+  cmd->add_option("--blocks", args.blocks, "Blocks in the pool (default 2048)")->check(CLI::Range(int64_t{1}, int64_t{1} << 31));
   cmd->add_option("--report-every", args.report_every, "Print a progress line every N steps (default 250)");
   cmd->add_option("--seed", args.seed, "Random seed (default 1)");
   cmd->callback([&exit_code] { exit_code = RunDemo(args); });

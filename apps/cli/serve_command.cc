@@ -98,7 +98,7 @@ CLI::App* AddServeCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--max-queue", args.max_queue, "Requests waiting beyond which new ones get 429 (default 256)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
   cmd->add_option("--kv-budget", args.kv_budget, "KV pool size, e.g. 256MiB (default)");
-  cmd->add_option("--blocks", args.blocks, "KV pool size in blocks (instead of --kv-budget)");
+  cmd->add_option("--blocks", args.blocks, "KV pool size in blocks (instead of --kv-budget)")->check(CLI::Range(int64_t{1}, int64_t{1} << 31));
   cmd->add_option("--block-len", args.block_len, "Tokens per KV block (default 16)");
   cmd->add_option("--kv-dtype", args.kv_dtype,
                   "KV storage: f32 (default), f16, bf16, int8, fp8_e4m3, fp8_e5m2 (one f16 scale per row), int4 (KIVI; "
