@@ -142,8 +142,8 @@ struct DiskStoreOptions {
 Result<std::unique_ptr<BlockStore>> CreateDiskStore(const DiskStoreOptions& options);
 
 struct RedisStoreOptions {
-  std::string url;             // redis://[:password@]host[:port][/db]
-  std::string password;        // AUTH; overrides one in the url. Never logged.
+  std::string url;             // redis://host[:port][/db]; a url with credentials is refused (they would show in ps and logs)
+  std::string password;        // AUTH. Never logged.
   std::string key_namespace = "pagekv";  // keys are "<namespace>:<key hex>"
   int timeout_ms = 500;        // connect and per-command
   int backoff_initial_ms = 100;  // after a failure, calls fail fast until this passes

@@ -34,17 +34,18 @@ struct Endpoint {
 
 Result<Endpoint> ParseUrl(const std::string& url) {
   const std::string scheme = "redis://";
+  if (url.find('@') != std::string::npos) {
+    // A password in a url shows in `ps`, shell history and logs; the url is
+    // not echoed here for the same reason.
+    return InvalidArgumentError(
+        "the redis url carries credentials ('user:password@'): give the password through RedisStoreOptions::password "
+        "(the CLI: --redis-password-env or --redis-password-file) and the url as redis://host[:port][/db]");
+  }
   if (url.rfind(scheme, 0) != 0) {
-    return InvalidArgumentError("redis url '" + url + "': expected redis://[:password@]host[:port][/db]");
+    return InvalidArgumentError("redis url '" + url + "': expected redis://host[:port][/db]");
   }
   Endpoint e;
   std::string rest = url.substr(scheme.size());
-  if (const size_t at = rest.rfind('@'); at != std::string::npos) {
-    std::string cred = rest.substr(0, at);
-    rest = rest.substr(at + 1);
-    const size_t colon = cred.find(':');
-    e.password = colon == std::string::npos ? cred : cred.substr(colon + 1);
-  }
   if (const size_t slash = rest.find('/'); slash != std::string::npos) {
     const std::string db = rest.substr(slash + 1);
     rest = rest.substr(0, slash);
