@@ -198,7 +198,12 @@ struct PrefixCacheOptions {
 // The longest cached prefix of a prompt, in whole blocks.
 // With lower tiers, a Lookup's match may continue past the pool: `lower`
 // lists the tiers of the blocks after `blocks` (their keys follow in
-// `keys`), which AddSequence loads into fresh pool blocks.
+// `keys`), which AddSequence loads into fresh pool blocks. The match ends
+// at the first block that neither the pool (before its first miss) nor a
+// tier (after it) holds: a pool block past a hole in the pool that no tier
+// holds is recomputed (a hole: two requests computed the same block, one
+// copy was published, the other's next block chains to it, and the older
+// copy was evicted first).
 struct PrefixMatch {
   std::vector<BlockId> blocks;    // in the pool
   std::vector<BlockKey> keys;     // of blocks, then of the lower-tier blocks

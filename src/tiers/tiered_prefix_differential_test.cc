@@ -10,8 +10,12 @@
 // it: each hit block's contents must equal the dictionary's for exactly that
 // prefix, and the hit may reach no further than the dictionary's chain. In
 // the configurations whose tiers never drop a block on their own, the hit
-// length must also be exactly the longest prefix whose every block is still
-// held somewhere (the pool's index or a tier), asked block by block.
+// length must also be exactly the longest prefix held first by the pool's
+// index and then, from the pool's first miss on, by the tiers, asked block
+// by block. (A pool block past such a miss that no tier holds is not part of
+// the match: two requests that computed the same block publish one copy,
+// the other's next block chains to it, and evicting the older copy first
+// leaves that hole. The block is recomputed, never read wrong.)
 #include <unistd.h>
 
 #include <chrono>
@@ -174,19 +178,32 @@ class TieredPrefixDifferentialTest : public ::testing::TestWithParam<DiffCase> {
     return n;
   }
 
-  // The longest prefix of known blocks each held by the pool or a tier.
+  // The longest prefix of known blocks held by the pool, then by a tier.
   int64_t HeldChain(const std::vector<int32_t>& tokens, int salt, int64_t max_blocks) {
     if (tiers_ != nullptr) tiers_->Drain();  // queued write-throughs land first
     const std::vector<BlockKey> keys = *pc_->Keys(tokens, Extra(salt), max_blocks);
     const int64_t known = DictChain(tokens, salt, max_blocks);
     int64_t n = 0;
-    while (n < known) {
-      const bool held = pc_->Find(keys[static_cast<size_t>(n)]).has_value() ||
-                        (tiers_ != nullptr && !tiers_->LocatePrefix({&keys[static_cast<size_t>(n)], 1}).empty());
-      if (!held) break;
-      ++n;
-    }
+    while (n < known && pc_->Find(keys[static_cast<size_t>(n)]).has_value()) ++n;
+    while (n < known && tiers_ != nullptr && !tiers_->LocatePrefix({&keys[static_cast<size_t>(n)], 1}).empty()) ++n;
     return n;
+  }
+
+  // Where each block of the prompt's chain is now (a failure's context).
+  std::string Where(const std::vector<int32_t>& tokens, int salt, int64_t max_blocks) {
+    const std::vector<BlockKey> keys = *pc_->Keys(tokens, Extra(salt), max_blocks);
+    std::string out;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      const bool known = dict_.count({salt, std::vector<int32_t>(tokens.begin(), tokens.begin() + (i + 1) * B)}) > 0;
+      const bool pool = pc_->Find(keys[i]).has_value();
+      const bool tier = tiers_ != nullptr && !tiers_->LocatePrefix({&keys[i], 1}).empty();
+      out.append("[").append(std::to_string(i));
+      if (known) out.append(" known");
+      if (pool) out.append(" pool");
+      if (tier) out.append(" tier");
+      out.append("]");
+    }
+    return out;
   }
 
   // Frees live sequences (oldest first, never `keep`) until `blocks` are free.
@@ -293,7 +310,8 @@ class TieredPrefixDifferentialTest : public ::testing::TestWithParam<DiffCase> {
     hit_blocks_ += hit;
     ASSERT_LE(hit, bound) << "a hit beyond every block ever computed after this prefix";
     if (p.exact) {
-      ASSERT_EQ(hit, expected) << "admission " << admissions_;
+      ASSERT_EQ(hit, expected) << "admission " << admissions_ << (background ? " (background)" : "") << ": "
+                               << Where(tokens, salt, max_blocks);
     }
     for (int64_t i = 0; i < hit; ++i) {
       const auto& want = dict_.at({salt, std::vector<int32_t>(tokens.begin(), tokens.begin() + (i + 1) * B)});
