@@ -135,10 +135,16 @@ struct DiskStoreOptions {
   // are known without reading every slot).
   TierChangeSink on_change;
 };
-// Opens (or creates) the file. A file of another size or slot layout, or an
-// index that is missing or fails its checksum, starts empty (the file is
-// recreated; nothing stale is read). Errors: the file cannot be created or
-// preallocated (no space: named).
+// Opens (or creates) the file. A new file is created 0600 (O_EXCL); an
+// existing one is used only if it is a regular file of this user, closed to
+// others (no group / other bits), and carries the disk cache's header with
+// this geometry (slot size and count, block length, KV bytes); an empty one
+// is initialised. A symbolic link, a foreign file (a model given by
+// mistake), another geometry or a file another process holds open as a
+// store (flock) are errors (kFailedPrecondition) naming the file and the
+// fix, and the file is left untouched. An index that is missing or fails its
+// checksum starts the store empty. Errors also: the file cannot be created
+// or preallocated (no space: named).
 Result<std::unique_ptr<BlockStore>> CreateDiskStore(const DiskStoreOptions& options);
 
 struct RedisStoreOptions {

@@ -1,11 +1,13 @@
 // Round trips and faults of each BlockStore, against real files and a real
 // redis-server.
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <random>
 #include <thread>
 
@@ -182,7 +184,7 @@ TEST_F(DiskStoreTest, RoundTripsAndSurvivesARestart) {
   {
     auto s = Open();
     for (uint64_t i = 0; i < 3; ++i) ExpectRoundTrip(*s, i);
-    EXPECT_EQ(std::filesystem::file_size(path_), 4u * 4096);
+    EXPECT_EQ(std::filesystem::file_size(path_), 4096u + 4u * 4096);  // the header, then the slots
   }  // closing writes the index
   auto s = Open();
   std::vector<std::byte> out(kKvBytes);
@@ -215,7 +217,7 @@ TEST_F(DiskStoreTest, AFlippedByteOnDiskIsAMissNeverWrongKv) {
   const int fd = ::open(path_.c_str(), O_RDWR);
   for (off_t slot = 0; slot < 4; ++slot) {
     char c;
-    const off_t at = slot * 4096 + static_cast<off_t>(tiers::kHeaderBytes) + 4 * kBlockLen + 77;
+    const off_t at = 4096 + slot * 4096 + static_cast<off_t>(tiers::kHeaderBytes) + 4 * kBlockLen + 77;
     ASSERT_EQ(::pread(fd, &c, 1, at), 1);
     c = static_cast<char>(c ^ 1);
     ASSERT_EQ(::pwrite(fd, &c, 1, at), 1);
@@ -228,24 +230,121 @@ TEST_F(DiskStoreTest, AFlippedByteOnDiskIsAMissNeverWrongKv) {
   EXPECT_FALSE(*s->Contains(KeyOf(1)));  // dropped
 }
 
-TEST_F(DiskStoreTest, ATruncatedFileIsAMissAndStartsEmptyOnReopen) {
+TEST_F(DiskStoreTest, ATruncatedFileIsAMissAndKeepsWhatIsIntactOnReopen) {
   {
     auto s = Open();
     ExpectRoundTrip(*s, 1);
     ExpectRoundTrip(*s, 2);
     ASSERT_TRUE(s->Flush().ok());
-    std::filesystem::resize_file(path_, 4096 + 100);  // slot 1 cut short
+    std::filesystem::resize_file(path_, 4096 + 4096 + 100);  // slot 1 cut short
     std::vector<std::byte> out(kKvBytes);
     int hits = 0;
     for (uint64_t i : {1, 2}) hits += *s->Get(Meta(i), out) ? 1 : 0;
     EXPECT_EQ(hits, 1);
     EXPECT_EQ(s->Stats().corrupt, 1);
   }
-  auto s = Open();  // another size: recreated, nothing stale served
+  auto s = Open();  // its own header: grown back to size, the intact block kept, nothing stale served
+  EXPECT_EQ(std::filesystem::file_size(path_), 4096u + 4u * 4096);
   std::vector<std::byte> out(kKvBytes);
-  EXPECT_FALSE(*s->Get(Meta(1), out));
-  EXPECT_FALSE(*s->Get(Meta(2), out));
-  EXPECT_EQ(std::filesystem::file_size(path_), 4u * 4096);
+  int hits = 0;
+  for (uint64_t i : {1, 2}) {
+    if (*s->Get(Meta(i), out)) {
+      ++hits;
+      EXPECT_EQ(out, Kv(i));
+    }
+  }
+  EXPECT_EQ(hits, 1);
+}
+
+// The file is private, never followed through a link, never a foreign file
+// overwritten, and one process's alone.
+TEST_F(DiskStoreTest, TheFileIsPrivateAndNoOtherFileIsEverOverwritten) {
+  {
+    auto s = Open();
+    ExpectRoundTrip(*s, 1);
+    ASSERT_TRUE(s->Flush().ok());
+    struct stat st {};
+    ASSERT_EQ(::stat(path_.c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0600u);
+    ASSERT_EQ(::stat((path_ + ".index").c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0600u);
+    // A second store on the same file (another process, here another open).
+    DiskStoreOptions o;
+    o.path = path_;
+    o.block_len = kBlockLen;
+    o.kv_bytes = kKvBytes;
+    o.capacity_bytes = 4 * 4096;
+    auto second = CreateDiskStore(o);
+    ASSERT_FALSE(second.ok());
+    EXPECT_EQ(second.status().code(), StatusCode::kFailedPrecondition);
+    EXPECT_NE(second.status().message().find("in use by another process"), std::string::npos) << second.status().ToString();
+    // Another geometry: refused, the cache intact.
+    o.capacity_bytes = 8 * 4096;
+    s.reset();
+    auto other = CreateDiskStore(o);
+    ASSERT_FALSE(other.ok());
+    EXPECT_NE(other.status().message().find("another shape"), std::string::npos) << other.status().ToString();
+  }
+  auto again = Open();
+  std::vector<std::byte> out(kKvBytes);
+  EXPECT_TRUE(*again->Get(Meta(1), out));  // nothing was reset
+  again.reset();
+
+  DiskStoreOptions o;
+  o.block_len = kBlockLen;
+  o.kv_bytes = kKvBytes;
+  o.capacity_bytes = 4 * 4096;
+  auto contents = [](const std::string& p) {
+    std::ifstream f(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  };
+  // A foreign file (a model given by mistake), of any size: refused, untouched.
+  const std::string foreign = TempPath("foreign");
+  for (size_t size : {size_t{100}, size_t{4096 + 4 * 4096}, size_t{1} << 20}) {
+    {
+      std::ofstream f(foreign, std::ios::binary | std::ios::trunc);
+      for (size_t i = 0; i < size; ++i) f.put(static_cast<char>(i * 7));
+    }
+    std::filesystem::permissions(foreign, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+    const std::string before = contents(foreign);
+    o.path = foreign;
+    auto r = CreateDiskStore(o);
+    ASSERT_FALSE(r.ok()) << size;
+    EXPECT_NE(r.status().message().find("not a PageKV disk cache"), std::string::npos) << r.status().ToString();
+    EXPECT_EQ(contents(foreign), before) << size;
+  }
+  // Open to other users: refused, naming the mode.
+  std::filesystem::permissions(foreign, std::filesystem::perms::others_read, std::filesystem::perm_options::add);
+  auto open_to_others = CreateDiskStore(o);
+  ASSERT_FALSE(open_to_others.ok());
+  EXPECT_NE(open_to_others.status().message().find("mode 0604"), std::string::npos) << open_to_others.status().ToString();
+  // A planted symbolic link: refused, its target untouched.
+  const std::string link = TempPath("link");
+  std::filesystem::remove(link);
+  std::filesystem::create_symlink(foreign, link);
+  const std::string before = contents(foreign);
+  o.path = link;
+  auto through_link = CreateDiskStore(o);
+  ASSERT_FALSE(through_link.ok());
+  EXPECT_NE(through_link.status().message().find("symbolic link"), std::string::npos) << through_link.status().ToString();
+  EXPECT_EQ(contents(foreign), before);
+  // A dangling link is not followed to create its target either.
+  const std::string target = TempPath("target");
+  std::filesystem::remove(target);
+  std::filesystem::remove(link);
+  std::filesystem::create_symlink(target, link);
+  EXPECT_FALSE(CreateDiskStore(o).ok());
+  EXPECT_FALSE(std::filesystem::exists(target));
+  // An empty private file (mktemp's) is initialised.
+  std::filesystem::remove(foreign);
+  { std::ofstream f(foreign); }
+  std::filesystem::permissions(foreign, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write,
+                               std::filesystem::perm_options::replace);
+  o.path = foreign;
+  auto empty = CreateDiskStore(o);
+  ASSERT_TRUE(empty.ok()) << empty.status().ToString();
+  empty->reset();
+  for (const std::string& p : {foreign, foreign + ".index", link}) std::filesystem::remove(p);
 }
 
 TEST_F(DiskStoreTest, ACorruptIndexStartsEmpty) {

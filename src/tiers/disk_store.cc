@@ -1,8 +1,11 @@
 // The disk tier (include/pagekv/tiers.h): one preallocated file of 4 KiB
-// aligned slots, read and written whole (O_DIRECT where the file system
-// allows it), and an index file rewritten atomically:
+// aligned slots after a 4 KiB header, read and written whole (O_DIRECT where
+// the file system allows it), and an index file rewritten atomically:
 //
-//   <path>        [num_slots][slot_bytes]: a payload (block_payload.h), zero padded
+//   <path>        header: "PKVD" | u32 version | u64 slot_bytes | u64 num_slots |
+//                 u64 block_len | u64 kv_bytes | u64 xxh3-64 of those 44 bytes,
+//                 zero padded to 4 KiB;
+//                 then [num_slots][slot_bytes]: a payload (block_payload.h), zero padded
 //   <path>.index  "PKVI" | u32 version | u64 slot_bytes | u64 num_slots | u64 count |
 //                 count x { u64 slot | u8 key size | 32 key bytes | 7 zero } (least
 //                 recently used first) | u64 xxh3-64 of everything before
@@ -10,7 +13,15 @@
 // The index may lag the data (it is rewritten every index_every_puts puts
 // and on Flush); a slot it names that now holds another block fails the
 // payload's key check on get and is a miss, never wrong KV.
+//
+// The file is the owner's alone: created 0600 with O_EXCL, opened with
+// O_NOFOLLOW (a planted symbolic link is refused, its target untouched),
+// reused only when it is a regular file of this user, private, and carries
+// this header with the same geometry; anything else is an error that names
+// the file and leaves it as it was. An exclusive flock keeps a second
+// process off it while the store is open.
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -36,6 +47,10 @@ constexpr char kIndexMagic[4] = {'P', 'K', 'V', 'I'};
 constexpr uint32_t kIndexVersion = 1;
 constexpr size_t kIndexHeader = 4 + 4 + 8 + 8 + 8;
 constexpr size_t kIndexEntry = 48;
+constexpr char kFileMagic[4] = {'P', 'K', 'V', 'D'};
+constexpr uint32_t kFileVersion = 1;
+constexpr size_t kFileHeaderFields = 4 + 4 + 4 * 8;  // what the header's checksum covers
+constexpr off_t kDataOffset = static_cast<off_t>(kAlign);
 
 std::string Errno(const std::string& what) { return what + ": " + std::strerror(errno); }
 
@@ -63,7 +78,7 @@ class DiskStore final : public BlockStore {
   void LoadIndex() {
     for (size_t i = slots_; i-- > 0;) free_.push_back(i);
     const std::string path = o_.path + ".index";
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0) return;
     std::vector<std::byte> bytes;
     std::byte chunk[65536];
@@ -129,7 +144,7 @@ class DiskStore final : public BlockStore {
     }
     std::memset(buf_.data + bytes, 0, slot_bytes_ - bytes);
     tiers::EncodePayloadInto(meta, kv, buf_.span().first(bytes));
-    const ssize_t n = ::pwrite(fd_, buf_.data, slot_bytes_, static_cast<off_t>(slot * slot_bytes_));
+    const ssize_t n = ::pwrite(fd_, buf_.data, slot_bytes_, kDataOffset + static_cast<off_t>(slot * slot_bytes_));
     if (n != static_cast<ssize_t>(slot_bytes_)) {
       const std::string why = n < 0 ? Errno("disk tier: write to " + o_.path) : "disk tier: short write to " + o_.path;
       free_.push_back(slot);
@@ -154,7 +169,7 @@ class DiskStore final : public BlockStore {
       return false;
     }
     const size_t slot = it->second->slot;
-    const ssize_t n = ::pread(fd_, buf_.data, slot_bytes_, static_cast<off_t>(slot * slot_bytes_));
+    const ssize_t n = ::pread(fd_, buf_.data, slot_bytes_, kDataOffset + static_cast<off_t>(slot * slot_bytes_));
     if (n < 0) {
       ++stats_.errors;
       return UnavailableError(Errno("disk tier: read from " + o_.path));
@@ -255,7 +270,8 @@ class DiskStore final : public BlockStore {
     const uint64_t sum = XXH3_64bits(out.data(), at);
     std::memcpy(out.data() + at, &sum, 8);
     const std::string tmp = o_.path + ".index.tmp", path = o_.path + ".index";
-    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    ::unlink(tmp.c_str());  // a stale one, or something planted: never written through
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0) return UnavailableError(Errno("disk tier: create " + tmp));
     const bool ok = ::write(fd, out.data(), out.size()) == static_cast<ssize_t>(out.size()) && ::fsync(fd) == 0;
     ::close(fd);
@@ -281,6 +297,48 @@ class DiskStore final : public BlockStore {
 
 }  // namespace
 
+// The 4 KiB file header for this geometry.
+void FileHeader(std::span<std::byte> out, uint64_t slot_bytes, uint64_t slots, uint64_t block_len, uint64_t kv_bytes) {
+  std::memset(out.data(), 0, out.size());
+  std::memcpy(out.data(), kFileMagic, 4);
+  std::memcpy(out.data() + 4, &kFileVersion, 4);
+  const uint64_t fields[] = {slot_bytes, slots, block_len, kv_bytes};
+  std::memcpy(out.data() + 8, fields, sizeof fields);
+  const uint64_t sum = XXH3_64bits(out.data(), kFileHeaderFields);
+  std::memcpy(out.data() + kFileHeaderFields, &sum, 8);
+}
+
+// Why an existing file may not be used as this store, or "" when it may.
+std::string RefuseExisting(int fd, const struct stat& st, const std::string& path, uint64_t slot_bytes,
+                           uint64_t slots, uint64_t block_len, uint64_t kv_bytes) {
+  const std::string fix = "; give --disk-cache a new path (or delete the file if it is yours)";
+  if (!S_ISREG(st.st_mode)) return "disk tier: " + path + " is not a regular file" + fix;
+  if (st.st_uid != ::geteuid()) return "disk tier: " + path + " belongs to another user" + fix;
+  if ((st.st_mode & 077) != 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    return "disk tier: " + path + " is open to other users (mode " + mode + "); chmod 600 it, or" +
+           fix.substr(1);
+  }
+  if (st.st_size == 0) return "";  // empty (e.g. made by mktemp): nothing to overwrite
+  AlignedBuffer have(kAlign), want(kAlign);
+  if (st.st_size < static_cast<off_t>(kAlign) || ::pread(fd, have.data, kAlign, 0) != static_cast<ssize_t>(kAlign) ||
+      std::memcmp(have.data, kFileMagic, 4) != 0) {
+    return "disk tier: " + path + " is not a PageKV disk cache (no PKVD header); refusing to overwrite it" + fix;
+  }
+  FileHeader(want.span(), slot_bytes, slots, block_len, kv_bytes);
+  if (std::memcmp(have.data, want.data, kFileHeaderFields + 8) != 0) {
+    uint64_t f[4];
+    std::memcpy(f, have.data + 8, sizeof f);
+    return "disk tier: " + path + " is a disk cache of another shape (" + std::to_string(f[1]) + " slots of " +
+           std::to_string(f[0]) + " bytes for blocks of " + std::to_string(f[2]) + " tokens / " + std::to_string(f[3]) +
+           " KV bytes; this cache needs " + std::to_string(slots) + " of " + std::to_string(slot_bytes) + " for " +
+           std::to_string(block_len) + " / " + std::to_string(kv_bytes) +
+           "); give the same model, cache type and --disk-cache-size, or" + fix.substr(1);
+  }
+  return "";
+}
+
 Result<std::unique_ptr<BlockStore>> CreateDiskStore(const DiskStoreOptions& o) {
   if (o.path.empty()) return InvalidArgumentError("disk tier: no path given (--disk-cache PATH)");
   if (o.block_len < 1 || o.kv_bytes < 1) return InvalidArgumentError("disk tier: block_len and kv_bytes must be positive");
@@ -291,26 +349,62 @@ Result<std::unique_ptr<BlockStore>> CreateDiskStore(const DiskStoreOptions& o) {
                                 std::to_string(slot) + " (raise --disk-cache-size)");
   }
   const size_t slots = static_cast<size_t>(o.capacity_bytes) / slot;
-  const auto size = static_cast<off_t>(slots * slot);
+  const auto size = kDataOffset + static_cast<off_t>(slots * slot);
+  // Existing: opened as it is, never through a link. Missing: created here
+  // and nowhere else (O_EXCL), private from the start.
   int fd = -1;
-  if (o.direct_io) fd = ::open(o.path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_DIRECT, 0644);
-  if (fd < 0) fd = ::open(o.path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);  // no O_DIRECT here (tmpfs)
-  if (fd < 0) return UnavailableError(Errno("disk tier: cannot open " + o.path));
-  struct stat st {};
-  bool fresh = ::fstat(fd, &st) != 0 || st.st_size != size;
-  if (fresh) {
-    // Another size (or a truncated file): start over, and forget the index.
-    ::unlink((o.path + ".index").c_str());
-    if (::ftruncate(fd, 0) != 0) {
-      const Status s = UnavailableError(Errno("disk tier: cannot reset " + o.path));
-      ::close(fd);
-      return s;
+  bool created = false;
+  for (const int direct : {o.direct_io ? O_DIRECT : 0, 0}) {
+    fd = ::open(o.path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW | direct);
+    if (fd < 0 && errno == ENOENT) {
+      fd = ::open(o.path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW | direct, 0600);
+      created = fd >= 0;
     }
+    if (fd >= 0 || errno != EINVAL || direct == 0) break;  // EINVAL: no O_DIRECT here (tmpfs)
+  }
+  if (fd < 0 && errno == ELOOP) {
+    return FailedPreconditionError("disk tier: " + o.path +
+                                   " is a symbolic link; give the real path (a link would send the cache's writes "
+                                   "to whatever it names)");
+  }
+  if (fd < 0) return UnavailableError(Errno("disk tier: cannot open " + o.path));
+  auto fail = [&](Status s) {
+    if (created) ::unlink(o.path.c_str());
+    ::close(fd);
+    return s;
+  };
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return fail(UnavailableError(Errno("disk tier: cannot stat " + o.path)));
+  if (!created) {
+    if (std::string why = RefuseExisting(fd, st, o.path, slot, slots, static_cast<uint64_t>(o.block_len),
+                                         static_cast<uint64_t>(o.kv_bytes));
+        !why.empty()) {
+      return fail(FailedPreconditionError(why));
+    }
+  }
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    return fail(errno == EWOULDBLOCK
+                    ? FailedPreconditionError("disk tier: " + o.path +
+                                              " is in use by another process (or another store in this one); give "
+                                              "each process its own --disk-cache, or share blocks through --redis")
+                    : UnavailableError(Errno("disk tier: cannot lock " + o.path)));
+  }
+  if (created || st.st_size == 0) {
+    ::unlink((o.path + ".index").c_str());  // another file's index, if any
+    AlignedBuffer header(kAlign);
+    FileHeader(header.span(), slot, slots, static_cast<uint64_t>(o.block_len), static_cast<uint64_t>(o.kv_bytes));
+    if (::pwrite(fd, header.data, kAlign, 0) != static_cast<ssize_t>(kAlign)) {
+      return fail(UnavailableError(Errno("disk tier: cannot write the header of " + o.path)));
+    }
+  }
+  if (st.st_size < size) {
+    // New, or this cache's own file cut short: its missing slots read as
+    // zeros, which fail the payload check (a miss).
     if (const int err = ::posix_fallocate(fd, 0, size); err != 0) {
-      ::close(fd);
-      return err == ENOSPC ? ResourceExhaustedError("disk tier: no space for " + std::to_string(size) + " bytes at " +
-                                                    o.path + " (lower --disk-cache-size or free space)")
-                           : UnavailableError("disk tier: cannot preallocate " + o.path + ": " + std::strerror(err));
+      return fail(err == ENOSPC ? ResourceExhaustedError("disk tier: no space for " + std::to_string(size) +
+                                                         " bytes at " + o.path +
+                                                         " (lower --disk-cache-size or free space)")
+                                : UnavailableError("disk tier: cannot preallocate " + o.path + ": " + std::strerror(err)));
     }
   }
   auto store = std::make_unique<DiskStore>(o, fd, slot, slots);
