@@ -390,6 +390,75 @@ TEST(ServeTest, SmolLM2ChatRendersTheTemplateStopsAtTheTurnAndStreamsWholeCharac
 
 // Two servers at one Redis: a prompt the first computed is a Redis hit for
 // the second, with the same completion, counted in /metrics.
+// API keys from a file, each its own tenant; usage.cached_tokens goes only
+// to a request that brought its own cache_salt, so a client sharing a key
+// cannot confirm another's prompt by it.
+TEST(ServeTest, KeysFromAFileAreTenantsAndCachedTokensGoOnlyToTheirOwnSalt) {
+  const std::string keys = (std::filesystem::temp_directory_path() / ("pagekv-keys-" + std::to_string(getpid()))).string();
+  {
+    std::ofstream f(keys);
+    f << "# tenants\nkey-alpha-0123456789\n\n  key-beta-0123456789  \n";
+  }
+  std::filesystem::permissions(keys, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write,
+                               std::filesystem::perm_options::replace);
+  Server server({"--api-key-file", keys, "--block-len", "8"});
+  std::filesystem::remove(keys);
+  ASSERT_GT(server.port(), 0);
+  httplib::Client cli("127.0.0.1", server.port());
+  cli.set_read_timeout(60, 0);
+  const std::string prompt = "Once upon a time there was a little girl named Lily. She liked to play outside";
+  auto cached = [&](const std::string& key, const std::string& salt, int want_status = 200) {
+    json body = {{"prompt", prompt}, {"max_tokens", 2}, {"temperature", 0}};
+    if (!salt.empty()) body["cache_salt"] = salt;
+    auto res = cli.Post("/v1/completions", {{"Authorization", "Bearer " + key}}, body.dump(), "application/json");
+    EXPECT_TRUE(res);
+    if (!res) return -1;
+    EXPECT_EQ(res->status, want_status) << res->body;
+    const json r = json::parse(res->body);
+    if (res->status != 200) {
+      EXPECT_TRUE(r.contains("error")) << res->body;
+      return -1;
+    }
+    return r["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>();
+  };
+  EXPECT_EQ(cached("key-alpha-0123456789", ""), 0);
+  EXPECT_EQ(cached("key-alpha-0123456789", ""), 0) << "a hit without the request's own salt is not reported";
+  EXPECT_EQ(cached("key-alpha-0123456789", "alice"), 0);
+  EXPECT_GE(cached("key-alpha-0123456789", "alice"), 16) << "its own salt: reported";
+  EXPECT_EQ(cached("key-alpha-0123456789", "bob"), 0) << "another salt shares nothing";
+  EXPECT_EQ(cached("key-beta-0123456789", "alice"), 0) << "another key is another tenant, whatever its salt";
+  EXPECT_GE(cached("key-beta-0123456789", "alice"), 16);
+  cached("key-gamma", "", 401);
+  cached("key-alpha-012345678", "", 401);  // a prefix of a key
+  cached("key-alpha-0123456789", std::string(257, 's'), 400);
+  auto res = cli.Post("/v1/completions", {{"Authorization", "Bearer key-alpha-0123456789"}},
+                      R"({"prompt":"hi","cache_salt":7})", "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 400);
+  EXPECT_NE(res->body.find("cache_salt"), std::string::npos) << res->body;
+}
+
+TEST(ServeTest, KeyFlagsAreCheckedAndAKeyOnTheCommandLineWarns) {
+  auto run = [](const std::string& flags) {
+    const std::string cmd = "timeout 2 " + std::string(PAGEKV_CLI_PATH) + " serve --model " + kModel + " --port 0 " +
+                            flags + " 2>&1; echo \"exit=$?\"";
+    FILE* p = popen(cmd.c_str(), "r");
+    std::string out;
+    char buf[4096];
+    for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+    pclose(p);
+    return out;
+  };
+  std::string out = run("--api-key-file /dev/zero");
+  EXPECT_NE(out.find("not a regular file"), std::string::npos) << out;
+  EXPECT_NE(out.find("exit=2"), std::string::npos) << out;
+  out = run("--api-key-env PAGEKV_TEST_UNSET_VARIABLE");
+  EXPECT_NE(out.find("not set"), std::string::npos) << out;
+  EXPECT_NE(out.find("exit=2"), std::string::npos) << out;
+  out = run("--api-key on-the-command-line");
+  EXPECT_NE(out.find("warning: --api-key shows the key"), std::string::npos) << out;
+}
+
 TEST(ServeTest, TwoServersShareAPrefixThroughRedis) {
   pagekv::testing::RedisServer redis;
   ASSERT_TRUE(redis.Start().ok());
@@ -398,7 +467,7 @@ TEST(ServeTest, TwoServersShareAPrefixThroughRedis) {
   ASSERT_GT(a.port(), 0);
   ASSERT_GT(b.port(), 0);
   const json body = {{"prompt", "Once upon a time there was a little girl named Lily. She liked to play outside"},
-                     {"max_tokens", 16}, {"temperature", 0}};
+                     {"max_tokens", 16}, {"temperature", 0}, {"cache_salt", "one tenant"}};
   auto complete = [&](int port) {
     httplib::Client cli("127.0.0.1", port);
     cli.set_read_timeout(60, 0);

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "commands.h"
+#include "secrets.h"
 #include "tier_flags.h"
 #include "pagekv/pagekv.h"
 
@@ -16,13 +17,14 @@ std::atomic<bool> g_stop{false};
 void OnSignal(int) { g_stop = true; }
 
 struct ServeArgs {
-  std::string model, tokenizer, host = "127.0.0.1", api_key, kv_budget = "256MiB", kv_dtype = "f32", name, kv_layer_dtypes, kv_rotate = "none", kv_policy = "none", chat_template;
+  std::string model, tokenizer, host = "127.0.0.1", api_key_env, api_key_file, kv_budget = "256MiB", kv_dtype = "f32", name, kv_layer_dtypes, kv_rotate = "none", kv_policy = "none", chat_template;
   double kv_budget_fraction = 1.0;
   int port = 8080;
   int64_t max_body = 1 << 20, max_queue = 256, step_tokens = 256, blocks = 0;
   int32_t block_len = 16, max_running = 64;
-  bool no_prefix_cache = false;
+  bool no_prefix_cache = false, report_cached_tokens = false;
   int threads = 0;
+  std::vector<std::string> api_keys;
   TierArgs tiers;
 };
 
@@ -64,7 +66,25 @@ int RunServe(const ServeArgs& a) {
   }
   o.host = a.host;
   o.port = a.port;
-  o.api_key = a.api_key;
+  if (!a.api_keys.empty()) {
+    std::fprintf(stderr, "warning: --api-key shows the key to every user of this machine (ps, /proc) and in shell "
+                         "history; use --api-key-env or --api-key-file\n");
+  }
+  o.api_keys = a.api_keys;
+  for (const auto& [flag, source] : {std::pair{"--api-key-env", &a.api_key_env}, std::pair{"--api-key-file", &a.api_key_file}}) {
+    if (source->empty()) continue;
+    std::string text;
+    if (!(flag == std::string("--api-key-env") ? ReadSecretEnv(flag, *source, text) : ReadSecretFile(flag, *source, text))) {
+      return kExitBadInput;
+    }
+    std::vector<std::string> keys = SecretLines(text);
+    if (keys.empty()) {
+      std::fprintf(stderr, "error: %s %s holds no key (one per line)\n", flag, source->c_str());
+      return kExitBadInput;
+    }
+    o.api_keys.insert(o.api_keys.end(), keys.begin(), keys.end());
+  }
+  o.report_cached_tokens_always = a.report_cached_tokens;
   o.max_body_bytes = a.max_body;
   o.model_name = a.name;
   o.on_listening = [&](int port) {
@@ -92,7 +112,14 @@ CLI::App* AddServeCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--tokenizer", args.tokenizer, "llama2.c tokenizer.bin (for .bin checkpoints)");
   cmd->add_option("--host", args.host, "Address to listen on (default 127.0.0.1: loopback only)");
   cmd->add_option("--port", args.port, "Port (default 8080; 0 = any free port, printed)")->check(CLI::Range(0, 65535));
-  cmd->add_option("--api-key", args.api_key, "Require 'Authorization: Bearer KEY' on /v1/ endpoints");
+  cmd->add_option("--api-key-env", args.api_key_env,
+                  "Require 'Authorization: Bearer KEY' on /v1/ endpoints, the keys (one per line) from this environment "
+                  "variable; each key is a tenant with its own prefix cache");
+  cmd->add_option("--api-key-file", args.api_key_file, "As --api-key-env, the keys (one per line) from this file");
+  cmd->add_option("--api-key", args.api_keys, "An API key on the command line (visible in ps: prefer --api-key-env)");
+  cmd->add_flag("--report-cached-tokens", args.report_cached_tokens,
+                "Report usage.cached_tokens to every request (default: only to requests with their own cache_salt, "
+                "so no client learns whether another's prompt is cached)");
   cmd->add_option("--max-body-bytes", args.max_body, "Largest request body (default 1 MiB; larger: 413)")
       ->check(CLI::Range(int64_t{64}, int64_t{1} << 30));
   cmd->add_option("--max-queue", args.max_queue, "Requests waiting beyond which new ones get 429 (default 256)")

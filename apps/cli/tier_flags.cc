@@ -3,10 +3,9 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
-#include <sstream>
 
 #include "pagekv/units.h"
+#include "secrets.h"
 
 namespace pagekv::cli {
 
@@ -20,7 +19,11 @@ void AddTierFlags(CLI::App* cmd, TierArgs& a) {
                   "or --redis-password-file, never the command line");
   cmd->add_option("--redis-password-env", a.redis_password_env,
                   "Environment variable holding the Redis password (default PAGEKV_REDIS_PASSWORD)");
-  cmd->add_option("--redis-password-file", a.redis_password_file, "File whose first line is the Redis password");
+  cmd->add_option("--redis-password-file", a.redis_password_file, "File holding the Redis password");
+  cmd->add_option("--tier-key-env", a.tier_key_env,
+                  "Environment variable holding the tier key (16+ bytes) that authenticates disk and Redis blocks "
+                  "with HMAC-SHA-256 (default: PAGEKV_TIER_KEY when set; without a key they are only checksummed)");
+  cmd->add_option("--tier-key-file", a.tier_key_file, "File holding the tier key (instead of --tier-key-env)");
   cmd->add_flag("--tier-write-back", a.write_back,
                 "Copy blocks down only when evicted (default: write-through to disk and Redis as blocks fill)");
 }
@@ -51,13 +54,20 @@ bool ToTierOptions(const TierArgs& a, TierOptions& o) {
   }
   o.redis_url = a.redis;
   if (!a.redis_password_file.empty()) {
-    std::ifstream in(a.redis_password_file);
-    if (!in || !std::getline(in, o.redis_password)) {
-      std::fprintf(stderr, "error: --redis-password-file '%s' cannot be read\n", a.redis_password_file.c_str());
-      return false;
-    }
+    if (!ReadSecretFile("--redis-password-file", a.redis_password_file, o.redis_password)) return false;
   } else if (!a.redis_password_env.empty()) {
     if (const char* pw = std::getenv(a.redis_password_env.c_str())) o.redis_password = pw;
+  }
+  if (!a.tier_key_file.empty() && !a.tier_key_env.empty()) {
+    std::fprintf(stderr, "error: give --tier-key-env or --tier-key-file, not both\n");
+    return false;
+  }
+  if (!a.tier_key_file.empty()) {
+    if (!ReadSecretFile("--tier-key-file", a.tier_key_file, o.payload_key)) return false;
+  } else if (!a.tier_key_env.empty()) {
+    if (!ReadSecretEnv("--tier-key-env", a.tier_key_env, o.payload_key)) return false;
+  } else if (const char* k = std::getenv("PAGEKV_TIER_KEY"); k != nullptr && *k != '\0') {
+    o.payload_key = k;
   }
   o.write_through = !a.write_back;
   o.log = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };

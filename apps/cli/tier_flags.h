@@ -13,16 +13,18 @@ struct TierArgs {
   std::string host_cache, disk_cache, disk_cache_size, redis;
   std::string redis_password_env = "PAGEKV_REDIS_PASSWORD";
   std::string redis_password_file;
+  std::string tier_key_env, tier_key_file;  // empty env: PAGEKV_TIER_KEY when set
   bool write_back = false;
 };
 
 // --host-cache, --disk-cache, --disk-cache-size, --redis,
-// --redis-password-env, --redis-password-file, --tier-write-back.
+// --redis-password-env, --redis-password-file, --tier-key-env,
+// --tier-key-file, --tier-write-back.
 void AddTierFlags(CLI::App* cmd, TierArgs& args);
 
-// Fills o (sizes parsed, the Redis password read from the environment
-// variable or file, never from the command line); false after printing an
-// error that names the flag.
+// Fills o (sizes parsed, the Redis password and the tier key read from an
+// environment variable or a file, never from the command line); false after
+// printing an error that names the flag.
 bool ToTierOptions(const TierArgs& args, TierOptions& o);
 
 }  // namespace pagekv::cli

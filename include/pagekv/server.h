@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "pagekv/engine.h"
 #include "pagekv/status.h"
@@ -34,7 +35,16 @@ struct ServerOptions {
   EngineOptions engine;
   std::string host = "127.0.0.1";  // loopback unless asked otherwise
   int port = 8080;                 // 0 = any free port
-  std::string api_key;             // empty = no authentication
+  // Any of these in 'Authorization: Bearer KEY' admits a /v1/ request
+  // (compared in constant time); empty = no authentication. Each key is its
+  // own tenant: its requests' KV is salted with a secret derived from the
+  // key, so keys never share cached prefixes.
+  std::vector<std::string> api_keys;
+  // usage.prompt_tokens_details.cached_tokens is reported only for requests
+  // that bring their own "cache_salt" (their hits are then blocks under a
+  // salt they supplied), so one client cannot confirm another's prefix by
+  // it; others read 0. true: reported for every request (one tenant).
+  bool report_cached_tokens_always = false;
   int64_t max_body_bytes = 1 << 20;
   std::string model_name;          // default: the model file's name
   // Called once the socket is bound, with the port (before serving).

@@ -7,8 +7,11 @@
 //
 // A BlockStore keeps whole blocks under their prefix-cache key. Every stored
 // payload carries a header (docs/KV_LAYOUT.md, "Tier payloads"): format
-// version, key, parent key, token ids, cache geometry, sizes, and an xxh3-64
-// checksum over all of it and the KV bytes. A get checks every field against
+// version, key, parent key, token ids, cache geometry, sizes, and a seal
+// over all of it and the KV bytes: an HMAC-SHA-256 under the tier key
+// (TierOptions::payload_key; only its holders can write a block another
+// process will load) or, without a key, an xxh3-64 checksum (accidents
+// only). A get checks the seal, then every field against
 // what the caller asked for, so a corrupt, truncated, foreign (other model,
 // other salt, other shape) or colliding payload is a miss, counted, and the
 // entry is dropped; wrong KV is never returned.
@@ -64,7 +67,9 @@ struct TierStats {
   int64_t hits = 0;           // verified and returned
   int64_t misses = 0;         // not held (or dropped as below)
   int64_t evictions = 0;      // dropped to make room (LRU)
-  int64_t corrupt = 0;        // failed a check: checksum, size, key, tokens, geometry
+  int64_t corrupt = 0;        // failed a check: MAC or checksum, size, key, tokens, geometry
+  int64_t unauthenticated = 0;  // of those, failed the MAC (forged, altered, another key, or unkeyed
+                                // where a key is required); redis leaves them for their key's holders
   int64_t errors = 0;         // I/O or connection failures (and calls refused while unhealthy)
   int64_t blocks_now = 0;     // held now (redis: distinct keys put by this process and not since
                               // removed, dropped as corrupt or found gone)
@@ -121,6 +126,7 @@ struct HostStoreOptions {
   int64_t kv_bytes = 0;        // KvCache::block_payload_bytes()
   std::function<void(const BlockMeta&, std::span<const std::byte>)> on_evict;
   TierChangeSink on_change;
+  std::string payload_key;     // HMAC-SHA-256 key sealing its payloads; empty: the xxh3 checksum only
 };
 Result<std::unique_ptr<BlockStore>> CreateHostStore(const HostStoreOptions& options);
 
@@ -134,6 +140,7 @@ struct DiskStoreOptions {
   // Blocks found in the index at open are not announced (only their keys
   // are known without reading every slot).
   TierChangeSink on_change;
+  std::string payload_key;     // as HostStoreOptions (blocks survive a restart only under the same key)
 };
 // Opens (or creates) the file. A new file is created 0600 (O_EXCL); an
 // existing one is used only if it is a regular file of this user, closed to
@@ -158,6 +165,7 @@ struct RedisStoreOptions {
   // Keys the server drops by itself (maxmemory eviction, expiry) are
   // reported when this process next finds them gone (a GET or EXISTS).
   TierChangeSink on_change;
+  std::string payload_key;     // as HostStoreOptions; every process sharing the namespace needs the same key
 };
 // Does not connect yet (the first call does; a server that is down is a
 // tier marked unhealthy, not an error). Errors: a malformed url.
@@ -182,6 +190,13 @@ struct TierOptions {
   // true: every published block is also written to disk and redis (other
   // processes and restarts find it); false: blocks go down only when evicted.
   bool write_through = true;
+  // Seals disk and Redis payloads with HMAC-SHA-256 (16 bytes or more; from
+  // an environment variable or a file, never a flag): a block written by
+  // anyone without it is refused (TierStats::unauthenticated). Empty: they
+  // carry the xxh3 checksum only, and a warning is logged. The host tier is
+  // always checksummed only: it is this process's memory, and a MAC would
+  // cost every eviction ~6x the checksum (docs/PERFORMANCE.md).
+  std::string payload_key;
   int64_t queue_blocks = 1024;     // pending puts/prefetches; beyond this new ones are dropped (counted)
   int workers = 1;
   // Faults and fallbacks are reported here, one line each (default: dropped).

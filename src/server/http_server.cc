@@ -3,9 +3,11 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <sys/socket.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -68,8 +70,9 @@ class Histogram {
 struct Shared {
   Engine* engine = nullptr;
   std::string model;
-  std::string api_key;
-  std::optional<std::string> salt;
+  std::vector<std::array<unsigned char, 32>> key_digests;  // SHA-256 of each API key
+  std::vector<std::string> key_salts;                      // each key's cache salt
+  bool report_cached_always = false;
   Histogram ttft{{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}};
   Histogram itl{{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1}};
   std::mutex mu;
@@ -106,7 +109,33 @@ struct FieldError {
 };
 
 // The engine request of a completion or chat body; throws FieldError.
-EngineRequest ParseRequest(const json& body, const Shared& sh, bool chat, bool& stream) {
+std::array<unsigned char, 32> Sha256(std::string_view a, std::string_view b = {}) {
+  std::array<unsigned char, 32> d{};
+  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
+  unsigned int len = 0;
+  EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr);
+  EVP_DigestUpdate(ctx, a.data(), a.size());
+  EVP_DigestUpdate(ctx, b.data(), b.size());
+  EVP_DigestFinal_ex(ctx, d.data(), &len);
+  EVP_MD_CTX_free(ctx);
+  return d;
+}
+
+// Which API key the request carries: its index, -1 for none or a wrong one.
+// Every key is compared, in constant time, whatever matches.
+int KeyIndex(const Shared& sh, const httplib::Request& req) {
+  const std::string auth = req.get_header_value("Authorization");
+  if (auth.rfind("Bearer ", 0) != 0) return -1;
+  const std::array<unsigned char, 32> d = Sha256(std::string_view(auth).substr(7));
+  int found = -1;
+  for (size_t i = 0; i < sh.key_digests.size(); ++i) {
+    const bool eq = CRYPTO_memcmp(d.data(), sh.key_digests[i].data(), d.size()) == 0;
+    found = eq ? static_cast<int>(i) : found;
+  }
+  return found;
+}
+
+EngineRequest ParseRequest(const json& body, const Shared& sh, int key, bool chat, bool& stream, bool& own_salt) {
   auto field = [&](const char* name) -> const json* { return body.contains(name) && !body[name].is_null() ? &body[name] : nullptr; };
   auto fail = [](const std::string& f, const std::string& m) { throw FieldError{f, m}; };
   if (const json* m = field("model")) {
@@ -204,15 +233,26 @@ EngineRequest ParseRequest(const json& body, const Shared& sh, bool chat, bool& 
     if (!v->is_boolean()) fail("stream", "'stream' must be a boolean");
     stream = v->get<bool>();
   }
-  r.extra.cache_salt = sh.salt;
+  // The tenant: the key's salt, and within it the request's own.
+  own_salt = false;
+  std::string salt = key >= 0 ? sh.key_salts[static_cast<size_t>(key)] : std::string();
+  if (const json* v = field("cache_salt")) {
+    if (!v->is_string() || v->get<std::string>().empty() || v->get<std::string>().size() > 256) {
+      fail("cache_salt", "'cache_salt' must be a string of 1 to 256 bytes");
+    }
+    const std::array<unsigned char, 32> d = Sha256(salt + '\0', v->get<std::string>());
+    salt.assign(reinterpret_cast<const char*>(d.data()), 16);
+    own_salt = true;
+  }
+  if (!salt.empty()) r.extra.cache_salt = salt;
   return r;
 }
 
-json Usage(const RequestResult& r) {
+json Usage(const RequestResult& r, bool report_cached) {
   return {{"prompt_tokens", r.prompt_tokens},
           {"completion_tokens", static_cast<int64_t>(r.tokens.size())},
           {"total_tokens", r.prompt_tokens + static_cast<int64_t>(r.tokens.size())},
-          {"prompt_tokens_details", {{"cached_tokens", r.cached_prompt_tokens}}}};
+          {"prompt_tokens_details", {{"cached_tokens", report_cached ? r.cached_prompt_tokens : 0}}}};
 }
 
 std::string FinishName(FinishReason f) { return f == FinishReason::kNone ? "" : FinishReasonName(f); }
@@ -265,10 +305,10 @@ void HandleGenerate(Shared& sh, const httplib::Request& req, httplib::Response& 
     return SendError(res, 404, "model '" + body["model"].get<std::string>() + "' does not exist; this server has '" + sh.model + "'",
                      "invalid_request_error", "model");
   }
-  bool stream = false;
+  bool stream = false, own_salt = false;
   EngineRequest er;
   try {
-    er = ParseRequest(body, sh, chat, stream);
+    er = ParseRequest(body, sh, KeyIndex(sh, req), chat, stream, own_salt);
   } catch (const FieldError& e) {
     return SendError(res, 400, e.message, "invalid_request_error", e.field);
   }
@@ -296,6 +336,7 @@ void HandleGenerate(Shared& sh, const httplib::Request& req, httplib::Response& 
     sh.in_flight.insert(rid);
   }
   const std::string cid = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(rid);
+  const bool report_cached = own_salt || sh.report_cached_always;
   const int64_t created = static_cast<int64_t>(std::time(nullptr));
   const char* object = chat ? "chat.completion" : "text_completion";
   auto done = [&sh, rid] {
@@ -308,7 +349,8 @@ void HandleGenerate(Shared& sh, const httplib::Request& req, httplib::Response& 
     Observe(sh, r);
     if (r.finish == FinishReason::kError) return SendError(res, 500, r.error.message(), "server_error");
     json out = {{"id", cid}, {"object", object}, {"created", created}, {"model", sh.model},
-                {"choices", json::array({Choice(chat, false, r.text, r.finish, true)})}, {"usage", Usage(r)}};
+                {"choices", json::array({Choice(chat, false, r.text, r.finish, true)})},
+                {"usage", Usage(r, report_cached)}};
     res.set_content(Dump(out), "application/json");
     return;
   }
@@ -316,7 +358,8 @@ void HandleGenerate(Shared& sh, const httplib::Request& req, httplib::Response& 
   auto first = std::make_shared<bool>(true);
   res.set_chunked_content_provider(
       "text/event-stream",
-      [&sh, updates, rid, cid, created, chat, chunk_object, first, done](size_t, httplib::DataSink& sink) {
+      [&sh, updates, rid, cid, created, chat, chunk_object, first, done, report_cached](size_t,
+                                                                                        httplib::DataSink& sink) {
         std::deque<TokenUpdate> batch;
         {
           std::unique_lock lock(updates->mu);
@@ -335,7 +378,7 @@ void HandleGenerate(Shared& sh, const httplib::Request& req, httplib::Response& 
             const RequestResult r = sh.engine->Wait(rid);
             done();
             Observe(sh, r);
-            chunk["usage"] = Usage(r);
+            chunk["usage"] = Usage(r, report_cached);
           }
           const std::string data = "data: " + Dump(chunk) + "\n\n";
           if (!sink.write(data.data(), data.size())) {
@@ -466,17 +509,17 @@ Status RunServer(const ServerOptions& o, const std::atomic<bool>& stop) {
   PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(o.engine));
   Shared sh;
   sh.engine = engine.get();
-  sh.api_key = o.api_key;
+  for (const std::string& k : o.api_keys) {
+    if (k.empty()) return InvalidArgumentError("server: an API key is empty");
+    sh.key_digests.push_back(Sha256(k));
+    const std::array<unsigned char, 32> salt = Sha256("pagekv tenant salt:", k);
+    sh.key_salts.emplace_back(reinterpret_cast<const char*>(salt.data()), 16);
+  }
+  sh.report_cached_always = o.report_cached_tokens_always;
   sh.model = o.model_name;
   if (sh.model.empty()) {
     const size_t slash = o.engine.model_path.find_last_of('/');
     sh.model = slash == std::string::npos ? o.engine.model_path : o.engine.model_path.substr(slash + 1);
-  }
-  if (!o.api_key.empty()) {
-    unsigned char digest[32];
-    unsigned int len = 0;
-    EVP_Digest(o.api_key.data(), o.api_key.size(), digest, &len, EVP_sha256(), nullptr);
-    sh.salt = std::string(reinterpret_cast<const char*>(digest), 16);
   }
   engine->Start();
 
@@ -494,8 +537,8 @@ Status RunServer(const ServerOptions& o, const std::atomic<bool>& stop) {
       SendError(res, 503, "the server is shutting down", "server_error");
       return httplib::Server::HandlerResponse::Handled;
     }
-    if (sh.api_key.empty() || req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
-    if (req.get_header_value("Authorization") != "Bearer " + sh.api_key) {
+    if (sh.key_digests.empty() || req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
+    if (KeyIndex(sh, req) < 0) {
       SendError(res, 401, "missing or wrong API key: send 'Authorization: Bearer <key>'", "authentication_error");
       return httplib::Server::HandlerResponse::Handled;
     }

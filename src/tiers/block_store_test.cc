@@ -60,37 +60,83 @@ std::string TempPath(const std::string& name) {
   return (std::filesystem::temp_directory_path() / ("pagekv-tier-" + std::to_string(::getpid()) + "-" + name)).string();
 }
 
-TEST(TierPayloadTest, EveryFieldIsCheckedOnDecode) {
+class TierPayloadTest : public ::testing::TestWithParam<bool> {
+ protected:
+  tiers::PayloadSeal seal_ = GetParam() ? tiers::PayloadSeal(std::string(32, 'k')) : tiers::PayloadSeal();
+};
+
+TEST_P(TierPayloadTest, EveryFieldIsCheckedOnDecode) {
+  const tiers::PayloadSeal& seal = seal_;
   std::vector<std::byte> p;
-  tiers::EncodePayload(Meta(3), Kv(3), p);
+  tiers::EncodePayload(Meta(3), Kv(3), seal, p);
   EXPECT_EQ(p.size(), tiers::PayloadBytes(kBlockLen, kKvBytes));
   std::vector<std::byte> out(kKvBytes);
-  ASSERT_TRUE(tiers::DecodePayload(p, Meta(3), out).ok());
+  ASSERT_TRUE(tiers::DecodePayload(p, Meta(3), out, seal).ok());
   EXPECT_EQ(out, Kv(3));
   // Another key, parent, tokens or geometry than asked: refused.
   BlockMeta other = Meta(3);
   other.key = KeyOf(4);
-  EXPECT_EQ(tiers::DecodePayload(p, other, out).code(), StatusCode::kDataLoss);
+  EXPECT_EQ(tiers::DecodePayload(p, other, out, seal).code(), StatusCode::kDataLoss);
   other = Meta(3);
   other.parent.reset();
-  EXPECT_EQ(tiers::DecodePayload(p, other, out).code(), StatusCode::kDataLoss);
+  EXPECT_EQ(tiers::DecodePayload(p, other, out, seal).code(), StatusCode::kDataLoss);
   other = Meta(3);
   other.tokens[5] += 1;  // a colliding key with other tokens
-  EXPECT_EQ(tiers::DecodePayload(p, other, out).code(), StatusCode::kDataLoss);
+  EXPECT_EQ(tiers::DecodePayload(p, other, out, seal).code(), StatusCode::kDataLoss);
   other = Meta(3);
   other.geometry += 1;
-  EXPECT_EQ(tiers::DecodePayload(p, other, out).code(), StatusCode::kDataLoss);
+  EXPECT_EQ(tiers::DecodePayload(p, other, out, seal).code(), StatusCode::kDataLoss);
   other = Meta(3);
   other.digest.bytes[31] ^= 1;  // same key, parent and tokens after another prefix (colliding keys)
-  EXPECT_EQ(tiers::DecodePayload(p, other, out).code(), StatusCode::kDataLoss);
+  EXPECT_EQ(tiers::DecodePayload(p, other, out, seal).code(), StatusCode::kDataLoss);
   // Any flipped byte fails the checksum (or an earlier check); truncation too.
   for (size_t at : {size_t{0}, size_t{9}, size_t{100}, tiers::kHeaderBytes + 3, p.size() - 1}) {
     std::vector<std::byte> bad = p;
     bad[at] ^= std::byte{0x10};
-    EXPECT_EQ(tiers::DecodePayload(bad, Meta(3), out).code(), StatusCode::kDataLoss) << "byte " << at;
+    EXPECT_EQ(tiers::DecodePayload(bad, Meta(3), out, seal).code(), StatusCode::kDataLoss) << "byte " << at;
   }
-  EXPECT_EQ(tiers::DecodePayload(std::span(p).first(p.size() - 1), Meta(3), out).code(), StatusCode::kDataLoss);
-  EXPECT_EQ(tiers::DecodePayload(std::span(p).first(50), Meta(3), out).code(), StatusCode::kDataLoss);
+  EXPECT_EQ(tiers::DecodePayload(std::span(p).first(p.size() - 1), Meta(3), out, seal).code(), StatusCode::kDataLoss);
+  EXPECT_EQ(tiers::DecodePayload(std::span(p).first(50), Meta(3), out, seal).code(), StatusCode::kDataLoss);
+}
+
+INSTANTIATE_TEST_SUITE_P(Seals, TierPayloadTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "Keyed" : "Checksum"; });
+
+// What someone who can write a store (the disk file, the Redis namespace)
+// but lacks the key can make: an altered block re-sealed with the checksum,
+// one sealed under their own key, a valid one replayed under another key.
+// A keyed store refuses each as not authentic; an unkeyed one accepts the
+// re-sealed one, which is why disk and Redis want a key.
+TEST(TierPayloadAuthTest, ForgedAlteredAndForeignKeyBlocksAreNotAuthentic) {
+  const tiers::PayloadSeal mine(std::string("0123456789abcdef-mine"));
+  const tiers::PayloadSeal theirs(std::string("0123456789abcdef-theirs"));
+  const tiers::PayloadSeal unkeyed;
+  std::vector<std::byte> forged, out(kKvBytes);
+  std::vector<std::byte> poison = Kv(3);
+  poison[17] ^= std::byte{0x55};
+  tiers::EncodePayload(Meta(3), poison, unkeyed, forged);  // altered KV, a valid checksum
+  EXPECT_TRUE(tiers::DecodePayload(forged, Meta(3), out, unkeyed).ok()) << "without a key, the forgery passes";
+  const Status s1 = tiers::DecodePayload(forged, Meta(3), out, mine);
+  EXPECT_TRUE(tiers::IsNotAuthentic(s1)) << s1.ToString();
+  tiers::EncodePayload(Meta(3), poison, theirs, forged);
+  const Status s2 = tiers::DecodePayload(forged, Meta(3), out, mine);
+  EXPECT_TRUE(tiers::IsNotAuthentic(s2)) << s2.ToString();
+  // A keyed payload whose flag is cleared and checksum recomputed by hand is
+  // still refused by the keyed store (it demands the MAC).
+  std::vector<std::byte> good;
+  tiers::EncodePayload(Meta(3), Kv(3), mine, good);
+  ASSERT_TRUE(tiers::DecodePayload(good, Meta(3), out, mine).ok());
+  EXPECT_EQ(out, Kv(3));
+  const Status s3 = tiers::DecodePayload(good, Meta(3), out, unkeyed);
+  EXPECT_FALSE(s3.ok());
+  EXPECT_FALSE(tiers::IsNotAuthentic(s3));  // a configuration mismatch, named as such
+  EXPECT_NE(s3.message().find("--tier-key"), std::string::npos) << s3.ToString();
+  // Every single-bit change anywhere in a keyed payload fails the MAC.
+  for (size_t at = 0; at < good.size(); at += 97) {
+    std::vector<std::byte> bad = good;
+    bad[at] ^= std::byte{0x01};
+    EXPECT_FALSE(tiers::DecodePayload(bad, Meta(3), out, mine).ok()) << "byte " << at;
+  }
 }
 
 // "+<i>" for a block newly held, "-<i>" for one dropped, by KeyOf index.
@@ -162,8 +208,9 @@ class DiskStoreTest : public ::testing::Test {
     std::filesystem::remove(path_);
     std::filesystem::remove(path_ + ".index");
   }
-  std::unique_ptr<BlockStore> Open(int64_t slots = 4) {
+  std::unique_ptr<BlockStore> Open(int64_t slots = 4, const std::string& key = "") {
     DiskStoreOptions o;
+    o.payload_key = key;
     o.on_change = [this](const TierChange& c) {
       EXPECT_EQ(c.tier, Tier::kDisk);
       changes_.push_back(c);
@@ -345,6 +392,44 @@ TEST_F(DiskStoreTest, TheFileIsPrivateAndNoOtherFileIsEverOverwritten) {
   ASSERT_TRUE(empty.ok()) << empty.status().ToString();
   empty->reset();
   for (const std::string& p : {foreign, foreign + ".index", link}) std::filesystem::remove(p);
+}
+
+// Someone who can write the file but lacks the key rewrites a block with
+// poisoned KV and a valid checksum: a keyed store refuses it (counted as
+// unauthenticated, dropped); an unkeyed one would load it.
+TEST_F(DiskStoreTest, ABlockRewrittenWithoutTheKeyIsRefused) {
+  const std::string key = "disk-test-key-0123456789";
+  for (const bool keyed : {true, false}) {
+    std::filesystem::remove(path_);
+    std::filesystem::remove(path_ + ".index");
+    auto s = Open(4, keyed ? key : "");
+    ExpectRoundTrip(*s, 1);
+    ASSERT_TRUE(s->Flush().ok());
+    std::vector<std::byte> poison = Kv(1), forged;
+    poison[3] ^= std::byte{0x7f};
+    tiers::EncodePayload(Meta(1), poison, tiers::PayloadSeal(), forged);
+    const int fd = ::open(path_.c_str(), O_RDWR);
+    ASSERT_EQ(::pwrite(fd, forged.data(), forged.size(), 4096), static_cast<ssize_t>(forged.size()));  // slot 0
+    ::close(fd);
+    std::vector<std::byte> out(kKvBytes);
+    if (keyed) {
+      EXPECT_FALSE(*s->Get(Meta(1), out));
+      EXPECT_EQ(s->Stats().unauthenticated, 1);
+      EXPECT_EQ(s->Stats().corrupt, 1);
+      EXPECT_FALSE(*s->Contains(KeyOf(1)));
+    } else {
+      ASSERT_TRUE(*s->Get(Meta(1), out));
+      EXPECT_EQ(out, poison) << "the unkeyed checksum does not stop a deliberate rewrite";
+    }
+  }
+  // Reopened under another key, the blocks of the first are refused.
+  std::filesystem::remove(path_);
+  std::filesystem::remove(path_ + ".index");
+  { ExpectRoundTrip(*Open(4, key), 2); }
+  auto other = Open(4, key + "-rotated");
+  std::vector<std::byte> out(kKvBytes);
+  EXPECT_FALSE(*other->Get(Meta(2), out));
+  EXPECT_EQ(other->Stats().unauthenticated, 1);
 }
 
 TEST_F(DiskStoreTest, ACorruptIndexStartsEmpty) {

@@ -223,7 +223,7 @@ struct BlockTiers::State {
       for (size_t i = 0; i < metas.size(); ++i) {
         if ((*got)[i]) {
           std::vector<std::byte> payload;
-          tiers::EncodePayload(metas[i], bufs[i], payload);
+          tiers::EncodePayload(metas[i], bufs[i], tiers::PayloadSeal{}, payload);  // checked above; held in this process
           Stage(metas[i].key, std::move(payload), s->tier());
         } else {
           missing.push_back(std::move(metas[i]));
@@ -310,6 +310,14 @@ Result<std::unique_ptr<BlockTiers>> BlockTiers::Create(const TierOptions& o, int
   if (o.queue_blocks < 1 || o.workers < 1 || o.workers > 64) {
     return InvalidArgumentError("tiers: queue_blocks must be at least 1 and workers within 1..64");
   }
+  if (!o.payload_key.empty() && o.payload_key.size() < 16) {
+    return InvalidArgumentError("tiers: the tier key has " + std::to_string(o.payload_key.size()) +
+                                " bytes; give at least 16 (e.g. head -c 32 /dev/urandom | base64 > KEYFILE)");
+  }
+  if (o.payload_key.empty() && (!o.disk_path.empty() || !o.redis_url.empty()) && o.log) {
+    o.log("tiers: warning: no tier key (--tier-key-env / --tier-key-file): disk and Redis blocks carry a checksum, not "
+          "a MAC, so anyone who can write the cache file or the Redis namespace can change the KV this process loads");
+  }
   auto st = std::make_unique<State>();
   st->o = o;
   st->block_len = block_len;
@@ -335,6 +343,7 @@ Result<std::unique_ptr<BlockTiers>> BlockTiers::Create(const TierOptions& o, int
     d.kv_bytes = kv_bytes;
     d.direct_io = o.disk_direct_io;
     d.on_change = sink;
+    d.payload_key = o.payload_key;
     PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<BlockStore> s, CreateDiskStore(d));
     st->stores.push_back(std::move(s));
   }
@@ -346,6 +355,7 @@ Result<std::unique_ptr<BlockTiers>> BlockTiers::Create(const TierOptions& o, int
     r.timeout_ms = o.redis_timeout_ms;
     r.ttl_seconds = o.redis_ttl_seconds;
     r.on_change = sink;
+    r.payload_key = o.payload_key;
     PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<BlockStore> s, CreateRedisStore(r));
     st->stores.push_back(std::move(s));
   }
@@ -397,7 +407,7 @@ std::optional<Tier> BlockTiers::Load(const BlockMeta& meta, std::span<std::byte>
       // parent and geometry: the request that asked for the prefetch may
       // have had other tokens under the same key.
       const Tier from = it->second.from;
-      const bool ok = tiers::DecodePayload(it->second.payload, meta, kv).ok();
+      const bool ok = tiers::DecodePayload(it->second.payload, meta, kv, tiers::PayloadSeal{}).ok();
       st.staged.erase(it);  // the pool holds it from now on, or it was not this request's (its order entry ages out)
       if (ok) {
         ++st.load_hits[static_cast<int>(from)];

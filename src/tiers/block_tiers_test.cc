@@ -105,6 +105,30 @@ TEST_F(BlockTiersTest, WriteThroughReachesDiskAtPublishAndSurvivesARestart) {
   EXPECT_EQ(out, Kv(2));
 }
 
+TEST_F(BlockTiersTest, UnderATierKeyBlocksSurviveARestartOnlyUnderTheSameKey) {
+  TierOptions o;
+  o.disk_path = disk_;
+  o.disk_bytes = 16 * 4096;
+  o.payload_key = "a tier key of 32 bytes, or more.";
+  {
+    auto t = Make(o);
+    EXPECT_TRUE(log_.empty()) << log_[0];  // keyed: no warning
+    for (uint64_t i = 0; i < 3; ++i) t->Published(Meta(i), Kv(i));
+  }
+  {
+    auto t = Make(o);
+    std::vector<std::byte> out(kKvBytes);
+    EXPECT_EQ(t->Load(Meta(2), out), Tier::kDisk);
+    EXPECT_EQ(out, Kv(2));
+  }
+  o.payload_key += "-rotated";
+  auto t = Make(o);
+  std::vector<std::byte> out(kKvBytes);
+  EXPECT_EQ(t->Load(Meta(1), out), std::nullopt);  // a miss, recomputed by the caller
+  EXPECT_EQ(t->Stats().tiers[0].unauthenticated, 1);
+  EXPECT_EQ(t->Stats().load_failures, 1);
+}
+
 TEST_F(BlockTiersTest, PrefetchStagesSlowBlocksAndCreditsTheirTier) {
   TierOptions o;
   o.host_bytes = HostSlots(4);
@@ -144,6 +168,12 @@ TEST_F(BlockTiersTest, BadOptionsAreNamed) {
   o = {};
   o.redis_url = "localhost:6379";
   EXPECT_EQ(BlockTiers::Create(o, kBlockLen, kKvBytes).status().code(), StatusCode::kInvalidArgument);
+  o = {};
+  o.host_bytes = HostSlots(2);
+  o.payload_key = "too short";
+  auto short_key = BlockTiers::Create(o, kBlockLen, kKvBytes);
+  ASSERT_FALSE(short_key.ok());
+  EXPECT_NE(short_key.status().message().find("at least 16"), std::string::npos) << short_key.status().ToString();
 }
 
 TEST_F(BlockTiersTest, RedisDownIsAMissLoggedAndCountedAndHealsAfterRestart) {
@@ -157,6 +187,9 @@ TEST_F(BlockTiersTest, RedisDownIsAMissLoggedAndCountedAndHealsAfterRestart) {
   for (uint64_t i = 0; i < 3; ++i) t->Published(Meta(i), Kv(i));
   t->Drain();
   EXPECT_EQ(t->LocatePrefix(Keys({0, 1, 2})).size(), 3u);
+  ASSERT_EQ(log_.size(), 1u);  // no tier key: warned once at creation
+  EXPECT_NE(log_[0].find("no tier key"), std::string::npos) << log_[0];
+  log_.clear();
   redis.Kill();
   EXPECT_TRUE(t->LocatePrefix(Keys({0, 1, 2})).empty());  // down: not found, no hang
   std::vector<std::byte> out(kKvBytes);

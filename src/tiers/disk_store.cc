@@ -143,7 +143,7 @@ class DiskStore final : public BlockStore {
       ++stats_.evictions;
     }
     std::memset(buf_.data + bytes, 0, slot_bytes_ - bytes);
-    tiers::EncodePayloadInto(meta, kv, buf_.span().first(bytes));
+    tiers::EncodePayloadInto(meta, kv, seal_, buf_.span().first(bytes));
     const ssize_t n = ::pwrite(fd_, buf_.data, slot_bytes_, kDataOffset + static_cast<off_t>(slot * slot_bytes_));
     if (n != static_cast<ssize_t>(slot_bytes_)) {
       const std::string why = n < 0 ? Errno("disk tier: write to " + o_.path) : "disk tier: short write to " + o_.path;
@@ -174,8 +174,9 @@ class DiskStore final : public BlockStore {
       ++stats_.errors;
       return UnavailableError(Errno("disk tier: read from " + o_.path));
     }
-    if (!tiers::DecodePayload(buf_.span().first(static_cast<size_t>(n)), meta, kv).ok()) {
+    if (const Status d = tiers::DecodePayload(buf_.span().first(static_cast<size_t>(n)), meta, kv, seal_); !d.ok()) {
       ++stats_.corrupt;  // truncated file, flipped bits, or a slot the index no longer describes
+      if (tiers::IsNotAuthentic(d)) ++stats_.unauthenticated;  // or a block written by someone without the key
       ++stats_.misses;
       Removed(meta.key);
       lru_.erase(it->second);
@@ -284,6 +285,7 @@ class DiskStore final : public BlockStore {
   }
 
   const DiskStoreOptions o_;
+  const tiers::PayloadSeal seal_{o_.payload_key};
   const int fd_;
   const size_t slot_bytes_, slots_;
   mutable std::mutex mu_;

@@ -46,7 +46,7 @@ class HostStore final : public BlockStore {
       Changed(TierChange::Kind::kRemoved, old);
       ++stats_.evictions;
     }
-    tiers::EncodePayloadInto(meta, kv, Slot(slot));
+    tiers::EncodePayloadInto(meta, kv, seal_, Slot(slot));
     metas_[slot] = meta;
     lru_.push_back(slot);
     index_[meta.key] = Where{slot, std::prev(lru_.end())};
@@ -64,8 +64,9 @@ class HostStore final : public BlockStore {
       return false;
     }
     const size_t slot = it->second.slot;
-    if (!tiers::DecodePayload(Slot(slot), meta, kv).ok()) {
+    if (const Status d = tiers::DecodePayload(Slot(slot), meta, kv, seal_); !d.ok()) {
       ++stats_.corrupt;
+      if (tiers::IsNotAuthentic(d)) ++stats_.unauthenticated;
       ++stats_.misses;
       Drop(it);
       return false;
@@ -138,6 +139,7 @@ class HostStore final : public BlockStore {
   }
 
   const HostStoreOptions o_;
+  const tiers::PayloadSeal seal_{o_.payload_key};
   const size_t slot_bytes_;
   mutable std::mutex mu_;
   std::vector<std::byte> arena_;  // [slots][slot_bytes]

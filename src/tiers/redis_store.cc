@@ -86,7 +86,7 @@ class RedisStore final : public BlockStore {
 
   Status Put(const BlockMeta& meta, std::span<const std::byte> kv) override {
     std::vector<std::byte> payload;
-    tiers::EncodePayload(meta, kv, payload);
+    tiers::EncodePayload(meta, kv, seal_, payload);
     const std::string key = Key(meta.key);
     std::lock_guard lock(mu_);
     PAGEKV_RETURN_IF_ERROR(Connect());
@@ -112,11 +112,19 @@ class RedisStore final : public BlockStore {
       Gone(meta.key);  // evicted or expired by the server, or deleted by another process
       return false;
     }
-    if (r->type != REDIS_REPLY_STRING ||
-        !tiers::DecodePayload({reinterpret_cast<const std::byte*>(r->str), r->len}, meta, kv).ok()) {
+    const Status d = r->type == REDIS_REPLY_STRING
+                         ? tiers::DecodePayload({reinterpret_cast<const std::byte*>(r->str), r->len}, meta, kv, seal_)
+                         : DataLossError("redis tier: GET did not return a string");
+    if (!d.ok()) {
       ++stats_.corrupt;
       ++stats_.misses;
-      Delete(meta.key, key);
+      // A block this key cannot authenticate stays: the namespace is shared,
+      // and a process given the wrong key must not wipe the others' blocks.
+      if (tiers::IsNotAuthentic(d)) {
+        ++stats_.unauthenticated;
+      } else {
+        Delete(meta.key, key);
+      }
       return false;
     }
     ++stats_.hits;
@@ -155,7 +163,7 @@ class RedisStore final : public BlockStore {
     std::vector<std::vector<std::byte>> payloads(metas.size());
     std::vector<std::string> keys;
     for (size_t i = 0; i < metas.size(); ++i) {
-      tiers::EncodePayload(metas[i], kvs[i], payloads[i]);
+      tiers::EncodePayload(metas[i], kvs[i], seal_, payloads[i]);
       keys.push_back(Key(metas[i].key));
     }
     std::lock_guard lock(mu_);
@@ -202,14 +210,21 @@ class RedisStore final : public BlockStore {
       if (r->type == REDIS_REPLY_NIL) {
         ++stats_.misses;
         Gone(metas[i].key);
-      } else if (r->type == REDIS_REPLY_STRING &&
-                 tiers::DecodePayload({reinterpret_cast<const std::byte*>(r->str), r->len}, metas[i], kvs[i]).ok()) {
+      } else if (const Status d =
+                     r->type == REDIS_REPLY_STRING
+                         ? tiers::DecodePayload({reinterpret_cast<const std::byte*>(r->str), r->len}, metas[i], kvs[i], seal_)
+                         : DataLossError("redis tier: GET did not return a string");
+                 d.ok()) {
         ++stats_.hits;
         out[i] = true;
       } else {
         ++stats_.corrupt;
         ++stats_.misses;
-        bad.push_back(i);
+        if (tiers::IsNotAuthentic(d)) {
+          ++stats_.unauthenticated;  // left for the processes that hold its key (as Get)
+        } else {
+          bad.push_back(i);
+        }
       }
     }
     for (size_t i : bad) Delete(metas[i].key, keys[i]);
@@ -331,6 +346,7 @@ class RedisStore final : public BlockStore {
   }
 
   const RedisStoreOptions o_;
+  const tiers::PayloadSeal seal_{o_.payload_key};
   Endpoint ep_;
   mutable std::mutex mu_;
   redisContext* ctx_ = nullptr;
