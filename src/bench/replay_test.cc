@@ -108,6 +108,9 @@ TEST(ReplayTest, MalformedTracesNameTheLineAndTheField) {
            {"{\"input_length\": 10, \"output_length\": -1, \"hash_ids\": [1]}\n", "'output_length' is negative"},
            {"{\"input_length\": 10, \"output_length\": \"x\", \"hash_ids\": [1]}\n", "'output_length' is not an integer"},
            {"{\"input_length\": 10, \"timestamp\": -5, \"hash_ids\": [1]}\n", "line 1: field 'timestamp'"},
+           // A line without end is refused at its limit, never held whole.
+           {"{\"input_length\": 10, \"hash_ids\": [1]}\n{\"x\": \"" + std::string(5 << 20, 'a') + "\"}\n",
+            "line 2: longer than 4 MiB"},
        }) {
     const std::string path = WriteTemp("bad.jsonl", c.text);
     ReplayOptions o;
@@ -138,6 +141,9 @@ TEST(ReplayTest, MalformedTracesNameTheLineAndTheField) {
   }
   o.trace_path = "/nonexistent/trace.jsonl";
   EXPECT_EQ(ReplayTrace(o).status().code(), StatusCode::kNotFound);
+  o.trace_path = "/dev/zero";  // used to be read without end
+  const Status dev = ReplayTrace(o).status();
+  EXPECT_NE(dev.message().find("is a device; give a regular file"), std::string::npos) << dev.ToString();
 }
 
 TEST(ReplayTest, AzureTracesReplayWithNoHits) {

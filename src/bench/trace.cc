@@ -1,5 +1,7 @@
 #include "bench/trace.h"
 
+#include <unistd.h>
+
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -9,6 +11,8 @@
 #include <sstream>
 
 #include <nlohmann/json.hpp>
+
+#include "base/regular_file.h"
 
 namespace pagekv::bench {
 
@@ -63,6 +67,27 @@ std::optional<std::string> BadJsonCount(const std::string& field, const nlohmann
   return BadCount(field, v.get<int64_t>());
 }
 
+// One line of at most kMaxLineBytes (far beyond a real trace's: a Mooncake
+// line at the token limit has 32768 hash ids); false at the end. A longer
+// one sets too_long and is skipped to its end, never held whole.
+constexpr size_t kMaxLineBytes = size_t{4} << 20;
+bool ReadLine(std::istream& in, std::string& out, bool& too_long) {
+  out.clear();
+  too_long = false;
+  std::streambuf* sb = in.rdbuf();
+  bool any = false;
+  for (int c; (c = sb->sbumpc()) != std::char_traits<char>::eof();) {
+    any = true;
+    if (c == '\n') return true;
+    if (out.size() >= kMaxLineBytes) {
+      too_long = true;
+      continue;
+    }
+    out.push_back(static_cast<char>(c));
+  }
+  return any;
+}
+
 // A decimal integer cell, wholly consumed and within int64.
 std::optional<int64_t> ParseInt(const std::string& cell) {
   errno = 0;
@@ -75,7 +100,9 @@ std::optional<int64_t> ParseInt(const std::string& cell) {
 Result<std::vector<TraceRequest>> ReadMooncake(std::istream& in, int64_t limit) {
   std::vector<TraceRequest> out;
   std::string text;
-  for (int64_t line = 1; (limit <= 0 || static_cast<int64_t>(out.size()) < limit) && std::getline(in, text); ++line) {
+  bool too_long = false;
+  for (int64_t line = 1; (limit <= 0 || static_cast<int64_t>(out.size()) < limit) && ReadLine(in, text, too_long); ++line) {
+    if (too_long) return LineError(line, "longer than 4 MiB (not a trace line)");
     if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
     nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded() || !j.is_object()) return LineError(line, "not a JSON object (expected Mooncake JSON lines)");
@@ -121,7 +148,9 @@ Result<std::vector<TraceRequest>> ReadAzure(std::istream& in, int64_t limit) {
   std::string text;
   int64_t column = -1, out_column = -1, time_column = -1;
   double first_time = -1;
-  for (int64_t line = 1; (limit <= 0 || static_cast<int64_t>(out.size()) < limit) && std::getline(in, text); ++line) {
+  bool too_long = false;
+  for (int64_t line = 1; (limit <= 0 || static_cast<int64_t>(out.size()) < limit) && ReadLine(in, text, too_long); ++line) {
+    if (too_long) return LineError(line, "longer than 4 MiB (not a trace line)");
     if (!text.empty() && text.back() == '\r') text.pop_back();
     if (text.empty()) continue;
     std::vector<std::string> cells;
@@ -176,20 +205,28 @@ Result<std::vector<TraceRequest>> ReadAzure(std::istream& in, int64_t limit) {
 
 }  // namespace
 
+Result<std::vector<TraceRequest>> ParseTrace(std::istream& in, TraceFormat format, int64_t limit) {
+  PAGEKV_ASSIGN_OR_RETURN(std::vector<TraceRequest> out,
+                          format == TraceFormat::kAzure ? ReadAzure(in, limit) : ReadMooncake(in, limit));
+  if (!out.empty() && format == TraceFormat::kMooncake) {
+    const double first = out.front().arrival_s;
+    for (TraceRequest& r : out) r.arrival_s -= first;
+  }
+  return out;
+}
+
 Result<std::vector<TraceRequest>> ReadTrace(const std::string& path, TraceFormat format, int64_t limit,
                                             TraceFormat* resolved) {
+  // A FIFO or a device is refused before anything is read (no endless read).
+  PAGEKV_ASSIGN_OR_RETURN(RegularFile f, OpenRegularFile(path, "trace"));
+  ::close(f.fd);
   std::ifstream in(path);
   if (!in) return NotFoundError("cannot open trace '" + path + "'");
   if (format == TraceFormat::kAuto) {
     format = path.size() >= 4 && path.compare(path.size() - 4, 4, ".csv") == 0 ? TraceFormat::kAzure : TraceFormat::kMooncake;
   }
   if (resolved != nullptr) *resolved = format;
-  PAGEKV_ASSIGN_OR_RETURN(std::vector<TraceRequest> out, format == TraceFormat::kAzure ? ReadAzure(in, limit) : ReadMooncake(in, limit));
-  if (!out.empty() && format == TraceFormat::kMooncake) {
-    const double first = out.front().arrival_s;
-    for (TraceRequest& r : out) r.arrival_s -= first;
-  }
-  return out;
+  return ParseTrace(in, format, limit);
 }
 
 }  // namespace pagekv::bench

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <istream>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,9 @@ struct TraceRequest {
 // that many requests.
 Result<std::vector<TraceRequest>> ReadTrace(const std::string& path, TraceFormat format, int64_t limit = 0,
                                             TraceFormat* resolved = nullptr);
+
+// The same from a stream in a resolved format (kMooncake or kAzure).
+Result<std::vector<TraceRequest>> ParseTrace(std::istream& in, TraceFormat format, int64_t limit = 0);
 
 // Prompt token ids: 512-token chunk i from hash_ids[i] (equal ids, equal
 // tokens), or unique to the request `index` when there are no hash ids.

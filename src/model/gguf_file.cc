@@ -1,5 +1,7 @@
 #include "model/gguf_file.h"
 
+#include "base/regular_file.h"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -162,19 +164,10 @@ std::string_view GgmlTypeName(uint32_t type) {
 }
 
 Result<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    const int err = errno;
-    const std::string msg = "cannot open model file '" + path + "': " + std::strerror(err);
-    return err == ENOENT ? NotFoundError(msg) : IoError(msg);
-  }
-  struct stat st {};
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return IoError("'" + path + "' is not a regular file");
-  }
+  PAGEKV_ASSIGN_OR_RETURN(RegularFile rf, OpenRegularFile(path, "model file"));
+  const int fd = rf.fd;
   auto file = std::unique_ptr<GgufFile>(new GgufFile());
-  file->size_ = static_cast<size_t>(st.st_size);
+  file->size_ = static_cast<size_t>(rf.size);
   if (file->size_ == 0) {
     ::close(fd);
     return DataLossError("model file '" + path + "' is empty");

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "base/regular_file.h"
 #include "base/thread_pool.h"
 #include "kernels/backend.h"
 #include "kernels/ops.h"
@@ -322,18 +323,13 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::FromGguf(std::unique_ptr<GgufFil
 }
 
 Result<std::unique_ptr<LlamaModel>> LlamaModel::FromLlama2c(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    const int err = errno;
-    const std::string msg = "cannot open checkpoint '" + path + "': " + std::strerror(err);
-    return err == ENOENT ? NotFoundError(msg) : IoError(msg);
-  }
-  struct stat st {};
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size < 28) {
+  PAGEKV_ASSIGN_OR_RETURN(RegularFile rf, OpenRegularFile(path, "checkpoint"));
+  const int fd = rf.fd;
+  if (rf.size < 28) {
     ::close(fd);
     return DataLossError("checkpoint '" + path + "' is too small for a llama2.c header");
   }
-  const auto size = static_cast<size_t>(st.st_size);
+  const auto size = static_cast<size_t>(rf.size);
   void* p = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
   ::close(fd);
   if (p == MAP_FAILED) return IoError("cannot map '" + path + "'");
@@ -368,6 +364,13 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::FromLlama2c(const std::string& p
   if (static_cast<uint64_t>(floats) * 4 + 28 > size) {
     return DataLossError("checkpoint '" + path + "' is truncated: the header needs " + std::to_string(floats * 4 + 28) +
                          " bytes, the file has " + std::to_string(size));
+  }
+  if (static_cast<uint64_t>(floats) * 4 + 28 != size) {
+    // The header describes a smaller model than the file holds: its weights
+    // would be read at the wrong offsets (garbage, not an error) if loaded.
+    return DataLossError("checkpoint '" + path + "': its header describes " + std::to_string(floats * 4 + 28) +
+                         " bytes, the file has " + std::to_string(size) +
+                         " (a header from another model, or extra data appended)");
   }
   const float* w = reinterpret_cast<const float*>(mapping.get() + 28);
   auto take = [&](int64_t n) {

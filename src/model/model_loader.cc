@@ -1,8 +1,11 @@
 // LoadModel (model_loader.h): a GGUF, or a llama2.c checkpoint and its tokenizer.
 #include "model/model_loader.h"
 
+#include <unistd.h>
+
 #include <cstring>
-#include <fstream>
+
+#include "base/regular_file.h"
 
 #include "model/gguf_file.h"
 
@@ -12,9 +15,10 @@ Result<LoadedModel> LoadModel(const std::string& model_path, const std::string& 
   if (model_path.empty()) return InvalidArgumentError("no model: pass --model PATH (a .gguf or a llama2.c .bin)");
   char magic[4] = {};
   {
-    std::ifstream in(model_path, std::ios::binary);
-    if (!in) return NotFoundError("cannot open model file '" + model_path + "'");
-    in.read(magic, 4);
+    PAGEKV_ASSIGN_OR_RETURN(RegularFile f, OpenRegularFile(model_path, "model file"));
+    const ssize_t n = ::pread(f.fd, magic, 4, 0);
+    ::close(f.fd);
+    if (n != 4) return DataLossError("model file '" + model_path + "' is too small to be a model");
   }
   LoadedModel out;
   if (std::memcmp(magic, "GGUF", 4) == 0) {

@@ -1,7 +1,10 @@
 #include "model/tokenizer.h"
 
+#include "base/regular_file.h"
+
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -341,9 +344,15 @@ Result<Tokenizer> Tokenizer::FromGguf(const GgufFile& file) {
 }
 
 Result<Tokenizer> Tokenizer::FromLlama2c(const std::string& path, int32_t vocab_size) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFoundError("cannot open tokenizer '" + path + "'");
-  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // A llama2.c tokenizer of vocab_size pieces is far below 1 GiB.
+  PAGEKV_ASSIGN_OR_RETURN(RegularFile rf, OpenRegularFile(path, "tokenizer", int64_t{1} << 30));
+  std::string bytes(static_cast<size_t>(rf.size), '\0');
+  size_t got = 0;
+  for (ssize_t n; got < bytes.size() && (n = ::read(rf.fd, bytes.data() + got, bytes.size() - got)) > 0;) {
+    got += static_cast<size_t>(n);
+  }
+  ::close(rf.fd);
+  bytes.resize(got);
   size_t pos = 0;
   auto read = [&](void* out, size_t n) {
     if (bytes.size() - pos < n) return false;
