@@ -3,14 +3,18 @@
 // streaming) must equal `pagekv generate` for the same prompt; then the error
 // cases, a client that disconnects mid-stream, /metrics as Prometheus text,
 // and SIGTERM ending in a clean exit.
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cstdio>
 #include <algorithm>
+#include <atomic>
+#include <cstdio>
 #include <cctype>
 #include <cstdlib>
 #include <filesystem>
@@ -457,6 +461,57 @@ TEST(ServeTest, KeyFlagsAreCheckedAndAKeyOnTheCommandLineWarns) {
   EXPECT_NE(out.find("exit=2"), std::string::npos) << out;
   out = run("--api-key on-the-command-line");
   EXPECT_NE(out.find("warning: --api-key shows the key"), std::string::npos) << out;
+}
+
+// A body is bounded whatever its encoding: a compressed one is refused
+// before it is inflated (a gzip bomb), a chunked one as soon as it passes
+// --max-body-bytes, while it is still being sent.
+TEST(ServeTest, CompressedAndChunkedBodiesAreBoundedBeforeTheyAreRead) {
+  Server server({"--max-body-bytes", "4096"});
+  ASSERT_GT(server.port(), 0);
+  httplib::Client cli("127.0.0.1", server.port());
+  auto gz = cli.Post("/v1/completions", {{"Content-Encoding", "gzip"}}, std::string(64, '\x1f'), "application/json");
+  ASSERT_TRUE(gz);
+  EXPECT_EQ(gz->status, 415);
+  EXPECT_NE(gz->body.find("Content-Encoding"), std::string::npos) << gz->body;
+  EXPECT_TRUE(json::parse(gz->body).contains("error"));
+
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(server.port()));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  const std::string head = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                           "Transfer-Encoding: chunked\r\n\r\n";
+  ASSERT_EQ(send(fd, head.data(), head.size(), MSG_NOSIGNAL), static_cast<ssize_t>(head.size()));
+  // Up to 256 MiB in 64 KiB chunks; the server must answer long before.
+  std::atomic<int64_t> sent{0};
+  std::thread sender([&] {
+    const std::string body(65536, ' ');
+    char size_line[32];
+    std::snprintf(size_line, sizeof size_line, "%zx\r\n", body.size());
+    const std::string chunk = size_line + body + "\r\n";
+    for (int i = 0; i < 4096; ++i) {
+      if (send(fd, chunk.data(), chunk.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(chunk.size())) return;
+      sent += static_cast<int64_t>(chunk.size());
+    }
+  });
+  std::string reply;
+  char buf[4096];
+  timeval tv{20, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  for (ssize_t n; reply.find("\r\n\r\n") == std::string::npos && (n = recv(fd, buf, sizeof buf, 0)) > 0;) {
+    reply.append(buf, static_cast<size_t>(n));
+  }
+  shutdown(fd, SHUT_RDWR);
+  sender.join();
+  close(fd);
+  EXPECT_EQ(reply.rfind("HTTP/1.1 413", 0), 0u) << reply.substr(0, 200);
+  EXPECT_LT(sent.load(), int64_t{64} << 20) << "the whole chunked body was taken in before the answer";
+  auto health = cli.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
 }
 
 TEST(ServeTest, TwoServersShareAPrefixThroughRedis) {

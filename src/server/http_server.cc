@@ -285,16 +285,17 @@ void Observe(Shared& sh, const RequestResult& r) {
   for (double d : r.inter_token) sh.itl.Observe(d);
 }
 
-void HandleGenerate(Shared& sh, const httplib::Request& req, httplib::Response& res, bool chat) {
+void HandleGenerate(Shared& sh, const httplib::Request& req, const std::string& text, httplib::Response& res,
+                    bool chat) {
   {
     std::lock_guard lock(sh.mu);
     ++sh.requests_total;
   }
-  json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+  json body = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded() || !body.is_object()) {
     std::string why = "the body is not a JSON object";
     try {
-      const json reparsed = json::parse(req.body);
+      const json reparsed = json::parse(text);
       why = "the body is " + std::string(reparsed.type_name()) + ", not a JSON object";
     } catch (const json::exception& e) {  // a parse error, or a number out of range (1e400)
       why = std::string("malformed JSON: ") + e.what();
@@ -532,6 +533,14 @@ Status RunServer(const ServerOptions& o, const std::atomic<bool>& stop) {
     SendError(res, 500, "internal error while handling the request", "server_error");
   });
   svr.set_pre_routing_handler([&sh](const httplib::Request& req, httplib::Response& res) {
+    // Before any body is read: a compressed body is refused, not inflated
+    // (a few KB of gzip can inflate to gigabytes).
+    if (const std::string enc = req.get_header_value("Content-Encoding"); !enc.empty() && enc != "identity") {
+      res.set_header("Connection", "close");
+      SendError(res, 415, "Content-Encoding '" + enc + "' is not accepted: send the body uncompressed",
+                "invalid_request_error");
+      return httplib::Server::HandlerResponse::Handled;
+    }
     if (sh.draining.load() && req.path.rfind("/v1/", 0) == 0) {
       res.set_header("Retry-After", "5");
       SendError(res, 503, "the server is shutting down", "server_error");
@@ -557,8 +566,35 @@ Status RunServer(const ServerOptions& o, const std::atomic<bool>& stop) {
       SendError(res, 404, "no such endpoint", "invalid_request_error");
     }
   });
-  svr.Post("/v1/completions", [&sh](const httplib::Request& req, httplib::Response& res) { HandleGenerate(sh, req, res, false); });
-  svr.Post("/v1/chat/completions", [&sh](const httplib::Request& req, httplib::Response& res) { HandleGenerate(sh, req, res, true); });
+  // The body is read here as it streams, whatever its transfer encoding, and
+  // refused as soon as it passes --max-body-bytes (httplib bounds only a
+  // Content-Length body; a chunked one it would read whole).
+  auto generate = [&sh, &o](bool chat) {
+    return [&sh, &o, chat](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+      std::string body;
+      bool too_large = false;
+      const bool read = reader([&](const char* data, size_t n) {
+        if (body.size() + n > static_cast<size_t>(o.max_body_bytes)) {
+          too_large = true;
+          return false;
+        }
+        body.append(data, n);
+        return true;
+      });
+      too_large = too_large || res.status == 413;  // a Content-Length past the limit: httplib's own check
+      if (too_large || !read) {
+        res.set_header("Connection", "close");  // the rest of the body is never read
+        return too_large ? SendError(res, 413,
+                                     "the body is larger than --max-body-bytes (" + std::to_string(o.max_body_bytes) + ")",
+                                     "invalid_request_error")
+                         : SendError(res, 400, "the body could not be read (malformed chunked encoding, or cut short)",
+                                     "invalid_request_error");
+      }
+      HandleGenerate(sh, req, body, res, chat);
+    };
+  };
+  svr.Post("/v1/completions", generate(false));
+  svr.Post("/v1/chat/completions", generate(true));
   svr.Get("/v1/models", [&sh](const httplib::Request&, httplib::Response& res) {
     json out = {{"object", "list"}, {"data", json::array({{{"id", sh.model}, {"object", "model"}, {"created", 0}, {"owned_by", "pagekv"}}})}};
     res.set_content(out.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
