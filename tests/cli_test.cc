@@ -335,3 +335,21 @@ TEST(CliBenchTest, ServeBenchRunsBothAllocatorsAndWritesAPlot) {
 }
 
 }  // namespace
+
+namespace {
+
+// `pagekv bench tiers` measures both seals on one block and names the CPU.
+TEST(CliBenchTiersTest, ReportsTheChecksumAndTheMacOnOneBlock) {
+  const RunResult r = RunCli("bench tiers --block-len 16 --layers 2 --seconds 0.01 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_FALSE(j["cpu"].get<std::string>().empty());
+  EXPECT_EQ(j["kv_bytes"], 2 * 2 * 3 * 64 * 16 * 2);
+  EXPECT_GT(j["payload_bytes"].get<int64_t>(), j["kv_bytes"].get<int64_t>());
+  for (const char* k : {"checksum_seal_gbps", "checksum_check_gbps", "mac_seal_gbps", "mac_check_gbps"}) {
+    EXPECT_GT(j[k].get<double>(), 0) << k;
+  }
+  EXPECT_EQ(RunCli("bench tiers --dtype int4").exit_code, 2);
+}
+
+}  // namespace

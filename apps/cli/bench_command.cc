@@ -1,6 +1,7 @@
 // `pagekv bench attention`: decode attention against the roofline measured in
 // the same run; a readable table, or one JSON object with --json.
 #include <cstdio>
+#include <fstream>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -363,6 +364,66 @@ int RunServeBenchCommand(const ServeBenchArgs& a) {
   return kExitOk;
 }
 
+// The CPU's name from /proc/cpuinfo ("unknown" elsewhere).
+std::string CpuName() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos) {
+      return line.substr(line.find(':') + 2);
+    }
+  }
+  return "unknown";
+}
+
+struct SealBenchArgs {
+  bool json = false;
+  int32_t block_len = 128, layers = 30, kv_heads = 3, head_dim = 64;
+  std::string dtype = "f16";
+  double seconds = 0.5;
+};
+
+// `pagekv bench tiers`: what the tier payload's seal costs, checksum vs MAC,
+// on one block of a model's shape (default: SmolLM2-135M, f16, 128 tokens).
+int RunSealBench(const SealBenchArgs& a) {
+  Result<DType> dt = ParseDType(a.dtype);
+  if (!dt.ok() || DTypeBits(*dt) < 8) {
+    std::fprintf(stderr, "error: --dtype '%s': give f32, f16, bf16, int8 or an fp8 type\n", a.dtype.c_str());
+    return kExitBadInput;
+  }
+  const int64_t kv_bytes = int64_t{2} * a.layers * a.kv_heads * a.head_dim * a.block_len * DTypeBits(*dt) / 8;
+  Result<SealSpeed> r = MeasureSealSpeed(a.block_len, kv_bytes, a.seconds);
+  if (!r.ok()) {
+    std::fprintf(stderr, "error: %s\n", r.status().message().c_str());
+    return kExitBadInput;
+  }
+  const double mb = static_cast<double>(r->payload_bytes) / 1e6;
+  if (a.json) {
+    nlohmann::ordered_json j;
+    j["cpu"] = CpuName();
+    j["block_len"] = a.block_len;
+    j["kv_bytes"] = kv_bytes;
+    j["payload_bytes"] = r->payload_bytes;
+    j["checksum_seal_gbps"] = r->checksum_seal_gbps;
+    j["checksum_check_gbps"] = r->checksum_check_gbps;
+    j["mac_seal_gbps"] = r->mac_seal_gbps;
+    j["mac_check_gbps"] = r->mac_check_gbps;
+    j["memcpy_gbps"] = r->memcpy_gbps;
+    j["mac_check_ms_per_block"] = mb / r->mac_check_gbps;
+    j["checksum_check_ms_per_block"] = mb / r->checksum_check_gbps;
+    std::printf("%s\n", j.dump().c_str());
+    return kExitOk;
+  }
+  std::printf("cpu %s\nblock of %d tokens: %lld KV bytes, payload %.2f MB\n", CpuName().c_str(), a.block_len,
+              static_cast<long long>(kv_bytes), mb);
+  std::printf("  %-22s %8s %8s %10s\n", "seal", "put GB/s", "get GB/s", "get ms/blk");
+  std::printf("  %-22s %8.2f %8.2f %10.3f\n", "xxh3-64 checksum", r->checksum_seal_gbps, r->checksum_check_gbps,
+              mb / r->checksum_check_gbps);
+  std::printf("  %-22s %8.2f %8.2f %10.3f\n", "HMAC-SHA-256 (keyed)", r->mac_seal_gbps, r->mac_check_gbps,
+              mb / r->mac_check_gbps);
+  std::printf("  memcpy of the KV: %.2f GB/s\n", r->memcpy_gbps);
+  return kExitOk;
+}
+
 }  // namespace
 
 CLI::App* AddBenchCommand(CLI::App& app, int& exit_code) {
@@ -409,6 +470,17 @@ CLI::App* AddBenchCommand(CLI::App& app, int& exit_code) {
   sv->add_option("--plot", serve.plot, "Write an SVG of running sequences and KV blocks over time");
   sv->add_flag("--json", serve.json, "Print one JSON object");
   sv->callback([&exit_code] { exit_code = RunServeBenchCommand(serve); });
+
+  static SealBenchArgs seal;
+  CLI::App* tb = bench->add_subcommand("tiers", "What a tier payload's seal costs: xxh3 checksum vs HMAC-SHA-256, per block");
+  tb->add_flag("--json", seal.json, "Print one JSON object");
+  tb->add_option("--block-len", seal.block_len, "Tokens per block (default 128)")->check(CLI::Range(1, 1 << 16));
+  tb->add_option("--layers", seal.layers, "Layers (default 30: SmolLM2-135M)")->check(CLI::Range(1, 1024));
+  tb->add_option("--kv-heads", seal.kv_heads, "KV heads (default 3)")->check(CLI::Range(1, 1024));
+  tb->add_option("--head-dim", seal.head_dim, "Head dimension (default 64)")->check(CLI::Range(1, 4096));
+  tb->add_option("--dtype", seal.dtype, "KV dtype (default f16)");
+  tb->add_option("--seconds", seal.seconds, "Time for each measurement (default 0.5)")->check(CLI::Range(0.01, 60.0));
+  tb->callback([&exit_code] { exit_code = RunSealBench(seal); });
 
   static GenerateBenchArgs gen;
   CLI::App* g = bench->add_subcommand("generate", "Model prefill and decode tokens/s, the decode step vs its roofline");

@@ -176,6 +176,18 @@ Result<std::unique_ptr<BlockStore>> CreateRedisStore(const RedisStoreOptions& op
 // of different weights never meet. Errors: the file cannot be read.
 Result<std::string> FileFingerprint(const std::string& path);
 
+// What sealing costs a tier move: one payload of block_len tokens and
+// kv_bytes KV bytes encoded (sealed) and decoded (checked), with the xxh3
+// checksum and with the HMAC-SHA-256 MAC, in GB/s of payload, and a plain
+// memcpy of the KV for scale; each timed for at least `seconds`.
+struct SealSpeed {
+  int64_t payload_bytes = 0;
+  double checksum_seal_gbps = 0, checksum_check_gbps = 0;
+  double mac_seal_gbps = 0, mac_check_gbps = 0;
+  double memcpy_gbps = 0;
+};
+Result<SealSpeed> MeasureSealSpeed(int32_t block_len, int64_t kv_bytes, double seconds = 0.5);
+
 // The tiers under one prefix cache.
 struct TierOptions {
   int64_t host_bytes = 0;          // 0 = no host tier
