@@ -70,11 +70,13 @@ test-asan: deps models
 	cmake --build build/asan -j $(JOBS)
 	ctest --test-dir build/asan --output-on-failure -j $(JOBS)
 
-# The GGUF reader and the trace parsers under libFuzzer (clang, ASan +
-# UBSan: the fuzzers live in the asan build), FUZZ_SECONDS each. The GGUF
-# one is seeded with synthetic models and, when present, the shared
-# stories260K file; the trace one with the first lines of the shared traces
-# (a leading byte picks the format: even Mooncake, odd Azure). Any crash,
+# The GGUF reader, the trace parsers and the request bodies of the server
+# under libFuzzer (clang, ASan + UBSan: the fuzzers live in the asan build),
+# FUZZ_SECONDS each. The GGUF one is seeded with synthetic models and, when
+# present, the shared stories260K file; the trace one with the first lines
+# of the shared traces (a leading byte picks the format: even Mooncake, odd
+# Azure); the request one with a few bodies (a leading byte: bit 0 chat,
+# bit 1 an API key's salt) over stories260K. Any crash,
 # sanitizer report or allocation over 1 GiB fails the run and leaves the
 # input in build/fuzz/ (crash-*, oom-*, leak-*).
 FUZZ_SECONDS ?= 60
@@ -82,8 +84,9 @@ FUZZ_FLAGS = -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -malloc_limit_mb
   -artifact_prefix=build/fuzz/
 fuzz: build
 	@cmake --preset asan >/dev/null
-	cmake --build build/asan --target pagekv_gguf_fuzzer pagekv_trace_fuzzer -j $(JOBS)
-	@mkdir -p build/fuzz/seeds build/fuzz/corpus build/fuzz/trace-seeds build/fuzz/trace-corpus
+	cmake --build build/asan --target pagekv_gguf_fuzzer pagekv_trace_fuzzer pagekv_request_fuzzer -j $(JOBS)
+	@mkdir -p build/fuzz/seeds build/fuzz/corpus build/fuzz/trace-seeds build/fuzz/trace-corpus \
+	  build/fuzz/request-seeds build/fuzz/request-corpus
 	@$(PAGEKV) synth-model --preset tiny --weight-type q8_0 --out build/fuzz/seeds/tiny-q8_0.gguf >/dev/null
 	@$(PAGEKV) synth-model --preset tiny --weight-type f16 --out build/fuzz/seeds/tiny-f16.gguf >/dev/null
 	@if [ -f ../shared/models/stories260K/stories260K.gguf ]; then \
@@ -91,9 +94,17 @@ fuzz: build
 	@for t in ../shared/traces/*/*; do \
 	  case "$$t" in *.csv) p=1;; *.jsonl) p=0;; *) continue;; esac; \
 	  { printf "\\$$p"; head -n 20 "$$t"; } > build/fuzz/trace-seeds/$$(basename "$$t"); done
+	@printf '\0{"prompt":"Once upon a time","max_tokens":8,"temperature":0.7,"top_k":40,"stop":["."]}' \
+	  > build/fuzz/request-seeds/completion
+	@printf '\2{"prompt":[1,2,3],"seed":18446744073709551615,"cache_salt":"t","stream":true}' \
+	  > build/fuzz/request-seeds/ids
+	@printf '\1{"messages":[{"role":"user","content":"hi"}],"max_completion_tokens":4,"tools":[]}' \
+	  > build/fuzz/request-seeds/chat
 	build/asan/src/model/pagekv_gguf_fuzzer $(FUZZ_FLAGS) build/fuzz/corpus build/fuzz/seeds \
 	  2>&1 | grep -v "^#[0-9]" | tail -25; test $${PIPESTATUS[0]} -eq 0
 	build/asan/src/bench/pagekv_trace_fuzzer $(FUZZ_FLAGS) build/fuzz/trace-corpus build/fuzz/trace-seeds \
+	  2>&1 | grep -v "^#[0-9]" | tail -25; test $${PIPESTATUS[0]} -eq 0
+	build/asan/src/server/pagekv_request_fuzzer $(FUZZ_FLAGS) build/fuzz/request-corpus build/fuzz/request-seeds \
 	  2>&1 | grep -v "^#[0-9]" | tail -25; test $${PIPESTATUS[0]} -eq 0
 
 # libgomp is not instrumented: TSan must ignore it (see CMakePresets.json).

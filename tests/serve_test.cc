@@ -444,7 +444,7 @@ TEST(ServeTest, KeysFromAFileAreTenantsAndCachedTokensGoOnlyToTheirOwnSalt) {
 
 TEST(ServeTest, KeyFlagsAreCheckedAndAKeyOnTheCommandLineWarns) {
   auto run = [](const std::string& flags) {
-    const std::string cmd = "timeout 2 " + std::string(PAGEKV_CLI_PATH) + " serve --model " + kModel + " --port 0 " +
+    const std::string cmd = "timeout -k 5 2 " + std::string(PAGEKV_CLI_PATH) + " serve --model " + kModel + " --port 0 " +
                             flags + " 2>&1; echo \"exit=$?\"";
     FILE* p = popen(cmd.c_str(), "r");
     std::string out;

@@ -15,7 +15,7 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace pagekv;
   if (size == 0) return 0;
-  const bench::TraceFormat format = data[0] % 2 == 0 ? bench::TraceFormat::kMooncake : bench::TraceFormat::kAzure;
+  const TraceFormat format = data[0] % 2 == 0 ? TraceFormat::kMooncake : TraceFormat::kAzure;
   std::istringstream in(std::string(reinterpret_cast<const char*>(data + 1), size - 1));
   Result<std::vector<bench::TraceRequest>> r = bench::ParseTrace(in, format);
   if (!r.ok()) return 0;

@@ -25,8 +25,15 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include "server/request.h"
+
 namespace pagekv {
 namespace {
+
+using server::FieldError;
+using server::ParsedRequest;
+using server::ParseRequest;
+using server::Sha256;
 
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
@@ -93,34 +100,6 @@ void SendError(httplib::Response& res, int status, const std::string& message, c
   res.set_content(e.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
 }
 
-// A JSON integer within [lo, hi], whatever its JSON type (a large unsigned
-// value is out of range, never wrapped).
-bool IntegerIn(const json& v, int64_t lo, int64_t hi) {
-  if (v.is_number_unsigned()) {  // hi >= 0 here, so a value <= hi fits int64
-    const uint64_t u = v.get<uint64_t>();
-    return hi >= 0 && u <= static_cast<uint64_t>(hi) && static_cast<int64_t>(u) >= lo;
-  }
-  return v.is_number_integer() && v.get<int64_t>() >= lo && v.get<int64_t>() <= hi;
-}
-
-// A request field error: names the field.
-struct FieldError {
-  std::string field, message;
-};
-
-// The engine request of a completion or chat body; throws FieldError.
-std::array<unsigned char, 32> Sha256(std::string_view a, std::string_view b = {}) {
-  std::array<unsigned char, 32> d{};
-  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
-  unsigned int len = 0;
-  EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr);
-  EVP_DigestUpdate(ctx, a.data(), a.size());
-  EVP_DigestUpdate(ctx, b.data(), b.size());
-  EVP_DigestFinal_ex(ctx, d.data(), &len);
-  EVP_MD_CTX_free(ctx);
-  return d;
-}
-
 // Which API key the request carries: its index, -1 for none or a wrong one.
 // Every key is compared, in constant time, whatever matches.
 int KeyIndex(const Shared& sh, const httplib::Request& req) {
@@ -135,118 +114,6 @@ int KeyIndex(const Shared& sh, const httplib::Request& req) {
   return found;
 }
 
-EngineRequest ParseRequest(const json& body, const Shared& sh, int key, bool chat, bool& stream, bool& own_salt) {
-  auto field = [&](const char* name) -> const json* { return body.contains(name) && !body[name].is_null() ? &body[name] : nullptr; };
-  auto fail = [](const std::string& f, const std::string& m) { throw FieldError{f, m}; };
-  if (const json* m = field("model")) {
-    if (!m->is_string()) fail("model", "'model' must be a string");
-  }
-  EngineRequest r;
-  if (chat) {
-    const json* messages = field("messages");
-    if (messages == nullptr || !messages->is_array() || messages->empty()) fail("messages", "'messages' must be a non-empty array");
-    for (const json& msg : *messages) {
-      if (!msg.is_object() || !msg.contains("role") || !msg["role"].is_string()) {
-        fail("messages", "every message needs a string 'role'");
-      }
-      if (!msg.contains("content") || !msg["content"].is_string()) {
-        fail("messages", "every message needs a string 'content'");
-      }
-    }
-    std::string tools;
-    if (const json* t = field("tools")) {
-      if (!t->is_array()) fail("tools", "'tools' must be an array");
-      tools = t->dump();
-    }
-    // The model's chat template, rendered over the messages as they came.
-    Result<std::vector<int32_t>> ids = sh.engine->EncodeChat(messages->dump(), /*add_generation_prompt=*/true, tools);
-    if (!ids.ok()) fail("messages", ids.status().message());
-    r.prompt = std::move(*ids);
-  } else {
-    const json* p = field("prompt");
-    if (p == nullptr) fail("prompt", "'prompt' is required");
-    if (p->is_string()) {
-      r.prompt = sh.engine->Encode(p->get<std::string>());
-    } else if (p->is_array() && p->size() == 1 && (*p)[0].is_string()) {
-      r.prompt = sh.engine->Encode((*p)[0].get<std::string>());
-    } else if (p->is_array() && !p->empty() && std::all_of(p->begin(), p->end(), [](const json& t) { return t.is_number_integer(); })) {
-      for (const json& t : *p) {
-        if (!IntegerIn(t, 0, std::numeric_limits<int32_t>::max())) {
-          fail("prompt", "token id " + t.dump() + " in 'prompt' is outside [0, " + std::to_string(std::numeric_limits<int32_t>::max()) + "]");
-        }
-        r.prompt.push_back(static_cast<int32_t>(t.get<int64_t>()));
-      }
-    } else {
-      fail("prompt", "'prompt' must be a string, a one-string array or an array of token ids");
-    }
-  }
-  const char* max_name = chat && field("max_completion_tokens") != nullptr ? "max_completion_tokens" : "max_tokens";
-  if (const json* v = field(max_name)) {
-    if (!IntegerIn(*v, 1, std::numeric_limits<int32_t>::max())) {
-      fail(max_name, std::string("'") + max_name + "' must be a positive integer (at most " +
-                         std::to_string(std::numeric_limits<int32_t>::max()) + ")");
-    }
-    r.max_tokens = static_cast<int32_t>(v->get<int64_t>());
-  } else if (chat) {
-    // A chat without a limit runs until the turn ends or the context does.
-    r.max_tokens = static_cast<int32_t>(std::max<int64_t>(1, sh.engine->context_len() - static_cast<int64_t>(r.prompt.size())));
-  } else {
-    r.max_tokens = 16;  // OpenAI's completions default
-  }
-  r.sampling.temperature = 1.0f;  // OpenAI's default
-  if (const json* v = field("temperature")) {
-    if (!v->is_number() || !std::isfinite(v->get<double>()) || v->get<double>() < 0 || v->get<double>() > 1e4) {
-      fail("temperature", "'temperature' must be a number in [0, 10000]");
-    }
-    r.sampling.temperature = v->get<float>();
-  }
-  if (const json* v = field("top_p")) {
-    if (!v->is_number() || !(v->get<double>() > 0) || v->get<double>() > 1) fail("top_p", "'top_p' must be in (0, 1]");
-    r.sampling.top_p = v->get<float>();
-  }
-  if (const json* v = field("top_k")) {
-    if (!IntegerIn(*v, 0, std::numeric_limits<int32_t>::max())) {
-      fail("top_k", "'top_k' must be an integer in [0, " + std::to_string(std::numeric_limits<int32_t>::max()) + "]");
-    }
-    r.sampling.top_k = static_cast<int32_t>(v->get<int64_t>());
-  }
-  if (const json* v = field("seed")) {
-    if (!v->is_number_integer()) fail("seed", "'seed' must be an integer");
-    // Negative seeds as two's complement, as OpenAI's int64 ones; large unsigned ones as they are.
-    r.sampling.seed = v->is_number_unsigned() ? v->get<uint64_t>() : static_cast<uint64_t>(v->get<int64_t>());
-  }
-  if (const json* v = field("stop")) {
-    if (v->is_string() && !v->get<std::string>().empty()) {
-      r.stop.push_back(v->get<std::string>());
-    } else if (v->is_array() && v->size() <= 4 && std::all_of(v->begin(), v->end(), [](const json& s) { return s.is_string() && !s.get<std::string>().empty(); })) {
-      for (const json& s : *v) r.stop.push_back(s.get<std::string>());
-    } else {
-      fail("stop", "'stop' must be a non-empty string or an array of at most 4 non-empty strings");
-    }
-  }
-  if (const json* v = field("ignore_eos")) {
-    if (!v->is_boolean()) fail("ignore_eos", "'ignore_eos' must be a boolean");
-    r.ignore_eos = v->get<bool>();
-  }
-  stream = false;
-  if (const json* v = field("stream")) {
-    if (!v->is_boolean()) fail("stream", "'stream' must be a boolean");
-    stream = v->get<bool>();
-  }
-  // The tenant: the key's salt, and within it the request's own.
-  own_salt = false;
-  std::string salt = key >= 0 ? sh.key_salts[static_cast<size_t>(key)] : std::string();
-  if (const json* v = field("cache_salt")) {
-    if (!v->is_string() || v->get<std::string>().empty() || v->get<std::string>().size() > 256) {
-      fail("cache_salt", "'cache_salt' must be a string of 1 to 256 bytes");
-    }
-    const std::array<unsigned char, 32> d = Sha256(salt + '\0', v->get<std::string>());
-    salt.assign(reinterpret_cast<const char*>(d.data()), 16);
-    own_salt = true;
-  }
-  if (!salt.empty()) r.extra.cache_salt = salt;
-  return r;
-}
 
 json Usage(const RequestResult& r, bool report_cached) {
   return {{"prompt_tokens", r.prompt_tokens},
@@ -309,7 +176,11 @@ void HandleGenerate(Shared& sh, const httplib::Request& req, const std::string& 
   bool stream = false, own_salt = false;
   EngineRequest er;
   try {
-    er = ParseRequest(body, sh, KeyIndex(sh, req), chat, stream, own_salt);
+    const int key = KeyIndex(sh, req);
+    ParsedRequest parsed = ParseRequest(body, *sh.engine, key >= 0 ? sh.key_salts[static_cast<size_t>(key)] : "", chat);
+    er = std::move(parsed.request);
+    stream = parsed.stream;
+    own_salt = parsed.own_salt;
   } catch (const FieldError& e) {
     return SendError(res, 400, e.message, "invalid_request_error", e.field);
   }
@@ -609,7 +480,14 @@ Status RunServer(const ServerOptions& o, const std::atomic<bool>& stop) {
   RaiseListenBacklog(port);
   std::fprintf(stderr, "pagekv serve: chat template: %s\n", sh.engine->chat_template_name().c_str());
   if (o.on_listening) o.on_listening(port);
-  std::thread listener([&svr] { svr.listen_after_bind(); });
+  std::atomic<bool> listener_done{false};
+  std::thread listener([&svr, &listener_done] {
+    svr.listen_after_bind();
+    listener_done = true;
+  });
+  // httplib's stop() does nothing before listen has begun (the listener
+  // would then serve for ever): a SIGTERM during start-up waits for it.
+  while (!svr.is_running() && !listener_done.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   while (!stop.load()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   // Shutdown: refuse new generation requests (503); give in-flight ones 5 s
   // to finish, then cancel them (their streams end with a final event);

@@ -1,0 +1,154 @@
+// Request bodies of the completion endpoints (request.h).
+#include "server/request.h"
+
+#include <openssl/evp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace pagekv::server {
+
+using json = nlohmann::json;
+
+std::array<unsigned char, 32> Sha256(std::string_view a, std::string_view b) {
+  std::array<unsigned char, 32> d{};
+  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
+  unsigned int len = 0;
+  EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr);
+  EVP_DigestUpdate(ctx, a.data(), a.size());
+  EVP_DigestUpdate(ctx, b.data(), b.size());
+  EVP_DigestFinal_ex(ctx, d.data(), &len);
+  EVP_MD_CTX_free(ctx);
+  return d;
+}
+
+// A JSON integer within [lo, hi], whatever its JSON type (a large unsigned
+// value is out of range, never wrapped).
+bool IntegerIn(const json& v, int64_t lo, int64_t hi) {
+  if (v.is_number_unsigned()) {  // hi >= 0 here, so a value <= hi fits int64
+    const uint64_t u = v.get<uint64_t>();
+    return hi >= 0 && u <= static_cast<uint64_t>(hi) && static_cast<int64_t>(u) >= lo;
+  }
+  return v.is_number_integer() && v.get<int64_t>() >= lo && v.get<int64_t>() <= hi;
+}
+
+
+ParsedRequest ParseRequest(const json& body, const Engine& engine, const std::string& key_salt, bool chat) {
+  ParsedRequest out;
+  bool& stream = out.stream;
+  bool& own_salt = out.own_salt;
+  auto field = [&](const char* name) -> const json* { return body.contains(name) && !body[name].is_null() ? &body[name] : nullptr; };
+  auto fail = [](const std::string& f, const std::string& m) { throw FieldError{f, m}; };
+  if (const json* m = field("model")) {
+    if (!m->is_string()) fail("model", "'model' must be a string");
+  }
+  EngineRequest r;
+  if (chat) {
+    const json* messages = field("messages");
+    if (messages == nullptr || !messages->is_array() || messages->empty()) fail("messages", "'messages' must be a non-empty array");
+    for (const json& msg : *messages) {
+      if (!msg.is_object() || !msg.contains("role") || !msg["role"].is_string()) {
+        fail("messages", "every message needs a string 'role'");
+      }
+      if (!msg.contains("content") || !msg["content"].is_string()) {
+        fail("messages", "every message needs a string 'content'");
+      }
+    }
+    std::string tools;
+    if (const json* t = field("tools")) {
+      if (!t->is_array()) fail("tools", "'tools' must be an array");
+      tools = t->dump();
+    }
+    // The model's chat template, rendered over the messages as they came.
+    Result<std::vector<int32_t>> ids = engine.EncodeChat(messages->dump(), /*add_generation_prompt=*/true, tools);
+    if (!ids.ok()) fail("messages", ids.status().message());
+    r.prompt = std::move(*ids);
+  } else {
+    const json* p = field("prompt");
+    if (p == nullptr) fail("prompt", "'prompt' is required");
+    if (p->is_string()) {
+      r.prompt = engine.Encode(p->get<std::string>());
+    } else if (p->is_array() && p->size() == 1 && (*p)[0].is_string()) {
+      r.prompt = engine.Encode((*p)[0].get<std::string>());
+    } else if (p->is_array() && !p->empty() && std::all_of(p->begin(), p->end(), [](const json& t) { return t.is_number_integer(); })) {
+      for (const json& t : *p) {
+        if (!IntegerIn(t, 0, std::numeric_limits<int32_t>::max())) {
+          fail("prompt", "token id " + t.dump() + " in 'prompt' is outside [0, " + std::to_string(std::numeric_limits<int32_t>::max()) + "]");
+        }
+        r.prompt.push_back(static_cast<int32_t>(t.get<int64_t>()));
+      }
+    } else {
+      fail("prompt", "'prompt' must be a string, a one-string array or an array of token ids");
+    }
+  }
+  const char* max_name = chat && field("max_completion_tokens") != nullptr ? "max_completion_tokens" : "max_tokens";
+  if (const json* v = field(max_name)) {
+    if (!IntegerIn(*v, 1, std::numeric_limits<int32_t>::max())) {
+      fail(max_name, std::string("'") + max_name + "' must be a positive integer (at most " +
+                         std::to_string(std::numeric_limits<int32_t>::max()) + ")");
+    }
+    r.max_tokens = static_cast<int32_t>(v->get<int64_t>());
+  } else if (chat) {
+    // A chat without a limit runs until the turn ends or the context does.
+    r.max_tokens = static_cast<int32_t>(std::max<int64_t>(1, engine.context_len() - static_cast<int64_t>(r.prompt.size())));
+  } else {
+    r.max_tokens = 16;  // OpenAI's completions default
+  }
+  r.sampling.temperature = 1.0f;  // OpenAI's default
+  if (const json* v = field("temperature")) {
+    if (!v->is_number() || !std::isfinite(v->get<double>()) || v->get<double>() < 0 || v->get<double>() > 1e4) {
+      fail("temperature", "'temperature' must be a number in [0, 10000]");
+    }
+    r.sampling.temperature = v->get<float>();
+  }
+  if (const json* v = field("top_p")) {
+    if (!v->is_number() || !(v->get<double>() > 0) || v->get<double>() > 1) fail("top_p", "'top_p' must be in (0, 1]");
+    r.sampling.top_p = v->get<float>();
+  }
+  if (const json* v = field("top_k")) {
+    if (!IntegerIn(*v, 0, std::numeric_limits<int32_t>::max())) {
+      fail("top_k", "'top_k' must be an integer in [0, " + std::to_string(std::numeric_limits<int32_t>::max()) + "]");
+    }
+    r.sampling.top_k = static_cast<int32_t>(v->get<int64_t>());
+  }
+  if (const json* v = field("seed")) {
+    if (!v->is_number_integer()) fail("seed", "'seed' must be an integer");
+    // Negative seeds as two's complement, as OpenAI's int64 ones; large unsigned ones as they are.
+    r.sampling.seed = v->is_number_unsigned() ? v->get<uint64_t>() : static_cast<uint64_t>(v->get<int64_t>());
+  }
+  if (const json* v = field("stop")) {
+    if (v->is_string() && !v->get<std::string>().empty()) {
+      r.stop.push_back(v->get<std::string>());
+    } else if (v->is_array() && v->size() <= 4 && std::all_of(v->begin(), v->end(), [](const json& s) { return s.is_string() && !s.get<std::string>().empty(); })) {
+      for (const json& s : *v) r.stop.push_back(s.get<std::string>());
+    } else {
+      fail("stop", "'stop' must be a non-empty string or an array of at most 4 non-empty strings");
+    }
+  }
+  if (const json* v = field("ignore_eos")) {
+    if (!v->is_boolean()) fail("ignore_eos", "'ignore_eos' must be a boolean");
+    r.ignore_eos = v->get<bool>();
+  }
+  stream = false;
+  if (const json* v = field("stream")) {
+    if (!v->is_boolean()) fail("stream", "'stream' must be a boolean");
+    stream = v->get<bool>();
+  }
+  // The tenant: the key's salt, and within it the request's own.
+  own_salt = false;
+  std::string salt = key_salt;
+  if (const json* v = field("cache_salt")) {
+    if (!v->is_string() || v->get<std::string>().empty() || v->get<std::string>().size() > 256) {
+      fail("cache_salt", "'cache_salt' must be a string of 1 to 256 bytes");
+    }
+    const std::array<unsigned char, 32> d = Sha256(salt + '\0', v->get<std::string>());
+    salt.assign(reinterpret_cast<const char*>(d.data()), 16);
+    own_salt = true;
+  }
+  if (!salt.empty()) r.extra.cache_salt = salt;
+  out.request = std::move(r);
+  return out;
+}
+
+}  // namespace pagekv::server

@@ -1,0 +1,42 @@
+// The body of a completion or chat request, checked field by field and
+// turned into an EngineRequest: every number range-checked before it is
+// converted (no wrap-around), every error naming its field. No HTTP here:
+// the transport hands over a parsed JSON object (and the fuzz target
+// arbitrary ones).
+#pragma once
+
+#include <array>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "pagekv/engine.h"
+
+namespace pagekv::server {
+
+// A request field error: names the field.
+struct FieldError {
+  std::string field, message;
+};
+
+struct ParsedRequest {
+  EngineRequest request;
+  bool stream = false;
+  bool own_salt = false;  // the body brought its own cache_salt
+};
+
+// The engine request of a completion (chat = false) or chat body; the
+// prompt is tokenized (or the chat template rendered) by `engine`.
+// key_salt: the API key's tenant salt ("" without keys); a body's
+// "cache_salt" is mixed into it. Throws FieldError.
+ParsedRequest ParseRequest(const nlohmann::json& body, const Engine& engine, const std::string& key_salt, bool chat);
+
+// A JSON integer within [lo, hi], whatever its JSON type (a large unsigned
+// value is out of range, never wrapped).
+bool IntegerIn(const nlohmann::json& v, int64_t lo, int64_t hi);
+
+// SHA-256 of a then b.
+std::array<unsigned char, 32> Sha256(std::string_view a, std::string_view b = {});
+
+}  // namespace pagekv::server
