@@ -435,6 +435,12 @@ TEST(ServeTest, KeysFromAFileAreTenantsAndCachedTokensGoOnlyToTheirOwnSalt) {
   cached("key-gamma", "", 401);
   cached("key-alpha-012345678", "", 401);  // a prefix of a key
   cached("key-alpha-0123456789", std::string(257, 's'), 400);
+  // A prompt no tokenization could fit in the context: refused from its size, before it is tokenized.
+  auto huge = cli.Post("/v1/completions", {{"Authorization", "Bearer key-alpha-0123456789"}},
+                       json{{"prompt", std::string(500000, 'a')}}.dump(), "application/json");
+  ASSERT_TRUE(huge);
+  EXPECT_EQ(huge->status, 400);
+  EXPECT_NE(huge->body.find("bytes: more than the model's context"), std::string::npos) << huge->body;
   auto res = cli.Post("/v1/completions", {{"Authorization", "Bearer key-alpha-0123456789"}},
                       R"({"prompt":"hi","cache_salt":7})", "application/json");
   ASSERT_TRUE(res);

@@ -210,6 +210,9 @@ class Engine {
   Result<std::vector<int32_t>> EncodeChat(const std::string& messages_json, bool add_generation_prompt = true,
                                           const std::string& tools_json = {}) const;
   int32_t context_len() const;
+  // The most bytes of text one token stands for: a text of n bytes is at
+  // least n / max_token_bytes() tokens (a bound checked before encoding).
+  int32_t max_token_bytes() const;
   int32_t eos_id() const;
   // Tokens that end a request (EOS and the template's end-of-turn tokens).
   const std::vector<int32_t>& stop_tokens() const;

@@ -437,6 +437,8 @@ std::string Engine::Decode(const std::vector<int32_t>& tokens, int32_t prev) con
 }
 
 int32_t Engine::context_len() const { return state_->m.model->config().context_len; }
+
+int32_t Engine::max_token_bytes() const { return state_->m.tokenizer->max_piece_bytes(); }
 int32_t Engine::eos_id() const { return state_->m.tokenizer->eos_id(); }
 
 namespace {

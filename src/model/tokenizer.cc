@@ -188,7 +188,9 @@ void Tokenizer::Index() {
   ids_.reserve(pieces_.size());
   for (int& b : byte_ids_) b = -1;
   specials_.clear();
+  max_piece_bytes_ = 1;
   for (size_t i = 0; i < pieces_.size(); ++i) {
+    max_piece_bytes_ = std::max(max_piece_bytes_, static_cast<int32_t>(std::min<size_t>(pieces_[i].size(), 1 << 20)));
     ids_.emplace(pieces_[i], static_cast<int32_t>(i));  // first occurrence wins, as run.c's sorted lookup
     const int byte = kind_ == Kind::kSentencePiece ? ByteOfPiece(pieces_[i]) : -1;
     if (byte >= 0 && byte_ids_[byte] < 0) byte_ids_[byte] = static_cast<int32_t>(i);

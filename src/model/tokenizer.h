@@ -77,6 +77,10 @@ class Tokenizer {
 
   Kind kind() const { return kind_; }
   int32_t vocab_size() const { return static_cast<int32_t>(pieces_.size()); }
+  // The most bytes of text one token can stand for (the longest stored
+  // piece, which is never shorter than the text it encodes): a text of n
+  // bytes is at least n / max_piece_bytes() tokens, known before encoding.
+  int32_t max_piece_bytes() const { return max_piece_bytes_; }
   int32_t bos_id() const { return bos_id_; }
   int32_t eos_id() const { return eos_id_; }
   bool add_bos() const { return add_bos_; }
@@ -101,6 +105,7 @@ class Tokenizer {
 
   Kind kind_ = Kind::kSentencePiece;
   std::vector<std::string> pieces_;
+  int32_t max_piece_bytes_ = 1;
   std::vector<float> scores_;
   std::vector<uint8_t> types_;  // GGUF token types: 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte
   std::unordered_map<std::string, int32_t> ids_;

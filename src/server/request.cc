@@ -43,6 +43,18 @@ ParsedRequest ParseRequest(const json& body, const Engine& engine, const std::st
   if (const json* m = field("model")) {
     if (!m->is_string()) fail("model", "'model' must be a string");
   }
+  // Before any tokenizing: a text longer than the context could hold even
+  // at the longest token is refused from its size alone.
+  const auto fits = [&](const char* name, size_t bytes) {
+    const uint64_t most = static_cast<uint64_t>(engine.context_len()) * static_cast<uint64_t>(engine.max_token_bytes());
+    if (bytes > most) {
+      std::string m = name;
+      m.append(" has ").append(std::to_string(bytes)).append(" bytes: more than the model's context of ");
+      m.append(std::to_string(engine.context_len())).append(" tokens can hold (at most ").append(std::to_string(most));
+      m.append(" bytes at ").append(std::to_string(engine.max_token_bytes())).append(" per token)");
+      fail(name, m);
+    }
+  };
   EngineRequest r;
   if (chat) {
     const json* messages = field("messages");
@@ -55,6 +67,9 @@ ParsedRequest ParseRequest(const json& body, const Engine& engine, const std::st
         fail("messages", "every message needs a string 'content'");
       }
     }
+    size_t bytes = 0;
+    for (const json& msg : *messages) bytes += msg["content"].get_ref<const std::string&>().size();
+    fits("messages", bytes);
     std::string tools;
     if (const json* t = field("tools")) {
       if (!t->is_array()) fail("tools", "'tools' must be an array");
@@ -68,8 +83,10 @@ ParsedRequest ParseRequest(const json& body, const Engine& engine, const std::st
     const json* p = field("prompt");
     if (p == nullptr) fail("prompt", "'prompt' is required");
     if (p->is_string()) {
+      fits("prompt", p->get_ref<const std::string&>().size());
       r.prompt = engine.Encode(p->get<std::string>());
     } else if (p->is_array() && p->size() == 1 && (*p)[0].is_string()) {
+      fits("prompt", (*p)[0].get_ref<const std::string&>().size());
       r.prompt = engine.Encode((*p)[0].get<std::string>());
     } else if (p->is_array() && !p->empty() && std::all_of(p->begin(), p->end(), [](const json& t) { return t.is_number_integer(); })) {
       for (const json& t : *p) {
