@@ -551,6 +551,7 @@ TEST(ServeTest, TwoServersShareAPrefixThroughRedis) {
   EXPECT_NE(metrics->body.find("pagekv_tier_loaded_blocks_total{tier=\"redis\"} "), std::string::npos);
   EXPECT_EQ(metrics->body.find("pagekv_tier_loaded_blocks_total{tier=\"redis\"} 0\n"), std::string::npos) << metrics->body;
   EXPECT_NE(metrics->body.find("pagekv_tier_healthy{tier=\"redis\"} 1"), std::string::npos);
+  EXPECT_NE(metrics->body.find("pagekv_tier_unauthenticated_total{tier=\"redis\"} 0"), std::string::npos);
   EXPECT_EQ(a.Terminate(), 0);
   EXPECT_EQ(b.Terminate(), 0);
 }

@@ -316,12 +316,13 @@ std::string Metrics(Shared& sh) {
   gauge("pagekv_requests_total", "Generation requests received", "counter", {{"", static_cast<double>(requests)}});
   gauge("pagekv_request_errors_total", "Requests answered with an error status", "counter", {{"", static_cast<double>(errors)}});
   if (m.tiers) {
-    std::vector<std::pair<std::string, double>> hits, misses, corrupt, errors, blocks, bytes, healthy;
+    std::vector<std::pair<std::string, double>> hits, misses, corrupt, forged, errors, blocks, bytes, healthy;
     for (const TierStats& t : m.tiers->tiers) {
       const std::string l = "{tier=\"" + t.name + "\"}";
       hits.push_back({l, static_cast<double>(t.hits)});
       misses.push_back({l, static_cast<double>(t.misses)});
       corrupt.push_back({l, static_cast<double>(t.corrupt)});
+      forged.push_back({l, static_cast<double>(t.unauthenticated)});
       errors.push_back({l, static_cast<double>(t.errors)});
       blocks.push_back({l, static_cast<double>(t.blocks_now)});
       bytes.push_back({l, static_cast<double>(t.bytes_now)});
@@ -336,8 +337,11 @@ std::string Metrics(Shared& sh) {
           "counter", loaded);
     gauge("pagekv_tier_hits_total", "Verified blocks a tier returned", "counter", hits);
     gauge("pagekv_tier_misses_total", "Gets a tier could not serve (absent or dropped as corrupt)", "counter", misses);
-    gauge("pagekv_tier_corrupt_total", "Payloads that failed a check (checksum, size, key, tokens): dropped, recomputed",
+    gauge("pagekv_tier_corrupt_total", "Payloads that failed a check (MAC or checksum, size, key, tokens): dropped, recomputed",
           "counter", corrupt);
+    gauge("pagekv_tier_unauthenticated_total",
+          "Of those, payloads whose MAC failed under the tier key (forged, altered, another key): never loaded", "counter",
+          forged);
     gauge("pagekv_tier_errors_total", "I/O and connection failures, and calls refused while a tier backs off", "counter",
           errors);
     gauge("pagekv_tier_blocks", "Blocks a tier holds (redis: stored by this process)", "gauge", blocks);
