@@ -200,10 +200,11 @@ struct PrefixCacheOptions {
 // lists the tiers of the blocks after `blocks` (their keys follow in
 // `keys`), which AddSequence loads into fresh pool blocks. The match ends
 // at the first block that neither the pool (before its first miss) nor a
-// tier (after it) holds: a pool block past a hole in the pool that no tier
-// holds is recomputed (a hole: two requests computed the same block, one
-// copy was published, the other's next block chains to it, and the older
-// copy was evicted first).
+// tier (after it) holds, and at a block past the pool's first miss that the
+// pool does hold (a load cannot publish a second block under its key): such
+// a block is recomputed. (A hole arises when two requests computed the same
+// block, one copy was published, the other's next block chains to it, and
+// the older copy was evicted first.)
 struct PrefixMatch {
   std::vector<BlockId> blocks;    // in the pool
   std::vector<BlockKey> keys;     // of blocks, then of the lower-tier blocks

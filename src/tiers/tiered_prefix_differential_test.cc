@@ -11,11 +11,12 @@
 // prefix, and the hit may reach no further than the dictionary's chain. In
 // the configurations whose tiers never drop a block on their own, the hit
 // length must also be exactly the longest prefix held first by the pool's
-// index and then, from the pool's first miss on, by the tiers, asked block
-// by block. (A pool block past such a miss that no tier holds is not part of
-// the match: two requests that computed the same block publish one copy,
-// the other's next block chains to it, and evicting the older copy first
-// leaves that hole. The block is recomputed, never read wrong.)
+// index and then, from the pool's first miss on, by the tiers and not the
+// pool, asked block by block. (A pool block past such a miss ends the
+// match: two requests that computed the same block publish one copy, the
+// other's next block chains to it, and evicting the older copy first leaves
+// that hole; a load cannot publish a second block under the pool block's
+// key. The block is recomputed, never read wrong.)
 #include <unistd.h>
 
 #include <chrono>
@@ -178,15 +179,33 @@ class TieredPrefixDifferentialTest : public ::testing::TestWithParam<DiffCase> {
     return n;
   }
 
-  // The longest prefix of known blocks held by the pool, then by a tier.
+  // The longest prefix of known blocks held by the pool, then by a tier and
+  // not by the pool (a pool block past the pool's first miss ends the match:
+  // a load cannot publish a second block under its key).
   int64_t HeldChain(const std::vector<int32_t>& tokens, int salt, int64_t max_blocks) {
     if (tiers_ != nullptr) tiers_->Drain();  // queued write-throughs land first
     const std::vector<BlockKey> keys = *pc_->Keys(tokens, Extra(salt), max_blocks);
     const int64_t known = DictChain(tokens, salt, max_blocks);
     int64_t n = 0;
     while (n < known && pc_->Find(keys[static_cast<size_t>(n)]).has_value()) ++n;
-    while (n < known && tiers_ != nullptr && !tiers_->LocatePrefix({&keys[static_cast<size_t>(n)], 1}).empty()) ++n;
+    while (n < known && tiers_ != nullptr && !pc_->Find(keys[static_cast<size_t>(n)]).has_value() &&
+           !tiers_->LocatePrefix({&keys[static_cast<size_t>(n)], 1}).empty()) {
+      ++n;
+    }
     return n;
+  }
+
+  // The tiers' counters (a failure's context).
+  std::string Counters() {
+    std::string out = " load failures " + std::to_string(pc_->Stats().tier_load_failures);
+    if (tiers_ == nullptr) return out;
+    const TiersStats t = tiers_->Stats();
+    out += ", staged mismatches " + std::to_string(t.staged_mismatches) + ", dropped " + std::to_string(t.dropped);
+    for (const TierStats& s : t.tiers) {
+      out += "; " + s.name + ": corrupt " + std::to_string(s.corrupt) + " errors " + std::to_string(s.errors) +
+             " misses " + std::to_string(s.misses) + " hits " + std::to_string(s.hits);
+    }
+    return out;
   }
 
   // Where each block of the prompt's chain is now (a failure's context).
@@ -257,6 +276,7 @@ class TieredPrefixDifferentialTest : public ::testing::TestWithParam<DiffCase> {
     const int64_t max_blocks = (len - 1) / B;
     const int64_t expected = p.exact ? HeldChain(tokens, salt, max_blocks) : -1;
     const int64_t bound = DictChain(tokens, salt, max_blocks);
+    const std::string before = p.exact ? Where(tokens, salt, max_blocks) : "";
     // Every other admission with tiers loads in the background.
     const bool background = tiers_ != nullptr && admissions_ % 2 == 1;
     auto a = pc_->AddSequence(tokens, Extra(salt), {}, -1, background);
@@ -311,7 +331,7 @@ class TieredPrefixDifferentialTest : public ::testing::TestWithParam<DiffCase> {
     ASSERT_LE(hit, bound) << "a hit beyond every block ever computed after this prefix";
     if (p.exact) {
       ASSERT_EQ(hit, expected) << "admission " << admissions_ << (background ? " (background)" : "") << ": "
-                               << Where(tokens, salt, max_blocks);
+                               << "before " << before << " after " << Where(tokens, salt, max_blocks) << Counters();
     }
     for (int64_t i = 0; i < hit; ++i) {
       const auto& want = dict_.at({salt, std::vector<int32_t>(tokens.begin(), tokens.begin() + (i + 1) * B)});
