@@ -71,18 +71,18 @@ int RunServe(const ServeArgs& a) {
                          "history; use --api-key-env or --api-key-file\n");
   }
   o.api_keys = a.api_keys;
-  for (const auto& [flag, source] : {std::pair{"--api-key-env", &a.api_key_env}, std::pair{"--api-key-file", &a.api_key_file}}) {
-    if (source->empty()) continue;
+  // Keys, one per line, from the environment variable and / or the file.
+  auto add_keys = [&](const char* flag, const std::string& source, bool from_file) {
     std::string text;
-    if (!(flag == std::string("--api-key-env") ? ReadSecretEnv(flag, *source, text) : ReadSecretFile(flag, *source, text))) {
-      return kExitBadInput;
-    }
-    std::vector<std::string> keys = SecretLines(text);
-    if (keys.empty()) {
-      std::fprintf(stderr, "error: %s %s holds no key (one per line)\n", flag, source->c_str());
-      return kExitBadInput;
-    }
+    if (!(from_file ? ReadSecretFile(flag, source, text) : ReadSecretEnv(flag, source, text))) return false;
+    const std::vector<std::string> keys = SecretLines(text);
+    if (keys.empty()) std::fprintf(stderr, "error: %s %s holds no key (one per line)\n", flag, source.c_str());
     o.api_keys.insert(o.api_keys.end(), keys.begin(), keys.end());
+    return !keys.empty();
+  };
+  if ((!a.api_key_env.empty() && !add_keys("--api-key-env", a.api_key_env, false)) ||
+      (!a.api_key_file.empty() && !add_keys("--api-key-file", a.api_key_file, true))) {
+    return kExitBadInput;
   }
   o.report_cached_tokens_always = a.report_cached_tokens;
   o.max_body_bytes = a.max_body;
