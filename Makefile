@@ -76,7 +76,9 @@ test-asan: deps models
 # present, the shared stories260K file; the trace one with the first lines
 # of the shared traces (a leading byte picks the format: even Mooncake, odd
 # Azure); the request one with a few bodies (a leading byte: bit 0 chat,
-# bit 1 an API key's salt) over stories260K. Any crash,
+# bit 1 an API key's salt) over stories260K; the HTTP one with whole raw
+# requests (the transport's parser and checks, then the same body parser).
+# Any crash,
 # sanitizer report or allocation over 1 GiB fails the run and leaves the
 # input in build/fuzz/ (crash-*, oom-*, leak-*).
 FUZZ_SECONDS ?= 60
@@ -84,9 +86,10 @@ FUZZ_FLAGS = -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -malloc_limit_mb
   -artifact_prefix=build/fuzz/
 fuzz: build
 	@cmake --preset asan >/dev/null
-	cmake --build build/asan --target pagekv_gguf_fuzzer pagekv_trace_fuzzer pagekv_request_fuzzer -j $(JOBS)
+	cmake --build build/asan --target pagekv_gguf_fuzzer pagekv_trace_fuzzer pagekv_request_fuzzer \
+	  pagekv_http_fuzzer -j $(JOBS)
 	@mkdir -p build/fuzz/seeds build/fuzz/corpus build/fuzz/trace-seeds build/fuzz/trace-corpus \
-	  build/fuzz/request-seeds build/fuzz/request-corpus
+	  build/fuzz/request-seeds build/fuzz/request-corpus build/fuzz/http-seeds build/fuzz/http-corpus
 	@$(PAGEKV) synth-model --preset tiny --weight-type q8_0 --out build/fuzz/seeds/tiny-q8_0.gguf >/dev/null
 	@$(PAGEKV) synth-model --preset tiny --weight-type f16 --out build/fuzz/seeds/tiny-f16.gguf >/dev/null
 	@if [ -f ../shared/models/stories260K/stories260K.gguf ]; then \
@@ -100,11 +103,19 @@ fuzz: build
 	  > build/fuzz/request-seeds/ids
 	@printf '\1{"messages":[{"role":"user","content":"hi"}],"max_completion_tokens":4,"tools":[]}' \
 	  > build/fuzz/request-seeds/chat
+	@printf 'POST /v1/completions HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\nContent-Length: 40\r\n\r\n{"prompt":"Once upon a time","stream":1}' \
+	  > build/fuzz/http-seeds/completion
+	@printf 'POST /v1/chat/completions HTTP/1.1\r\nAuthorization: Bearer k\r\nTransfer-Encoding: chunked\r\n\r\n2d\r\n{"messages":[{"role":"user","content":"hi"}]}\r\n0\r\n\r\n' \
+	  > build/fuzz/http-seeds/chat-chunked
+	@printf 'GET /metrics?x=1 HTTP/1.0\r\nConnection: keep-alive\r\nExpect: 100-continue\r\nContent-Encoding: identity\r\n\r\n' \
+	  > build/fuzz/http-seeds/get
 	build/asan/src/model/pagekv_gguf_fuzzer $(FUZZ_FLAGS) build/fuzz/corpus build/fuzz/seeds \
 	  2>&1 | grep -v "^#[0-9]" | tail -25; test $${PIPESTATUS[0]} -eq 0
 	build/asan/src/bench/pagekv_trace_fuzzer $(FUZZ_FLAGS) build/fuzz/trace-corpus build/fuzz/trace-seeds \
 	  2>&1 | grep -v "^#[0-9]" | tail -25; test $${PIPESTATUS[0]} -eq 0
 	build/asan/src/server/pagekv_request_fuzzer $(FUZZ_FLAGS) build/fuzz/request-corpus build/fuzz/request-seeds \
+	  2>&1 | grep -v "^#[0-9]" | tail -25; test $${PIPESTATUS[0]} -eq 0
+	build/asan/src/server/pagekv_http_fuzzer $(FUZZ_FLAGS) build/fuzz/http-corpus build/fuzz/http-seeds \
 	  2>&1 | grep -v "^#[0-9]" | tail -25; test $${PIPESTATUS[0]} -eq 0
 
 # libgomp is not instrumented: TSan must ignore it (see CMakePresets.json).

@@ -22,7 +22,8 @@ PACKAGES=(
   libzmq3-dev          # KV events published over ZeroMQ
   cppzmq-dev           # its C++ binding (zmq.hpp)
   libmsgpack-cxx-dev   # KV event payloads in msgpack (header-only)
-  libcpp-httplib-dev   # the HTTP server of `pagekv serve` (and its tests' client)
+  libboost-dev         # Boost.Beast on Asio: the HTTP transport of `pagekv serve` (header-only)
+  libcpp-httplib-dev   # the HTTP client of the server's tests
   libhiredis-dev       # the Redis KV tier (hiredis client)
   redis-server         # tests start a real server on a loopback port
   clang                # the ASan + UBSan build and its libFuzzer target (make test runs both)

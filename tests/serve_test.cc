@@ -28,6 +28,7 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include "testing/loopback_client.h"
 #include "testing/models.h"
 #include "testing/redis_server.h"
 
@@ -557,3 +558,138 @@ TEST(ServeTest, TwoServersShareAPrefixThroughRedis) {
 }
 
 }  // namespace
+
+namespace transport {
+
+using pagekv::testing::LoopbackClient;
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+// The value of an unlabelled sample in Prometheus text (-1 when absent).
+double Metric(const std::string& text, const std::string& name) {
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.rfind(name + " ", 0) == 0) return std::strtod(line.c_str() + name.size() + 1, nullptr);
+  }
+  return -1;
+}
+
+std::string Metrics(int port) {
+  httplib::Client cli("127.0.0.1", port);
+  cli.set_read_timeout(10, 0);
+  auto m = cli.Get("/metrics");
+  return m ? m->body : std::string();
+}
+
+TEST(ServeTest, SlowClientsCannotDelayHealth) {
+  Server server({"--header-timeout", "3"});
+  ASSERT_GT(server.port(), 0);
+  // 200 connections, each sending one header line a second and never
+  // finishing its header (the old server's 64 handler threads all waited on
+  // such clients, and /health with them).
+  std::vector<std::unique_ptr<LoopbackClient>> slow;
+  for (int i = 0; i < 200; ++i) {
+    slow.push_back(std::make_unique<LoopbackClient>(server.port()));
+    ASSERT_TRUE(slow.back()->connected()) << i;
+    ASSERT_TRUE(slow.back()->Send("GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")) << i;
+  }
+  const auto start = Clock::now();
+  std::atomic<bool> stop{false};
+  std::thread trickle([&] {
+    for (int round = 0; round < 6 && !stop.load(); ++round) {
+      for (auto& c : slow) c->Send("X-Slow-" + std::to_string(round) + ": 1\r\n");
+      std::this_thread::sleep_for(1s);
+    }
+  });
+  double worst = 0;
+  for (int probe = 0; probe < 12; ++probe) {
+    httplib::Client cli("127.0.0.1", server.port());
+    cli.set_read_timeout(10, 0);
+    const auto t0 = Clock::now();
+    auto h = cli.Get("/health");
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    ASSERT_TRUE(h) << "probe " << probe;
+    EXPECT_EQ(h->status, 200);
+    worst = std::max(worst, s);
+    std::this_thread::sleep_for(200ms);
+  }
+  EXPECT_LT(worst, 1.0) << "200 slow clients delayed /health by " << worst << " s";
+  // Their headers' deadline (3 s from the first byte) closes every one.
+  int closed = 0;
+  for (auto& c : slow) closed += c->ClosedWithin(std::chrono::duration_cast<std::chrono::milliseconds>(start + 8s - Clock::now()) + 100ms) ? 1 : 0;
+  stop = true;
+  trickle.join();
+  EXPECT_EQ(closed, 200);
+  EXPECT_GE(Metric(Metrics(server.port()), "pagekv_http_timeouts_total"), 200);
+}
+
+TEST(ServeTest, ANonStreamingRequestIsCancelledWhenItsClientGoesAway) {
+  Server server({});
+  ASSERT_GT(server.port(), 0);
+  const std::string body = R"({"prompt":"Once upon a time","max_tokens":1500,"ignore_eos":true})";
+  std::vector<std::unique_ptr<LoopbackClient>> clients;
+  for (int i = 0; i < 8; ++i) {
+    clients.push_back(std::make_unique<LoopbackClient>(server.port()));
+    ASSERT_TRUE(clients.back()->Send("POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                                     "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body));
+  }
+  for (int i = 0; i < 200 && Metric(Metrics(server.port()), "pagekv_generated_tokens_total") <= 0; ++i) {
+    std::this_thread::sleep_for(10ms);
+  }
+  clients.clear();  // every client goes away without waiting for its answer
+  std::string m;
+  for (int i = 0; i < 200; ++i) {
+    m = Metrics(server.port());
+    if (Metric(m, "pagekv_running_sequences") == 0 && Metric(m, "pagekv_queue_length") == 0) break;
+    std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_EQ(Metric(m, "pagekv_running_sequences"), 0) << "the abandoned requests still decode";
+  EXPECT_EQ(Metric(m, "pagekv_http_client_gone_total"), 8) << m;
+  EXPECT_LT(Metric(m, "pagekv_generated_tokens_total"), 8 * 1500 / 2) << "the abandoned requests ran to their end";
+  EXPECT_NE(m.find("pagekv_kv_blocks{state=\"used\"} 0"), std::string::npos) << m;
+  EXPECT_EQ(server.Terminate(), 0);
+}
+
+TEST(ServeTest, TransportLimitsAnswerWithJsonErrors) {
+  Server server({"--max-connections", "4", "--max-headers", "50"});
+  ASSERT_GT(server.port(), 0);
+  {
+    std::string many = "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n";
+    for (int i = 0; i < 60; ++i) many += "X-H" + std::to_string(i) + ": v\r\n";
+    LoopbackClient c(server.port());
+    ASSERT_TRUE(c.Send(many + "\r\n"));
+    const std::string got = c.Read("}}");
+    EXPECT_EQ(got.rfind("HTTP/1.1 431 ", 0), 0u) << got;
+    const json e = json::parse(got.substr(got.find("\r\n\r\n") + 4), nullptr, false);
+    ASSERT_FALSE(e.is_discarded()) << got;
+    EXPECT_EQ(e["error"]["code"], 431);
+    EXPECT_NE(e["error"]["message"].get<std::string>().find("61 header fields"), std::string::npos) << got;
+  }
+  {
+    LoopbackClient c(server.port());
+    ASSERT_TRUE(c.Send("GET /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"));
+    const std::string got = c.Read("}}");
+    EXPECT_EQ(got.rfind("HTTP/1.1 405 ", 0), 0u) << got;
+    EXPECT_NE(got.find("Allow: POST"), std::string::npos) << got;
+  }
+  std::vector<std::unique_ptr<LoopbackClient>> held;
+  for (int i = 0; i < 4; ++i) {
+    held.push_back(std::make_unique<LoopbackClient>(server.port()));
+    ASSERT_TRUE(held.back()->Send("GET /health HTTP/1.1\r\n"));
+  }
+  std::this_thread::sleep_for(300ms);
+  LoopbackClient over(server.port());
+  const std::string got = over.Read("}}");
+  EXPECT_EQ(got.rfind("HTTP/1.1 503 ", 0), 0u) << got;
+  EXPECT_NE(got.find("Retry-After: 1"), std::string::npos) << got;
+  const json e = json::parse(got.substr(got.find("\r\n\r\n") + 4), nullptr, false);
+  ASSERT_FALSE(e.is_discarded()) << got;
+  EXPECT_NE(e["error"]["message"].get<std::string>().find("too many connections"), std::string::npos);
+  held.clear();
+  std::this_thread::sleep_for(300ms);
+  EXPECT_EQ(Metric(Metrics(server.port()), "pagekv_http_connections_refused_total"), 1);
+  EXPECT_EQ(server.Terminate(), 0);
+}
+
+}  // namespace transport

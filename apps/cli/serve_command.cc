@@ -20,7 +20,9 @@ struct ServeArgs {
   std::string model, tokenizer, host = "127.0.0.1", api_key_env, api_key_file, kv_budget = "256MiB", kv_dtype = "f32", name, kv_layer_dtypes, kv_rotate = "none", kv_policy = "none", chat_template;
   double kv_budget_fraction = 1.0;
   int port = 8080;
-  int64_t max_body = 1 << 20, max_queue = 256, step_tokens = 256, blocks = 0;
+  int64_t max_body = 1 << 20, max_queue = 256, step_tokens = 256, blocks = 0, max_header_bytes = 16 * 1024;
+  int max_headers = 100, max_connections = 512, io_threads = 2, workers = 2;
+  double header_timeout = 10, body_timeout = 30, idle_timeout = 30, write_timeout = 30;
   int32_t block_len = 16, max_running = 64;
   bool no_prefix_cache = false, report_cached_tokens = false;
   int threads = 0;
@@ -86,6 +88,16 @@ int RunServe(const ServeArgs& a) {
   }
   o.report_cached_tokens_always = a.report_cached_tokens;
   o.max_body_bytes = a.max_body;
+  o.max_header_bytes = a.max_header_bytes;
+  o.max_headers = a.max_headers;
+  o.max_connections = a.max_connections;
+  auto ms = [](double seconds) { return static_cast<int64_t>(seconds * 1000.0 + 0.5); };
+  o.header_timeout_ms = ms(a.header_timeout);
+  o.body_timeout_ms = ms(a.body_timeout);
+  o.idle_timeout_ms = ms(a.idle_timeout);
+  o.write_timeout_ms = ms(a.write_timeout);
+  o.io_threads = a.io_threads;
+  o.workers = a.workers;
   o.model_name = a.name;
   o.on_listening = [&](int port) {
     std::printf("pagekv serve: listening on http://%s:%d\n", a.host.c_str(), port);
@@ -122,6 +134,26 @@ CLI::App* AddServeCommand(CLI::App& app, int& exit_code) {
                 "so no client learns whether another's prompt is cached)");
   cmd->add_option("--max-body-bytes", args.max_body, "Largest request body (default 1 MiB; larger: 413)")
       ->check(CLI::Range(int64_t{64}, int64_t{1} << 30));
+  cmd->add_option("--max-header-bytes", args.max_header_bytes,
+                  "Largest request header, request line included (default 16 KiB; larger: 431)")
+      ->check(CLI::Range(int64_t{1024}, int64_t{1} << 24));
+  cmd->add_option("--max-headers", args.max_headers, "Most header fields in a request (default 100; more: 431)")
+      ->check(CLI::Range(1, 1 << 16));
+  cmd->add_option("--max-connections", args.max_connections,
+                  "Connections at once; past it a new one gets 503 and is closed (default 512)")
+      ->check(CLI::Range(1, 1 << 20));
+  const auto seconds = CLI::Range(0.001, 86400.0);
+  cmd->add_option("--header-timeout", args.header_timeout, "Seconds a request header may take from its first byte (default 10)")
+      ->check(seconds);
+  cmd->add_option("--body-timeout", args.body_timeout, "Seconds a request body may take (default 30)")->check(seconds);
+  cmd->add_option("--idle-timeout", args.idle_timeout, "Seconds an idle keep-alive connection is kept (default 30)")
+      ->check(seconds);
+  cmd->add_option("--write-timeout", args.write_timeout,
+                  "Seconds one write of an answer may wait for a client that does not read (default 30)")
+      ->check(seconds);
+  cmd->add_option("--io-threads", args.io_threads, "Threads serving every connection (default 2)")->check(CLI::Range(1, 256));
+  cmd->add_option("--http-workers", args.workers, "Threads parsing and tokenizing generation requests (default 2)")
+      ->check(CLI::Range(1, 256));
   cmd->add_option("--max-queue", args.max_queue, "Requests waiting beyond which new ones get 429 (default 256)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
   cmd->add_option("--kv-budget", args.kv_budget, "KV pool size, e.g. 256MiB (default)");

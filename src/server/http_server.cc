@@ -1,36 +1,37 @@
-// RunServer (include/pagekv/server.h): cpp-httplib in front of the engine.
+// RunServer (include/pagekv/server.h): the routes and the OpenAI answers over
+// the Beast transport (http_transport.h), in front of the engine.
 #include "pagekv/server.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
-#include <sys/socket.h>
 
 #include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <cstdio>
 #include <ctime>
 #include <limits>
-#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <set>
 #include <thread>
 
-#include <httplib.h>
+#include <boost/asio/post.hpp>
+#include <boost/asio/thread_pool.hpp>
 #include <nlohmann/json.hpp>
 
+#include "server/http_transport.h"
 #include "server/request.h"
 
 namespace pagekv {
 namespace {
 
+using server::Exchange;
 using server::FieldError;
+using server::HttpRequest;
+using server::HttpResponse;
 using server::ParsedRequest;
 using server::ParseRequest;
 using server::Sha256;
@@ -88,22 +89,30 @@ struct Shared {
   int64_t requests_total = 0, errors_total = 0;
   Clock::time_point last_scrape = Clock::now();
   int64_t last_generated = 0;
+  const server::HttpTransport* transport = nullptr;
+  boost::asio::thread_pool* workers = nullptr;
 };
 
-void SendError(httplib::Response& res, int status, const std::string& message, const std::string& type,
-               const std::string& param = {}) {
+std::string ErrorJson(int status, const std::string& message, const std::string& type, const std::string& param = {}) {
   json e = {{"error", {{"message", message}, {"type", type}, {"param", param.empty() ? json(nullptr) : json(param)},
                        {"code", status}}}};
-  res.status = status;
   // Replacing invalid UTF-8 (a model name, a parser's quote of the body):
   // an error answer must never throw.
-  res.set_content(e.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+  return e.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+// The error type OpenAI's clients map to their exception classes.
+std::string ErrorType(int status) {
+  switch (status) {
+    case 401: return "authentication_error";
+    case 429: return "rate_limit_error";
+    default: return status >= 500 ? "server_error" : "invalid_request_error";
+  }
 }
 
 // Which API key the request carries: its index, -1 for none or a wrong one.
 // Every key is compared, in constant time, whatever matches.
-int KeyIndex(const Shared& sh, const httplib::Request& req) {
-  const std::string auth = req.get_header_value("Authorization");
+int KeyIndex(const Shared& sh, const std::string& auth) {
   if (auth.rfind("Bearer ", 0) != 0) return -1;
   const std::array<unsigned char, 32> d = Sha256(std::string_view(auth).substr(7));
   int found = -1;
@@ -113,7 +122,6 @@ int KeyIndex(const Shared& sh, const httplib::Request& req) {
   }
   return found;
 }
-
 
 json Usage(const RequestResult& r, bool report_cached) {
   return {{"prompt_tokens", r.prompt_tokens},
@@ -140,138 +148,157 @@ json Choice(bool chat, bool delta, const std::string& text, FinishReason finish,
 
 std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
-// Streams of one request: the engine's updates, handed to the HTTP thread.
-struct Stream {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<TokenUpdate> updates;
-};
-
 void Observe(Shared& sh, const RequestResult& r) {
   if (!r.tokens.empty()) sh.ttft.Observe(r.time_to_first_token);
   for (double d : r.inter_token) sh.itl.Observe(d);
 }
 
-void HandleGenerate(Shared& sh, const httplib::Request& req, const std::string& text, httplib::Response& res,
-                    bool chat) {
+void Answer(Shared& sh, Exchange& ex, HttpResponse r) {
+  if (r.status >= 400) {
+    std::lock_guard lock(sh.mu);
+    ++sh.errors_total;
+  }
+  ex.Respond(std::move(r));
+}
+
+void AnswerJson(Shared& sh, Exchange& ex, std::string body) { Answer(sh, ex, {200, "application/json", {}, std::move(body)}); }
+
+void AnswerError(Shared& sh, Exchange& ex, int status, const std::string& message, const std::string& param = {},
+                 std::vector<std::pair<std::string, std::string>> headers = {}) {
+  Answer(sh, ex, {status, "application/json", std::move(headers), ErrorJson(status, message, ErrorType(status), param)});
+}
+
+// One generation request from its Submit to its end: the engine's updates
+// (on the engine's thread) become the answer; the end is collected on a
+// worker (Wait must not run on the engine's thread).
+struct Generation : std::enable_shared_from_this<Generation> {
+  Shared* sh = nullptr;
+  std::shared_ptr<Exchange> ex;
+  bool chat = false, stream = false, report_cached = false;
+  std::string id, object;
+  int64_t created = 0;
+  RequestId rid = 0;
+
+  std::mutex mu;
+  bool started = false;  // Submit returned: rid set, the stream begun
+  bool first = true;     // the first chunk (it carries the role)
+  std::vector<TokenUpdate> pending;  // updates before started
+
+  json Chunk(const TokenUpdate& u) {
+    json chunk = {{"id", id}, {"object", object}, {"created", created}, {"model", sh->model},
+                  {"choices", json::array({Choice(chat, true, u.text, u.finish, first)})}};
+    first = false;
+    return chunk;
+  }
+
+  void OnUpdate(const TokenUpdate& u) {
+    std::lock_guard lock(mu);
+    if (!started) {
+      if (stream || u.finish != FinishReason::kNone) pending.push_back(u);
+      return;
+    }
+    DeliverLocked(u);
+  }
+
+  void DeliverLocked(const TokenUpdate& u) {
+    if (u.finish != FinishReason::kNone) {
+      json last = stream ? Chunk(u) : json();
+      boost::asio::post(*sh->workers, [self = shared_from_this(), last = std::move(last)]() mutable {
+        self->Finish(std::move(last));
+      });
+      return;
+    }
+    if (stream) ex->Write("data: " + Dump(Chunk(u)) + "\n\n");
+  }
+
+  // After a successful Submit.
+  void Started(RequestId id_) {
+    std::lock_guard lock(mu);
+    rid = id_;
+    started = true;
+    if (stream) ex->BeginStream(200, "text/event-stream");
+    for (const TokenUpdate& u : pending) DeliverLocked(u);
+    pending.clear();
+  }
+
+  // A worker: the request has ended.
+  void Finish(json last) {
+    const RequestResult r = sh->engine->Wait(rid);
+    {
+      std::lock_guard lock(sh->mu);
+      sh->in_flight.erase(rid);
+    }
+    Observe(*sh, r);
+    if (stream) {
+      last["usage"] = Usage(r, report_cached);
+      ex->Write("data: " + Dump(last) + "\n\n");
+      ex->Write("data: [DONE]\n\n");
+      ex->End();
+      return;
+    }
+    if (r.finish == FinishReason::kError) return AnswerError(*sh, *ex, 500, r.error.message());
+    json out = {{"id", id}, {"object", object}, {"created", created}, {"model", sh->model},
+                {"choices", json::array({Choice(chat, false, r.text, r.finish, true)})},
+                {"usage", Usage(r, report_cached)}};
+    AnswerJson(*sh, *ex, Dump(out));
+  }
+};
+
+// A worker: a completion or chat request, from its body to Submit.
+void HandleGenerate(Shared& sh, const HttpRequest& req, const std::shared_ptr<Exchange>& ex, bool chat) {
   {
     std::lock_guard lock(sh.mu);
     ++sh.requests_total;
   }
-  json body = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded() || !body.is_object()) {
     std::string why = "the body is not a JSON object";
     try {
-      const json reparsed = json::parse(text);
+      const json reparsed = json::parse(req.body);
       why = "the body is " + std::string(reparsed.type_name()) + ", not a JSON object";
     } catch (const json::exception& e) {  // a parse error, or a number out of range (1e400)
       why = std::string("malformed JSON: ") + e.what();
     }
-    return SendError(res, 400, why, "invalid_request_error");
+    return AnswerError(sh, *ex, 400, why);
   }
   if (body.contains("model") && body["model"].is_string() && body["model"].get<std::string>() != sh.model) {
-    return SendError(res, 404, "model '" + body["model"].get<std::string>() + "' does not exist; this server has '" + sh.model + "'",
-                     "invalid_request_error", "model");
+    return AnswerError(sh, *ex, 404,
+                       "model '" + body["model"].get<std::string>() + "' does not exist; this server has '" + sh.model + "'",
+                       "model");
   }
-  bool stream = false, own_salt = false;
+  auto g = std::make_shared<Generation>();
+  g->sh = &sh;
+  g->ex = ex;
+  g->chat = chat;
   EngineRequest er;
   try {
-    const int key = KeyIndex(sh, req);
+    const int key = KeyIndex(sh, req.Header("authorization"));
     ParsedRequest parsed = ParseRequest(body, *sh.engine, key >= 0 ? sh.key_salts[static_cast<size_t>(key)] : "", chat);
     er = std::move(parsed.request);
-    stream = parsed.stream;
-    own_salt = parsed.own_salt;
+    g->stream = parsed.stream;
+    g->report_cached = parsed.own_salt || sh.report_cached_always;
   } catch (const FieldError& e) {
-    return SendError(res, 400, e.message, "invalid_request_error", e.field);
+    return AnswerError(sh, *ex, 400, e.message, e.field);
   }
-  auto updates = std::make_shared<Stream>();
-  if (stream) {
-    er.on_update = [updates](const TokenUpdate& u) {
-      std::lock_guard lock(updates->mu);
-      updates->updates.push_back(u);
-      updates->cv.notify_all();
-    };
-  }
+  g->object = chat ? (g->stream ? "chat.completion.chunk" : "chat.completion") : "text_completion";
+  g->created = static_cast<int64_t>(std::time(nullptr));
+  er.on_update = [g](const TokenUpdate& u) { g->OnUpdate(u); };
   Result<RequestId> id = sh.engine->Submit(std::move(er));
   if (!id.ok()) {
     const StatusCode c = id.status().code();
-    if (c == StatusCode::kUnavailable) {
-      res.set_header("Retry-After", "1");
-      return SendError(res, 429, id.status().message(), "rate_limit_error");
-    }
-    return SendError(res, 400, id.status().message(), "invalid_request_error",
-                     c == StatusCode::kOutOfRange ? "max_tokens" : "");
+    if (c == StatusCode::kUnavailable) return AnswerError(sh, *ex, 429, id.status().message(), "", {{"Retry-After", "1"}});
+    return AnswerError(sh, *ex, 400, id.status().message(), c == StatusCode::kOutOfRange ? "max_tokens" : "");
   }
   const RequestId rid = *id;
   {
     std::lock_guard lock(sh.mu);
     sh.in_flight.insert(rid);
   }
-  const std::string cid = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(rid);
-  const bool report_cached = own_salt || sh.report_cached_always;
-  const int64_t created = static_cast<int64_t>(std::time(nullptr));
-  const char* object = chat ? "chat.completion" : "text_completion";
-  auto done = [&sh, rid] {
-    std::lock_guard lock(sh.mu);
-    sh.in_flight.erase(rid);
-  };
-  if (!stream) {
-    const RequestResult r = sh.engine->Wait(rid);
-    done();
-    Observe(sh, r);
-    if (r.finish == FinishReason::kError) return SendError(res, 500, r.error.message(), "server_error");
-    json out = {{"id", cid}, {"object", object}, {"created", created}, {"model", sh.model},
-                {"choices", json::array({Choice(chat, false, r.text, r.finish, true)})},
-                {"usage", Usage(r, report_cached)}};
-    res.set_content(Dump(out), "application/json");
-    return;
-  }
-  const std::string chunk_object = chat ? "chat.completion.chunk" : "text_completion";
-  auto first = std::make_shared<bool>(true);
-  res.set_chunked_content_provider(
-      "text/event-stream",
-      [&sh, updates, rid, cid, created, chat, chunk_object, first, done, report_cached](size_t,
-                                                                                        httplib::DataSink& sink) {
-        std::deque<TokenUpdate> batch;
-        {
-          std::unique_lock lock(updates->mu);
-          updates->cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return !updates->updates.empty(); });
-          batch.swap(updates->updates);
-        }
-        if (!sink.is_writable()) {
-          sh.engine->Cancel(rid);  // the client went away
-          return false;
-        }
-        for (const TokenUpdate& u : batch) {
-          json chunk = {{"id", cid}, {"object", chunk_object}, {"created", created}, {"model", sh.model},
-                        {"choices", json::array({Choice(chat, true, u.text, u.finish, *first)})}};
-          *first = false;
-          if (u.finish != FinishReason::kNone) {
-            const RequestResult r = sh.engine->Wait(rid);
-            done();
-            Observe(sh, r);
-            chunk["usage"] = Usage(r, report_cached);
-          }
-          const std::string data = "data: " + Dump(chunk) + "\n\n";
-          if (!sink.write(data.data(), data.size())) {
-            sh.engine->Cancel(rid);
-            return false;
-          }
-          if (u.finish != FinishReason::kNone) {
-            static constexpr char kDone[] = "data: [DONE]\n\n";
-            sink.write(kDone, sizeof(kDone) - 1);
-            sink.done();
-            return true;
-          }
-        }
-        return true;
-      },
-      [&sh, rid, done](bool success) {
-        // A stream that ended early (client gone, server stopping): cancel
-        // the request and collect its result so nothing stays behind.
-        if (!success && sh.engine->Cancel(rid)) (void)sh.engine->Wait(rid);
-        done();
-      });
+  g->id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(rid);
+  g->Started(rid);
+  // The client gone before its answer ended, streaming or not: its decoding
+  // stops; the end is collected as for any other request.
+  ex->OnClientGone([&sh, rid] { sh.engine->Cancel(rid); });
 }
 
 std::string Metrics(Shared& sh) {
@@ -315,6 +342,21 @@ std::string Metrics(Shared& sh) {
         {{"", tokens_per_second}});
   gauge("pagekv_requests_total", "Generation requests received", "counter", {{"", static_cast<double>(requests)}});
   gauge("pagekv_request_errors_total", "Requests answered with an error status", "counter", {{"", static_cast<double>(errors)}});
+  if (sh.transport != nullptr) {
+    const server::TransportStats t = sh.transport->Stats();
+    gauge("pagekv_http_connections", "Open HTTP connections", "gauge", {{"", static_cast<double>(t.connections_now)}});
+    gauge("pagekv_http_connections_total", "HTTP connections accepted", "counter",
+          {{"", static_cast<double>(t.connections_total)}});
+    gauge("pagekv_http_connections_refused_total", "Connections past --max-connections, answered 503 and closed", "counter",
+          {{"", static_cast<double>(t.refused_total)}});
+    gauge("pagekv_http_timeouts_total", "Connections closed by a header, body, idle or write deadline", "counter",
+          {{"", static_cast<double>(t.timeouts_total)}});
+    gauge("pagekv_http_rejected_total",
+          "Requests the transport refused before routing (431 header, 413 body, 415 encoding, 400 malformed)", "counter",
+          {{"", static_cast<double>(t.rejected_total)}});
+    gauge("pagekv_http_client_gone_total", "Clients that went away before their answer ended (their requests cancelled)",
+          "counter", {{"", static_cast<double>(t.client_gone_total)}});
+  }
   if (m.tiers) {
     std::vector<std::pair<std::string, double>> hits, misses, corrupt, forged, errors, blocks, bytes, healthy;
     for (const TierStats& t : m.tiers->tiers) {
@@ -360,23 +402,47 @@ std::string Metrics(Shared& sh) {
   return out;
 }
 
-// Debian's cpp-httplib (0.11, compiled) listens with a backlog of 5: a burst
-// of concurrent connections overflows it and clients see dropped SYNs and
-// failed reads. listen() again on the bound socket raises the backlog; the
-// library does not expose the socket, so find it by its port.
-void RaiseListenBacklog(int port) {
-  for (int fd = 3; fd < 4096; ++fd) {
-    int accepting = 0;
-    socklen_t len = sizeof(accepting);
-    if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &accepting, &len) != 0 || accepting == 0) continue;
-    sockaddr_storage addr{};
-    socklen_t addr_len = sizeof(addr);
-    if (getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &addr_len) != 0) continue;
-    int bound = -1;
-    if (addr.ss_family == AF_INET) bound = ntohs(reinterpret_cast<const sockaddr_in*>(&addr)->sin_port);
-    if (addr.ss_family == AF_INET6) bound = ntohs(reinterpret_cast<const sockaddr_in6*>(&addr)->sin6_port);
-    if (bound == port) ::listen(fd, SOMAXCONN);
+// An I/O thread: cheap endpoints answered here, generation handed to a
+// worker.
+void Route(Shared& sh, HttpRequest req, std::shared_ptr<Exchange> ex) {
+  const bool v1 = req.path.rfind("/v1/", 0) == 0;
+  if (sh.draining.load() && v1) return AnswerError(sh, *ex, 503, "the server is shutting down", "", {{"Retry-After", "5"}});
+  if (v1 && !sh.key_digests.empty() && KeyIndex(sh, req.Header("authorization")) < 0) {
+    return AnswerError(sh, *ex, 401, "missing or wrong API key: send 'Authorization: Bearer <key>'");
   }
+  const bool get = req.method == "GET";
+  auto wrong_method = [&](const char* allow) {
+    AnswerError(sh, *ex, 405, "use " + std::string(allow) + " on " + req.path, "", {{"Allow", allow}});
+  };
+  if (req.path == "/health") {
+    if (!get) return wrong_method("GET");
+    return AnswerJson(sh, *ex, "{\"status\":\"ok\"}");
+  }
+  if (req.path == "/v1/models") {
+    if (!get) return wrong_method("GET");
+    json out = {{"object", "list"},
+                {"data", json::array({{{"id", sh.model}, {"object", "model"}, {"created", 0}, {"owned_by", "pagekv"}}})}};
+    return AnswerJson(sh, *ex, Dump(out));
+  }
+  if (req.path == "/metrics") {
+    if (!get) return wrong_method("GET");
+    // The engine's metrics take its lock: on a worker, not an I/O thread.
+    boost::asio::post(*sh.workers, [&sh, ex] { Answer(sh, *ex, {200, "text/plain; version=0.0.4", {}, Metrics(sh)}); });
+    return;
+  }
+  if (req.path == "/v1/completions" || req.path == "/v1/chat/completions") {
+    if (req.method != "POST") return wrong_method("POST");
+    const bool chat = req.path == "/v1/chat/completions";
+    boost::asio::post(*sh.workers, [&sh, req = std::move(req), ex, chat] {
+      try {
+        HandleGenerate(sh, req, ex, chat);
+      } catch (...) {  // never the exception's text to the client
+        AnswerError(sh, *ex, 500, "internal error while handling the request");
+      }
+    });
+    return;
+  }
+  AnswerError(sh, *ex, 404, "no such endpoint: " + req.path);
 }
 
 }  // namespace
@@ -397,105 +463,40 @@ Status RunServer(const ServerOptions& o, const std::atomic<bool>& stop) {
     const size_t slash = o.engine.model_path.find_last_of('/');
     sh.model = slash == std::string::npos ? o.engine.model_path : o.engine.model_path.substr(slash + 1);
   }
-  engine->Start();
-
-  httplib::Server svr;
-  svr.new_task_queue = [] { return new httplib::ThreadPool(64); };
-  svr.set_payload_max_length(static_cast<size_t>(o.max_body_bytes));
-  // An exception that escapes a handler is a 500 with a JSON body; its text
-  // never reaches the client (httplib's default puts it in a header).
-  svr.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
-    SendError(res, 500, "internal error while handling the request", "server_error");
-  });
-  svr.set_pre_routing_handler([&sh](const httplib::Request& req, httplib::Response& res) {
-    // Before any body is read: a compressed body is refused, not inflated
-    // (a few KB of gzip can inflate to gigabytes).
-    if (const std::string enc = req.get_header_value("Content-Encoding"); !enc.empty() && enc != "identity") {
-      res.set_header("Connection", "close");
-      SendError(res, 415, "Content-Encoding '" + enc + "' is not accepted: send the body uncompressed",
-                "invalid_request_error");
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    if (sh.draining.load() && req.path.rfind("/v1/", 0) == 0) {
-      res.set_header("Retry-After", "5");
-      SendError(res, 503, "the server is shutting down", "server_error");
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    if (sh.key_digests.empty() || req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
-    if (KeyIndex(sh, req) < 0) {
-      SendError(res, 401, "missing or wrong API key: send 'Authorization: Bearer <key>'", "authentication_error");
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    return httplib::Server::HandlerResponse::Unhandled;
-  });
-  svr.set_error_handler([&sh, &o](const httplib::Request&, httplib::Response& res) {
-    {
-      std::lock_guard lock(sh.mu);
-      ++sh.errors_total;
-    }
-    if (!res.body.empty()) return;
-    if (res.status == 413) {
-      SendError(res, 413, "the body is larger than --max-body-bytes (" + std::to_string(o.max_body_bytes) + ")",
-                "invalid_request_error");
-    } else if (res.status == 404) {
-      SendError(res, 404, "no such endpoint", "invalid_request_error");
-    }
-  });
-  // The body is read here as it streams, whatever its transfer encoding, and
-  // refused as soon as it passes --max-body-bytes (httplib bounds only a
-  // Content-Length body; a chunked one it would read whole).
-  auto generate = [&sh, &o](bool chat) {
-    return [&sh, &o, chat](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
-      std::string body;
-      bool too_large = false;
-      const bool read = reader([&](const char* data, size_t n) {
-        if (body.size() + n > static_cast<size_t>(o.max_body_bytes)) {
-          too_large = true;
-          return false;
+  if (o.workers < 1) return InvalidArgumentError("server: at least one worker thread is needed");
+  server::HttpLimits limits;
+  limits.max_body_bytes = o.max_body_bytes;
+  limits.max_header_bytes = o.max_header_bytes;
+  limits.max_headers = o.max_headers;
+  limits.max_connections = o.max_connections;
+  limits.header_timeout = std::chrono::milliseconds(o.header_timeout_ms);
+  limits.body_timeout = std::chrono::milliseconds(o.body_timeout_ms);
+  limits.idle_timeout = std::chrono::milliseconds(o.idle_timeout_ms);
+  limits.write_timeout = std::chrono::milliseconds(o.write_timeout_ms);
+  boost::asio::thread_pool workers(static_cast<size_t>(o.workers));
+  sh.workers = &workers;
+  Result<std::unique_ptr<server::HttpTransport>> transport = server::HttpTransport::Listen(
+      o.host, o.port, limits, [&sh](HttpRequest req, std::shared_ptr<Exchange> ex) { Route(sh, std::move(req), std::move(ex)); },
+      [&sh](int status, const std::string& message) {
+        {
+          std::lock_guard lock(sh.mu);
+          ++sh.errors_total;
         }
-        body.append(data, n);
-        return true;
-      });
-      too_large = too_large || res.status == 413;  // a Content-Length past the limit: httplib's own check
-      if (too_large || !read) {
-        res.set_header("Connection", "close");  // the rest of the body is never read
-        return too_large ? SendError(res, 413,
-                                     "the body is larger than --max-body-bytes (" + std::to_string(o.max_body_bytes) + ")",
-                                     "invalid_request_error")
-                         : SendError(res, 400, "the body could not be read (malformed chunked encoding, or cut short)",
-                                     "invalid_request_error");
-      }
-      HandleGenerate(sh, req, body, res, chat);
-    };
-  };
-  svr.Post("/v1/completions", generate(false));
-  svr.Post("/v1/chat/completions", generate(true));
-  svr.Get("/v1/models", [&sh](const httplib::Request&, httplib::Response& res) {
-    json out = {{"object", "list"}, {"data", json::array({{{"id", sh.model}, {"object", "model"}, {"created", 0}, {"owned_by", "pagekv"}}})}};
-    res.set_content(out.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
-  });
-  svr.Get("/health", [](const httplib::Request&, httplib::Response& res) { res.set_content("{\"status\":\"ok\"}", "application/json"); });
-  svr.Get("/metrics", [&sh](const httplib::Request&, httplib::Response& res) {
-    res.set_content(Metrics(sh), "text/plain; version=0.0.4");
-  });
-
-  const int port = o.port == 0 ? svr.bind_to_any_port(o.host) : (svr.bind_to_port(o.host, o.port) ? o.port : -1);
-  if (port < 0) return IoError("cannot listen on " + o.host + ":" + std::to_string(o.port) + " (in use, or not an address here)");
-  RaiseListenBacklog(port);
+        return ErrorJson(status, message, ErrorType(status));
+      },
+      o.io_threads);
+  if (!transport.ok()) {
+    workers.join();
+    return transport.status();
+  }
+  sh.transport = transport->get();
+  engine->Start();
   std::fprintf(stderr, "pagekv serve: chat template: %s\n", sh.engine->chat_template_name().c_str());
-  if (o.on_listening) o.on_listening(port);
-  std::atomic<bool> listener_done{false};
-  std::thread listener([&svr, &listener_done] {
-    svr.listen_after_bind();
-    listener_done = true;
-  });
-  // httplib's stop() does nothing before listen has begun (the listener
-  // would then serve for ever): a SIGTERM during start-up waits for it.
-  while (!svr.is_running() && !listener_done.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (o.on_listening) o.on_listening((*transport)->port());
   while (!stop.load()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   // Shutdown: refuse new generation requests (503); give in-flight ones 5 s
   // to finish, then cancel them (their streams end with a final event);
-  // then close the socket.
+  // then close the connections.
   sh.draining = true;
   for (int i = 0; i < 50; ++i) {
     {
@@ -515,10 +516,16 @@ Status RunServer(const ServerOptions& o, const std::atomic<bool>& stop) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  svr.stop();
-  listener.join();
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // their last bytes reach the sockets
+  (*transport)->Stop();
+  workers.join();
+  // The engine goes before the transport: its last callbacks may still
+  // reach an exchange.
   engine->Stop();
+  engine.reset();
+  transport->reset();
   return Status::Ok();
+
 }
 
 }  // namespace pagekv
