@@ -93,6 +93,10 @@ std::optional<HttpRefusal> CheckHeader(const Parser& p, const HttpLimits& l) {
       }
     }
   }
+  if (m.count(http::field::content_length) > 0 && m.count(http::field::transfer_encoding) > 0) {
+    // Two framings: a proxy in front may read the other one (smuggling).
+    return HttpRefusal{400, "the request has both Content-Length and Transfer-Encoding: send one"};
+  }
   if (count > l.max_headers) {
     return HttpRefusal{431, "the request has " + std::to_string(count) + " header fields; at most " +
                                 std::to_string(l.max_headers) + " are accepted"};
@@ -297,7 +301,7 @@ class Connection final : public std::enable_shared_from_this<Connection> {
     if (ex != current_.get() || ex->ended || ex->began || closed_) return;
     const bool close = r.close || !keep_alive_;
     out_ += Head(r.status, r.content_type, r.headers, r.body.size(), false, close, http10_);
-    out_ += r.body;
+    if (!head_) out_ += r.body;  // an answer to HEAD: the headers of the same GET, no body
     EndAnswer(close);
   }
   void BeginStream(ExchangeImpl* ex, int status, const std::string& content_type) {
@@ -375,6 +379,7 @@ class Connection final : public std::enable_shared_from_this<Connection> {
     }
     if (std::optional<HttpRefusal> r = CheckHeader(*parser_, t_.limits())) return Refuse(*r);
     http10_ = parser_->get().version() == 10;
+    head_ = parser_->get().method() == http::verb::head;
     keep_alive_ = parser_->get().keep_alive();
     const auto expect = parser_->get()[http::field::expect];
     if (!parser_->is_done() && EqualsNoCase(Trim(std::string_view(expect.data(), expect.size())), "100-continue") && !http10_) {
@@ -425,6 +430,7 @@ class Connection final : public std::enable_shared_from_this<Connection> {
     ++t_.rejected_total_;
     current_ = std::make_shared<ExchangeImpl>(weak_from_this());
     keep_alive_ = false;
+    head_ = false;
     HttpResponse res{r.status, "application/json", {}, t_.ErrorText(r.status, r.message), true};
     Respond(current_.get(), std::move(res));
   }
@@ -515,7 +521,7 @@ class Connection final : public std::enable_shared_from_this<Connection> {
   beast::flat_buffer buffer_;  // bounded: a header, or one read of the body
   std::optional<Parser> parser_;
   std::shared_ptr<ExchangeImpl> current_;
-  bool keep_alive_ = false, http10_ = false;
+  bool keep_alive_ = false, http10_ = false, head_ = false;
   bool writing_ = false, answer_queued_ = false, close_after_ = false, closed_ = false;
   std::string out_, sending_;
   uint64_t watch_gen_ = 0;

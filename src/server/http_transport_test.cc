@@ -85,6 +85,7 @@ TEST(ParseHttpRequestTest, BodyLimitsEncodingsAndVersions) {
   EXPECT_TRUE(v2.status == 400 || v2.status == 505) << v2.status << " " << v2.message;
   EXPECT_EQ(Refused("POST / HTTP/1.1\r\nContent-Length: 5\r\n\r\nab", l).status, 400);  // cut short
   EXPECT_EQ(Refused("POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab", l).status, 400);
+  EXPECT_EQ(Refused("POST / HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", l).status, 400);
   EXPECT_EQ(Refused("NOT HTTP\r\n\r\n", l).status, 400);
   EXPECT_EQ(Refused("GET / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", l).status, 400);
   EXPECT_EQ(Refused("", l).status, 400);
@@ -106,7 +107,9 @@ struct Fixture {
     auto r = HttpTransport::Listen(
         "127.0.0.1", 0, l,
         [this](HttpRequest req, std::shared_ptr<Exchange> ex) {
-          if (req.path == "/echo") return ex->Respond({200, "text/plain", {{"X-Method", req.method}}, req.body});
+          if (req.path == "/echo") {
+            return ex->Respond({200, "text/plain", {{"X-Method", req.method}}, req.method == "HEAD" ? "head-body" : req.body});
+          }
           if (req.path == "/throw") throw std::runtime_error("secret detail");
           if (req.path == "/hold" || req.path == "/stream") {
             ex->OnClientGone([this] { ++gone; });
@@ -151,6 +154,13 @@ TEST(HttpTransportTest, KeepAlivePipeliningHttp10AndContinue) {
   EXPECT_EQ(c.Read("\r\n\r\n").rfind("HTTP/1.1 100 Continue\r\n\r\n", 0), 0u);
   ASSERT_TRUE(c.Send("body"));
   EXPECT_NE(c.Read("\r\n\r\nbody").find("\r\n\r\nbody"), std::string::npos);
+  // HEAD: the headers without the body, and the connection goes on.
+  c.Clear();
+  ASSERT_TRUE(c.Send("HEAD /echo HTTP/1.1\r\n\r\nPOST /echo HTTP/1.1\r\nContent-Length: 2\r\n\r\nok"));
+  got = c.Read("\r\n\r\nok");
+  EXPECT_NE(got.find("X-Method: HEAD\r\nContent-Length: 9\r\n\r\nHTTP/1.1 200 OK"), std::string::npos) << got;
+  EXPECT_EQ(got.find("head-body"), std::string::npos) << got;
+  EXPECT_NE(got.find("X-Method: POST"), std::string::npos) << got;
   // HTTP/1.0 without keep-alive: answered, then closed.
   Client old(f.port());
   ASSERT_TRUE(old.Send("GET /echo HTTP/1.0\r\n\r\n"));
