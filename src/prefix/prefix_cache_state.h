@@ -1,0 +1,365 @@
+// The state behind PrefixCache (include/pagekv/prefix_cache.h), shared by
+// its two translation units: prefix_cache.cc (the index, chains, lookups,
+// publishing, events) and background_moves.cc (prefetch, loads from the
+// lower tiers and offloads ahead of eviction, which the tiers' threads
+// report back). Private to the prefix module.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "base/check.h"
+#include "pagekv/prefix_cache.h"
+#include "prefix/block_hasher.h"
+
+namespace pagekv {
+namespace prefix {
+
+struct KeyHash {
+  size_t operator()(const BlockKey& k) const {
+    uint64_t h;
+    std::memcpy(&h, k.bytes.data(), 8);
+    return static_cast<size_t>(h ^ k.size);
+  }
+};
+
+// A block's place in a chain: its key (the index key, from the configured
+// hash) and its prefix digest (SHA-256 chained over digests, so equal
+// digests mean equal whole prefixes whatever the key hash; the key itself
+// when the key hash is SHA-256).
+struct Link {
+  BlockKey key;
+  BlockKey digest;
+};
+
+// What a published block holds besides its KV: enough to verify a hit
+// without trusting the key hash, and to describe it in events.
+struct Entry {
+  BlockKey key;
+  BlockKey digest;
+  std::optional<BlockKey> parent;
+  std::vector<int32_t> tokens;
+  ExtraKeys extra;  // salt kept only on a first block
+  std::optional<Tier> below;  // where an offload ahead of eviction put a copy
+};
+
+inline bool SameExtra(const ExtraKeys& a, const ExtraKeys& b, bool first) {
+  return (!first || a.cache_salt == b.cache_salt) && a.adapter_id == b.adapter_id &&
+         a.model_fingerprint == b.model_fingerprint && a.extra == b.extra;
+}
+
+inline std::vector<std::string> EventExtraKeys(const ExtraKeys& e, bool first) {
+  std::vector<std::string> out;
+  if (first && e.cache_salt) out.push_back("salt:" + *e.cache_salt);
+  if (!e.model_fingerprint.empty()) out.push_back("model:" + e.model_fingerprint);
+  for (const std::string& x : e.extra) out.push_back(x);
+  return out;
+}
+
+struct SeqChain {
+  ExtraKeys extra;
+  std::vector<Link> links;  // of the sequence's leading full blocks known so far
+  bool stopped = false;     // a collision (or a compaction) ended publishing for this sequence
+};
+
+struct WindowEntry {
+  int64_t requested_tokens, hit_tokens, requested_blocks, hit_blocks;
+};
+
+// One sequence's lower-tier blocks loading in the background.
+struct Loading {
+  size_t first = 0;                          // block index of entries[0]
+  std::vector<Entry> entries;                // to publish, in order, once loaded
+  std::vector<std::optional<Tier>> results;  // per entry, as the workers report
+  size_t remaining = 0;                      // entries not reported yet
+  int64_t requested_tokens = 0;              // the admitted prompt's length
+};
+
+// What the tiers' threads report; taken by the owner's thread.
+struct LoadDone {
+  int64_t seq;
+  size_t index;
+  std::optional<Tier> from;
+};
+struct OffloadDone {
+  int32_t block;
+  std::optional<Tier> to;
+};
+
+}  // namespace prefix
+
+struct PrefixCache::State {
+  using Entry = prefix::Entry;
+  using Link = prefix::Link;
+  using Loading = prefix::Loading;
+  using SeqChain = prefix::SeqChain;
+  using WindowEntry = prefix::WindowEntry;
+  using LoadDone = prefix::LoadDone;
+  using OffloadDone = prefix::OffloadDone;
+
+  KvCache* cache = nullptr;
+  PrefixCacheOptions options;
+  std::function<BlockKey(std::span<const uint8_t>)> hash;
+  bool sha256_keys = false;  // keys are their own digests
+  int32_t block_len = 0;
+  std::unordered_map<BlockKey, BlockId, prefix::KeyHash> index;
+  std::vector<std::optional<Entry>> entries;  // [num_blocks]
+  std::unordered_map<int64_t, SeqChain> chains;
+  PrefixCacheStats stats;
+  std::deque<WindowEntry> window;
+  WindowEntry window_sum{0, 0, 0, 0};
+  std::deque<KvEvent> events;
+  uint64_t next_event = 1;
+  int64_t dropped_events = 0;
+  mutable std::vector<uint8_t> scratch;
+  uint64_t geometry = 0;
+  std::vector<std::byte> block_bytes;  // [block_payload_bytes], a block on its way to or from a tier
+
+  // Background moves (owner's thread): sequences loading, blocks whose
+  // offload is in flight (by block id).
+  std::unordered_map<int64_t, Loading> loading;
+  std::vector<uint8_t> offloading;  // [num_blocks]
+  int64_t offloads_in_flight = 0;
+  // Reports from the tiers' threads.
+  std::mutex done_mu;
+  std::condition_variable done_cv;
+  std::vector<LoadDone> loads_done;
+  std::vector<OffloadDone> offloads_done;
+
+  // Moves the workers' reports into `loading` and the entries; true when
+  // there was any.
+  bool Collect() {
+    std::vector<LoadDone> loads;
+    std::vector<OffloadDone> offloads;
+    {
+      std::lock_guard lock(done_mu);
+      loads.swap(loads_done);
+      offloads.swap(offloads_done);
+    }
+    for (const LoadDone& d : loads) {
+      Loading& l = loading.at(d.seq);
+      l.results[d.index] = d.from;
+      --l.remaining;
+    }
+    for (const OffloadDone& d : offloads) {
+      offloading[static_cast<size_t>(d.block)] = 0;
+      --offloads_in_flight;
+      std::optional<Entry>& e = entries[static_cast<size_t>(d.block)];
+      if (e && d.to) e->below = d.to;
+    }
+    return !loads.empty() || !offloads.empty();
+  }
+
+  // Blocks until a report arrives (or the timeout passes), then collects.
+  bool WaitAndCollect(std::chrono::milliseconds timeout) {
+    {
+      std::unique_lock lock(done_mu);
+      done_cv.wait_for(lock, timeout, [&] { return !loads_done.empty() || !offloads_done.empty(); });
+    }
+    return Collect();
+  }
+
+  void WaitLoads(int64_t seq) {
+    for (;;) {
+      Collect();
+      if (loading.at(seq).remaining == 0) return;
+      WaitAndCollect(std::chrono::milliseconds(50));
+    }
+  }
+
+  void WaitOffload(BlockId block) {
+    while (offloading[static_cast<size_t>(ToInt(block))] != 0) {
+      if (!Collect()) WaitAndCollect(std::chrono::milliseconds(50));
+    }
+  }
+
+  void RecordLookup(const WindowEntry& w) {
+    ++stats.lookups;
+    stats.requested_tokens += w.requested_tokens;
+    stats.hit_tokens += w.hit_tokens;
+    stats.requested_blocks += w.requested_blocks;
+    stats.hit_blocks += w.hit_blocks;
+    window.push_back(w);
+    auto add = [](WindowEntry& sum, const WindowEntry& x, int64_t sign) {
+      sum.requested_tokens += sign * x.requested_tokens;
+      sum.hit_tokens += sign * x.hit_tokens;
+      sum.requested_blocks += sign * x.requested_blocks;
+      sum.hit_blocks += sign * x.hit_blocks;
+    };
+    add(window_sum, w, 1);
+    if (static_cast<int64_t>(window.size()) > options.stats_window) {
+      add(window_sum, window.front(), -1);
+      window.pop_front();
+    }
+  }
+
+  // Publishes a block loaded from a lower tier as block i of its sequence.
+  void PublishLoaded(BlockId block, Entry e, size_t i, Tier from) {
+    KvEvent ev;
+    ev.type = KvEvent::Type::kBlockStored;
+    ev.keys.push_back(e.key);
+    ev.parent = e.parent;
+    ev.token_ids = e.tokens;
+    ev.block_len = block_len;
+    ev.adapter_id = e.extra.adapter_id;
+    ev.extra_keys = prefix::EventExtraKeys(e.extra, i == 0);
+    Insert(block, std::move(e));
+    Emit(std::move(ev));
+    stats.tier_hit_blocks[static_cast<size_t>(from)] += 1;
+  }
+
+  BlockMeta MetaOf(const Entry& e) const {
+    return BlockMeta{e.key,    e.parent,           e.tokens,
+                     geometry, e.digest,           e.extra.adapter_id,
+                     prefix::EventExtraKeys(e.extra, !e.parent.has_value())};
+  }
+
+  // Publishes `block` under entry e (the index, the pool's cached mark).
+  void Insert(BlockId block, Entry e) {
+    index.emplace(e.key, block);
+    entries[static_cast<size_t>(ToInt(block))] = std::move(e);
+    PAGEKV_CHECK(cache->SetBlockCached(block, true).ok());
+    ++stats.inserted;
+  }
+
+  BlockKey KeyOf(const BlockKey* parent, std::span<const int32_t> tokens, const ExtraKeys& extra) const {
+    prefix::EncodeBlock(parent, tokens, extra, scratch);
+    return hash(scratch);
+  }
+
+  Link LinkOf(const Link* parent, std::span<const int32_t> tokens, const ExtraKeys& extra) const {
+    Link l;
+    l.key = KeyOf(parent != nullptr ? &parent->key : nullptr, tokens, extra);
+    if (sha256_keys) {
+      l.digest = l.key;
+    } else {
+      prefix::EncodeBlock(parent != nullptr ? &parent->digest : nullptr, tokens, extra, scratch);
+      l.digest = prefix::Sha256Key(scratch);
+    }
+    return l;
+  }
+
+  // Whether entry e is block `l` of a request: the same whole prefix (the
+  // digest), and, checked directly, the same tokens, parent and extra keys.
+  static bool Matches(const Entry& e, const Link& l, const Link* parent, std::span<const int32_t> tokens,
+                      const ExtraKeys& extra) {
+    return e.digest == l.digest && std::equal(e.tokens.begin(), e.tokens.end(), tokens.begin(), tokens.end()) &&
+           e.parent.has_value() == (parent != nullptr) && (parent == nullptr || *e.parent == parent->key) &&
+           prefix::SameExtra(e.extra, extra, parent == nullptr);
+  }
+
+  // Lookup, also returning every matched block's link.
+  PrefixMatch Walk(std::span<const int32_t> tokens, const ExtraKeys& extra, int64_t max_tokens,
+                   std::vector<Link>& links);
+
+  // Entry i of a request's chain, and a fresh pool block for it at the end
+  // of `seq`; nullopt when the pool has none (or, which cannot happen
+  // between Walk and here, the key is already published).
+  std::optional<Entry> ReserveFor(SeqId seq, std::span<const int32_t> tokens, size_t i, const std::vector<Link>& links,
+                                  const ExtraKeys& extra) {
+    Entry e = EntryOf(tokens, i, links, extra);
+    if (index.count(e.key) > 0) return std::nullopt;
+    Result<bool> room = cache->Reserve(seq, block_len);
+    if (!room.ok() || !*room) return std::nullopt;
+    return e;
+  }
+
+  // Entry for block i of `tokens` after links[0, i].
+  Entry EntryOf(std::span<const int32_t> tokens, size_t i, const std::vector<Link>& links, const ExtraKeys& extra) const {
+    Entry e;
+    e.key = links[i].key;
+    e.digest = links[i].digest;
+    if (i > 0) e.parent = links[i - 1].key;
+    const auto t = tokens.subspan(i * static_cast<size_t>(block_len), static_cast<size_t>(block_len));
+    e.tokens.assign(t.begin(), t.end());
+    e.extra = extra;
+    if (i > 0) e.extra.cache_salt.reset();
+    return e;
+  }
+
+  void Emit(KvEvent e) {
+    if (!options.record_events) return;
+    PullTierChanges();  // what the tiers did before this event comes before it
+    Queue(std::move(e));
+  }
+
+  void Queue(KvEvent e) {
+    e.sequence = next_event++;
+    if (static_cast<int64_t>(events.size()) >= options.max_queued_events) {
+      events.pop_front();
+      ++dropped_events;
+    }
+    events.push_back(std::move(e));
+  }
+
+  // The tiers' own changes (stored into RAM on eviction, written through to
+  // disk and Redis, dropped for room or as corrupt) as events of their medium.
+  void PullTierChanges() {
+    if (options.tiers == nullptr || !options.record_events) return;
+    for (TierChange& c : options.tiers->TakeChanges()) {
+      KvEvent ev;
+      ev.keys.push_back(c.meta.key);
+      ev.tier = TierName(c.tier);
+      if (c.kind == TierChange::Kind::kStored) {
+        ev.type = KvEvent::Type::kBlockStored;
+        ev.parent = c.meta.parent;
+        ev.token_ids = std::move(c.meta.tokens);
+        ev.block_len = block_len;
+        ev.adapter_id = c.meta.adapter_id;
+        ev.extra_keys = std::move(c.meta.event_extra_keys);
+      } else {
+        ev.type = KvEvent::Type::kBlockRemoved;
+      }
+      Queue(std::move(ev));
+    }
+  }
+
+  // KvCache's cut listener: the chain keeps the full blocks whose rows are
+  // unchanged; a freed sequence's chain goes.
+  void OnCut(const KvCache::SequenceCut& cut) {
+    auto it = chains.find(ToInt(cut.id));
+    if (it == chains.end()) return;
+    if (cut.kind == KvCache::SequenceCut::Kind::kFreed) {
+      chains.erase(it);
+      return;
+    }
+    const auto keep = static_cast<size_t>(cut.kept_tokens / block_len);
+    if (it->second.links.size() > keep) it->second.links.resize(keep);
+    if (cut.kind == KvCache::SequenceCut::Kind::kCompacted) it->second.stopped = true;
+  }
+
+  void OnEvict(BlockId block) {
+    std::optional<Entry>& e = entries[static_cast<size_t>(ToInt(block))];
+    if (!e) return;
+    if (options.tiers != nullptr) {
+      if (offloading[static_cast<size_t>(ToInt(block))] != 0) {
+        ++stats.eviction_waits;  // its copy is being made: the caller may write it only after
+        WaitOffload(block);
+      }
+      if (e->below && options.tiers->StillHolds(e->key, *e->below)) {
+        ++stats.evictions_precopied;
+      } else if (cache->ReadBlock(block, block_bytes).ok()) {
+        // Its bytes are intact until the caller writes it. Where the copy
+        // lands is announced by the tier itself (TakeChanges).
+        ++stats.evictions_copied;
+        options.tiers->Evicted(MetaOf(*e), block_bytes);
+      }
+    }
+    index.erase(e->key);
+    KvEvent ev;
+    ev.type = KvEvent::Type::kBlockRemoved;
+    ev.keys.push_back(e->key);
+    Emit(std::move(ev));
+    e.reset();
+    ++stats.evicted;
+  }
+};
+
+}  // namespace pagekv
