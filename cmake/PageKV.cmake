@@ -3,7 +3,7 @@
 #   pagekv_library(NAME SOURCES a.cc b.cc DEPS other_module_targets... [PUBLIC_DEPS ...])
 #   pagekv_test(NAME SOURCES a_test.cc DEPS ... [LABEL unit])
 #   pagekv_benchmark(NAME SOURCES a_bench.cc DEPS ...)
-#   pagekv_fuzzer(NAME SOURCE a_fuzzer.cc LIBRARY module_target)
+#   pagekv_fuzzer(NAME SOURCE a_fuzzer.cc LIBRARY module_target...)
 
 function(pagekv_library name)
   cmake_parse_arguments(ARG "" "" "SOURCES;DEPS" ${ARGN})
@@ -40,11 +40,11 @@ function(pagekv_benchmark name)
   set_property(GLOBAL APPEND PROPERTY PAGEKV_BENCHMARKS ${name})
 endfunction()
 
-# A libFuzzer target over one module, built in the ASan + UBSan build (clang;
-# the asan preset turns PAGEKV_BUILD_FUZZERS on): only that module, the
-# parsers the fuzzer drives, carries libFuzzer's coverage instrumentation,
-# and the fuzzer links the same objects the ASan tests run. `make fuzz`
-# runs every one.
+# A libFuzzer target over one module's libraries, built in the ASan + UBSan
+# build (clang; the asan preset turns PAGEKV_BUILD_FUZZERS on): only those
+# libraries, the parsers the fuzzer drives, carry libFuzzer's coverage
+# instrumentation, and the fuzzer links the same objects the ASan tests
+# run. `make fuzz` runs every one.
 function(pagekv_fuzzer name)
   if(NOT PAGEKV_BUILD_FUZZERS)
     return()
@@ -52,8 +52,13 @@ function(pagekv_fuzzer name)
   if(NOT CMAKE_CXX_COMPILER_ID MATCHES "Clang")
     message(FATAL_ERROR "PAGEKV_BUILD_FUZZERS needs clang (libFuzzer)")
   endif()
-  cmake_parse_arguments(ARG "" "SOURCE;LIBRARY" "" ${ARGN})
-  target_compile_options(${ARG_LIBRARY} PRIVATE -fsanitize=fuzzer-no-link)
+  cmake_parse_arguments(ARG "" "SOURCE" "LIBRARY" ${ARGN})
+  foreach(lib ${ARG_LIBRARY})
+    get_target_property(opts ${lib} COMPILE_OPTIONS)
+    if(NOT opts MATCHES "fuzzer-no-link")  # a library two fuzzers share
+      target_compile_options(${lib} PRIVATE -fsanitize=fuzzer-no-link)
+    endif()
+  endforeach()
   add_executable(${name} ${ARG_SOURCE})
   target_compile_options(${name} PRIVATE -fsanitize=fuzzer-no-link)
   target_link_libraries(${name} PRIVATE ${ARG_LIBRARY})
