@@ -58,6 +58,17 @@ std::string BodyTooLarge(const HttpLimits& l) {
   return "the body is larger than --max-body-bytes (" + std::to_string(l.max_body_bytes) + ")";
 }
 
+// The first coding in a comma-separated list that is not `allowed`.
+std::optional<std::string_view> CodingOtherThan(std::string_view list, std::string_view allowed) {
+  while (!list.empty()) {
+    const size_t comma = list.find(',');
+    const std::string_view coding = Trim(list.substr(0, comma));
+    if (!coding.empty() && !EqualsNoCase(coding, allowed)) return coding;
+    list = comma == std::string_view::npos ? std::string_view() : list.substr(comma + 1);
+  }
+  return std::nullopt;
+}
+
 // The checks made once the header is in, before any body byte is read.
 std::optional<HttpRefusal> CheckHeader(const Parser& p, const HttpLimits& l) {
   const auto& m = p.get();
@@ -68,28 +79,17 @@ std::optional<HttpRefusal> CheckHeader(const Parser& p, const HttpLimits& l) {
   int count = 0;
   for (const auto& f : m) {
     ++count;
+    const std::string_view v(f.value().data(), f.value().size());
     if (f.name() == http::field::content_encoding) {
-      // Every coding in the list: a compressed body is refused, never
-      // inflated (a few KB of gzip inflate to gigabytes).
-      std::string_view v(f.value().data(), f.value().size());
-      while (!v.empty()) {
-        const size_t comma = v.find(',');
-        const std::string_view coding = Trim(v.substr(0, comma));
-        if (!coding.empty() && !EqualsNoCase(coding, "identity")) {
-          return HttpRefusal{415, "Content-Encoding '" + std::string(coding) + "' is not accepted: send the body uncompressed"};
-        }
-        v = comma == std::string_view::npos ? std::string_view() : v.substr(comma + 1);
+      // A compressed body is refused, never inflated (a few KB of gzip
+      // inflate to gigabytes).
+      if (const std::optional<std::string_view> c = CodingOtherThan(v, "identity")) {
+        return HttpRefusal{415, "Content-Encoding '" + std::string(*c) + "' is not accepted: send the body uncompressed"};
       }
     }
     if (f.name() == http::field::transfer_encoding) {
-      std::string_view v(f.value().data(), f.value().size());
-      while (!v.empty()) {
-        const size_t comma = v.find(',');
-        const std::string_view coding = Trim(v.substr(0, comma));
-        if (!coding.empty() && !EqualsNoCase(coding, "chunked")) {
-          return HttpRefusal{501, "Transfer-Encoding '" + std::string(coding) + "' is not supported: send chunked or a Content-Length"};
-        }
-        v = comma == std::string_view::npos ? std::string_view() : v.substr(comma + 1);
+      if (const std::optional<std::string_view> c = CodingOtherThan(v, "chunked")) {
+        return HttpRefusal{501, "Transfer-Encoding '" + std::string(*c) + "' is not supported: send chunked or a Content-Length"};
       }
     }
   }
