@@ -673,12 +673,20 @@ TEST(ServeTest, TransportLimitsAnswerWithJsonErrors) {
     EXPECT_EQ(got.rfind("HTTP/1.1 405 ", 0), 0u) << got;
     EXPECT_NE(got.find("Allow: POST"), std::string::npos) << got;
   }
+  // Four connections the server holds (a header never finished). One that
+  // opens while the connections above are still being closed gets a 503
+  // itself: it is replaced.
   std::vector<std::unique_ptr<LoopbackClient>> held;
-  for (int i = 0; i < 4; ++i) {
-    held.push_back(std::make_unique<LoopbackClient>(server.port()));
-    ASSERT_TRUE(held.back()->Send("GET /health HTTP/1.1\r\n"));
+  for (int attempt = 0; attempt < 50 && held.size() < 4; ++attempt) {
+    auto c = std::make_unique<LoopbackClient>(server.port());
+    ASSERT_TRUE(c->Send("GET /health HTTP/1.1\r\n"));
+    if (c->Read("HTTP/", 200ms).empty()) {
+      held.push_back(std::move(c));
+    } else {
+      std::this_thread::sleep_for(100ms);
+    }
   }
-  std::this_thread::sleep_for(300ms);
+  ASSERT_EQ(held.size(), 4u);
   LoopbackClient over(server.port());
   const std::string got = over.Read("}}");
   EXPECT_EQ(got.rfind("HTTP/1.1 503 ", 0), 0u) << got;
@@ -688,7 +696,7 @@ TEST(ServeTest, TransportLimitsAnswerWithJsonErrors) {
   EXPECT_NE(e["error"]["message"].get<std::string>().find("too many connections"), std::string::npos);
   held.clear();
   std::this_thread::sleep_for(300ms);
-  EXPECT_EQ(Metric(Metrics(server.port()), "pagekv_http_connections_refused_total"), 1);
+  EXPECT_GE(Metric(Metrics(server.port()), "pagekv_http_connections_refused_total"), 1);
   EXPECT_EQ(server.Terminate(), 0);
 }
 
