@@ -2,13 +2,14 @@
 //
 //   POST /v1/completions        prompt -> text (stream: server-sent events)
 //   POST /v1/chat/completions   messages -> assistant message (stream too)
-//   GET  /v1/models             the one loaded model
-//   GET  /health                {"status":"ok"}
+//   GET  /v1/models             the one loaded model (and /v1/models/{id})
+//   GET  /health                {"status":"ok"}; 503 while draining
 //   GET  /metrics               Prometheus text: KV blocks, prefix hit rate,
 //                               preemptions, queue, throughput, TTFT and
 //                               inter-token latency histograms
 //
-// Errors use OpenAI's shape {"error": {"message", "type", "param", "code"}}:
+// Errors use OpenAI's shape {"error": {"message", "type", "param", "code"}}
+// with string codes (docs/OPENAI_API.md):
 // 400 malformed JSON or a bad field (named), 401 a wrong or missing API key
 // (when one is set), 404 an unknown model or endpoint, 405 a wrong method,
 // 413 a body over max_body_bytes, 415 a compressed body, 431 a header past

@@ -90,24 +90,43 @@ struct Shared {
   Clock::time_point last_scrape = Clock::now();
   int64_t last_generated = 0;
   const server::HttpTransport* transport = nullptr;
+  int64_t created = 0;  // the server's start, as the models' "created"
   boost::asio::thread_pool* workers = nullptr;
 };
 
-std::string ErrorJson(int status, const std::string& message, const std::string& type, const std::string& param = {}) {
-  json e = {{"error", {{"message", message}, {"type", type}, {"param", param.empty() ? json(nullptr) : json(param)},
-                       {"code", status}}}};
-  // Replacing invalid UTF-8 (a model name, a parser's quote of the body):
-  // an error answer must never throw.
-  return e.dump(-1, ' ', false, json::error_handler_t::replace);
-}
-
-// The error type OpenAI's clients map to their exception classes.
+// OpenAI's error object: a type its SDKs map to exception classes (with
+// the HTTP status) and a string code naming the case (docs/OPENAI_API.md).
 std::string ErrorType(int status) {
   switch (status) {
     case 401: return "authentication_error";
     case 429: return "rate_limit_error";
     default: return status >= 500 ? "server_error" : "invalid_request_error";
   }
+}
+
+std::string ErrorCode(int status) {
+  switch (status) {
+    case 400: return "invalid_request_error";
+    case 401: return "invalid_api_key";
+    case 404: return "not_found";
+    case 405: return "method_not_allowed";
+    case 413: return "request_too_large";
+    case 415: return "unsupported_media_type";
+    case 429: return "rate_limit_exceeded";
+    case 431: return "request_header_fields_too_large";
+    case 501: return "not_implemented";
+    case 503: return "service_unavailable";
+    case 505: return "http_version_not_supported";
+    default: return status >= 500 ? "internal_error" : "invalid_request_error";
+  }
+}
+
+std::string ErrorJson(int status, const std::string& message, const std::string& param = {}, std::string code = {}) {
+  json e = {{"error", {{"message", message}, {"type", ErrorType(status)}, {"param", param.empty() ? json(nullptr) : json(param)},
+                       {"code", code.empty() ? ErrorCode(status) : code}}}};
+  // Replacing invalid UTF-8 (a model name, a parser's quote of the body):
+  // an error answer must never throw.
+  return e.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 // Which API key the request carries: its index, -1 for none or a wrong one.
@@ -164,8 +183,8 @@ void Answer(Shared& sh, Exchange& ex, HttpResponse r) {
 void AnswerJson(Shared& sh, Exchange& ex, std::string body) { Answer(sh, ex, {200, "application/json", {}, std::move(body)}); }
 
 void AnswerError(Shared& sh, Exchange& ex, int status, const std::string& message, const std::string& param = {},
-                 std::vector<std::pair<std::string, std::string>> headers = {}) {
-  Answer(sh, ex, {status, "application/json", std::move(headers), ErrorJson(status, message, ErrorType(status), param)});
+                 std::vector<std::pair<std::string, std::string>> headers = {}, std::string code = {}) {
+  Answer(sh, ex, {status, "application/json", std::move(headers), ErrorJson(status, message, param, std::move(code))});
 }
 
 // One generation request from its Submit to its end: the engine's updates
@@ -264,7 +283,7 @@ void HandleGenerate(Shared& sh, const HttpRequest& req, const std::shared_ptr<Ex
   if (body.contains("model") && body["model"].is_string() && body["model"].get<std::string>() != sh.model) {
     return AnswerError(sh, *ex, 404,
                        "model '" + body["model"].get<std::string>() + "' does not exist; this server has '" + sh.model + "'",
-                       "model");
+                       "model", {}, "model_not_found");
   }
   auto g = std::make_shared<Generation>();
   g->sh = &sh;
@@ -278,7 +297,7 @@ void HandleGenerate(Shared& sh, const HttpRequest& req, const std::shared_ptr<Ex
     g->stream = parsed.stream;
     g->report_cached = parsed.own_salt || sh.report_cached_always;
   } catch (const FieldError& e) {
-    return AnswerError(sh, *ex, 400, e.message, e.field);
+    return AnswerError(sh, *ex, 400, e.message, e.field, {}, e.code);
   }
   g->object = chat ? (g->stream ? "chat.completion.chunk" : "chat.completion") : "text_completion";
   g->created = static_cast<int64_t>(std::time(nullptr));
@@ -287,7 +306,9 @@ void HandleGenerate(Shared& sh, const HttpRequest& req, const std::shared_ptr<Ex
   if (!id.ok()) {
     const StatusCode c = id.status().code();
     if (c == StatusCode::kUnavailable) return AnswerError(sh, *ex, 429, id.status().message(), "", {{"Retry-After", "1"}});
-    return AnswerError(sh, *ex, 400, id.status().message(), c == StatusCode::kOutOfRange ? "max_tokens" : "");
+    const bool too_long = c == StatusCode::kOutOfRange;  // the prompt and max_tokens exceed the context
+    return AnswerError(sh, *ex, 400, id.status().message(), too_long ? "max_tokens" : "", {},
+                       too_long ? "context_length_exceeded" : "");
   }
   const RequestId rid = *id;
   {
@@ -416,13 +437,23 @@ void Route(Shared& sh, HttpRequest req, std::shared_ptr<Exchange> ex) {
   };
   if (req.path == "/health") {
     if (!get) return wrong_method("GET");
+    // A load balancer stops sending here while the server drains.
+    if (sh.draining.load()) return Answer(sh, *ex, {503, "application/json", {{"Retry-After", "5"}}, "{\"status\":\"draining\"}"});
     return AnswerJson(sh, *ex, "{\"status\":\"ok\"}");
   }
+  const json model = {{"id", sh.model}, {"object", "model"}, {"created", sh.created}, {"owned_by", "pagekv"}};
   if (req.path == "/v1/models") {
     if (!get) return wrong_method("GET");
-    json out = {{"object", "list"},
-                {"data", json::array({{{"id", sh.model}, {"object", "model"}, {"created", 0}, {"owned_by", "pagekv"}}})}};
-    return AnswerJson(sh, *ex, Dump(out));
+    return AnswerJson(sh, *ex, Dump({{"object", "list"}, {"data", json::array({model})}}));
+  }
+  if (req.path.rfind("/v1/models/", 0) == 0) {
+    if (!get) return wrong_method("GET");
+    const std::string id = req.path.substr(11);
+    if (id != sh.model) {
+      return AnswerError(sh, *ex, 404, "model '" + id + "' does not exist; this server has '" + sh.model + "'", "model", {},
+                         "model_not_found");
+    }
+    return AnswerJson(sh, *ex, Dump(model));
   }
   if (req.path == "/metrics") {
     if (!get) return wrong_method("GET");
@@ -458,6 +489,7 @@ Status RunServer(const ServerOptions& o, const std::atomic<bool>& stop) {
     sh.key_salts.emplace_back(reinterpret_cast<const char*>(salt.data()), 16);
   }
   sh.report_cached_always = o.report_cached_tokens_always;
+  sh.created = static_cast<int64_t>(std::time(nullptr));
   sh.model = o.model_name;
   if (sh.model.empty()) {
     const size_t slash = o.engine.model_path.find_last_of('/');
@@ -482,7 +514,7 @@ Status RunServer(const ServerOptions& o, const std::atomic<bool>& stop) {
           std::lock_guard lock(sh.mu);
           ++sh.errors_total;
         }
-        return ErrorJson(status, message, ErrorType(status));
+        return ErrorJson(status, message);
       },
       o.io_threads);
   if (!transport.ok()) {

@@ -34,6 +34,49 @@ bool IntegerIn(const json& v, int64_t lo, int64_t hi) {
 }
 
 
+namespace {
+
+// OpenAI parameters that would change the answer but are not implemented:
+// a 400 naming the field whenever one asks for something other than the
+// default, never silently ignored (docs/OPENAI_API.md).
+void RefuseUnsupported(const json& body, bool chat) {
+  auto given = [&](const char* name) -> const json* {
+    return body.contains(name) && !body[name].is_null() ? &body[name] : nullptr;
+  };
+  auto refuse = [](const std::string& f, const std::string& why) {
+    throw FieldError{f, "'" + f + "' " + why + " is not supported yet", "unsupported_parameter"};
+  };
+  if (const json* v = given("n"); v != nullptr && !(v->is_number_integer() && v->get<int64_t>() == 1)) {
+    refuse("n", "other than 1 (send one request per choice)");
+  }
+  if (const json* v = given("best_of"); v != nullptr && !(v->is_number_integer() && v->get<int64_t>() == 1)) {
+    refuse("best_of", "other than 1");
+  }
+  if (const json* v = given("logprobs"); v != nullptr && !(v->is_boolean() ? !v->get<bool>() : v->is_number_integer() && v->get<int64_t>() == 0)) {
+    refuse("logprobs", chat ? "true" : "above 0");
+  }
+  if (const json* v = given("top_logprobs"); v != nullptr && !(v->is_number_integer() && v->get<int64_t>() == 0)) {
+    refuse("top_logprobs", "above 0");
+  }
+  if (const json* v = given("echo"); v != nullptr && !(v->is_boolean() && !v->get<bool>())) refuse("echo", "true");
+  if (const json* v = given("suffix"); v != nullptr && !(v->is_string() && v->get<std::string>().empty())) {
+    refuse("suffix", "(insertion)");
+  }
+  if (const json* v = given("logit_bias"); v != nullptr && !(v->is_object() && v->empty())) refuse("logit_bias", "non-empty");
+  for (const char* penalty : {"presence_penalty", "frequency_penalty"}) {
+    if (const json* v = given(penalty); v != nullptr && !(v->is_number() && v->get<double>() == 0)) refuse(penalty, "other than 0");
+  }
+  if (const json* v = given("response_format")) {
+    if (!(v->is_object() && v->contains("type") && (*v)["type"] == "text")) refuse("response_format", "other than {\"type\": \"text\"}");
+  }
+  if (const json* v = given("stream_options")) {
+    if (!v->is_object()) throw FieldError{"stream_options", "'stream_options' must be an object", ""};
+  }
+  if (const json* v = given("user"); v != nullptr && !v->is_string()) throw FieldError{"user", "'user' must be a string", ""};
+}
+
+}  // namespace
+
 ParsedRequest ParseRequest(const json& body, const Engine& engine, const std::string& key_salt, bool chat) {
   ParsedRequest out;
   bool& stream = out.stream;
@@ -52,23 +95,48 @@ ParsedRequest ParseRequest(const json& body, const Engine& engine, const std::st
       m.append(" has ").append(std::to_string(bytes)).append(" bytes: more than the model's context of ");
       m.append(std::to_string(engine.context_len())).append(" tokens can hold (at most ").append(std::to_string(most));
       m.append(" bytes at ").append(std::to_string(engine.max_token_bytes())).append(" per token)");
-      fail(name, m);
+      throw FieldError{name, m, "context_length_exceeded"};
     }
   };
+  RefuseUnsupported(body, chat);
   EngineRequest r;
   if (chat) {
     const json* messages = field("messages");
     if (messages == nullptr || !messages->is_array() || messages->empty()) fail("messages", "'messages' must be a non-empty array");
+    // Content as OpenAI sends it: a string, an array of parts (their text
+    // joined), or null (an assistant turn that only called tools). The
+    // template sees each message with a string content.
+    json normalized = json::array();
+    size_t bytes = 0;
     for (const json& msg : *messages) {
       if (!msg.is_object() || !msg.contains("role") || !msg["role"].is_string()) {
         fail("messages", "every message needs a string 'role'");
       }
-      if (!msg.contains("content") || !msg["content"].is_string()) {
-        fail("messages", "every message needs a string 'content'");
+      json m = msg;
+      const json* content = msg.contains("content") ? &msg["content"] : nullptr;
+      if (content == nullptr || content->is_null()) {
+        if (msg["role"] != "assistant") fail("messages", "only an assistant message may have no 'content'");
+        m["content"] = "";
+      } else if (content->is_array()) {
+        std::string text;
+        for (const json& part : *content) {
+          if (!part.is_object() || !part.contains("type") || !part["type"].is_string()) {
+            fail("messages", "every content part needs a string 'type'");
+          }
+          if (part["type"] != "text") {
+            fail("messages", "content parts of type '" + part["type"].get<std::string>() +
+                                 "' are not supported (this model reads text): send 'text' parts only");
+          }
+          if (!part.contains("text") || !part["text"].is_string()) fail("messages", "a 'text' part needs a string 'text'");
+          text += part["text"].get_ref<const std::string&>();
+        }
+        m["content"] = std::move(text);
+      } else if (!content->is_string()) {
+        fail("messages", "a message's 'content' must be a string, an array of text parts, or null");
       }
+      bytes += m["content"].get_ref<const std::string&>().size();
+      normalized.push_back(std::move(m));
     }
-    size_t bytes = 0;
-    for (const json& msg : *messages) bytes += msg["content"].get_ref<const std::string&>().size();
     fits("messages", bytes);
     std::string tools;
     if (const json* t = field("tools")) {
@@ -76,7 +144,7 @@ ParsedRequest ParseRequest(const json& body, const Engine& engine, const std::st
       tools = t->dump();
     }
     // The model's chat template, rendered over the messages as they came.
-    Result<std::vector<int32_t>> ids = engine.EncodeChat(messages->dump(), /*add_generation_prompt=*/true, tools);
+    Result<std::vector<int32_t>> ids = engine.EncodeChat(normalized.dump(), /*add_generation_prompt=*/true, tools);
     if (!ids.ok()) fail("messages", ids.status().message());
     r.prompt = std::move(*ids);
   } else {
@@ -128,6 +196,12 @@ ParsedRequest ParseRequest(const json& body, const Engine& engine, const std::st
       fail("top_k", "'top_k' must be an integer in [0, " + std::to_string(std::numeric_limits<int32_t>::max()) + "]");
     }
     r.sampling.top_k = static_cast<int32_t>(v->get<int64_t>());
+  }
+  if (const json* v = field("repetition_penalty")) {  // an extension (vLLM's, llama.cpp's): > 1 discourages repeats
+    if (!v->is_number() || !(v->get<double>() >= 1) || v->get<double>() > 10) {
+      fail("repetition_penalty", "'repetition_penalty' must be a number in [1, 10] (1: off)");
+    }
+    r.sampling.repetition_penalty = v->get<float>();
   }
   if (const json* v = field("seed")) {
     if (!v->is_number_integer()) fail("seed", "'seed' must be an integer");

@@ -15,9 +15,10 @@
 
 namespace pagekv::server {
 
-// A request field error: names the field.
+// A request field error: names the field; `code` is OpenAI's error code
+// when it is not the generic one ("context_length_exceeded").
 struct FieldError {
-  std::string field, message;
+  std::string field, message, code;
 };
 
 struct ParsedRequest {

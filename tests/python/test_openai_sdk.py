@@ -1,0 +1,208 @@
+"""`pagekv serve` through the official OpenAI Python SDK.
+
+A real server process on a free loopback port with stories260K; the SDK
+(tests/python/requirements.txt, pinned) talks to it as it would to
+OpenAI. Run by CTest (tests/python/run.sh) with the binary's path in
+PAGEKV_CLI, from the repository root.
+"""
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import openai
+import pytest
+
+MODEL = os.environ.get("PAGEKV_TEST_MODEL", "../shared/models/stories260K/stories260K.gguf")
+MODEL_ID = os.path.basename(MODEL)
+
+
+class Server:
+    def __init__(self, *extra, env=None):
+        self.proc = subprocess.Popen(
+            [os.environ["PAGEKV_CLI"], "serve", "--model", MODEL, "--port", "0", *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+        line = self.proc.stdout.readline()
+        assert "listening on" in line, line
+        self.port = int(line.strip().rsplit(":", 1)[1])
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def client(self, key="unused"):
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=60)
+
+    def get(self, path):
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=10) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = Server()
+    yield s
+    s.stop()
+
+
+def test_completions_greedy_are_repeatable_and_report_usage(server):
+    c = server.client()
+    a = c.completions.create(model=MODEL_ID, prompt="Once upon a time", max_tokens=12, temperature=0)
+    b = c.completions.create(model=MODEL_ID, prompt="Once upon a time", max_tokens=12, temperature=0)
+    assert a.choices[0].text == b.choices[0].text != ""
+    assert a.object == "text_completion" and a.model == MODEL_ID
+    assert a.usage.completion_tokens == 12
+    assert a.usage.total_tokens == a.usage.prompt_tokens + 12
+    assert a.choices[0].finish_reason == "length"
+
+
+def test_streaming_gives_the_same_text_as_one_answer(server):
+    c = server.client()
+    whole = c.completions.create(model=MODEL_ID, prompt="The little cat", max_tokens=16, temperature=0)
+    parts = [x.choices[0].text for x in c.completions.create(
+        model=MODEL_ID, prompt="The little cat", max_tokens=16, temperature=0, stream=True) if x.choices]
+    assert "".join(parts) == whole.choices[0].text
+    chat = c.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "Lily and Ben"}],
+                                     max_tokens=10, temperature=0)
+    assert chat.choices[0].message.role == "assistant"
+    streamed = "".join(x.choices[0].delta.content or "" for x in c.chat.completions.create(
+        model=MODEL_ID, messages=[{"role": "user", "content": "Lily and Ben"}], max_tokens=10, temperature=0,
+        stream=True) if x.choices)
+    assert streamed == chat.choices[0].message.content
+
+
+def test_models_list_and_retrieve(server):
+    c = server.client()
+    assert [m.id for m in c.models.list().data] == [MODEL_ID]
+    m = c.models.retrieve(MODEL_ID)
+    assert m.id == MODEL_ID and m.object == "model" and m.owned_by == "pagekv"
+    with pytest.raises(openai.NotFoundError) as e:
+        c.models.retrieve("gpt-9")
+    assert e.value.code == "model_not_found"
+
+
+def test_errors_map_to_the_sdk_exceptions_with_openai_codes(server):
+    c = server.client()
+    with pytest.raises(openai.NotFoundError) as e:
+        c.completions.create(model="gpt-9", prompt="hi", max_tokens=2)
+    assert e.value.code == "model_not_found" and e.value.param == "model"
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(model=MODEL_ID, prompt="hi", max_tokens=-1)
+    assert e.value.code == "invalid_request_error" and e.value.param == "max_tokens"
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(model=MODEL_ID, prompt="hi", max_tokens=100000)
+    assert e.value.code == "context_length_exceeded" and e.value.param == "max_tokens"
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(model=MODEL_ID, prompt="x" * 200000, max_tokens=2)
+    assert e.value.code == "context_length_exceeded" and e.value.param == "prompt"
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(model=MODEL_ID, prompt="hi", max_tokens=2, temperature=-1)
+    assert e.value.param == "temperature"
+    with pytest.raises(openai.NotFoundError) as e:
+        c.with_options().get("/nope", cast_to=object)
+    assert e.value.code == "not_found"
+
+
+def test_a_wrong_key_is_an_authentication_error():
+    s = Server("--api-key-env", "PAGEKV_SDK_TEST_KEYS", env={**os.environ, "PAGEKV_SDK_TEST_KEYS": "k1\nk2\n"})
+    try:
+        with pytest.raises(openai.AuthenticationError) as e:
+            s.client("wrong").completions.create(model=MODEL_ID, prompt="hi", max_tokens=2)
+        assert e.value.code == "invalid_api_key"
+        ok = s.client("k2").completions.create(model=MODEL_ID, prompt="hi", max_tokens=2)
+        assert ok.usage.completion_tokens == 2
+    finally:
+        s.stop()
+
+
+def test_health_is_503_while_the_server_drains():
+    s = Server()
+    try:
+        assert s.get("/health") == (200, '{"status":"ok"}')
+        started = threading.Event()
+
+        def long_stream():
+            c = s.client()
+            try:
+                for _ in c.completions.create(model=MODEL_ID, prompt="Once", max_tokens=1500,
+                                              stream=True, extra_body={"ignore_eos": True}):
+                    started.set()
+            except Exception:
+                pass
+
+        t = threading.Thread(target=long_stream)
+        t.start()
+        assert started.wait(30)
+        s.proc.send_signal(signal.SIGTERM)
+        status = None
+        for _ in range(50):  # the drain lasts while the stream runs (at most 5 s)
+            status, body = s.get("/health")
+            if status == 503:
+                assert json.loads(body) == {"status": "draining"}
+                break
+            time.sleep(0.05)
+        assert status == 503
+        t.join(30)
+        assert s.proc.wait(30) == 0
+    finally:
+        s.stop()
+
+
+def test_content_parts_and_an_assistant_turn_without_content(server):
+    c = server.client()
+    plain = c.chat.completions.create(model=MODEL_ID, temperature=0, max_tokens=8, messages=[
+        {"role": "user", "content": "Tom had a red ball"}, {"role": "assistant", "content": ""},
+        {"role": "user", "content": "The sun was"}])
+    parts = c.chat.completions.create(model=MODEL_ID, temperature=0, max_tokens=8, messages=[
+        {"role": "user", "content": [{"type": "text", "text": "Tom had "}, {"type": "text", "text": "a red ball"}]},
+        {"role": "assistant", "content": None},
+        {"role": "user", "content": [{"type": "text", "text": "The sun was"}]}])
+    assert parts.choices[0].message.content == plain.choices[0].message.content
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model=MODEL_ID, max_tokens=2, messages=[{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}])
+    assert e.value.param == "messages" and "image_url" in e.value.message
+    with pytest.raises(openai.BadRequestError):
+        c.chat.completions.create(model=MODEL_ID, max_tokens=2, messages=[{"role": "user", "content": None}])
+
+
+@pytest.mark.parametrize("field,value", [
+    ("n", 2), ("logprobs", 2), ("echo", True), ("logit_bias", {"5": 10}), ("presence_penalty", 0.5),
+    ("frequency_penalty", -1), ("best_of", 3), ("suffix", " end")])
+def test_unsupported_completion_parameters_are_refused_by_name(server, field, value):
+    with pytest.raises(openai.BadRequestError) as e:
+        server.client().completions.create(model=MODEL_ID, prompt="hi", max_tokens=2, **{field: value})
+    assert e.value.param == field and e.value.code == "unsupported_parameter"
+
+
+def test_unsupported_chat_parameters_are_refused_and_defaults_accepted(server):
+    c = server.client()
+    msgs = [{"role": "user", "content": "hi"}]
+    for field, value in [("logprobs", True), ("top_logprobs", 3), ("n", 3),
+                         ("response_format", {"type": "json_object"})]:
+        with pytest.raises(openai.BadRequestError) as e:
+            c.chat.completions.create(model=MODEL_ID, messages=msgs, max_tokens=2, **{field: value})
+        assert e.value.param == field and e.value.code == "unsupported_parameter", field
+    # The defaults of the same parameters change nothing and are accepted.
+    ok = c.chat.completions.create(model=MODEL_ID, messages=msgs, max_tokens=2, n=1, logprobs=False,
+                                   presence_penalty=0, frequency_penalty=0, logit_bias={},
+                                   response_format={"type": "text"}, user="tester")
+    assert ok.usage.completion_tokens == 2
+    # repetition_penalty (an extension) is applied: greedy text changes on a repetitive prompt.
+    prompt = "the cat the cat the cat the cat the cat"
+    base = c.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=24, temperature=0)
+    pen = c.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=24, temperature=0,
+                               extra_body={"repetition_penalty": 1.5})
+    assert pen.choices[0].text != base.choices[0].text
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(model=MODEL_ID, prompt="hi", max_tokens=2, extra_body={"repetition_penalty": 0.5})
+    assert e.value.param == "repetition_penalty"
