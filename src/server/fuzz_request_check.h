@@ -38,13 +38,18 @@ inline void CheckBody(const nlohmann::json& body, bool chat, const std::string& 
   if (body.is_discarded() || !body.is_object()) return;
   try {
     const ParsedRequest p = ParseRequest(body, TheEngine(), key_salt, chat);
-    const EngineRequest& r = p.request;
-    bool ok = r.max_tokens >= 1 && r.stop.size() <= 4 && std::isfinite(r.sampling.temperature) &&
-              r.sampling.temperature >= 0 && r.sampling.top_k >= 0 &&
-              (!r.extra.cache_salt || (!r.extra.cache_salt->empty() && r.extra.cache_salt->size() <= 256));
-    for (int32_t t : r.prompt) ok = ok && t >= 0;
-    for (const std::string& s : r.stop) ok = ok && !s.empty();
-    if (!ok) std::abort();
+    if (p.choices.empty() || p.choices.size() > static_cast<size_t>(kMaxChoices) || p.echo.size() != p.choices.size() ||
+        p.n < 1 || p.choices.size() % static_cast<size_t>(p.n) != 0) {
+      std::abort();
+    }
+    for (const EngineRequest& r : p.choices) {
+      bool ok = r.max_tokens >= 1 && r.stop.size() <= 4 && std::isfinite(r.sampling.temperature) &&
+                r.sampling.temperature >= 0 && r.sampling.top_k >= 0 &&
+                (!r.extra.cache_salt || (!r.extra.cache_salt->empty() && r.extra.cache_salt->size() <= 256));
+      for (int32_t t : r.prompt) ok = ok && t >= 0;
+      for (const std::string& s : r.stop) ok = ok && !s.empty();
+      if (!ok) std::abort();
+    }
   } catch (const FieldError&) {
   }
 }

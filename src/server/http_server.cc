@@ -5,6 +5,7 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -15,8 +16,10 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
+#include <vector>
 
 #include <boost/asio/post.hpp>
 #include <boost/asio/thread_pool.hpp>
@@ -187,27 +190,39 @@ void AnswerError(Shared& sh, Exchange& ex, int status, const std::string& messag
   Answer(sh, ex, {status, "application/json", std::move(headers), ErrorJson(status, message, param, std::move(code))});
 }
 
-// One generation request from its Submit to its end: the engine's updates
-// (on the engine's thread) become the answer; the end is collected on a
-// worker (Wait must not run on the engine's thread).
+// One generation request from its Submit to its end, over its choices
+// (prompts x n engine requests): the engine's updates (on the engine's
+// thread) become the answer; each choice's end is collected on a worker
+// (Wait must not run on the engine's thread), and the answer completes
+// when the last one has ended.
 struct Generation : std::enable_shared_from_this<Generation> {
   Shared* sh = nullptr;
   std::shared_ptr<Exchange> ex;
   bool chat = false, stream = false, report_cached = false;
   std::string id, object;
   int64_t created = 0;
-  RequestId rid = 0;
+  int n = 1;                      // choices per prompt (usage counts each prompt once)
+  std::vector<std::string> echo;  // per choice: text before the answer
 
   std::mutex mu;
-  bool started = false;  // Submit returned: rid set, the stream begun
-  bool first = true;     // the first chunk (it carries the role)
+  bool started = false;              // Submit returned: the ids known, the stream begun
   std::vector<TokenUpdate> pending;  // updates before started
+  std::vector<RequestId> rids;
+  std::vector<bool> first;           // per choice: its first chunk is still to come
+  std::vector<std::optional<RequestResult>> results;
+  size_t ended = 0;
 
-  json Chunk(const TokenUpdate& u) {
-    json chunk = {{"id", id}, {"object", object}, {"created", created}, {"model", sh->model},
-                  {"choices", json::array({Choice(chat, true, u.text, u.finish, first)})}};
-    first = false;
-    return chunk;
+  size_t IndexOf(RequestId rid) const {
+    return static_cast<size_t>(std::find(rids.begin(), rids.end(), rid) - rids.begin());
+  }
+
+  json Chunk(size_t i, const TokenUpdate& u) {
+    std::string text = u.text;
+    if (first[i]) text.insert(0, echo[i]);
+    json choice = Choice(chat, true, text, u.finish, first[i]);
+    choice["index"] = i;
+    first[i] = false;
+    return {{"id", id}, {"object", object}, {"created", created}, {"model", sh->model}, {"choices", json::array({choice})}};
   }
 
   void OnUpdate(const TokenUpdate& u) {
@@ -220,45 +235,77 @@ struct Generation : std::enable_shared_from_this<Generation> {
   }
 
   void DeliverLocked(const TokenUpdate& u) {
+    const size_t i = IndexOf(u.id);
+    if (i >= rids.size()) return;
     if (u.finish != FinishReason::kNone) {
-      json last = stream ? Chunk(u) : json();
-      boost::asio::post(*sh->workers, [self = shared_from_this(), last = std::move(last)]() mutable {
-        self->Finish(std::move(last));
+      json last = stream ? Chunk(i, u) : json();
+      boost::asio::post(*sh->workers, [self = shared_from_this(), i, last = std::move(last)]() mutable {
+        self->Finish(i, std::move(last));
       });
       return;
     }
-    if (stream) ex->Write("data: " + Dump(Chunk(u)) + "\n\n");
+    if (stream) ex->Write("data: " + Dump(Chunk(i, u)) + "\n\n");
   }
 
-  // After a successful Submit.
-  void Started(RequestId id_) {
+  // After a successful Submit of every choice.
+  void Started(std::vector<RequestId> ids) {
     std::lock_guard lock(mu);
-    rid = id_;
+    rids = std::move(ids);
+    first.assign(rids.size(), true);
+    results.resize(rids.size());
     started = true;
     if (stream) ex->BeginStream(200, "text/event-stream");
     for (const TokenUpdate& u : pending) DeliverLocked(u);
     pending.clear();
   }
 
-  // A worker: the request has ended.
-  void Finish(json last) {
-    const RequestResult r = sh->engine->Wait(rid);
+  json TotalUsage() const {
+    json u = {{"prompt_tokens", 0}, {"completion_tokens", 0}, {"total_tokens", 0},
+              {"prompt_tokens_details", {{"cached_tokens", 0}}}};
+    for (size_t i = 0; i < results.size(); ++i) {
+      const json one = Usage(*results[i], report_cached);
+      const bool prompt_once = i % static_cast<size_t>(n) == 0;  // the choices of one prompt share it
+      if (prompt_once) {
+        u["prompt_tokens"] = u["prompt_tokens"].get<int64_t>() + one["prompt_tokens"].get<int64_t>();
+        u["prompt_tokens_details"]["cached_tokens"] = u["prompt_tokens_details"]["cached_tokens"].get<int64_t>() +
+                                                      one["prompt_tokens_details"]["cached_tokens"].get<int64_t>();
+      }
+      u["completion_tokens"] = u["completion_tokens"].get<int64_t>() + one["completion_tokens"].get<int64_t>();
+    }
+    u["total_tokens"] = u["prompt_tokens"].get<int64_t>() + u["completion_tokens"].get<int64_t>();
+    return u;
+  }
+
+  // A worker: choice i has ended.
+  void Finish(size_t i, json last) {
+    RequestResult r = sh->engine->Wait(rids[i]);
     {
       std::lock_guard lock(sh->mu);
-      sh->in_flight.erase(rid);
+      sh->in_flight.erase(rids[i]);
     }
     Observe(*sh, r);
+    std::lock_guard lock(mu);
+    results[i] = std::move(r);
+    const bool all = ++ended == rids.size();
     if (stream) {
-      last["usage"] = Usage(r, report_cached);
+      if (all) last["usage"] = TotalUsage();  // the last chunk carries the whole request's usage
       ex->Write("data: " + Dump(last) + "\n\n");
-      ex->Write("data: [DONE]\n\n");
-      ex->End();
+      if (all) {
+        ex->Write("data: [DONE]\n\n");
+        ex->End();
+      }
       return;
     }
-    if (r.finish == FinishReason::kError) return AnswerError(*sh, *ex, 500, r.error.message());
+    if (!all) return;
+    json choices = json::array();
+    for (size_t k = 0; k < results.size(); ++k) {
+      if (results[k]->finish == FinishReason::kError) return AnswerError(*sh, *ex, 500, results[k]->error.message());
+      json c = Choice(chat, false, echo[k] + results[k]->text, results[k]->finish, true);
+      c["index"] = k;
+      choices.push_back(std::move(c));
+    }
     json out = {{"id", id}, {"object", object}, {"created", created}, {"model", sh->model},
-                {"choices", json::array({Choice(chat, false, r.text, r.finish, true)})},
-                {"usage", Usage(r, report_cached)}};
+                {"choices", std::move(choices)}, {"usage", TotalUsage()}};
     AnswerJson(*sh, *ex, Dump(out));
   }
 };
@@ -289,37 +336,68 @@ void HandleGenerate(Shared& sh, const HttpRequest& req, const std::shared_ptr<Ex
   g->sh = &sh;
   g->ex = ex;
   g->chat = chat;
-  EngineRequest er;
+  ParsedRequest parsed;
   try {
     const int key = KeyIndex(sh, req.Header("authorization"));
-    ParsedRequest parsed = ParseRequest(body, *sh.engine, key >= 0 ? sh.key_salts[static_cast<size_t>(key)] : "", chat);
-    er = std::move(parsed.request);
-    g->stream = parsed.stream;
-    g->report_cached = parsed.own_salt || sh.report_cached_always;
+    parsed = ParseRequest(body, *sh.engine, key >= 0 ? sh.key_salts[static_cast<size_t>(key)] : "", chat);
   } catch (const FieldError& e) {
     return AnswerError(sh, *ex, 400, e.message, e.field, {}, e.code);
   }
+  g->stream = parsed.stream;
+  g->report_cached = parsed.own_salt || sh.report_cached_always;
+  g->n = parsed.n;
+  g->echo = std::move(parsed.echo);
   g->object = chat ? (g->stream ? "chat.completion.chunk" : "chat.completion") : "text_completion";
   g->created = static_cast<int64_t>(std::time(nullptr));
-  er.on_update = [g](const TokenUpdate& u) { g->OnUpdate(u); };
-  Result<RequestId> id = sh.engine->Submit(std::move(er));
-  if (!id.ok()) {
-    const StatusCode c = id.status().code();
-    if (c == StatusCode::kUnavailable) return AnswerError(sh, *ex, 429, id.status().message(), "", {{"Retry-After", "1"}});
+  // The n choices of a prompt are submitted as a group: its prompt is
+  // prefilled once and forked to each (copy on write), or shared through
+  // the prefix cache.
+  std::vector<RequestId> ids;
+  Status failed = Status::Ok();
+  for (size_t p = 0; p < parsed.choices.size() && failed.ok(); p += static_cast<size_t>(g->n)) {
+    std::vector<EngineRequest> group;
+    for (size_t j = p; j < p + static_cast<size_t>(g->n); ++j) {
+      parsed.choices[j].on_update = [g](const TokenUpdate& u) { g->OnUpdate(u); };
+      group.push_back(std::move(parsed.choices[j]));
+    }
+    if (group.size() == 1) {
+      Result<RequestId> one = sh.engine->Submit(std::move(group[0]));
+      if (one.ok()) {
+        ids.push_back(*one);
+      } else {
+        failed = one.status();
+      }
+      continue;
+    }
+    Result<std::vector<RequestId>> got = sh.engine->SubmitShared(std::move(group));
+    if (got.ok()) {
+      ids.insert(ids.end(), got->begin(), got->end());
+    } else {
+      failed = got.status();
+    }
+  }
+  if (!failed.ok()) {
+    // All or nothing: the choices already queued are taken back.
+    for (RequestId rid : ids) {
+      if (sh.engine->Cancel(rid)) (void)sh.engine->Wait(rid);
+    }
+    const StatusCode c = failed.code();
+    if (c == StatusCode::kUnavailable) return AnswerError(sh, *ex, 429, failed.message(), "", {{"Retry-After", "1"}});
     const bool too_long = c == StatusCode::kOutOfRange;  // the prompt and max_tokens exceed the context
-    return AnswerError(sh, *ex, 400, id.status().message(), too_long ? "max_tokens" : "", {},
+    return AnswerError(sh, *ex, 400, failed.message(), too_long ? "max_tokens" : "", {},
                        too_long ? "context_length_exceeded" : "");
   }
-  const RequestId rid = *id;
   {
     std::lock_guard lock(sh.mu);
-    sh.in_flight.insert(rid);
+    sh.in_flight.insert(ids.begin(), ids.end());
   }
-  g->id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(rid);
-  g->Started(rid);
+  g->id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(ids.front());
+  g->Started(ids);
   // The client gone before its answer ended, streaming or not: its decoding
-  // stops; the end is collected as for any other request.
-  ex->OnClientGone([&sh, rid] { sh.engine->Cancel(rid); });
+  // stops; the ends are collected as for any other request.
+  ex->OnClientGone([&sh, ids] {
+    for (RequestId rid : ids) sh.engine->Cancel(rid);
+  });
 }
 
 std::string Metrics(Shared& sh) {

@@ -46,9 +46,6 @@ void RefuseUnsupported(const json& body, bool chat) {
   auto refuse = [](const std::string& f, const std::string& why) {
     throw FieldError{f, "'" + f + "' " + why + " is not supported yet", "unsupported_parameter"};
   };
-  if (const json* v = given("n"); v != nullptr && !(v->is_number_integer() && v->get<int64_t>() == 1)) {
-    refuse("n", "other than 1 (send one request per choice)");
-  }
   if (const json* v = given("best_of"); v != nullptr && !(v->is_number_integer() && v->get<int64_t>() == 1)) {
     refuse("best_of", "other than 1");
   }
@@ -58,7 +55,6 @@ void RefuseUnsupported(const json& body, bool chat) {
   if (const json* v = given("top_logprobs"); v != nullptr && !(v->is_number_integer() && v->get<int64_t>() == 0)) {
     refuse("top_logprobs", "above 0");
   }
-  if (const json* v = given("echo"); v != nullptr && !(v->is_boolean() && !v->get<bool>())) refuse("echo", "true");
   if (const json* v = given("suffix"); v != nullptr && !(v->is_string() && v->get<std::string>().empty())) {
     refuse("suffix", "(insertion)");
   }
@@ -99,6 +95,19 @@ ParsedRequest ParseRequest(const json& body, const Engine& engine, const std::st
     }
   };
   RefuseUnsupported(body, chat);
+  int n = 1;
+  if (const json* v = field("n")) {
+    if (!IntegerIn(*v, 1, kMaxChoices)) fail("n", "'n' must be an integer in [1, " + std::to_string(kMaxChoices) + "]");
+    n = static_cast<int>(v->get<int64_t>());
+  }
+  bool echo = false;
+  if (const json* v = field("echo")) {
+    if (chat) fail("echo", "'echo' is a completions parameter");
+    if (!v->is_boolean()) fail("echo", "'echo' must be a boolean");
+    echo = v->get<bool>();
+  }
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::string> prompt_texts;
   EngineRequest r;
   if (chat) {
     const json* messages = field("messages");
@@ -146,25 +155,42 @@ ParsedRequest ParseRequest(const json& body, const Engine& engine, const std::st
     // The model's chat template, rendered over the messages as they came.
     Result<std::vector<int32_t>> ids = engine.EncodeChat(normalized.dump(), /*add_generation_prompt=*/true, tools);
     if (!ids.ok()) fail("messages", ids.status().message());
-    r.prompt = std::move(*ids);
+    prompts.push_back(std::move(*ids));
   } else {
     const json* p = field("prompt");
     if (p == nullptr) fail("prompt", "'prompt' is required");
-    if (p->is_string()) {
-      fits("prompt", p->get_ref<const std::string&>().size());
-      r.prompt = engine.Encode(p->get<std::string>());
-    } else if (p->is_array() && p->size() == 1 && (*p)[0].is_string()) {
-      fits("prompt", (*p)[0].get_ref<const std::string&>().size());
-      r.prompt = engine.Encode((*p)[0].get<std::string>());
-    } else if (p->is_array() && !p->empty() && std::all_of(p->begin(), p->end(), [](const json& t) { return t.is_number_integer(); })) {
-      for (const json& t : *p) {
+    auto ids_of = [&](const json& list) {
+      std::vector<int32_t> ids;
+      for (const json& t : list) {
         if (!IntegerIn(t, 0, std::numeric_limits<int32_t>::max())) {
           fail("prompt", "token id " + t.dump() + " in 'prompt' is outside [0, " + std::to_string(std::numeric_limits<int32_t>::max()) + "]");
         }
-        r.prompt.push_back(static_cast<int32_t>(t.get<int64_t>()));
+        ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
       }
+      return ids;
+    };
+    auto is_ids = [](const json& v) {
+      return v.is_array() && !v.empty() && std::all_of(v.begin(), v.end(), [](const json& t) { return t.is_number_integer(); });
+    };
+    // A string, token ids, or a list of either (several prompts).
+    std::vector<const json*> items;
+    if (p->is_string() || is_ids(*p)) {
+      items.push_back(p);
+    } else if (p->is_array() && !p->empty() &&
+               std::all_of(p->begin(), p->end(), [&](const json& x) { return x.is_string() || is_ids(x); })) {
+      for (const json& x : *p) items.push_back(&x);
     } else {
-      fail("prompt", "'prompt' must be a string, a one-string array or an array of token ids");
+      fail("prompt", "'prompt' must be a string, an array of token ids, or a non-empty array of those");
+    }
+    if (items.size() > static_cast<size_t>(kMaxChoices)) {
+      fail("prompt", "at most " + std::to_string(kMaxChoices) + " prompts in one request");
+    }
+    size_t bytes = 0;
+    for (const json* x : items) bytes = std::max(bytes, x->is_string() ? x->get_ref<const std::string&>().size() : size_t{0});
+    fits("prompt", bytes);
+    for (const json* x : items) prompts.push_back(x->is_string() ? engine.Encode(x->get<std::string>()) : ids_of(*x));
+    for (size_t i = 0; echo && i < items.size(); ++i) {
+      prompt_texts.push_back(items[i]->is_string() ? items[i]->get<std::string>() : engine.Detokenize(prompts[i]));
     }
   }
   const char* max_name = chat && field("max_completion_tokens") != nullptr ? "max_completion_tokens" : "max_tokens";
@@ -176,7 +202,7 @@ ParsedRequest ParseRequest(const json& body, const Engine& engine, const std::st
     r.max_tokens = static_cast<int32_t>(v->get<int64_t>());
   } else if (chat) {
     // A chat without a limit runs until the turn ends or the context does.
-    r.max_tokens = static_cast<int32_t>(std::max<int64_t>(1, engine.context_len() - static_cast<int64_t>(r.prompt.size())));
+    r.max_tokens = static_cast<int32_t>(std::max<int64_t>(1, engine.context_len() - static_cast<int64_t>(prompts[0].size())));
   } else {
     r.max_tokens = 16;  // OpenAI's completions default
   }
@@ -238,7 +264,20 @@ ParsedRequest ParseRequest(const json& body, const Engine& engine, const std::st
     own_salt = true;
   }
   if (!salt.empty()) r.extra.cache_salt = salt;
-  out.request = std::move(r);
+  if (prompts.size() * static_cast<size_t>(n) > static_cast<size_t>(kMaxChoices)) {
+    fail("n", "prompts x n is " + std::to_string(prompts.size() * static_cast<size_t>(n)) + "; at most " +
+                  std::to_string(kMaxChoices) + " choices in one request");
+  }
+  out.n = n;
+  for (size_t pi = 0; pi < prompts.size(); ++pi) {
+    for (int j = 0; j < n; ++j) {
+      EngineRequest c = r;
+      c.prompt = prompts[pi];
+      if (c.sampling.seed && n > 1) *c.sampling.seed += static_cast<uint64_t>(j);  // choices differ, reproducibly
+      out.choices.push_back(std::move(c));
+      out.echo.push_back(echo ? prompt_texts[pi] : std::string());
+    }
+  }
   return out;
 }
 

@@ -8,6 +8,7 @@
 #include <array>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -21,11 +22,19 @@ struct FieldError {
   std::string field, message, code;
 };
 
+// Every choice of a request: prompts x n engine requests, choice i from
+// prompt i / n (OpenAI's order). Choices of one prompt differ only in their
+// seed (seed + i when one is given).
 struct ParsedRequest {
-  EngineRequest request;
+  std::vector<EngineRequest> choices;
+  std::vector<std::string> echo;  // per choice: the prompt's text to put before the answer ("" without echo)
+  int n = 1;
   bool stream = false;
   bool own_salt = false;  // the body brought its own cache_salt
 };
+
+// At most this many choices (prompts x n) in one request.
+inline constexpr int kMaxChoices = 64;
 
 // The engine request of a completion (chat = false) or chat body; the
 // prompt is tokenized (or the chat template rendered) by `engine`.

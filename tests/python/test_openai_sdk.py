@@ -176,7 +176,7 @@ def test_content_parts_and_an_assistant_turn_without_content(server):
 
 
 @pytest.mark.parametrize("field,value", [
-    ("n", 2), ("logprobs", 2), ("echo", True), ("logit_bias", {"5": 10}), ("presence_penalty", 0.5),
+    ("logprobs", 2), ("logit_bias", {"5": 10}), ("presence_penalty", 0.5),
     ("frequency_penalty", -1), ("best_of", 3), ("suffix", " end")])
 def test_unsupported_completion_parameters_are_refused_by_name(server, field, value):
     with pytest.raises(openai.BadRequestError) as e:
@@ -187,8 +187,7 @@ def test_unsupported_completion_parameters_are_refused_by_name(server, field, va
 def test_unsupported_chat_parameters_are_refused_and_defaults_accepted(server):
     c = server.client()
     msgs = [{"role": "user", "content": "hi"}]
-    for field, value in [("logprobs", True), ("top_logprobs", 3), ("n", 3),
-                         ("response_format", {"type": "json_object"})]:
+    for field, value in [("logprobs", True), ("top_logprobs", 3), ("response_format", {"type": "json_object"})]:
         with pytest.raises(openai.BadRequestError) as e:
             c.chat.completions.create(model=MODEL_ID, messages=msgs, max_tokens=2, **{field: value})
         assert e.value.param == field and e.value.code == "unsupported_parameter", field
@@ -206,3 +205,62 @@ def test_unsupported_chat_parameters_are_refused_and_defaults_accepted(server):
     with pytest.raises(openai.BadRequestError) as e:
         c.completions.create(model=MODEL_ID, prompt="hi", max_tokens=2, extra_body={"repetition_penalty": 0.5})
     assert e.value.param == "repetition_penalty"
+
+
+def test_n_choices_several_prompts_and_echo(server):
+    c = server.client()
+    one = c.completions.create(model=MODEL_ID, prompt="Sara found a", max_tokens=10, temperature=0)
+    two = c.completions.create(model=MODEL_ID, prompt="Sara found a", max_tokens=10, temperature=0, n=2)
+    assert [x.index for x in two.choices] == [0, 1]
+    assert [x.text for x in two.choices] == [one.choices[0].text] * 2
+    assert two.usage.prompt_tokens == one.usage.prompt_tokens  # the prompt counted once
+    assert two.usage.completion_tokens == 20
+    sampled = c.completions.create(model=MODEL_ID, prompt="Sara found a", max_tokens=16, temperature=1.0, seed=7, n=4)
+    again = c.completions.create(model=MODEL_ID, prompt="Sara found a", max_tokens=16, temperature=1.0, seed=7, n=4)
+    assert [x.text for x in sampled.choices] == [x.text for x in again.choices]  # seeded: reproducible
+    assert len({x.text for x in sampled.choices}) > 1  # and the choices differ
+    prompts = ["Once upon a time", "The little cat", "A big dog"]
+    many = c.completions.create(model=MODEL_ID, prompt=prompts, max_tokens=8, temperature=0)
+    alone = [c.completions.create(model=MODEL_ID, prompt=p, max_tokens=8, temperature=0).choices[0].text for p in prompts]
+    assert [x.text for x in many.choices] == alone
+    assert many.usage.completion_tokens == 24
+    grid = c.completions.create(model=MODEL_ID, prompt=prompts[:2], max_tokens=8, temperature=0, n=2)
+    assert [x.text for x in grid.choices] == [alone[0], alone[0], alone[1], alone[1]]
+    echoed = c.completions.create(model=MODEL_ID, prompt="The little cat", max_tokens=8, temperature=0, echo=True)
+    assert echoed.choices[0].text == "The little cat" + alone[1]
+    ids = c.completions.create(model=MODEL_ID, prompt=[[1, 2, 3], [1, 4]], max_tokens=4, temperature=0)
+    assert len(ids.choices) == 2
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(model=MODEL_ID, prompt="hi", max_tokens=2, n=65)
+    assert e.value.param == "n"
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(model=MODEL_ID, prompt=["a"] * 40, max_tokens=2, n=2)
+    assert e.value.param == "n"
+
+
+def test_n_choices_stream_by_index_and_in_chat(server):
+    c = server.client()
+    whole = c.completions.create(model=MODEL_ID, prompt=["One day, a boy", "The sun was"], max_tokens=12, temperature=0,
+                                 n=2, echo=True)
+    parts = {}
+    usage = None
+    for chunk in c.completions.create(model=MODEL_ID, prompt=["One day, a boy", "The sun was"], max_tokens=12,
+                                      temperature=0, n=2, echo=True, stream=True):
+        for ch in chunk.choices:
+            parts[ch.index] = parts.get(ch.index, "") + ch.text
+        usage = chunk.usage or usage
+    assert [parts[i] for i in range(4)] == [x.text for x in whole.choices]
+    assert usage.completion_tokens == 48
+    chat = c.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "Tom had"}], max_tokens=8,
+                                     temperature=0, n=3)
+    assert len({x.message.content for x in chat.choices}) == 1 and len(chat.choices) == 3
+    deltas = {}
+    for chunk in c.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "Tom had"}],
+                                           max_tokens=8, temperature=0, n=3, stream=True):
+        for ch in chunk.choices:
+            deltas[ch.index] = deltas.get(ch.index, "") + (ch.delta.content or "")
+    assert [deltas[i] for i in range(3)] == [x.message.content for x in chat.choices]
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "x"}], max_tokens=2,
+                                  extra_body={"echo": True})
+    assert e.value.param == "echo"
