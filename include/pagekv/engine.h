@@ -76,6 +76,10 @@ struct EngineRequest {
   int32_t priority = 0;                // higher runs first and is preempted last
   ExtraKeys extra;                     // prefix-cache salt etc.
   int32_t top_logits = 0;              // > 0: record the top-k (id, logit) of every sampled step
+  // Record every sampled token's log-probability under the model (the
+  // log-softmax of the raw logits, before temperature or penalties) and each
+  // step's log-sum-exp (a logit minus it is that token's log-probability).
+  bool logprobs = false;
   // Scoring a known text: the tokens to emit, in order, instead of sampled
   // ones (teacher forcing; at least max_tokens of them; stop conditions
   // still apply). Empty: sample.
@@ -101,6 +105,10 @@ struct RequestResult {
   std::vector<double> inter_token;   // seconds between consecutive tokens
   // With top_logits > 0: per sampled step, the top-k ids and logits.
   std::vector<std::vector<std::pair<int32_t, float>>> step_top;
+  // With logprobs: per sampled step, the token's log-probability and the
+  // log-sum-exp of the step's logits.
+  std::vector<float> token_logprobs;
+  std::vector<float> step_logsumexp;
   // SubmitShared: prompt tokens prefilled once for the whole group and
   // forked to this request (0 when it computed its whole prompt).
   int64_t forked_prompt_tokens = 0;

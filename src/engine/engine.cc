@@ -5,9 +5,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -63,6 +65,16 @@ struct Seq : Sequence {
     no_prefix_hits = req.prompt_logits;
   }
 };
+
+// log(sum(exp(logits))), in double around the maximum.
+double LogSumExp(std::span<const float> logits) {
+  float top = -std::numeric_limits<float>::infinity();
+  for (float l : logits) top = std::max(top, l);
+  if (!std::isfinite(top)) return top;
+  double sum = 0;
+  for (float l : logits) sum += std::exp(static_cast<double>(l) - static_cast<double>(top));
+  return static_cast<double>(top) + std::log(sum);
+}
 
 std::vector<std::pair<int32_t, float>> TopK(std::span<const float> logits, int32_t k) {
   const auto n = static_cast<int32_t>(logits.size());
@@ -651,6 +663,11 @@ Result<bool> Engine::Step() {
     const int32_t token = !s->req.forced_tokens.empty() && generated_so_far < s->req.forced_tokens.size()
                               ? s->req.forced_tokens[generated_so_far]
                               : s->sampler.Sample(row, s->tokens);
+    if (s->req.logprobs) {
+      const double lse = LogSumExp(row);
+      s->result.token_logprobs.push_back(static_cast<float>(static_cast<double>(row[static_cast<size_t>(token)]) - lse));
+      s->result.step_logsumexp.push_back(static_cast<float>(lse));
+    }
     const FinishReason end = st.Accept(s, token);
     ++generated;
     if (end == FinishReason::kNone) {

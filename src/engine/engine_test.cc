@@ -6,6 +6,7 @@
 #include "pagekv/generate.h"
 
 #include <algorithm>
+#include <cmath>
 #include <random>
 #include <thread>
 
@@ -468,6 +469,37 @@ TEST(EngineTest, TopLogitsAreRecordedForEverySampledStep) {
   }
   r.top_logits = -1;
   EXPECT_EQ(e->Submit(r).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(EngineTest, LogprobsAreTheLogSoftmaxOfEachSampledStep) {
+  auto e = std::move(*Engine::Create(Options(64)));
+  EngineRequest r;
+  r.prompt = e->Encode("Once upon a time");
+  r.max_tokens = 5;
+  r.ignore_eos = true;
+  r.sampling.temperature = 0.8f;
+  r.sampling.seed = 3;
+  r.logprobs = true;
+  r.return_logits = true;
+  r.top_logits = 2;
+  const RequestId id = *e->Submit(r);
+  ASSERT_TRUE(e->RunUntilIdle().ok());
+  const RequestResult res = e->Wait(id);
+  ASSERT_EQ(res.token_logprobs.size(), res.tokens.size());
+  ASSERT_EQ(res.step_logsumexp.size(), res.tokens.size());
+  const size_t vocab = res.logits.size() / res.tokens.size();
+  for (size_t i = 0; i < res.tokens.size(); ++i) {
+    // The reference: log-softmax in long double over the recorded logits.
+    const float* row = res.logits.data() + i * vocab;
+    long double top = row[0], sum = 0;
+    for (size_t v = 0; v < vocab; ++v) top = std::max<long double>(top, row[v]);
+    for (size_t v = 0; v < vocab; ++v) sum += std::exp(static_cast<long double>(row[v]) - top);
+    const long double lse = top + std::log(sum);
+    EXPECT_NEAR(res.step_logsumexp[i], static_cast<double>(lse), 1e-4);
+    EXPECT_NEAR(res.token_logprobs[i], static_cast<double>(row[res.tokens[i]] - lse), 1e-4);
+    EXPECT_LE(res.token_logprobs[i], 0.0f);
+    EXPECT_LE(res.step_top[i][0].second - res.step_logsumexp[i], 0.0f);
+  }
 }
 
 RequestResult RunAlone(Engine& e, const EngineRequest& r) {

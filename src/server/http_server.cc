@@ -160,6 +160,7 @@ json Choice(bool chat, bool delta, const std::string& text, FinishReason finish,
     json m = {{"content", text}};
     if (!delta || first) m["role"] = "assistant";
     c[delta ? "delta" : "message"] = m;
+    c["logprobs"] = nullptr;
   } else {
     c["text"] = text;
     c["logprobs"] = nullptr;
@@ -190,6 +191,48 @@ void AnswerError(Shared& sh, Exchange& ex, int status, const std::string& messag
   Answer(sh, ex, {status, "application/json", std::move(headers), ErrorJson(status, message, param, std::move(code))});
 }
 
+// OpenAI's logprobs object of one choice: per generated token its piece,
+// log-probability and the top alternatives (completions: parallel lists
+// and text offsets from `offset`; chat: a list of entries with bytes).
+json Logprobs(const Engine& engine, const RequestResult& r, bool chat, int top, size_t offset) {
+  auto piece = [&](int32_t t) { return engine.Detokenize({t}); };
+  const size_t steps = std::min(r.tokens.size(), r.token_logprobs.size());
+  auto alternatives = [&](size_t i, auto&& add) {
+    if (top <= 0 || i >= r.step_top.size()) return;
+    for (const auto& [id, logit] : r.step_top[i]) add(id, logit - r.step_logsumexp[i]);
+  };
+  if (chat) {
+    auto entry = [&](int32_t t, float lp) {
+      const std::string p = piece(t);
+      json bytes = json::array();
+      for (unsigned char c : p) bytes.push_back(c);
+      return json{{"token", p}, {"logprob", lp}, {"bytes", std::move(bytes)}};
+    };
+    json content = json::array();
+    for (size_t i = 0; i < steps; ++i) {
+      json e = entry(r.tokens[i], r.token_logprobs[i]);
+      json tops = json::array();
+      alternatives(i, [&](int32_t id, float lp) { tops.push_back(entry(id, lp)); });
+      e["top_logprobs"] = std::move(tops);
+      content.push_back(std::move(e));
+    }
+    return {{"content", std::move(content)}};
+  }
+  json tokens = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
+  for (size_t i = 0; i < steps; ++i) {
+    const std::string p = piece(r.tokens[i]);
+    tokens.push_back(p);
+    lps.push_back(r.token_logprobs[i]);
+    offsets.push_back(offset);
+    offset += p.size();
+    json alt = json::object();
+    alternatives(i, [&](int32_t id, float lp) { alt[piece(id)] = lp; });
+    tops.push_back(top > 0 ? std::move(alt) : json(nullptr));
+  }
+  return {{"tokens", std::move(tokens)}, {"token_logprobs", std::move(lps)}, {"top_logprobs", std::move(tops)},
+          {"text_offset", std::move(offsets)}};
+}
+
 // One generation request from its Submit to its end, over its choices
 // (prompts x n engine requests): the engine's updates (on the engine's
 // thread) become the answer; each choice's end is collected on a worker
@@ -202,6 +245,7 @@ struct Generation : std::enable_shared_from_this<Generation> {
   std::string id, object;
   int64_t created = 0;
   int n = 1;                      // choices per prompt (usage counts each prompt once)
+  int logprobs = -1;              // -1 off, else the top alternatives per token
   std::vector<std::string> echo;  // per choice: text before the answer
 
   std::mutex mu;
@@ -302,6 +346,7 @@ struct Generation : std::enable_shared_from_this<Generation> {
       if (results[k]->finish == FinishReason::kError) return AnswerError(*sh, *ex, 500, results[k]->error.message());
       json c = Choice(chat, false, echo[k] + results[k]->text, results[k]->finish, true);
       c["index"] = k;
+      if (logprobs >= 0) c["logprobs"] = Logprobs(*sh->engine, *results[k], chat, logprobs, echo[k].size());
       choices.push_back(std::move(c));
     }
     json out = {{"id", id}, {"object", object}, {"created", created}, {"model", sh->model},
@@ -346,6 +391,7 @@ void HandleGenerate(Shared& sh, const HttpRequest& req, const std::shared_ptr<Ex
   g->stream = parsed.stream;
   g->report_cached = parsed.own_salt || sh.report_cached_always;
   g->n = parsed.n;
+  g->logprobs = parsed.logprobs;
   g->echo = std::move(parsed.echo);
   g->object = chat ? (g->stream ? "chat.completion.chunk" : "chat.completion") : "text_completion";
   g->created = static_cast<int64_t>(std::time(nullptr));

@@ -39,7 +39,7 @@ namespace {
 // OpenAI parameters that would change the answer but are not implemented:
 // a 400 naming the field whenever one asks for something other than the
 // default, never silently ignored (docs/OPENAI_API.md).
-void RefuseUnsupported(const json& body, bool chat) {
+void RefuseUnsupported(const json& body) {
   auto given = [&](const char* name) -> const json* {
     return body.contains(name) && !body[name].is_null() ? &body[name] : nullptr;
   };
@@ -48,12 +48,6 @@ void RefuseUnsupported(const json& body, bool chat) {
   };
   if (const json* v = given("best_of"); v != nullptr && !(v->is_number_integer() && v->get<int64_t>() == 1)) {
     refuse("best_of", "other than 1");
-  }
-  if (const json* v = given("logprobs"); v != nullptr && !(v->is_boolean() ? !v->get<bool>() : v->is_number_integer() && v->get<int64_t>() == 0)) {
-    refuse("logprobs", chat ? "true" : "above 0");
-  }
-  if (const json* v = given("top_logprobs"); v != nullptr && !(v->is_number_integer() && v->get<int64_t>() == 0)) {
-    refuse("top_logprobs", "above 0");
   }
   if (const json* v = given("suffix"); v != nullptr && !(v->is_string() && v->get<std::string>().empty())) {
     refuse("suffix", "(insertion)");
@@ -94,7 +88,7 @@ ParsedRequest ParseRequest(const json& body, const Engine& engine, const std::st
       throw FieldError{name, m, "context_length_exceeded"};
     }
   };
-  RefuseUnsupported(body, chat);
+  RefuseUnsupported(body);
   int n = 1;
   if (const json* v = field("n")) {
     if (!IntegerIn(*v, 1, kMaxChoices)) fail("n", "'n' must be an integer in [1, " + std::to_string(kMaxChoices) + "]");
@@ -105,6 +99,28 @@ ParsedRequest ParseRequest(const json& body, const Engine& engine, const std::st
     if (chat) fail("echo", "'echo' is a completions parameter");
     if (!v->is_boolean()) fail("echo", "'echo' must be a boolean");
     echo = v->get<bool>();
+  }
+  // Log-probabilities: completions "logprobs": k (k alternatives per token);
+  // chat "logprobs": true with "top_logprobs": k.
+  constexpr int kMaxTopLogprobs = 20;
+  const std::string top_range = "[0, " + std::to_string(kMaxTopLogprobs) + "]";
+  if (const json* v = field("logprobs")) {
+    if (chat) {
+      if (!v->is_boolean()) fail("logprobs", "'logprobs' must be a boolean");
+      if (v->get<bool>()) out.logprobs = 0;
+    } else {
+      if (!IntegerIn(*v, 0, kMaxTopLogprobs)) fail("logprobs", "'logprobs' must be an integer in " + top_range);
+      out.logprobs = static_cast<int>(v->get<int64_t>());
+    }
+  }
+  if (const json* v = field("top_logprobs")) {
+    if (!chat) fail("top_logprobs", "'top_logprobs' is a chat parameter: completions take 'logprobs': k");
+    if (!IntegerIn(*v, 0, kMaxTopLogprobs)) fail("top_logprobs", "'top_logprobs' must be an integer in " + top_range);
+    if (out.logprobs < 0 && v->get<int64_t>() > 0) fail("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    if (out.logprobs >= 0) out.logprobs = static_cast<int>(v->get<int64_t>());
+  }
+  if (out.logprobs >= 0 && echo) {
+    throw FieldError{"echo", "'echo' with 'logprobs' (the prompt's log-probabilities) is not supported yet", "unsupported_parameter"};
   }
   std::vector<std::vector<int32_t>> prompts;
   std::vector<std::string> prompt_texts;
@@ -264,6 +280,14 @@ ParsedRequest ParseRequest(const json& body, const Engine& engine, const std::st
     own_salt = true;
   }
   if (!salt.empty()) r.extra.cache_salt = salt;
+  if (out.logprobs >= 0 && stream) {
+    throw FieldError{"logprobs", "'logprobs' with 'stream' is not supported yet: ask without streaming",
+                     "unsupported_parameter"};
+  }
+  if (out.logprobs >= 0) {
+    r.logprobs = true;
+    r.top_logits = out.logprobs;
+  }
   if (prompts.size() * static_cast<size_t>(n) > static_cast<size_t>(kMaxChoices)) {
     fail("n", "prompts x n is " + std::to_string(prompts.size() * static_cast<size_t>(n)) + "; at most " +
                   std::to_string(kMaxChoices) + " choices in one request");

@@ -29,6 +29,7 @@ struct ParsedRequest {
   std::vector<EngineRequest> choices;
   std::vector<std::string> echo;  // per choice: the prompt's text to put before the answer ("" without echo)
   int n = 1;
+  int logprobs = -1;  // -1: off; else log-probabilities with this many top alternatives per token
   bool stream = false;
   bool own_salt = false;  // the body brought its own cache_salt
 };

@@ -176,7 +176,7 @@ def test_content_parts_and_an_assistant_turn_without_content(server):
 
 
 @pytest.mark.parametrize("field,value", [
-    ("logprobs", 2), ("logit_bias", {"5": 10}), ("presence_penalty", 0.5),
+    ("logit_bias", {"5": 10}), ("presence_penalty", 0.5),
     ("frequency_penalty", -1), ("best_of", 3), ("suffix", " end")])
 def test_unsupported_completion_parameters_are_refused_by_name(server, field, value):
     with pytest.raises(openai.BadRequestError) as e:
@@ -187,7 +187,7 @@ def test_unsupported_completion_parameters_are_refused_by_name(server, field, va
 def test_unsupported_chat_parameters_are_refused_and_defaults_accepted(server):
     c = server.client()
     msgs = [{"role": "user", "content": "hi"}]
-    for field, value in [("logprobs", True), ("top_logprobs", 3), ("response_format", {"type": "json_object"})]:
+    for field, value in [("response_format", {"type": "json_object"})]:
         with pytest.raises(openai.BadRequestError) as e:
             c.chat.completions.create(model=MODEL_ID, messages=msgs, max_tokens=2, **{field: value})
         assert e.value.param == field and e.value.code == "unsupported_parameter", field
@@ -264,3 +264,42 @@ def test_n_choices_stream_by_index_and_in_chat(server):
         c.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "x"}], max_tokens=2,
                                   extra_body={"echo": True})
     assert e.value.param == "echo"
+
+
+def test_logprobs_of_completions_and_chat(server):
+    c = server.client()
+    r = c.completions.create(model=MODEL_ID, prompt="Once upon a time", max_tokens=8, temperature=0, logprobs=3)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 8
+    assert "".join(lp.tokens) == r.choices[0].text
+    assert lp.text_offset[0] == 0 and lp.text_offset[1] == len(lp.tokens[0])
+    for tok, p, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert p <= 0 and len(top) == 3
+        assert max(top.values()) == pytest.approx(p, abs=1e-5)  # greedy: the chosen token is the likeliest
+        assert top[tok] == pytest.approx(p, abs=1e-5)
+    only = c.completions.create(model=MODEL_ID, prompt="Once upon a time", max_tokens=8, temperature=0, logprobs=0)
+    assert only.choices[0].logprobs.token_logprobs == pytest.approx(lp.token_logprobs, abs=1e-5)
+    assert only.choices[0].logprobs.top_logprobs == [None] * 8
+    chat = c.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "Lily"}], max_tokens=6,
+                                     temperature=0.7, seed=1, logprobs=True, top_logprobs=2)
+    content = chat.choices[0].logprobs.content
+    assert len(content) == chat.usage.completion_tokens
+    assert "".join(x.token for x in content) == chat.choices[0].message.content
+    for x in content:
+        assert x.logprob <= 0 and len(x.top_logprobs) == 2 and bytes(x.bytes).decode("utf-8", "replace") == x.token
+        assert x.top_logprobs[0].logprob >= x.top_logprobs[1].logprob  # the likeliest first
+        assert x.logprob <= x.top_logprobs[0].logprob + 1e-5
+        for alt in x.top_logprobs:
+            if alt.token == x.token:
+                assert alt.logprob == pytest.approx(x.logprob, abs=1e-5)
+    plain = c.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "Lily"}], max_tokens=2)
+    assert plain.choices[0].logprobs is None
+    with pytest.raises(openai.BadRequestError) as e:
+        list(c.completions.create(model=MODEL_ID, prompt="hi", max_tokens=2, logprobs=1, stream=True))
+    assert e.value.param == "logprobs" and e.value.code == "unsupported_parameter"
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "x"}], max_tokens=2, top_logprobs=2)
+    assert e.value.param == "top_logprobs"
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(model=MODEL_ID, prompt="hi", max_tokens=2, logprobs=21)
+    assert e.value.param == "logprobs"
