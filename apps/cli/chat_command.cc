@@ -101,7 +101,7 @@ int RunChat(const ChatArgs& a) {
                  probe.status().message().c_str());
     return kExitBadInput;
   }
-  SamplingOptions sampling{a.temp, a.top_k, a.top_p, a.repeat_penalty, a.seed};
+  SamplingOptions sampling{.temperature = a.temp, .top_k = a.top_k, .top_p = a.top_p, .repetition_penalty = a.repeat_penalty, .seed = a.seed};
   if (Status s = ValidateSampling(sampling); !s.ok()) {
     std::fprintf(stderr, "error: %s\n", s.message().c_str());
     return kExitBadInput;

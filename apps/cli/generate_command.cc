@@ -55,7 +55,7 @@ int RunGenerate(const GenerateArgs& a) {
   o.system_prompt = a.system;
   o.stop_at_eos = a.stop_at_eos;
   o.max_new_tokens = a.n >= 0 ? a.n : (o.chat ? 0 : 64);
-  o.sampling = {a.temp, a.top_k, a.top_p, a.repeat_penalty, a.seed};
+  o.sampling = {.temperature = a.temp, .top_k = a.top_k, .top_p = a.top_p, .repetition_penalty = a.repeat_penalty, .seed = a.seed};
   o.block_len = a.block_len;
   o.num_blocks = a.blocks;
   o.top_logits = a.dump_logits;

@@ -218,6 +218,7 @@ class Engine {
   Result<std::vector<int32_t>> EncodeChat(const std::string& messages_json, bool add_generation_prompt = true,
                                           const std::string& tools_json = {}) const;
   int32_t context_len() const;
+  int32_t vocab_size() const;  // token ids are in [0, vocab_size)
   // The most bytes of text one token stands for: a text of n bytes is at
   // least n / max_token_bytes() tokens (a bound checked before encoding).
   int32_t max_token_bytes() const;

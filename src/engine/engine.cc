@@ -450,6 +450,8 @@ std::string Engine::Decode(const std::vector<int32_t>& tokens, int32_t prev) con
 
 int32_t Engine::context_len() const { return state_->m.model->config().context_len; }
 
+int32_t Engine::vocab_size() const { return state_->m.model->config().vocab_size; }
+
 int32_t Engine::max_token_bytes() const { return state_->m.tokenizer->max_piece_bytes(); }
 int32_t Engine::eos_id() const { return state_->m.tokenizer->eos_id(); }
 
@@ -476,6 +478,12 @@ Status CheckRequest(const Engine& engine, const LlamaModel& model, const KvCache
                            " positions, more than the model's context of " + std::to_string(engine.context_len()));
   }
   PAGEKV_RETURN_IF_ERROR(Sampler::Validate(r.sampling));
+  for (const auto& [id, bias] : r.sampling.logit_bias) {
+    if (id >= vocab) {
+      return InvalidArgumentError("logit_bias: token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                                  std::to_string(vocab) + ")");
+    }
+  }
   PAGEKV_RETURN_IF_ERROR(PrefixCache::ValidateExtraKeys(r.extra));
   if (r.top_logits < 0) return InvalidArgumentError("top_logits " + std::to_string(r.top_logits) + ": must be >= 0");
   if (!r.forced_tokens.empty()) {
@@ -662,7 +670,7 @@ Result<bool> Engine::Step() {
     const size_t generated_so_far = s->tokens.size() - static_cast<size_t>(s->prompt_len);
     const int32_t token = !s->req.forced_tokens.empty() && generated_so_far < s->req.forced_tokens.size()
                               ? s->req.forced_tokens[generated_so_far]
-                              : s->sampler.Sample(row, s->tokens);
+                              : s->sampler.Sample(row, s->tokens, static_cast<size_t>(s->prompt_len));
     if (s->req.logprobs) {
       const double lse = LogSumExp(row);
       s->result.token_logprobs.push_back(static_cast<float>(static_cast<double>(row[static_cast<size_t>(token)]) - lse));

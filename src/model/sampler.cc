@@ -25,6 +25,22 @@ Status Sampler::Validate(const SamplingOptions& o) {
     return InvalidArgumentError("repetition_penalty " + std::to_string(o.repetition_penalty) +
                                 ": must be in [1, 10] (1 = off)");
   }
+  if (!(o.presence_penalty >= -2.0f && o.presence_penalty <= 2.0f)) {
+    return InvalidArgumentError("presence_penalty " + std::to_string(o.presence_penalty) + ": must be in [-2, 2] (0 = off)");
+  }
+  if (!(o.frequency_penalty >= -2.0f && o.frequency_penalty <= 2.0f)) {
+    return InvalidArgumentError("frequency_penalty " + std::to_string(o.frequency_penalty) + ": must be in [-2, 2] (0 = off)");
+  }
+  if (o.logit_bias.size() > 1024) {
+    return InvalidArgumentError(std::to_string(o.logit_bias.size()) + " logit_bias entries: at most 1024");
+  }
+  for (const auto& [id, bias] : o.logit_bias) {
+    if (id < 0) return InvalidArgumentError("logit_bias: token id " + std::to_string(id) + " is negative");
+    if (!(bias >= -100.0f && bias <= 100.0f)) {
+      return InvalidArgumentError("logit_bias of token " + std::to_string(id) + ": " + std::to_string(bias) +
+                                  " must be in [-100, 100]");
+    }
+  }
   return Status::Ok();
 }
 
@@ -55,10 +71,29 @@ int32_t ArgMax(std::span<const float> v) {
 
 }  // namespace
 
-int32_t Sampler::Sample(std::span<const float> logits, std::span<const int32_t> history) {
+int32_t Sampler::Sample(std::span<const float> logits, std::span<const int32_t> history, size_t generated_from) {
   const auto n = static_cast<int32_t>(logits.size());
-  if (options_.temperature == 0.0f && options_.repetition_penalty == 1.0f) return ArgMax(logits);  // no copy
+  const bool penalties = options_.presence_penalty != 0.0f || options_.frequency_penalty != 0.0f;
+  if (options_.temperature == 0.0f && options_.repetition_penalty == 1.0f && !penalties && options_.logit_bias.empty()) {
+    return ArgMax(logits);  // no copy
+  }
   scratch_.assign(logits.begin(), logits.end());
+  for (const auto& [id, bias] : options_.logit_bias) {
+    if (id < n) scratch_[static_cast<size_t>(id)] += bias;  // ids past the vocabulary: refused at submission
+  }
+  if (penalties) {
+    counts_.assign(static_cast<size_t>(n), 0);
+    for (size_t i = std::min(generated_from, history.size()); i < history.size(); ++i) {
+      if (history[i] >= 0 && history[i] < n) ++counts_[static_cast<size_t>(history[i])];
+    }
+    for (size_t i = std::min(generated_from, history.size()); i < history.size(); ++i) {
+      const int32_t id = history[i];
+      if (id < 0 || id >= n || counts_[static_cast<size_t>(id)] == 0) continue;
+      scratch_[static_cast<size_t>(id)] -= options_.presence_penalty +
+                                           options_.frequency_penalty * static_cast<float>(counts_[static_cast<size_t>(id)]);
+      counts_[static_cast<size_t>(id)] = 0;  // once per id
+    }
+  }
   if (options_.repetition_penalty != 1.0f) {
     for (int32_t id : history) {
       if (id < 0 || id >= n) continue;

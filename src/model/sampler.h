@@ -1,5 +1,5 @@
 // Sampler: picks the next token from logits. Greedy, temperature, top-k,
-// top-p and a repetition penalty; a seeded generator per sampler, so the
+// top-p, a repetition penalty, presence / frequency penalties and logit bias; a seeded generator per sampler, so the
 // same seed gives the same tokens.
 #pragma once
 
@@ -23,14 +23,17 @@ class Sampler {
   static Status Validate(const SamplingOptions& options);
 
   // REQUIRES: logits.size() > 0. `history` holds the ids already in the
-  // sequence (for the repetition penalty). Modifies nothing it is given.
-  int32_t Sample(std::span<const float> logits, std::span<const int32_t> history);
+  // sequence (the repetition penalty looks at all of them), of which those
+  // from `generated_from` on were generated (the presence and frequency
+  // penalties count only those). Modifies nothing it is given.
+  int32_t Sample(std::span<const float> logits, std::span<const int32_t> history, size_t generated_from = 0);
 
  private:
   SamplingOptions options_;
   std::mt19937_64 rng_;
   std::vector<float> scratch_;
   std::vector<int32_t> order_;
+  std::vector<int32_t> counts_;  // per id, in the generated tokens (penalties)
 };
 
 }  // namespace pagekv

@@ -52,10 +52,6 @@ void RefuseUnsupported(const json& body) {
   if (const json* v = given("suffix"); v != nullptr && !(v->is_string() && v->get<std::string>().empty())) {
     refuse("suffix", "(insertion)");
   }
-  if (const json* v = given("logit_bias"); v != nullptr && !(v->is_object() && v->empty())) refuse("logit_bias", "non-empty");
-  for (const char* penalty : {"presence_penalty", "frequency_penalty"}) {
-    if (const json* v = given(penalty); v != nullptr && !(v->is_number() && v->get<double>() == 0)) refuse(penalty, "other than 0");
-  }
   if (const json* v = given("response_format")) {
     if (!(v->is_object() && v->contains("type") && (*v)["type"] == "text")) refuse("response_format", "other than {\"type\": \"text\"}");
   }
@@ -244,6 +240,30 @@ ParsedRequest ParseRequest(const json& body, const Engine& engine, const std::st
       fail("repetition_penalty", "'repetition_penalty' must be a number in [1, 10] (1: off)");
     }
     r.sampling.repetition_penalty = v->get<float>();
+  }
+  for (const char* name : {"presence_penalty", "frequency_penalty"}) {
+    if (const json* v = field(name)) {
+      if (!v->is_number() || !(v->get<double>() >= -2) || v->get<double>() > 2) {
+        fail(name, std::string("'") + name + "' must be a number in [-2, 2]");
+      }
+      (name[0] == 'p' ? r.sampling.presence_penalty : r.sampling.frequency_penalty) = v->get<float>();
+    }
+  }
+  if (const json* v = field("logit_bias")) {
+    // {"token id": bias}, as OpenAI: ids as decimal strings, biases in [-100, 100].
+    if (!v->is_object() || v->size() > 1024) fail("logit_bias", "'logit_bias' must be an object of at most 1024 entries");
+    for (const auto& [key, bias] : v->items()) {
+      const bool digits = !key.empty() && key.size() <= 10 && std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
+      const int64_t id = digits ? std::stoll(key) : -1;
+      if (id < 0 || id >= engine.vocab_size()) {
+        fail("logit_bias", "'logit_bias' keys must be token ids in [0, " + std::to_string(engine.vocab_size()) +
+                               ") as decimal strings; got '" + key + "'");
+      }
+      if (!bias.is_number() || !(bias.get<double>() >= -100) || bias.get<double>() > 100) {
+        fail("logit_bias", "'logit_bias' values must be numbers in [-100, 100]; token " + key + " has " + bias.dump());
+      }
+      r.sampling.logit_bias.emplace_back(static_cast<int32_t>(id), bias.get<float>());
+    }
   }
   if (const json* v = field("seed")) {
     if (!v->is_number_integer()) fail("seed", "'seed' must be an integer");

@@ -176,8 +176,7 @@ def test_content_parts_and_an_assistant_turn_without_content(server):
 
 
 @pytest.mark.parametrize("field,value", [
-    ("logit_bias", {"5": 10}), ("presence_penalty", 0.5),
-    ("frequency_penalty", -1), ("best_of", 3), ("suffix", " end")])
+    ("best_of", 3), ("suffix", " end")])
 def test_unsupported_completion_parameters_are_refused_by_name(server, field, value):
     with pytest.raises(openai.BadRequestError) as e:
         server.client().completions.create(model=MODEL_ID, prompt="hi", max_tokens=2, **{field: value})
@@ -303,3 +302,28 @@ def test_logprobs_of_completions_and_chat(server):
     with pytest.raises(openai.BadRequestError) as e:
         c.completions.create(model=MODEL_ID, prompt="hi", max_tokens=2, logprobs=21)
     assert e.value.param == "logprobs"
+
+
+def test_penalties_and_logit_bias_change_the_text_and_are_checked(server):
+    c = server.client()
+    prompt = "the cat the cat the cat the cat the cat"
+    base = c.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=24, temperature=0, logprobs=1)
+    ids_text = base.choices[0].logprobs.tokens
+    for kw in [dict(presence_penalty=1.5), dict(frequency_penalty=1.0)]:
+        other = c.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=24, temperature=0, **kw)
+        assert other.choices[0].text != base.choices[0].text, kw
+    # A bias of +100 makes a token the answer; -100 bans it.
+    def one(bias):
+        return c.completions.create(model=MODEL_ID, prompt=[1, 2, 3], max_tokens=1, temperature=0,
+                                    logit_bias=bias).choices[0].text.strip()
+    a, b = 300, 301
+    assert one({str(a): 100, str(b): 99}) != one({str(a): -100, str(b): 99})
+    assert one({str(b): 100}) == one({str(a): -100, str(b): 99})
+    assert one({str(a): 100}) != "" and ids_text
+    for kw, field in [(dict(presence_penalty=3), "presence_penalty"), (dict(frequency_penalty=-2.5), "frequency_penalty"),
+                      (dict(logit_bias={"abc": 1}), "logit_bias"), (dict(logit_bias={"5": 200}), "logit_bias"),
+                      (dict(logit_bias={"99999999": 1}), "logit_bias")]:
+        with pytest.raises(openai.BadRequestError) as e:
+            c.completions.create(model=MODEL_ID, prompt="hi", max_tokens=2, **kw)
+        assert e.value.param == field, kw
+
