@@ -246,6 +246,7 @@ struct Generation : std::enable_shared_from_this<Generation> {
   int64_t created = 0;
   int n = 1;                      // choices per prompt (usage counts each prompt once)
   int logprobs = -1;              // -1 off, else the top alternatives per token
+  bool include_usage = false;     // a stream ends with a usage chunk
   std::vector<std::string> echo;  // per choice: text before the answer
 
   std::mutex mu;
@@ -332,9 +333,13 @@ struct Generation : std::enable_shared_from_this<Generation> {
     results[i] = std::move(r);
     const bool all = ++ended == rids.size();
     if (stream) {
-      if (all) last["usage"] = TotalUsage();  // the last chunk carries the whole request's usage
       ex->Write("data: " + Dump(last) + "\n\n");
       if (all) {
+        if (include_usage) {  // OpenAI's shape: one more chunk, no choices, the whole request's usage
+          const json u = {{"id", id}, {"object", object}, {"created", created}, {"model", sh->model},
+                          {"choices", json::array()}, {"usage", TotalUsage()}};
+          ex->Write("data: " + Dump(u) + "\n\n");
+        }
         ex->Write("data: [DONE]\n\n");
         ex->End();
       }
@@ -392,6 +397,7 @@ void HandleGenerate(Shared& sh, const HttpRequest& req, const std::shared_ptr<Ex
   g->report_cached = parsed.own_salt || sh.report_cached_always;
   g->n = parsed.n;
   g->logprobs = parsed.logprobs;
+  g->include_usage = parsed.include_usage;
   g->echo = std::move(parsed.echo);
   g->object = chat ? (g->stream ? "chat.completion.chunk" : "chat.completion") : "text_completion";
   g->created = static_cast<int64_t>(std::time(nullptr));

@@ -55,9 +55,6 @@ void RefuseUnsupported(const json& body) {
   if (const json* v = given("response_format")) {
     if (!(v->is_object() && v->contains("type") && (*v)["type"] == "text")) refuse("response_format", "other than {\"type\": \"text\"}");
   }
-  if (const json* v = given("stream_options")) {
-    if (!v->is_object()) throw FieldError{"stream_options", "'stream_options' must be an object", ""};
-  }
   if (const json* v = given("user"); v != nullptr && !v->is_string()) throw FieldError{"user", "'user' must be a string", ""};
 }
 
@@ -300,6 +297,13 @@ ParsedRequest ParseRequest(const json& body, const Engine& engine, const std::st
     own_salt = true;
   }
   if (!salt.empty()) r.extra.cache_salt = salt;
+  if (const json* v = field("stream_options")) {
+    if (!v->is_object()) fail("stream_options", "'stream_options' must be an object");
+    if (v->contains("include_usage") && !(*v)["include_usage"].is_null()) {
+      if (!(*v)["include_usage"].is_boolean()) fail("stream_options", "'stream_options.include_usage' must be a boolean");
+      out.include_usage = (*v)["include_usage"].get<bool>();
+    }
+  }
   if (out.logprobs >= 0 && stream) {
     throw FieldError{"logprobs", "'logprobs' with 'stream' is not supported yet: ask without streaming",
                      "unsupported_parameter"};

@@ -31,6 +31,7 @@ struct ParsedRequest {
   int n = 1;
   int logprobs = -1;  // -1: off; else log-probabilities with this many top alternatives per token
   bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage: a last chunk with the usage
   bool own_salt = false;  // the body brought its own cache_salt
 };
 

@@ -242,14 +242,18 @@ def test_n_choices_stream_by_index_and_in_chat(server):
     whole = c.completions.create(model=MODEL_ID, prompt=["One day, a boy", "The sun was"], max_tokens=12, temperature=0,
                                  n=2, echo=True)
     parts = {}
-    usage = None
-    for chunk in c.completions.create(model=MODEL_ID, prompt=["One day, a boy", "The sun was"], max_tokens=12,
-                                      temperature=0, n=2, echo=True, stream=True):
+    chunks = list(c.completions.create(model=MODEL_ID, prompt=["One day, a boy", "The sun was"], max_tokens=12,
+                                       temperature=0, n=2, echo=True, stream=True,
+                                       stream_options={"include_usage": True}))
+    for chunk in chunks:
         for ch in chunk.choices:
             parts[ch.index] = parts.get(ch.index, "") + ch.text
-        usage = chunk.usage or usage
     assert [parts[i] for i in range(4)] == [x.text for x in whole.choices]
-    assert usage.completion_tokens == 48
+    # include_usage: one last chunk without choices carries the usage; no other does.
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 48
+    assert all(x.usage is None for x in chunks[:-1])
+    plain = list(c.completions.create(model=MODEL_ID, prompt="Once", max_tokens=4, stream=True))
+    assert all(x.usage is None for x in plain) and all(x.choices for x in plain)
     chat = c.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "Tom had"}], max_tokens=8,
                                      temperature=0, n=3)
     assert len({x.message.content for x in chat.choices}) == 1 and len(chat.choices) == 3
