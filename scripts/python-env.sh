@@ -2,7 +2,8 @@
 # Prints the path of the project's Python (a virtual environment under
 # build/pyenv), creating it when missing. With --reference it also installs
 # the independent reference's pinned packages (tools/requirements.txt); with
-# --sdk the OpenAI SDK and pytest for tests/python (tests/python/requirements.txt).
+# --sdk the packages of tests/python (the OpenAI SDK, pytest, msgpack, pyzmq:
+# tests/python/requirements.txt).
 # Debian's python3 and python3-venv (scripts/install-deps.sh) are all it needs.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"

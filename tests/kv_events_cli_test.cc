@@ -1,6 +1,7 @@
 // `pagekv generate --kv-events-endpoint`: a real ZeroMQ SUB socket connects
 // to the running CLI and decodes its msgpack batches: BlockStored events for
-// the shared prompt blocks, in sequence order, with vLLM's field layout.
+// the shared prompt blocks, in sequence order, in vLLM's current layout
+// (tagged maps in a [ts, events, rank] batch) under the default topic.
 #include <unistd.h>
 
 #include <cstdio>
@@ -14,6 +15,15 @@
 #include <zmq_addon.hpp>
 
 namespace {
+
+const msgpack::object& Field(const msgpack::object& map, const std::string& name) {
+  static const msgpack::object kNil;
+  for (uint32_t i = 0; i < map.via.map.size; ++i) {
+    if (map.via.map.ptr[i].key.as<std::string>() == name) return map.via.map.ptr[i].val;
+  }
+  ADD_FAILURE() << "no field " << name;
+  return kNil;
+}
 
 TEST(KvEventsCliTest, ASubscriberDecodesTheBatchesGenerateSends) {
   std::mt19937 rng(static_cast<uint32_t>(::getpid()));
@@ -37,18 +47,24 @@ TEST(KvEventsCliTest, ASubscriberDecodesTheBatchesGenerateSends) {
     std::vector<zmq::message_t> parts;
     if (!zmq::recv_multipart(sub, std::back_inserter(parts)).has_value()) break;  // timeout: the CLI is done
     ASSERT_EQ(parts.size(), 3u);
+    // The default topic: kv@<hostname>:<pid>@<model file>.
+    EXPECT_EQ(parts[0].to_string().rfind("kv@", 0), 0u) << parts[0].to_string();
+    EXPECT_NE(parts[0].to_string().find("@stories260K.gguf"), std::string::npos) << parts[0].to_string();
     uint64_t seq = 0;
     for (int i = 0; i < 8; ++i) seq = seq << 8 | static_cast<const uint8_t*>(parts[1].data())[i];
     EXPECT_EQ(seq, expect_seq++);
     msgpack::object_handle oh = msgpack::unpack(static_cast<const char*>(parts[2].data()), parts[2].size());
+    ASSERT_EQ(oh.get().via.array.size, 3u);  // [ts, events, data_parallel_rank]
     const msgpack::object& events = oh.get().via.array.ptr[1];
     for (uint32_t e = 0; e < events.via.array.size; ++e) {
       const msgpack::object& ev = events.via.array.ptr[e];
-      if (ev.via.array.ptr[0].as<std::string>() != "BlockStored") continue;
-      const uint32_t n = ev.via.array.ptr[1].via.array.size;
+      ASSERT_EQ(ev.type, msgpack::type::MAP);
+      if (Field(ev, "type").as<std::string>() != "BlockStored") continue;
+      const uint32_t n = Field(ev, "block_hashes").via.array.size;
       stored_blocks += n;
-      EXPECT_EQ(ev.via.array.ptr[3].via.array.size, n * 8) << "8 token ids per stored block";
-      EXPECT_EQ(ev.via.array.ptr[4].as<int>(), 8);
+      EXPECT_EQ(Field(ev, "token_ids").via.array.size, n * 8) << "8 token ids per stored block";
+      EXPECT_EQ(Field(ev, "block_size").as<int>(), 8);
+      EXPECT_EQ(Field(ev, "extra_keys").via.array.size, n) << "one list of extra keys per block";
     }
     ++batches;
     sub.set(zmq::sockopt::rcvtimeo, 2000);

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "kv_event_flags.h"
 #include "tier_flags.h"
 #include "pagekv/pagekv.h"
 
@@ -27,9 +28,9 @@ struct GenerateArgs {
   int64_t blocks = 0;
   int threads = 0;
   bool json = false, truncate = false, prefix_cache = false;
-  std::string cache_salt, kv_events;
+  std::string cache_salt;
   bool salt_given = false;
-  int kv_events_wait_ms = 0;
+  KvEventArgs kv_events;
   TierArgs tiers;
   std::string kv_policy = "none", kv_rotate = "none";
   double kv_keep = 1.0;
@@ -61,10 +62,9 @@ int RunGenerate(const GenerateArgs& a) {
   o.top_logits = a.dump_logits;
   o.threads = a.threads;
   o.truncate_prompts = a.truncate;
-  o.prefix_cache = a.prefix_cache || a.salt_given || !a.kv_events.empty();
+  o.kv_events = ToKvEventsOptions(a.kv_events);
+  o.prefix_cache = a.prefix_cache || a.salt_given || !o.kv_events.endpoint.empty();
   if (a.salt_given) o.extra_keys.cache_salt = a.cache_salt;
-  o.kv_events_endpoint = a.kv_events;
-  o.kv_events_wait_ms = a.kv_events_wait_ms;
   if (!ToTierOptions(a.tiers, o.tiers)) return kExitBadInput;
   if (TiersConfigured(o.tiers)) o.prefix_cache = true;
   Result<DType> dt = ParseDType(a.kv_dtype);
@@ -247,10 +247,7 @@ CLI::App* AddGenerateCommand(CLI::App& app, int& exit_code) {
                 "Share prompt blocks through the content-addressed prefix cache (instead of forking the common prefix)");
   cmd->add_option("--cache-salt", args.cache_salt, "Prefix-cache salt (a tenant id); implies --prefix-cache")
       ->each([](const std::string&) { args.salt_given = true; });
-  cmd->add_option("--kv-events-endpoint", args.kv_events,
-                  "Publish prefix-cache KV events (vLLM's ZeroMQ/msgpack format) at tcp://HOST:PORT; implies --prefix-cache");
-  cmd->add_option("--kv-events-wait-ms", args.kv_events_wait_ms, "Wait this long for a first subscriber (default 0)")
-      ->check(CLI::Range(0, 600000));
+  AddKvEventFlags(cmd, args.kv_events);
   AddTierFlags(cmd, args.tiers);
   cmd->add_flag("--json", args.json, "One JSON object per prompt, then one with the statistics");
   cmd->callback([&exit_code] { exit_code = RunGenerate(args); });

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "commands.h"
+#include "kv_event_flags.h"
 #include "secrets.h"
 #include "tier_flags.h"
 #include "pagekv/pagekv.h"
@@ -28,6 +29,7 @@ struct ServeArgs {
   int threads = 0;
   std::vector<std::string> api_keys;
   TierArgs tiers;
+  KvEventArgs kv_events;
 };
 
 int RunServe(const ServeArgs& a) {
@@ -41,6 +43,7 @@ int RunServe(const ServeArgs& a) {
   o.engine.prefix_cache = !a.no_prefix_cache;
   o.engine.threads = a.threads;
   o.engine.chat_template = a.chat_template;
+  o.engine.kv_events = ToKvEventsOptions(a.kv_events);
   if (!ToTierOptions(a.tiers, o.engine.tiers)) return kExitBadInput;
   Result<DType> dt = ParseDType(a.kv_dtype);
   if (!dt.ok()) {
@@ -180,6 +183,7 @@ CLI::App* AddServeCommand(CLI::App& app, int& exit_code) {
   cmd->add_flag("--no-prefix-cache", args.no_prefix_cache, "Do not share prompt blocks between requests");
   cmd->add_option("--threads", args.threads, "Threads for the kernels (default: all cores)")->check(CLI::Range(0, 4096));
   AddTierFlags(cmd, args.tiers);
+  AddKvEventFlags(cmd, args.kv_events);
   cmd->callback([&exit_code] { exit_code = RunServe(args); });
   return cmd;
 }

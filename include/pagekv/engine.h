@@ -168,11 +168,9 @@ struct EngineOptions {
   // thread (the same tokens, measured by the tier tests).
   bool background_tier_moves = true;
   // Publish the prefix cache's KV events (vLLM's msgpack format over
-  // ZeroMQ, docs/KV_EVENTS.md) at this bound address, one batch per step,
-  // after waiting up to kv_events_wait_ms for a first subscriber. Needs the
-  // prefix cache.
-  std::string kv_events_endpoint;
-  int kv_events_wait_ms = 0;
+  // ZeroMQ, docs/KV_EVENTS.md) at kv_events.endpoint, one batch per step.
+  // Needs the prefix cache.
+  KvEventsOptions kv_events;
 };
 
 struct EngineMetrics {
@@ -246,6 +244,10 @@ class Engine {
   // Ends a request (waiting or running) as cancelled; its blocks are freed at
   // the next step boundary. False when it is unknown or already finished.
   bool Cancel(RequestId id);
+  // Drops every prefix-cache key of the pool between two steps (an
+  // AllBlocksCleared KV event, published at once); running requests keep
+  // their blocks, lower tiers keep theirs. Errors: no prefix cache.
+  Status ResetPrefixCache();
 
   // One iteration; false when there was nothing to do.
   Result<bool> Step();

@@ -63,10 +63,8 @@ struct GenerateOptions {
   bool prefix_cache = false;
   ExtraKeys extra_keys;  // with prefix_cache: salt, adapter id, model fingerprint
   // Publish the prefix cache's KV events (implies prefix_cache) over ZeroMQ
-  // at this bound address (e.g. tcp://127.0.0.1:5557), one batch per step,
-  // after waiting up to kv_events_wait_ms for a first subscriber.
-  std::string kv_events_endpoint;
-  int kv_events_wait_ms = 0;
+  // at kv_events.endpoint (e.g. tcp://127.0.0.1:5557), one batch per step.
+  KvEventsOptions kv_events;
   // Lower KV tiers under the prefix cache (implies prefix_cache): blocks
   // published here are written through to disk and Redis, and prompts find
   // blocks earlier runs or other processes left there. extra_keys'

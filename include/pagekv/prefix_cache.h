@@ -251,6 +251,21 @@ struct KvEvent {
   std::string tier = "pool";           // where the block lives
 };
 
+// Publishing a prefix cache's KV events over ZeroMQ in vLLM's wire format
+// (docs/KV_EVENTS.md); EngineOptions and GenerateOptions carry one.
+struct KvEventsOptions {
+  std::string endpoint;  // the ZeroMQ address to bind, e.g. tcp://127.0.0.1:5557; empty: no events
+  int wait_ms = 0;       // wait this long for a first subscriber before the first step
+  // The first frame of every message; unset: kv@<instance>@<model>.
+  std::optional<std::string> topic;
+  std::string instance;  // in the default topic; empty: <hostname>:<pid>
+  std::string model;     // in the default topic; empty: the model file's name
+  bool hash_bytes = false;  // block hashes as the whole key (bytes) instead of vLLM's u64
+  std::string replay_endpoint;  // a ROUTER for missed batches; empty: no replay
+  int64_t buffer_batches = 10000;  // batches kept for replay
+  int32_t data_parallel_rank = 0;
+};
+
 class PrefixCache {
  public:
   // Binds to `cache` (which must outlive it) and installs itself as the

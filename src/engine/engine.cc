@@ -102,7 +102,7 @@ struct Engine::State {
   std::unique_ptr<BlockTiers> tiers;  // outlives prefix, which calls it
   std::unique_ptr<PrefixCache> prefix;
   std::string fingerprint;            // of the model file, with tiers
-  std::unique_ptr<KvEventPublisher> events;  // with kv_events_endpoint
+  std::unique_ptr<KvEventPublisher> events;  // with kv_events.endpoint
   int64_t watermark = 0;
   ForwardTimings timings;             // stepping thread; copied into metrics
   int64_t peak_blocks = 0;
@@ -375,18 +375,25 @@ Result<std::unique_ptr<Engine>> CreateEngineWithModel(const EngineOptions& o, Lo
     PAGEKV_ASSIGN_OR_RETURN(st->tiers, BlockTiers::Create(to, o.block_len, st->cache->block_payload_bytes()));
     st->metrics.model_fingerprint = st->fingerprint;
   }
-  if (!o.kv_events_endpoint.empty() && (o.allocator != Allocator::kPaged || !o.prefix_cache)) {
+  if (!o.kv_events.endpoint.empty() && (o.allocator != Allocator::kPaged || !o.prefix_cache)) {
     return InvalidArgumentError("engine: KV events come from the prefix cache: they need the paged allocator with it");
   }
   if (o.allocator == Allocator::kPaged && o.prefix_cache) {
     PrefixCacheOptions po;
     po.tiers = st->tiers.get();
-    po.record_events = !o.kv_events_endpoint.empty();
+    po.record_events = !o.kv_events.endpoint.empty();
     PAGEKV_ASSIGN_OR_RETURN(st->prefix, PrefixCache::Create(*st->cache, po));
   }
-  if (!o.kv_events_endpoint.empty()) {
-    PAGEKV_ASSIGN_OR_RETURN(st->events, KvEventPublisher::Create(o.kv_events_endpoint));
-    if (o.kv_events_wait_ms > 0) st->events->WaitForSubscriber(o.kv_events_wait_ms);
+  if (!o.kv_events.endpoint.empty()) {
+    const KvEventsOptions& ko = o.kv_events;
+    KvEventWire wire;
+    wire.topic = ko.topic ? *ko.topic : DefaultKvEventsTopic(ko, o.model_path);
+    wire.hash_bytes = ko.hash_bytes;
+    wire.data_parallel_rank = ko.data_parallel_rank;
+    wire.replay_endpoint = ko.replay_endpoint;
+    wire.buffer_batches = ko.buffer_batches;
+    PAGEKV_ASSIGN_OR_RETURN(st->events, KvEventPublisher::Create(ko.endpoint, std::move(wire)));
+    if (ko.wait_ms > 0) st->events->WaitForSubscriber(ko.wait_ms);
   }
   st->metrics.bytes_per_block = st->cache->layout().bytes_per_block();
   st->metrics.bytes_per_token = st->cache->layout().bytes_per_token();
@@ -576,6 +583,15 @@ bool Engine::Cancel(RequestId id) {
   state_->cancels.push_back(id);
   state_->work_cv.notify_all();
   return true;
+}
+
+Status Engine::ResetPrefixCache() {
+  State& st = *state_;
+  std::lock_guard step(st.step_mu);
+  if (!st.prefix) return FailedPreconditionError("engine: no prefix cache to reset (it is off)");
+  st.prefix->Clear();
+  if (st.events) PAGEKV_RETURN_IF_ERROR(st.events->Publish(st.prefix->DrainEvents()));
+  return Status::Ok();
 }
 
 Result<bool> Engine::Step() {

@@ -29,7 +29,7 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
   PAGEKV_RETURN_IF_ERROR(Sampler::Validate(o.sampling));
   const bool evicting = o.eviction.policy != EvictionPolicy::kNone;
   PAGEKV_RETURN_IF_ERROR(o.eviction.Validate());
-  if (evicting && (o.prefix_cache || TiersConfigured(o.tiers) || !o.kv_events_endpoint.empty())) {
+  if (evicting && (o.prefix_cache || TiersConfigured(o.tiers) || !o.kv_events.endpoint.empty())) {
     return InvalidArgumentError("--kv-policy " + std::string(EvictionPolicyName(o.eviction.policy)) +
                                 " rewrites a sequence's blocks, so it cannot share them: drop --prefix-cache, the KV "
                                 "tiers and --kv-events, or use --kv-policy none");
@@ -87,7 +87,7 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
   // large as the prompts together).
   int64_t prompt_tokens = 0;
   for (const auto& p : ids) prompt_tokens += static_cast<int64_t>(p.size());
-  const bool sharing = o.prefix_cache || !o.kv_events_endpoint.empty() || TiersConfigured(o.tiers);
+  const bool sharing = o.prefix_cache || !o.kv_events.endpoint.empty() || TiersConfigured(o.tiers);
   EngineOptions eo;
   eo.model_path = o.model_path;
   eo.tokenizer_path = o.tokenizer_path;
@@ -104,8 +104,7 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
   eo.eviction = o.eviction;
   eo.threads = o.threads;
   eo.tiers = o.tiers;
-  eo.kv_events_endpoint = o.kv_events_endpoint;
-  eo.kv_events_wait_ms = o.kv_events_wait_ms;
+  eo.kv_events = o.kv_events;
   ExtraKeys extra = o.extra_keys;
   if (sharing) PAGEKV_RETURN_IF_ERROR(PrefixCache::ValidateExtraKeys(extra));
   PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, CreateEngineWithModel(eo, std::move(loaded)));

@@ -2,6 +2,8 @@
 // the Beast transport (http_transport.h), in front of the engine.
 #include "pagekv/server.h"
 
+#include <unistd.h>
+
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 
@@ -591,6 +593,19 @@ void Route(Shared& sh, HttpRequest req, std::shared_ptr<Exchange> ex) {
     boost::asio::post(*sh.workers, [&sh, ex] { Answer(sh, *ex, {200, "text/plain; version=0.0.4", {}, Metrics(sh)}); });
     return;
   }
+  if (req.path == "/reset_prefix_cache") {
+    if (req.method != "POST") return wrong_method("POST");
+    if (!sh.key_digests.empty() && KeyIndex(sh, req.Header("authorization")) < 0) {
+      return AnswerError(sh, *ex, 401, "missing or wrong API key: send 'Authorization: Bearer <key>'");
+    }
+    // Waits for the current step: on a worker.
+    boost::asio::post(*sh.workers, [&sh, ex] {
+      const Status s = sh.engine->ResetPrefixCache();
+      if (!s.ok()) return AnswerError(sh, *ex, 400, s.message());
+      Answer(sh, *ex, {200, "application/json", {}, "{\"status\":\"ok\"}"});
+    });
+    return;
+  }
   if (req.path == "/v1/completions" || req.path == "/v1/chat/completions") {
     if (req.method != "POST") return wrong_method("POST");
     const bool chat = req.path == "/v1/chat/completions";
@@ -609,8 +624,21 @@ void Route(Shared& sh, HttpRequest req, std::shared_ptr<Exchange> ex) {
 }  // namespace
 
 Status RunServer(const ServerOptions& o, const std::atomic<bool>& stop) {
-  PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(o.engine));
   Shared sh;
+  sh.model = o.model_name;
+  if (sh.model.empty()) {
+    const size_t slash = o.engine.model_path.find_last_of('/');
+    sh.model = slash == std::string::npos ? o.engine.model_path : o.engine.model_path.substr(slash + 1);
+  }
+  EngineOptions eo = o.engine;
+  // KV events' default topic names this server: kv@<hostname>:<port>@<model>.
+  if (eo.kv_events.model.empty()) eo.kv_events.model = sh.model;
+  if (eo.kv_events.instance.empty() && o.port != 0) {
+    char host[256] = {};
+    if (::gethostname(host, sizeof(host) - 1) != 0) std::snprintf(host, sizeof(host), "localhost");
+    eo.kv_events.instance = std::string(host) + ":" + std::to_string(o.port);
+  }
+  PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(eo));
   sh.engine = engine.get();
   for (const std::string& k : o.api_keys) {
     if (k.empty()) return InvalidArgumentError("server: an API key is empty");
@@ -620,11 +648,6 @@ Status RunServer(const ServerOptions& o, const std::atomic<bool>& stop) {
   }
   sh.report_cached_always = o.report_cached_tokens_always;
   sh.created = static_cast<int64_t>(std::time(nullptr));
-  sh.model = o.model_name;
-  if (sh.model.empty()) {
-    const size_t slash = o.engine.model_path.find_last_of('/');
-    sh.model = slash == std::string::npos ? o.engine.model_path : o.engine.model_path.substr(slash + 1);
-  }
   if (o.workers < 1) return InvalidArgumentError("server: at least one worker thread is needed");
   server::HttpLimits limits;
   limits.max_body_bytes = o.max_body_bytes;

@@ -8,43 +8,13 @@ PAGEKV_CLI, from the repository root.
 import json
 import os
 import signal
-import subprocess
 import threading
 import time
-import urllib.error
-import urllib.request
 
 import openai
 import pytest
 
-MODEL = os.environ.get("PAGEKV_TEST_MODEL", "../shared/models/stories260K/stories260K.gguf")
-MODEL_ID = os.path.basename(MODEL)
-
-
-class Server:
-    def __init__(self, *extra, env=None):
-        self.proc = subprocess.Popen(
-            [os.environ["PAGEKV_CLI"], "serve", "--model", MODEL, "--port", "0", *extra],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
-        line = self.proc.stdout.readline()
-        assert "listening on" in line, line
-        self.port = int(line.strip().rsplit(":", 1)[1])
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def client(self, key="unused"):
-        return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=60)
-
-    def get(self, path):
-        try:
-            with urllib.request.urlopen(self.url + path, timeout=10) as r:
-                return r.status, r.read().decode()
-        except urllib.error.HTTPError as e:
-            return e.code, e.read().decode()
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
+from pagekv_server import MODEL, MODEL_ID, Server
 
 
 @pytest.fixture(scope="module")
