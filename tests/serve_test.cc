@@ -234,10 +234,10 @@ TEST(ServeTest, ConcurrentRequestsMatchGenerateThenErrorsMetricsAndACleanExit) {
       if (line.empty() || line[0] == '#') continue;
       EXPECT_TRUE(is_sample(line)) << line;
       ++samples;
-      if (line == "pagekv_kv_blocks{state=\"used\"} 0") drained = true;
+      if (line.rfind("pagekv_kv_blocks{", 0) == 0 && line.find(",state=\"used\"} 0") != std::string::npos) drained = true;
     }
     EXPECT_GT(samples, 10);
-    EXPECT_NE(m->body.find("pagekv_time_to_first_token_seconds_bucket"), std::string::npos);
+    EXPECT_NE(m->body.find("vllm:time_to_first_token_seconds_bucket"), std::string::npos);
     if (!drained) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   EXPECT_TRUE(drained) << "the disconnected stream's blocks were not freed";
@@ -549,10 +549,10 @@ TEST(ServeTest, TwoServersShareAPrefixThroughRedis) {
   httplib::Client cli("127.0.0.1", b.port());
   auto metrics = cli.Get("/metrics");
   ASSERT_TRUE(metrics);
-  EXPECT_NE(metrics->body.find("pagekv_tier_loaded_blocks_total{tier=\"redis\"} "), std::string::npos);
-  EXPECT_EQ(metrics->body.find("pagekv_tier_loaded_blocks_total{tier=\"redis\"} 0\n"), std::string::npos) << metrics->body;
-  EXPECT_NE(metrics->body.find("pagekv_tier_healthy{tier=\"redis\"} 1"), std::string::npos);
-  EXPECT_NE(metrics->body.find("pagekv_tier_unauthenticated_total{tier=\"redis\"} 0"), std::string::npos);
+  EXPECT_NE(metrics->body.find("pagekv_tier_loaded_blocks_total{model_name=\"stories260K.gguf\",tier=\"redis\"} "), std::string::npos);
+  EXPECT_EQ(metrics->body.find("pagekv_tier_loaded_blocks_total{model_name=\"stories260K.gguf\",tier=\"redis\"} 0\n"), std::string::npos) << metrics->body;
+  EXPECT_NE(metrics->body.find("pagekv_tier_healthy{model_name=\"stories260K.gguf\",tier=\"redis\"} 1"), std::string::npos);
+  EXPECT_NE(metrics->body.find("pagekv_tier_unauthenticated_total{model_name=\"stories260K.gguf\",tier=\"redis\"} 0"), std::string::npos);
   EXPECT_EQ(a.Terminate(), 0);
   EXPECT_EQ(b.Terminate(), 0);
 }
@@ -565,12 +565,18 @@ using pagekv::testing::LoopbackClient;
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
-// The value of an unlabelled sample in Prometheus text (-1 when absent).
+// The value of a sample in Prometheus text, its first series whatever its
+// labels (-1 when absent).
 double Metric(const std::string& text, const std::string& name) {
   std::istringstream lines(text);
   std::string line;
   while (std::getline(lines, line)) {
-    if (line.rfind(name + " ", 0) == 0) return std::strtod(line.c_str() + name.size() + 1, nullptr);
+    if (line.rfind(name, 0) != 0 || line.size() <= name.size()) continue;
+    if (line[name.size()] == ' ') return std::strtod(line.c_str() + name.size() + 1, nullptr);
+    if (line[name.size()] == '{') {
+      const size_t close = line.find("} ", name.size());
+      if (close != std::string::npos) return std::strtod(line.c_str() + close + 2, nullptr);
+    }
   }
   return -1;
 }
@@ -634,20 +640,20 @@ TEST(ServeTest, ANonStreamingRequestIsCancelledWhenItsClientGoesAway) {
     ASSERT_TRUE(clients.back()->Send("POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                                      "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body));
   }
-  for (int i = 0; i < 200 && Metric(Metrics(server.port()), "pagekv_generated_tokens_total") <= 0; ++i) {
+  for (int i = 0; i < 200 && Metric(Metrics(server.port()), "vllm:generation_tokens_total") <= 0; ++i) {
     std::this_thread::sleep_for(10ms);
   }
   clients.clear();  // every client goes away without waiting for its answer
   std::string m;
   for (int i = 0; i < 200; ++i) {
     m = Metrics(server.port());
-    if (Metric(m, "pagekv_running_sequences") == 0 && Metric(m, "pagekv_queue_length") == 0) break;
+    if (Metric(m, "vllm:num_requests_running") == 0 && Metric(m, "vllm:num_requests_waiting") == 0) break;
     std::this_thread::sleep_for(20ms);
   }
-  EXPECT_EQ(Metric(m, "pagekv_running_sequences"), 0) << "the abandoned requests still decode";
+  EXPECT_EQ(Metric(m, "vllm:num_requests_running"), 0) << "the abandoned requests still decode";
   EXPECT_EQ(Metric(m, "pagekv_http_client_gone_total"), 8) << m;
-  EXPECT_LT(Metric(m, "pagekv_generated_tokens_total"), 8 * 1500 / 2) << "the abandoned requests ran to their end";
-  EXPECT_NE(m.find("pagekv_kv_blocks{state=\"used\"} 0"), std::string::npos) << m;
+  EXPECT_LT(Metric(m, "vllm:generation_tokens_total"), 8 * 1500 / 2) << "the abandoned requests ran to their end";
+  EXPECT_NE(m.find(",state=\"used\"} 0\n"), std::string::npos) << m;
   EXPECT_EQ(server.Terminate(), 0);
 }
 

@@ -103,6 +103,9 @@ struct RequestResult {
   int64_t preemptions = 0;
   double time_to_first_token = 0;    // seconds from submission
   std::vector<double> inter_token;   // seconds between consecutive tokens
+  // Seconds waiting (submission to its first step), in the prompt (first
+  // step to first token), generating (first token to last) and in all.
+  double queue_time = 0, prefill_time = 0, decode_time = 0, e2e_time = 0;
   // With top_logits > 0: per sampled step, the top-k ids and logits.
   std::vector<std::vector<std::pair<int32_t, float>>> step_top;
   // With logprobs: per sampled step, the token's log-probability and the

@@ -12,6 +12,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 
@@ -54,7 +55,8 @@ struct Seq : Sequence {
   Sampler sampler;
   std::string text;             // generated text
   size_t streamed = 0;          // bytes of text already sent
-  Clock::time_point submitted, last_token;
+  Clock::time_point submitted, first_token, last_token;
+  std::optional<Clock::time_point> scheduled;  // first in a step (a fork member: its root's)
   RequestResult result;
 
   Seq(RequestId i, EngineRequest r) : req(std::move(r)), sampler(req.sampling) {
@@ -169,7 +171,10 @@ struct Engine::State {
   void ForkMembers(Seq* root) {
     std::vector<Sequence*> members;
     for (RequestId id : root->members) {
-      if (auto it = live.find(id); it != live.end()) members.push_back(it->second.get());  // else cancelled meanwhile
+      if (auto it = live.find(id); it != live.end()) {
+        members.push_back(it->second.get());  // else cancelled meanwhile
+        it->second->scheduled = root->scheduled;
+      }
     }
     sched->Fork(root, members);
     live.erase(root->id);
@@ -192,6 +197,18 @@ struct Engine::State {
     s->result.preemptions = s->preemptions;
     s->result.tokens_evicted = s->tokens_evicted;
     s->result.final_kv_tokens = s->final_kv_tokens;
+    // The request's phases, in seconds: waiting, prompt, generation, whole.
+    const auto now = Clock::now();
+    auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
+    const Clock::time_point started = s->scheduled.value_or(now);
+    s->result.queue_time = seconds(started - s->submitted);
+    if (!s->result.tokens.empty()) {
+      s->result.prefill_time = std::max(0.0, seconds(s->first_token - started));
+      s->result.decode_time = seconds(s->last_token - s->first_token);
+    } else {
+      s->result.prefill_time = seconds(now - started);
+    }
+    s->result.e2e_time = seconds(now - s->submitted);
     s->result.finish = reason;
     s->result.error = std::move(error);
     s->result.text = SanitizeUtf8(s->text);
@@ -279,6 +296,11 @@ struct Engine::State {
   FinishReason Accept(Seq* s, int32_t token) {
     const auto now = Clock::now();
     if (s->result.tokens.empty()) {
+      {
+        std::lock_guard lock(mu);
+        metrics.prompt_tokens += s->prompt_len;  // a prompt counts once its first token is out
+      }
+      s->first_token = now;
       s->result.time_to_first_token = std::chrono::duration<double>(now - s->submitted).count();
     } else {
       s->result.inter_token.push_back(std::chrono::duration<double>(now - s->last_token).count());
@@ -623,6 +645,7 @@ Result<bool> Engine::Step() {
   for (size_t i = 0; i < plan.items.size(); ++i) {
     const StepPlan::Item& p = plan.items[i];
     Seq* s = static_cast<Seq*>(p.seq);
+    if (!s->scheduled) s->scheduled = Clock::now();
     items.push_back({*s->seq, std::span<const int32_t>(s->tokens).subspan(static_cast<size_t>(s->computed), static_cast<size_t>(p.count)),
                      p.samples ? logits.data() + i * static_cast<size_t>(vocab) : nullptr, false});
     if (s->req.prompt_logits && s->computed < s->prompt_len) {

@@ -450,6 +450,32 @@ TEST(EngineSharedTest, ABadRequestQueuesNoneAndThePrefixCacheSharesWithoutForks)
   }
 }
 
+// A request's phases: waiting (it is submitted, then the engine sleeps
+// before stepping), prompt, generation; they add up to its whole time, and
+// its prompt counts in the engine's prompt tokens once.
+TEST(EngineTest, EachRequestReportsItsQueuePrefillAndDecodeTimes) {
+  auto e = std::move(*Engine::Create(Options(64)));
+  EngineRequest r;
+  r.prompt = e->Encode("Once upon a time");
+  r.max_tokens = 6;
+  r.ignore_eos = true;
+  const RequestId id = *e->Submit(r);
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  ASSERT_TRUE(e->RunUntilIdle().ok());
+  const RequestResult res = e->Wait(id);
+  ASSERT_EQ(res.tokens.size(), 6u);
+  EXPECT_GE(res.queue_time, 0.025);
+  EXPECT_GT(res.prefill_time, 0);
+  EXPECT_GT(res.decode_time, 0);
+  double gaps = 0;
+  for (double g : res.inter_token) gaps += g;
+  EXPECT_NEAR(res.decode_time, gaps, 1e-6);  // first token to last
+  EXPECT_NEAR(res.time_to_first_token, res.queue_time + res.prefill_time, 1e-6);
+  EXPECT_GE(res.e2e_time + 1e-9, res.queue_time + res.prefill_time + res.decode_time);
+  EXPECT_LT(res.e2e_time, res.queue_time + res.prefill_time + res.decode_time + 0.05);
+  EXPECT_EQ(e->Metrics().prompt_tokens, static_cast<int64_t>(r.prompt.size()));
+}
+
 TEST(EngineTest, TopLogitsAreRecordedForEverySampledStep) {
   auto e = std::move(*Engine::Create(Options(64)));
   EngineRequest r;

@@ -28,6 +28,7 @@
 #include <nlohmann/json.hpp>
 
 #include "server/http_transport.h"
+#include "server/metrics.h"
 #include "server/request.h"
 
 namespace pagekv {
@@ -44,41 +45,35 @@ using server::Sha256;
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-// A Prometheus histogram with fixed buckets (seconds).
-class Histogram {
- public:
-  explicit Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
-  void Observe(double v) {
-    std::lock_guard lock(mu_);
-    size_t i = 0;
-    while (i < bounds_.size() && v > bounds_[i]) ++i;
-    ++counts_[i];
-    sum_ += v;
-    ++count_;
-  }
-  std::string Render(const std::string& name, const std::string& help) const {
-    std::lock_guard lock(mu_);
-    std::string out = "# HELP " + name + " " + help + "\n# TYPE " + name + " histogram\n";
-    int64_t cumulative = 0;
-    char buf[64];
-    for (size_t i = 0; i < bounds_.size(); ++i) {
-      cumulative += counts_[i];
-      std::snprintf(buf, sizeof(buf), "%g", bounds_[i]);
-      out += name + "_bucket{le=\"" + buf + "\"} " + std::to_string(cumulative) + "\n";
-    }
-    out += name + "_bucket{le=\"+Inf\"} " + std::to_string(count_) + "\n";
-    std::snprintf(buf, sizeof(buf), "%.9g", sum_);
-    out += name + "_sum " + buf + "\n" + name + "_count " + std::to_string(count_) + "\n";
-    return out;
-  }
+// vLLM's buckets, with finer ones in front for small models on CPUs.
+const std::vector<double> kTtftBuckets = {0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+                                          1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
+const std::vector<double> kTokenGapBuckets = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,
+                                              0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0};
+const std::vector<double> kRequestBuckets = {0.01, 0.025, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0,
+                                             15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0,
+                                             7680.0};
 
- private:
-  mutable std::mutex mu_;
-  std::vector<double> bounds_;
-  std::vector<int64_t> counts_;
-  double sum_ = 0;
-  int64_t count_ = 0;
-};
+// 1, 2, 5, 10, 20, 50, ... up to `max` (vLLM's token-count buckets).
+std::vector<double> OneTwoFive(int64_t max) {
+  std::vector<double> out;
+  for (int64_t scale = 1;; scale *= 10) {
+    for (int64_t m : {1, 2, 5}) {
+      if (m * scale > max) return out;
+      out.push_back(static_cast<double>(m * scale));
+    }
+  }
+}
+
+// The route label of a path: the routes this server has, "unmatched" for
+// any other (so a scanner's paths do not grow the series without bound).
+std::string RouteLabel(const std::string& path) {
+  static const std::set<std::string> kRoutes = {"/health", "/metrics", "/v1/models", "/v1/completions",
+                                                "/v1/chat/completions", "/reset_prefix_cache"};
+  if (kRoutes.count(path) != 0) return path;
+  if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
+  return "unmatched";
+}
 
 struct Shared {
   Engine* engine = nullptr;
@@ -86,14 +81,19 @@ struct Shared {
   std::vector<std::array<unsigned char, 32>> key_digests;  // SHA-256 of each API key
   std::vector<std::string> key_salts;                      // each key's cache salt
   bool report_cached_always = false;
-  Histogram ttft{{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}};
-  Histogram itl{{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1}};
+  // The series of /metrics (docs/OPENAI_API.md lists them).
+  server::Labels model_label;  // {model_name: the served name}
+  server::Labels cache_config;  // vllm:cache_config_info's labels
+  server::Histogram ttft{kTtftBuckets}, itl{kTokenGapBuckets}, tpot{kTokenGapBuckets};
+  server::Histogram e2e{kRequestBuckets}, queue{kRequestBuckets}, prefill{kRequestBuckets}, decode{kRequestBuckets},
+      inference{kRequestBuckets};
+  std::unique_ptr<server::Histogram> prompt_len, generation_len;  // buckets up to the context
+  server::CounterSet finished;   // by finished_reason
+  server::CounterSet responses;  // by route and status
   std::mutex mu;
   std::set<RequestId> in_flight;
   std::atomic<bool> draining{false};
-  int64_t requests_total = 0, errors_total = 0;
-  Clock::time_point last_scrape = Clock::now();
-  int64_t last_generated = 0;
+  int64_t requests_total = 0;
   const server::HttpTransport* transport = nullptr;
   int64_t created = 0;  // the server's start, as the models' "created"
   boost::asio::thread_pool* workers = nullptr;
@@ -173,18 +173,58 @@ json Choice(bool chat, bool delta, const std::string& text, FinishReason finish,
 
 std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
-void Observe(Shared& sh, const RequestResult& r) {
-  if (!r.tokens.empty()) sh.ttft.Observe(r.time_to_first_token);
-  for (double d : r.inter_token) sh.itl.Observe(d);
+// vLLM's finished_reason values.
+const char* FinishedReason(FinishReason f) {
+  switch (f) {
+    case FinishReason::kLength: return "length";
+    case FinishReason::kCancelled: return "abort";
+    case FinishReason::kError: return "error";
+    default: return "stop";
+  }
 }
 
-void Answer(Shared& sh, Exchange& ex, HttpResponse r) {
-  if (r.status >= 400) {
-    std::lock_guard lock(sh.mu);
-    ++sh.errors_total;
-  }
-  ex.Respond(std::move(r));
+void Observe(Shared& sh, const RequestResult& r) {
+  sh.finished.Add({sh.model_label[0], {"finished_reason", FinishedReason(r.finish)}});
+  sh.e2e.Observe(r.e2e_time);
+  sh.queue.Observe(r.queue_time);
+  sh.prefill.Observe(r.prefill_time);
+  sh.decode.Observe(r.decode_time);
+  sh.inference.Observe(r.prefill_time + r.decode_time);
+  sh.prompt_len->Observe(static_cast<double>(r.prompt_tokens));
+  sh.generation_len->Observe(static_cast<double>(r.tokens.size()));
+  if (!r.tokens.empty()) sh.ttft.Observe(r.time_to_first_token);
+  for (double d : r.inter_token) sh.itl.Observe(d);
+  if (r.tokens.size() > 1) sh.tpot.Observe(r.decode_time / static_cast<double>(r.tokens.size() - 1));
 }
+
+void Answer(Shared&, Exchange& ex, HttpResponse r) { ex.Respond(std::move(r)); }
+
+// An exchange whose answers are counted by route and status.
+class CountedExchange : public Exchange {
+ public:
+  CountedExchange(std::shared_ptr<Exchange> inner, std::string route, server::CounterSet* counts)
+      : inner_(std::move(inner)), route_(std::move(route)), counts_(counts) {}
+  void Respond(HttpResponse response) override {
+    Count(response.status);
+    inner_->Respond(std::move(response));
+  }
+  void BeginStream(int status, std::string content_type) override {
+    Count(status);
+    inner_->BeginStream(status, std::move(content_type));
+  }
+  void Write(std::string chunk) override { inner_->Write(std::move(chunk)); }
+  void End() override { inner_->End(); }
+  void OnClientGone(std::function<void()> f) override { inner_->OnClientGone(std::move(f)); }
+
+ private:
+  void Count(int status) {
+    if (!counted_.exchange(true)) counts_->Add({{"route", route_}, {"status", std::to_string(status)}});
+  }
+  std::shared_ptr<Exchange> inner_;
+  std::string route_;
+  server::CounterSet* counts_;
+  std::atomic<bool> counted_{false};
+};
 
 void AnswerJson(Shared& sh, Exchange& ex, std::string body) { Answer(sh, ex, {200, "application/json", {}, std::move(body)}); }
 
@@ -454,110 +494,140 @@ void HandleGenerate(Shared& sh, const HttpRequest& req, const std::shared_ptr<Ex
   });
 }
 
+// Prometheus text: vLLM's names and semantics (prefix vllm:, label
+// model_name) where vLLM has the series, pagekv_* for what it lacks, the
+// process collector's. Only counters, gauges of the present state and
+// histograms: nothing that depends on when or how often it is scraped.
 std::string Metrics(Shared& sh) {
   const EngineMetrics m = sh.engine->Metrics();
-  double tokens_per_second = 0;
-  int64_t requests = 0, errors = 0;
+  int64_t requests = 0;
   {
     std::lock_guard lock(sh.mu);
-    const auto now = Clock::now();
-    const double dt = std::chrono::duration<double>(now - sh.last_scrape).count();
-    if (dt > 0) tokens_per_second = static_cast<double>(m.generated_tokens - sh.last_generated) / dt;
-    sh.last_scrape = now;
-    sh.last_generated = m.generated_tokens;
     requests = sh.requests_total;
-    errors = sh.errors_total;
   }
-  std::string out;
-  auto gauge = [&](const std::string& name, const std::string& help, const std::string& type,
-                   const std::vector<std::pair<std::string, double>>& samples) {
-    out += "# HELP " + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
-    char buf[64];
-    for (const auto& [labels, v] : samples) {
-      std::snprintf(buf, sizeof(buf), "%.9g", v);
-      out += name + labels + " " + buf + "\n";
-    }
+  server::MetricsText out;
+  const server::Labels& model = sh.model_label;
+  auto d = [](int64_t v) { return static_cast<double>(v); };
+  out.Gauge("vllm:num_requests_running", "Number of requests in model execution batches.", model, d(m.running));
+  out.Gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", model, d(m.waiting + m.loading));
+  out.Gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", model,
+            m.blocks_total > 0 ? d(m.blocks_used) / d(m.blocks_total) : 0.0);
+  out.Counter("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.", model,
+              d(m.prefix.requested_tokens));
+  out.Counter("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.", model,
+              d(m.prefix.hit_tokens));
+  out.Counter("vllm:num_preemptions_total", "Cumulative number of preemption from the engine.", model, d(m.preemptions));
+  out.Counter("vllm:prompt_tokens_total", "Number of prefill tokens processed.", model, d(m.prompt_tokens));
+  out.Counter("vllm:generation_tokens_total", "Number of generation tokens processed.", model, d(m.generated_tokens));
+  {
+    std::vector<std::pair<server::Labels, double>> finished = sh.finished.Samples();
+    if (finished.empty()) finished.push_back({{model[0], {"finished_reason", "stop"}}, 0.0});
+    out.Add("vllm:request_success_total", "Count of successfully processed requests.", "counter", finished);
+  }
+  sh.ttft.Render(out, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", model);
+  sh.itl.Render(out, "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", model);
+  sh.tpot.Render(out, "vllm:request_time_per_output_token_seconds",
+                 "Histogram of time_per_output_token_seconds per request.", model);
+  sh.e2e.Render(out, "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", model);
+  sh.queue.Render(out, "vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.",
+                  model);
+  sh.inference.Render(out, "vllm:request_inference_time_seconds",
+                      "Histogram of time spent in RUNNING phase for request.", model);
+  sh.prefill.Render(out, "vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.",
+                    model);
+  sh.decode.Render(out, "vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.",
+                   model);
+  sh.prompt_len->Render(out, "vllm:request_prompt_tokens", "Number of prefill tokens processed.", model);
+  sh.generation_len->Render(out, "vllm:request_generation_tokens", "Number of generation tokens processed.", model);
+  out.Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", sh.cache_config, 1);
+
+  // What vLLM does not have.
+  auto with = [&](std::string k, std::string v) {
+    server::Labels l = model;
+    l.emplace_back(std::move(k), std::move(v));
+    return l;
   };
-  gauge("pagekv_kv_blocks", "KV blocks of the pool by state (cached: free but holding prefix-cache KV)", "gauge",
-        {{"{state=\"used\"}", static_cast<double>(m.blocks_used)},
-         {"{state=\"free\"}", static_cast<double>(m.blocks_free - m.blocks_cached)},
-         {"{state=\"cached\"}", static_cast<double>(m.blocks_cached)}});
-  gauge("pagekv_prefix_cache_hit_rate", "Prompt tokens found in the prefix cache / prompt tokens looked up", "gauge",
-        {{"", m.prefix.token_hit_rate}});
-  gauge("pagekv_preemptions_total", "Sequences preempted for lack of KV blocks", "counter",
-        {{"", static_cast<double>(m.preemptions)}});
-  gauge("pagekv_tokens_evicted_total", "Tokens dropped from running requests by token eviction (--kv-policy)", "counter",
-        {{"", static_cast<double>(m.tokens_evicted)}});
-  gauge("pagekv_queue_length", "Requests waiting for admission", "gauge", {{"", static_cast<double>(m.waiting)}});
-  gauge("pagekv_running_sequences", "Sequences in the running batch", "gauge", {{"", static_cast<double>(m.running)}});
-  gauge("pagekv_generated_tokens_total", "Tokens generated", "counter", {{"", static_cast<double>(m.generated_tokens)}});
-  gauge("pagekv_tokens_per_second", "Generated tokens per second since the previous scrape", "gauge",
-        {{"", tokens_per_second}});
-  gauge("pagekv_requests_total", "Generation requests received", "counter", {{"", static_cast<double>(requests)}});
-  gauge("pagekv_request_errors_total", "Requests answered with an error status", "counter", {{"", static_cast<double>(errors)}});
+  out.Add("pagekv_kv_blocks", "KV blocks of the pool by state (cached: free but holding prefix-cache KV)", "gauge",
+          {{with("state", "used"), d(m.blocks_used)},
+           {with("state", "free"), d(m.blocks_free - m.blocks_cached)},
+           {with("state", "cached"), d(m.blocks_cached)}});
+  out.Counter("pagekv_tokens_evicted_total", "Tokens dropped from running requests by token eviction (--kv-policy)",
+              model, d(m.tokens_evicted));
+  out.Counter("pagekv_prefix_cache_evicted_blocks_total", "Cached prefix blocks reused for other data", model,
+              d(m.prefix.evicted));
+  out.Counter("pagekv_kv_event_batches_total", "KV event batches published (--kv-events-endpoint)", model,
+              d(m.kv_event_batches));
+  out.Counter("pagekv_requests_total", "Generation requests received (completions and chat)", model, d(requests));
+  {
+    std::vector<std::pair<server::Labels, double>> responses = sh.responses.Samples();
+    if (responses.empty()) responses.push_back({{{"route", "/health"}, {"status", "200"}}, 0.0});
+    out.Add("pagekv_http_responses_total",
+            "HTTP answers by route (unmatched: any path this server does not have; transport: refused before "
+            "routing) and status",
+            "counter", responses);
+  }
   if (sh.transport != nullptr) {
     const server::TransportStats t = sh.transport->Stats();
-    gauge("pagekv_http_connections", "Open HTTP connections", "gauge", {{"", static_cast<double>(t.connections_now)}});
-    gauge("pagekv_http_connections_total", "HTTP connections accepted", "counter",
-          {{"", static_cast<double>(t.connections_total)}});
-    gauge("pagekv_http_connections_refused_total", "Connections past --max-connections, answered 503 and closed", "counter",
-          {{"", static_cast<double>(t.refused_total)}});
-    gauge("pagekv_http_timeouts_total", "Connections closed by a header, body, idle or write deadline", "counter",
-          {{"", static_cast<double>(t.timeouts_total)}});
-    gauge("pagekv_http_rejected_total",
-          "Requests the transport refused before routing (431 header, 413 body, 415 encoding, 400 malformed)", "counter",
-          {{"", static_cast<double>(t.rejected_total)}});
-    gauge("pagekv_http_client_gone_total", "Clients that went away before their answer ended (their requests cancelled)",
-          "counter", {{"", static_cast<double>(t.client_gone_total)}});
+    out.Gauge("pagekv_http_connections", "Open HTTP connections", {}, d(t.connections_now));
+    out.Counter("pagekv_http_connections_total", "HTTP connections accepted", {}, d(t.connections_total));
+    out.Counter("pagekv_http_connections_refused_total", "Connections past --max-connections, answered 503 and closed",
+                {}, d(t.refused_total));
+    out.Counter("pagekv_http_timeouts_total", "Connections closed by a header, body, idle or write deadline", {},
+                d(t.timeouts_total));
+    out.Counter("pagekv_http_rejected_total",
+                "Requests the transport refused before routing (431 header, 413 body, 415 encoding, 400 malformed)",
+                {}, d(t.rejected_total));
+    out.Counter("pagekv_http_client_gone_total",
+                "Clients that went away before their answer ended (their requests cancelled)", {},
+                d(t.client_gone_total));
   }
   if (m.tiers) {
-    std::vector<std::pair<std::string, double>> hits, misses, corrupt, forged, errors, blocks, bytes, healthy;
+    std::vector<std::pair<server::Labels, double>> hits, misses, corrupt, forged, errors, blocks, bytes, healthy;
     for (const TierStats& t : m.tiers->tiers) {
-      const std::string l = "{tier=\"" + t.name + "\"}";
-      hits.push_back({l, static_cast<double>(t.hits)});
-      misses.push_back({l, static_cast<double>(t.misses)});
-      corrupt.push_back({l, static_cast<double>(t.corrupt)});
-      forged.push_back({l, static_cast<double>(t.unauthenticated)});
-      errors.push_back({l, static_cast<double>(t.errors)});
-      blocks.push_back({l, static_cast<double>(t.blocks_now)});
-      bytes.push_back({l, static_cast<double>(t.bytes_now)});
+      const server::Labels l = with("tier", t.name);
+      hits.push_back({l, d(t.hits)});
+      misses.push_back({l, d(t.misses)});
+      corrupt.push_back({l, d(t.corrupt)});
+      forged.push_back({l, d(t.unauthenticated)});
+      errors.push_back({l, d(t.errors)});
+      blocks.push_back({l, d(t.blocks_now)});
+      bytes.push_back({l, d(t.bytes_now)});
       healthy.push_back({l, t.healthy ? 1.0 : 0.0});
     }
-    std::vector<std::pair<std::string, double>> loaded;
+    std::vector<std::pair<server::Labels, double>> loaded;
     for (int t = 1; t < kNumTiers; ++t) {
-      loaded.push_back({"{tier=\"" + std::string(TierName(static_cast<Tier>(t))) + "\"}",
-                        static_cast<double>(m.prefix.tier_hit_blocks[static_cast<size_t>(t)])});
+      loaded.push_back({with("tier", TierName(static_cast<Tier>(t))), d(m.prefix.tier_hit_blocks[static_cast<size_t>(t)])});
     }
-    gauge("pagekv_tier_loaded_blocks_total", "Prefix blocks loaded into the pool from a lower tier instead of computed",
-          "counter", loaded);
-    gauge("pagekv_tier_hits_total", "Verified blocks a tier returned", "counter", hits);
-    gauge("pagekv_tier_misses_total", "Gets a tier could not serve (absent or dropped as corrupt)", "counter", misses);
-    gauge("pagekv_tier_corrupt_total", "Payloads that failed a check (MAC or checksum, size, key, tokens): dropped, recomputed",
-          "counter", corrupt);
-    gauge("pagekv_tier_unauthenticated_total",
-          "Of those, payloads whose MAC failed under the tier key (forged, altered, another key): never loaded", "counter",
-          forged);
-    gauge("pagekv_tier_errors_total", "I/O and connection failures, and calls refused while a tier backs off", "counter",
-          errors);
-    gauge("pagekv_tier_blocks", "Blocks a tier holds (redis: stored by this process)", "gauge", blocks);
-    gauge("pagekv_tier_bytes", "Bytes a tier holds", "gauge", bytes);
-    gauge("pagekv_tier_healthy", "1 when the tier's last call succeeded, 0 while it backs off", "gauge", healthy);
-    gauge("pagekv_tier_load_failures_total", "Blocks located in a tier that could not be loaded (recomputed)", "counter",
-          {{"", static_cast<double>(m.prefix.tier_load_failures)}});
-    gauge("pagekv_tier_dropped_total", "Copies down or prefetches dropped by a full mover queue", "counter",
-          {{"", static_cast<double>(m.tiers->dropped)}});
-    gauge("pagekv_tier_staged_mismatches_total",
-          "Prefetched blocks refused at load: fetched for other tokens or another prefix under the same key", "counter",
-          {{"", static_cast<double>(m.tiers->staged_mismatches)}});
+    out.Add("pagekv_tier_loaded_blocks_total", "Prefix blocks loaded into the pool from a lower tier instead of computed",
+            "counter", loaded);
+    out.Add("pagekv_tier_hits_total", "Verified blocks a tier returned", "counter", hits);
+    out.Add("pagekv_tier_misses_total", "Gets a tier could not serve (absent or dropped as corrupt)", "counter", misses);
+    out.Add("pagekv_tier_corrupt_total",
+            "Payloads that failed a check (MAC or checksum, size, key, tokens): dropped, recomputed", "counter", corrupt);
+    out.Add("pagekv_tier_unauthenticated_total",
+            "Of those, payloads whose MAC failed under the tier key (forged, altered, another key): never loaded",
+            "counter", forged);
+    out.Add("pagekv_tier_errors_total", "I/O and connection failures, and calls refused while a tier backs off",
+            "counter", errors);
+    out.Add("pagekv_tier_blocks", "Blocks a tier holds (redis: stored by this process)", "gauge", blocks);
+    out.Add("pagekv_tier_bytes", "Bytes a tier holds", "gauge", bytes);
+    out.Add("pagekv_tier_healthy", "1 when the tier's last call succeeded, 0 while it backs off", "gauge", healthy);
+    out.Counter("pagekv_tier_load_failures_total", "Blocks located in a tier that could not be loaded (recomputed)",
+                model, d(m.prefix.tier_load_failures));
+    out.Counter("pagekv_tier_dropped_total", "Copies down or prefetches dropped by a full mover queue", model,
+                d(m.tiers->dropped));
+    out.Counter("pagekv_tier_staged_mismatches_total",
+                "Prefetched blocks refused at load: fetched for other tokens or another prefix under the same key",
+                model, d(m.tiers->staged_mismatches));
   }
-  out += sh.ttft.Render("pagekv_time_to_first_token_seconds", "Seconds from submission to the first token");
-  out += sh.itl.Render("pagekv_inter_token_latency_seconds", "Seconds between consecutive tokens of a request");
-  return out;
+  server::AddProcessMetrics(out);
+  return out.str();
 }
 
 // An I/O thread: cheap endpoints answered here, generation handed to a
 // worker.
-void Route(Shared& sh, HttpRequest req, std::shared_ptr<Exchange> ex) {
+void Route(Shared& sh, HttpRequest req, std::shared_ptr<Exchange> raw) {
+  const auto ex = std::make_shared<CountedExchange>(std::move(raw), RouteLabel(req.path), &sh.responses);
   const bool v1 = req.path.rfind("/v1/", 0) == 0;
   if (sh.draining.load() && v1) return AnswerError(sh, *ex, 503, "the server is shutting down", "", {{"Retry-After", "5"}});
   if (v1 && !sh.key_digests.empty() && KeyIndex(sh, req.Header("authorization")) < 0) {
@@ -640,6 +710,18 @@ Status RunServer(const ServerOptions& o, const std::atomic<bool>& stop) {
   }
   PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(eo));
   sh.engine = engine.get();
+  sh.model_label = {{"model_name", sh.model}};
+  sh.prompt_len = std::make_unique<server::Histogram>(OneTwoFive(engine->context_len()));
+  sh.generation_len = std::make_unique<server::Histogram>(OneTwoFive(engine->context_len()));
+  {
+    const EngineMetrics em = engine->Metrics();
+    sh.cache_config = {{"block_size", std::to_string(eo.block_len)},
+                       {"cache_dtype", std::string(DTypeName(eo.kv_dtype))},
+                       {"enable_prefix_caching", eo.prefix_cache ? "True" : "False"},
+                       {"num_gpu_blocks", std::to_string(em.blocks_total)},
+                       {"bytes_per_block", std::to_string(em.bytes_per_block)},
+                       {"model_name", sh.model}};
+  }
   for (const std::string& k : o.api_keys) {
     if (k.empty()) return InvalidArgumentError("server: an API key is empty");
     sh.key_digests.push_back(Sha256(k));
@@ -663,10 +745,7 @@ Status RunServer(const ServerOptions& o, const std::atomic<bool>& stop) {
   Result<std::unique_ptr<server::HttpTransport>> transport = server::HttpTransport::Listen(
       o.host, o.port, limits, [&sh](HttpRequest req, std::shared_ptr<Exchange> ex) { Route(sh, std::move(req), std::move(ex)); },
       [&sh](int status, const std::string& message) {
-        {
-          std::lock_guard lock(sh.mu);
-          ++sh.errors_total;
-        }
+        sh.responses.Add({{"route", "transport"}, {"status", std::to_string(status)}});
         return ErrorJson(status, message);
       },
       o.io_threads);
