@@ -13,11 +13,12 @@
 #include <CLI/CLI.hpp>
 
 #include "commands.h"
+#include "pagekv/version.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"PageKV: a paged KV-cache engine for LLM inference", "pagekv"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "pagekv 0.1.0");
+  app.set_version_flag("--version", PAGEKV_VERSION);
   int exit_code = pagekv::cli::kExitOk;
   pagekv::cli::AddPlanCommand(app, exit_code);
   pagekv::cli::AddDemoCommand(app, exit_code);
