@@ -176,6 +176,17 @@ struct EngineOptions {
   KvEventsOptions kv_events;
 };
 
+// A running request's state (llama-server's /slots): its cache holds
+// kv_tokens in kv_blocks blocks (a block shared with another sequence
+// counts for each).
+struct SequenceInfo {
+  RequestId id = 0;
+  int64_t prompt_tokens = 0, generated_tokens = 0;
+  int64_t kv_tokens = 0, kv_blocks = 0;
+  bool prefilling = false;  // its prompt is not all computed yet
+  int32_t priority = 0;
+};
+
 struct EngineMetrics {
   int64_t blocks_total = 0, blocks_used = 0, blocks_free = 0, blocks_cached = 0;
   int64_t waiting = 0, running = 0, preemptions = 0;
@@ -193,6 +204,7 @@ struct EngineMetrics {
   // the attention kernels and in the weight products.
   double forward_seconds = 0, attention_seconds = 0, matmul_seconds = 0;
   PrefixCacheStats prefix;
+  std::vector<SequenceInfo> sequences;  // the running batch at the last step
   std::optional<TiersStats> tiers;  // when tiers are configured
   std::string model_fingerprint;    // of the model file, with tiers
 };
@@ -207,6 +219,13 @@ class Engine {
   // Text to prompt ids (with the model's own BOS convention, special tokens
   // written in the text parsed), and generated ids to text.
   std::vector<int32_t> Encode(const std::string& text) const;
+  // llama-server's /tokenize: with add_special the model's BOS / EOS
+  // convention, without it none; parse_special: special tokens written in
+  // the text become their ids.
+  std::vector<int32_t> Encode(const std::string& text, bool add_special, bool parse_special) const;
+  // One token's bytes on its own (a byte-level piece may be part of a UTF-8
+  // character; a control token is its text, e.g. "<|im_end|>").
+  std::string TokenPiece(int32_t token) const;
   std::string Decode(const std::vector<int32_t>& tokens, int32_t prev) const;
   // Ids to text from the start of a sequence (the tokenizer's own rule for
   // the first token).
@@ -249,7 +268,9 @@ class Engine {
   bool Cancel(RequestId id);
   // Drops every prefix-cache key of the pool between two steps (an
   // AllBlocksCleared KV event, published at once); running requests keep
-  // their blocks, lower tiers keep theirs. Errors: no prefix cache.
+  // their blocks, lower tiers keep theirs. With the loop started, it is
+  // done by the loop before its next step (this call waits for it).
+  // Errors: no prefix cache.
   Status ResetPrefixCache();
 
   // One iteration; false when there was nothing to do.

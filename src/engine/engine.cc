@@ -120,6 +120,10 @@ struct Engine::State {
   EngineMetrics metrics;
   int64_t queued = 0;  // inbox + waiting
   bool stopping = false;
+  bool reset_requested = false;  // ResetPrefixCache, for the loop's next step
+  uint64_t resets_done = 0;
+  Status reset_status = Status::Ok();
+  std::vector<SequenceInfo> sequences;  // built each step (stepping thread), swapped into metrics
   std::thread loop;
 
   // Stepping thread only.
@@ -265,12 +269,27 @@ struct Engine::State {
   }
 
   // Refreshes the metrics snapshot readers see.
+  // The prefix cache's keys dropped (step_mu held), the event published.
+  Status ResetPrefixNow() {
+    prefix->Clear();
+    if (events) return events->Publish(prefix->DrainEvents());
+    return Status::Ok();
+  }
+
   void Snapshot(int64_t generated) {
     // O(running) per step: the pool's counters, and the running sequences'
     // lengths (exactly the cache's sequences, CheckInvariants says).
     const int64_t total = cache->layout().num_blocks(), free = cache->FreeBlockCount();
     const int64_t stored = sched->StoredTokens(), reserved = sched->ReservedSlots();
+    sequences.clear();
+    for (const Sequence* q : sched->running()) {
+      if (q->root) continue;  // a group's prefill, not a request
+      const int64_t generated_tokens = static_cast<int64_t>(q->tokens.size()) - q->prompt_len;
+      sequences.push_back({static_cast<RequestId>(q->id), q->prompt_len, std::max<int64_t>(0, generated_tokens), q->computed,
+                           (q->computed + o.block_len - 1) / o.block_len, q->computed < q->prompt_len, q->priority});
+    }
     std::lock_guard lock(mu);
+    metrics.sequences.swap(sequences);
     EngineMetrics& mx = metrics;
     ++mx.steps;
     mx.generated_tokens += generated;
@@ -437,6 +456,17 @@ Result<std::unique_ptr<Engine>> CreateEngineWithModel(const EngineOptions& o, Lo
 
 std::vector<int32_t> Engine::Encode(const std::string& text) const {
   return state_->m.tokenizer->EncodePrompt(text, /*parse_special=*/true);
+}
+
+std::vector<int32_t> Engine::Encode(const std::string& text, bool add_special, bool parse_special) const {
+  const Tokenizer& t = *state_->m.tokenizer;
+  return t.Encode(text, add_special && t.add_bos(), add_special && t.add_eos(), parse_special);
+}
+
+std::string Engine::TokenPiece(int32_t token) const {
+  const Tokenizer& t = *state_->m.tokenizer;
+  // After a non-BOS token: no leading-space rule of a sequence's start.
+  return t.DecodePiece(-1, token, /*specials=*/true);
 }
 
 Result<std::vector<int32_t>> Engine::EncodeChat(const std::string& messages_json, bool add_generation_prompt,
@@ -609,16 +639,39 @@ bool Engine::Cancel(RequestId id) {
 
 Status Engine::ResetPrefixCache() {
   State& st = *state_;
-  std::lock_guard step(st.step_mu);
   if (!st.prefix) return FailedPreconditionError("engine: no prefix cache to reset (it is off)");
-  st.prefix->Clear();
-  if (st.events) PAGEKV_RETURN_IF_ERROR(st.events->Publish(st.prefix->DrainEvents()));
-  return Status::Ok();
+  {
+    std::unique_lock lock(st.mu);
+    if (st.loop.joinable()) {
+      // The loop takes it before its next step (taking step_mu here could
+      // wait behind a loop that steps without pause).
+      const uint64_t target = st.resets_done + 1;
+      st.reset_requested = true;
+      st.work_cv.notify_all();
+      st.done_cv.wait(lock, [&] { return st.resets_done >= target || st.stopping; });
+      return st.resets_done >= target ? st.reset_status : UnavailableError("engine: stopped before the reset");
+    }
+  }
+  std::lock_guard step(st.step_mu);
+  return st.ResetPrefixNow();
 }
 
 Result<bool> Engine::Step() {
   State& st = *state_;
   std::lock_guard step(st.step_mu);
+  bool reset = false;
+  {
+    std::lock_guard lock(st.mu);
+    reset = st.reset_requested;
+    st.reset_requested = false;
+  }
+  if (reset) {
+    const Status done = st.ResetPrefixNow();
+    std::lock_guard lock(st.mu);
+    st.reset_status = done;
+    ++st.resets_done;
+    st.done_cv.notify_all();
+  }
   st.TakeInbox();
   const StepPlan plan = st.sched->Plan();
   if (!plan.preempted.empty()) {
@@ -750,7 +803,7 @@ void Engine::Start() {
     for (;;) {
       {
         std::unique_lock lock(s.mu);
-        s.work_cv.wait(lock, [&] { return s.stopping || s.queued > 0 || !s.cancels.empty(); });
+        s.work_cv.wait(lock, [&] { return s.stopping || s.queued > 0 || !s.cancels.empty() || s.reset_requested; });
         if (s.stopping) return;
       }
       Result<bool> worked = Step();

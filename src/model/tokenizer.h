@@ -84,6 +84,7 @@ class Tokenizer {
   int32_t bos_id() const { return bos_id_; }
   int32_t eos_id() const { return eos_id_; }
   bool add_bos() const { return add_bos_; }
+  bool add_eos() const { return add_eos_; }
   // The piece as the vocabulary stores it (byte-level BPE: in GPT-2's
   // mapped characters, e.g. "Ġthe").
   const std::string& piece(int32_t id) const { return pieces_[static_cast<size_t>(id)]; }

@@ -30,6 +30,7 @@
 #include "server/http_transport.h"
 #include "server/metrics.h"
 #include "server/request.h"
+#include "server/server_state.h"
 
 namespace pagekv {
 namespace {
@@ -41,111 +42,21 @@ using server::HttpResponse;
 using server::ParsedRequest;
 using server::ParseRequest;
 using server::Sha256;
+using server::Answer;
+using server::AnswerError;
+using server::AnswerJson;
+using server::CountedExchange;
+using server::Dump;
+using server::ErrorJson;
+using server::KeyIndex;
+using server::Metrics;
+using server::Observe;
+using server::OneTwoFive;
+using server::RouteLabel;
+using server::Shared;
 
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
-
-// vLLM's buckets, with finer ones in front for small models on CPUs.
-const std::vector<double> kTtftBuckets = {0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
-                                          1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
-const std::vector<double> kTokenGapBuckets = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,
-                                              0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0};
-const std::vector<double> kRequestBuckets = {0.01, 0.025, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0,
-                                             15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0,
-                                             7680.0};
-
-// 1, 2, 5, 10, 20, 50, ... up to `max` (vLLM's token-count buckets).
-std::vector<double> OneTwoFive(int64_t max) {
-  std::vector<double> out;
-  for (int64_t scale = 1;; scale *= 10) {
-    for (int64_t m : {1, 2, 5}) {
-      if (m * scale > max) return out;
-      out.push_back(static_cast<double>(m * scale));
-    }
-  }
-}
-
-// The route label of a path: the routes this server has, "unmatched" for
-// any other (so a scanner's paths do not grow the series without bound).
-std::string RouteLabel(const std::string& path) {
-  static const std::set<std::string> kRoutes = {"/health", "/metrics", "/v1/models", "/v1/completions",
-                                                "/v1/chat/completions", "/reset_prefix_cache"};
-  if (kRoutes.count(path) != 0) return path;
-  if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
-  return "unmatched";
-}
-
-struct Shared {
-  Engine* engine = nullptr;
-  std::string model;
-  std::vector<std::array<unsigned char, 32>> key_digests;  // SHA-256 of each API key
-  std::vector<std::string> key_salts;                      // each key's cache salt
-  bool report_cached_always = false;
-  // The series of /metrics (docs/OPENAI_API.md lists them).
-  server::Labels model_label;  // {model_name: the served name}
-  server::Labels cache_config;  // vllm:cache_config_info's labels
-  server::Histogram ttft{kTtftBuckets}, itl{kTokenGapBuckets}, tpot{kTokenGapBuckets};
-  server::Histogram e2e{kRequestBuckets}, queue{kRequestBuckets}, prefill{kRequestBuckets}, decode{kRequestBuckets},
-      inference{kRequestBuckets};
-  std::unique_ptr<server::Histogram> prompt_len, generation_len;  // buckets up to the context
-  server::CounterSet finished;   // by finished_reason
-  server::CounterSet responses;  // by route and status
-  std::mutex mu;
-  std::set<RequestId> in_flight;
-  std::atomic<bool> draining{false};
-  int64_t requests_total = 0;
-  const server::HttpTransport* transport = nullptr;
-  int64_t created = 0;  // the server's start, as the models' "created"
-  boost::asio::thread_pool* workers = nullptr;
-};
-
-// OpenAI's error object: a type its SDKs map to exception classes (with
-// the HTTP status) and a string code naming the case (docs/OPENAI_API.md).
-std::string ErrorType(int status) {
-  switch (status) {
-    case 401: return "authentication_error";
-    case 429: return "rate_limit_error";
-    default: return status >= 500 ? "server_error" : "invalid_request_error";
-  }
-}
-
-std::string ErrorCode(int status) {
-  switch (status) {
-    case 400: return "invalid_request_error";
-    case 401: return "invalid_api_key";
-    case 404: return "not_found";
-    case 405: return "method_not_allowed";
-    case 413: return "request_too_large";
-    case 415: return "unsupported_media_type";
-    case 429: return "rate_limit_exceeded";
-    case 431: return "request_header_fields_too_large";
-    case 501: return "not_implemented";
-    case 503: return "service_unavailable";
-    case 505: return "http_version_not_supported";
-    default: return status >= 500 ? "internal_error" : "invalid_request_error";
-  }
-}
-
-std::string ErrorJson(int status, const std::string& message, const std::string& param = {}, std::string code = {}) {
-  json e = {{"error", {{"message", message}, {"type", ErrorType(status)}, {"param", param.empty() ? json(nullptr) : json(param)},
-                       {"code", code.empty() ? ErrorCode(status) : code}}}};
-  // Replacing invalid UTF-8 (a model name, a parser's quote of the body):
-  // an error answer must never throw.
-  return e.dump(-1, ' ', false, json::error_handler_t::replace);
-}
-
-// Which API key the request carries: its index, -1 for none or a wrong one.
-// Every key is compared, in constant time, whatever matches.
-int KeyIndex(const Shared& sh, const std::string& auth) {
-  if (auth.rfind("Bearer ", 0) != 0) return -1;
-  const std::array<unsigned char, 32> d = Sha256(std::string_view(auth).substr(7));
-  int found = -1;
-  for (size_t i = 0; i < sh.key_digests.size(); ++i) {
-    const bool eq = CRYPTO_memcmp(d.data(), sh.key_digests[i].data(), d.size()) == 0;
-    found = eq ? static_cast<int>(i) : found;
-  }
-  return found;
-}
 
 json Usage(const RequestResult& r, bool report_cached) {
   return {{"prompt_tokens", r.prompt_tokens},
@@ -169,68 +80,6 @@ json Choice(bool chat, bool delta, const std::string& text, FinishReason finish,
   }
   c["finish_reason"] = finish == FinishReason::kNone ? json(nullptr) : json(FinishName(finish));
   return c;
-}
-
-std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
-
-// vLLM's finished_reason values.
-const char* FinishedReason(FinishReason f) {
-  switch (f) {
-    case FinishReason::kLength: return "length";
-    case FinishReason::kCancelled: return "abort";
-    case FinishReason::kError: return "error";
-    default: return "stop";
-  }
-}
-
-void Observe(Shared& sh, const RequestResult& r) {
-  sh.finished.Add({sh.model_label[0], {"finished_reason", FinishedReason(r.finish)}});
-  sh.e2e.Observe(r.e2e_time);
-  sh.queue.Observe(r.queue_time);
-  sh.prefill.Observe(r.prefill_time);
-  sh.decode.Observe(r.decode_time);
-  sh.inference.Observe(r.prefill_time + r.decode_time);
-  sh.prompt_len->Observe(static_cast<double>(r.prompt_tokens));
-  sh.generation_len->Observe(static_cast<double>(r.tokens.size()));
-  if (!r.tokens.empty()) sh.ttft.Observe(r.time_to_first_token);
-  for (double d : r.inter_token) sh.itl.Observe(d);
-  if (r.tokens.size() > 1) sh.tpot.Observe(r.decode_time / static_cast<double>(r.tokens.size() - 1));
-}
-
-void Answer(Shared&, Exchange& ex, HttpResponse r) { ex.Respond(std::move(r)); }
-
-// An exchange whose answers are counted by route and status.
-class CountedExchange : public Exchange {
- public:
-  CountedExchange(std::shared_ptr<Exchange> inner, std::string route, server::CounterSet* counts)
-      : inner_(std::move(inner)), route_(std::move(route)), counts_(counts) {}
-  void Respond(HttpResponse response) override {
-    Count(response.status);
-    inner_->Respond(std::move(response));
-  }
-  void BeginStream(int status, std::string content_type) override {
-    Count(status);
-    inner_->BeginStream(status, std::move(content_type));
-  }
-  void Write(std::string chunk) override { inner_->Write(std::move(chunk)); }
-  void End() override { inner_->End(); }
-  void OnClientGone(std::function<void()> f) override { inner_->OnClientGone(std::move(f)); }
-
- private:
-  void Count(int status) {
-    if (!counted_.exchange(true)) counts_->Add({{"route", route_}, {"status", std::to_string(status)}});
-  }
-  std::shared_ptr<Exchange> inner_;
-  std::string route_;
-  server::CounterSet* counts_;
-  std::atomic<bool> counted_{false};
-};
-
-void AnswerJson(Shared& sh, Exchange& ex, std::string body) { Answer(sh, ex, {200, "application/json", {}, std::move(body)}); }
-
-void AnswerError(Shared& sh, Exchange& ex, int status, const std::string& message, const std::string& param = {},
-                 std::vector<std::pair<std::string, std::string>> headers = {}, std::string code = {}) {
-  Answer(sh, ex, {status, "application/json", std::move(headers), ErrorJson(status, message, param, std::move(code))});
 }
 
 // OpenAI's logprobs object of one choice: per generated token its piece,
@@ -492,136 +341,6 @@ void HandleGenerate(Shared& sh, const HttpRequest& req, const std::shared_ptr<Ex
   ex->OnClientGone([&sh, ids] {
     for (RequestId rid : ids) sh.engine->Cancel(rid);
   });
-}
-
-// Prometheus text: vLLM's names and semantics (prefix vllm:, label
-// model_name) where vLLM has the series, pagekv_* for what it lacks, the
-// process collector's. Only counters, gauges of the present state and
-// histograms: nothing that depends on when or how often it is scraped.
-std::string Metrics(Shared& sh) {
-  const EngineMetrics m = sh.engine->Metrics();
-  int64_t requests = 0;
-  {
-    std::lock_guard lock(sh.mu);
-    requests = sh.requests_total;
-  }
-  server::MetricsText out;
-  const server::Labels& model = sh.model_label;
-  auto d = [](int64_t v) { return static_cast<double>(v); };
-  out.Gauge("vllm:num_requests_running", "Number of requests in model execution batches.", model, d(m.running));
-  out.Gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", model, d(m.waiting + m.loading));
-  out.Gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", model,
-            m.blocks_total > 0 ? d(m.blocks_used) / d(m.blocks_total) : 0.0);
-  out.Counter("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.", model,
-              d(m.prefix.requested_tokens));
-  out.Counter("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.", model,
-              d(m.prefix.hit_tokens));
-  out.Counter("vllm:num_preemptions_total", "Cumulative number of preemption from the engine.", model, d(m.preemptions));
-  out.Counter("vllm:prompt_tokens_total", "Number of prefill tokens processed.", model, d(m.prompt_tokens));
-  out.Counter("vllm:generation_tokens_total", "Number of generation tokens processed.", model, d(m.generated_tokens));
-  {
-    std::vector<std::pair<server::Labels, double>> finished = sh.finished.Samples();
-    if (finished.empty()) finished.push_back({{model[0], {"finished_reason", "stop"}}, 0.0});
-    out.Add("vllm:request_success_total", "Count of successfully processed requests.", "counter", finished);
-  }
-  sh.ttft.Render(out, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", model);
-  sh.itl.Render(out, "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", model);
-  sh.tpot.Render(out, "vllm:request_time_per_output_token_seconds",
-                 "Histogram of time_per_output_token_seconds per request.", model);
-  sh.e2e.Render(out, "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", model);
-  sh.queue.Render(out, "vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.",
-                  model);
-  sh.inference.Render(out, "vllm:request_inference_time_seconds",
-                      "Histogram of time spent in RUNNING phase for request.", model);
-  sh.prefill.Render(out, "vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.",
-                    model);
-  sh.decode.Render(out, "vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.",
-                   model);
-  sh.prompt_len->Render(out, "vllm:request_prompt_tokens", "Number of prefill tokens processed.", model);
-  sh.generation_len->Render(out, "vllm:request_generation_tokens", "Number of generation tokens processed.", model);
-  out.Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", sh.cache_config, 1);
-
-  // What vLLM does not have.
-  auto with = [&](std::string k, std::string v) {
-    server::Labels l = model;
-    l.emplace_back(std::move(k), std::move(v));
-    return l;
-  };
-  out.Add("pagekv_kv_blocks", "KV blocks of the pool by state (cached: free but holding prefix-cache KV)", "gauge",
-          {{with("state", "used"), d(m.blocks_used)},
-           {with("state", "free"), d(m.blocks_free - m.blocks_cached)},
-           {with("state", "cached"), d(m.blocks_cached)}});
-  out.Counter("pagekv_tokens_evicted_total", "Tokens dropped from running requests by token eviction (--kv-policy)",
-              model, d(m.tokens_evicted));
-  out.Counter("pagekv_prefix_cache_evicted_blocks_total", "Cached prefix blocks reused for other data", model,
-              d(m.prefix.evicted));
-  out.Counter("pagekv_kv_event_batches_total", "KV event batches published (--kv-events-endpoint)", model,
-              d(m.kv_event_batches));
-  out.Counter("pagekv_requests_total", "Generation requests received (completions and chat)", model, d(requests));
-  {
-    std::vector<std::pair<server::Labels, double>> responses = sh.responses.Samples();
-    if (responses.empty()) responses.push_back({{{"route", "/health"}, {"status", "200"}}, 0.0});
-    out.Add("pagekv_http_responses_total",
-            "HTTP answers by route (unmatched: any path this server does not have; transport: refused before "
-            "routing) and status",
-            "counter", responses);
-  }
-  if (sh.transport != nullptr) {
-    const server::TransportStats t = sh.transport->Stats();
-    out.Gauge("pagekv_http_connections", "Open HTTP connections", {}, d(t.connections_now));
-    out.Counter("pagekv_http_connections_total", "HTTP connections accepted", {}, d(t.connections_total));
-    out.Counter("pagekv_http_connections_refused_total", "Connections past --max-connections, answered 503 and closed",
-                {}, d(t.refused_total));
-    out.Counter("pagekv_http_timeouts_total", "Connections closed by a header, body, idle or write deadline", {},
-                d(t.timeouts_total));
-    out.Counter("pagekv_http_rejected_total",
-                "Requests the transport refused before routing (431 header, 413 body, 415 encoding, 400 malformed)",
-                {}, d(t.rejected_total));
-    out.Counter("pagekv_http_client_gone_total",
-                "Clients that went away before their answer ended (their requests cancelled)", {},
-                d(t.client_gone_total));
-  }
-  if (m.tiers) {
-    std::vector<std::pair<server::Labels, double>> hits, misses, corrupt, forged, errors, blocks, bytes, healthy;
-    for (const TierStats& t : m.tiers->tiers) {
-      const server::Labels l = with("tier", t.name);
-      hits.push_back({l, d(t.hits)});
-      misses.push_back({l, d(t.misses)});
-      corrupt.push_back({l, d(t.corrupt)});
-      forged.push_back({l, d(t.unauthenticated)});
-      errors.push_back({l, d(t.errors)});
-      blocks.push_back({l, d(t.blocks_now)});
-      bytes.push_back({l, d(t.bytes_now)});
-      healthy.push_back({l, t.healthy ? 1.0 : 0.0});
-    }
-    std::vector<std::pair<server::Labels, double>> loaded;
-    for (int t = 1; t < kNumTiers; ++t) {
-      loaded.push_back({with("tier", TierName(static_cast<Tier>(t))), d(m.prefix.tier_hit_blocks[static_cast<size_t>(t)])});
-    }
-    out.Add("pagekv_tier_loaded_blocks_total", "Prefix blocks loaded into the pool from a lower tier instead of computed",
-            "counter", loaded);
-    out.Add("pagekv_tier_hits_total", "Verified blocks a tier returned", "counter", hits);
-    out.Add("pagekv_tier_misses_total", "Gets a tier could not serve (absent or dropped as corrupt)", "counter", misses);
-    out.Add("pagekv_tier_corrupt_total",
-            "Payloads that failed a check (MAC or checksum, size, key, tokens): dropped, recomputed", "counter", corrupt);
-    out.Add("pagekv_tier_unauthenticated_total",
-            "Of those, payloads whose MAC failed under the tier key (forged, altered, another key): never loaded",
-            "counter", forged);
-    out.Add("pagekv_tier_errors_total", "I/O and connection failures, and calls refused while a tier backs off",
-            "counter", errors);
-    out.Add("pagekv_tier_blocks", "Blocks a tier holds (redis: stored by this process)", "gauge", blocks);
-    out.Add("pagekv_tier_bytes", "Bytes a tier holds", "gauge", bytes);
-    out.Add("pagekv_tier_healthy", "1 when the tier's last call succeeded, 0 while it backs off", "gauge", healthy);
-    out.Counter("pagekv_tier_load_failures_total", "Blocks located in a tier that could not be loaded (recomputed)",
-                model, d(m.prefix.tier_load_failures));
-    out.Counter("pagekv_tier_dropped_total", "Copies down or prefetches dropped by a full mover queue", model,
-                d(m.tiers->dropped));
-    out.Counter("pagekv_tier_staged_mismatches_total",
-                "Prefetched blocks refused at load: fetched for other tokens or another prefix under the same key",
-                model, d(m.tiers->staged_mismatches));
-  }
-  server::AddProcessMetrics(out);
-  return out.str();
 }
 
 // An I/O thread: cheap endpoints answered here, generation handed to a
