@@ -10,7 +10,7 @@ void AddKvEventFlags(CLI::App* cmd, KvEventArgs& args) {
       ->check(CLI::Range(0, 600000));
   cmd->add_option("--kv-events-topic", o.topic, "The topic of every message (default kv@<instance>@<model>; '' for none)");
   cmd->add_option("--kv-events-instance", o.instance,
-                  "This instance's name in the default topic (default <hostname>:<port> for serve, <hostname>:<pid> otherwise)");
+                  "This instance's name in the default topic (default <hostname>:<port> for serve, <hostname>:<pid> for generate)");
   cmd->add_option("--kv-events-hash", args.hash,
                   "Block hashes as vLLM's 64-bit integers (int, default) or the whole 32-byte key (bytes)")
       ->check(CLI::IsMember({"int", "bytes"}));

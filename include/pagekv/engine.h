@@ -237,6 +237,9 @@ class Engine {
   // or raises (its message).
   Result<std::vector<int32_t>> EncodeChat(const std::string& messages_json, bool add_generation_prompt = true,
                                           const std::string& tools_json = {}) const;
+  // The conversation rendered through the chat template, as text (what
+  // EncodeChat encodes with special tokens parsed and no BOS of its own).
+  Result<std::string> RenderChat(const std::string& messages_json, bool add_generation_prompt = true) const;
   int32_t context_len() const;
   int32_t vocab_size() const;  // token ids are in [0, vocab_size)
   // The most bytes of text one token stands for: a text of n bytes is at

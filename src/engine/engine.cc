@@ -483,6 +483,14 @@ Result<std::vector<int32_t>> Engine::EncodeChat(const std::string& messages_json
   return st.chat->Encode(messages, add_generation_prompt, tools);
 }
 
+Result<std::string> Engine::RenderChat(const std::string& messages_json, bool add_generation_prompt) const {
+  const State& st = *state_;
+  if (!st.chat) return st.chat_error;
+  const nlohmann::ordered_json messages = nlohmann::ordered_json::parse(messages_json, nullptr, /*allow_exceptions=*/false);
+  if (messages.is_discarded()) return InvalidArgumentError("chat: the messages are not valid JSON");
+  return st.chat->Render(messages, add_generation_prompt);
+}
+
 const std::vector<int32_t>& Engine::stop_tokens() const { return state_->stop_tokens; }
 
 std::string Engine::chat_template_name() const {

@@ -133,6 +133,7 @@ struct Generation : std::enable_shared_from_this<Generation> {
   Shared* sh = nullptr;
   std::shared_ptr<Exchange> ex;
   bool chat = false, stream = false, report_cached = false;
+  bool llama = false;  // llama-server's /completion shapes
   std::string id, object;
   int64_t created = 0;
   int n = 1;                      // choices per prompt (usage counts each prompt once)
@@ -155,6 +156,10 @@ struct Generation : std::enable_shared_from_this<Generation> {
   json Chunk(size_t i, const TokenUpdate& u) {
     std::string text = u.text;
     if (first[i]) text.insert(0, echo[i]);
+    if (llama) {
+      first[i] = false;
+      return server::LlamaChunk(text, u.token);
+    }
     json choice = Choice(chat, true, text, u.finish, first[i]);
     choice["index"] = i;
     first[i] = false;
@@ -223,6 +228,14 @@ struct Generation : std::enable_shared_from_this<Generation> {
     std::lock_guard lock(mu);
     results[i] = std::move(r);
     const bool all = ++ended == rids.size();
+    if (stream && llama) {  // the last token's chunk, then the end with the statistics (no [DONE])
+      if (!last["content"].get_ref<const std::string&>().empty() || !last["tokens"].empty()) {
+        ex->Write("data: " + Dump(last) + "\n\n");
+      }
+      ex->Write("data: " + Dump(server::LlamaEnd(*sh, *results[i], "", logprobs)) + "\n\n");
+      ex->End();
+      return;
+    }
     if (stream) {
       ex->Write("data: " + Dump(last) + "\n\n");
       if (all) {
@@ -237,6 +250,10 @@ struct Generation : std::enable_shared_from_this<Generation> {
       return;
     }
     if (!all) return;
+    if (llama) {
+      if (results[0]->finish == FinishReason::kError) return AnswerError(*sh, *ex, 500, results[0]->error.message());
+      return AnswerJson(*sh, *ex, Dump(server::LlamaEnd(*sh, *results[0], results[0]->text, logprobs)));
+    }
     json choices = json::array();
     for (size_t k = 0; k < results.size(); ++k) {
       if (results[k]->finish == FinishReason::kError) return AnswerError(*sh, *ex, 500, results[k]->error.message());
@@ -251,8 +268,12 @@ struct Generation : std::enable_shared_from_this<Generation> {
   }
 };
 
-// A worker: a completion or chat request, from its body to Submit.
-void HandleGenerate(Shared& sh, const HttpRequest& req, const std::shared_ptr<Exchange>& ex, bool chat) {
+enum class Api { kNone, kCompletions, kChat, kLlama };
+
+// A worker: a completion or chat request (OpenAI's, or llama-server's
+// /completion), from its body to Submit.
+void HandleGenerate(Shared& sh, const HttpRequest& req, const std::shared_ptr<Exchange>& ex, Api api) {
+  const bool chat = api == Api::kChat;
   {
     std::lock_guard lock(sh.mu);
     ++sh.requests_total;
@@ -277,10 +298,13 @@ void HandleGenerate(Shared& sh, const HttpRequest& req, const std::shared_ptr<Ex
   g->sh = &sh;
   g->ex = ex;
   g->chat = chat;
+  g->llama = api == Api::kLlama;
   ParsedRequest parsed;
   try {
     const int key = KeyIndex(sh, req.Header("authorization"));
-    parsed = ParseRequest(body, *sh.engine, key >= 0 ? sh.key_salts[static_cast<size_t>(key)] : "", chat);
+    bool until_context = false;
+    if (g->llama) body = server::LlamaCompletionBody(body, &until_context);
+    parsed = ParseRequest(body, *sh.engine, key >= 0 ? sh.key_salts[static_cast<size_t>(key)] : "", chat, until_context);
   } catch (const FieldError& e) {
     return AnswerError(sh, *ex, 400, e.message, e.field, {}, e.code);
   }
@@ -347,9 +371,15 @@ void HandleGenerate(Shared& sh, const HttpRequest& req, const std::shared_ptr<Ex
 // worker.
 void Route(Shared& sh, HttpRequest req, std::shared_ptr<Exchange> raw) {
   const auto ex = std::make_shared<CountedExchange>(std::move(raw), RouteLabel(req.path), &sh.responses);
-  const bool v1 = req.path.rfind("/v1/", 0) == 0;
-  if (sh.draining.load() && v1) return AnswerError(sh, *ex, 503, "the server is shutting down", "", {{"Retry-After", "5"}});
-  if (v1 && !sh.key_digests.empty() && KeyIndex(sh, req.Header("authorization")) < 0) {
+  const bool open = req.path == "/health" || req.path == "/metrics";  // no key: for probes and scrapers
+  if (!sh.ready.load(std::memory_order_acquire)) {
+    if (req.path == "/health") {
+      return Answer(sh, *ex, {503, "application/json", {{"Retry-After", "1"}}, "{\"status\":\"loading\"}"});
+    }
+    return AnswerError(sh, *ex, 503, "the model is loading", "", {{"Retry-After", "1"}});
+  }
+  if (sh.draining.load() && !open) return AnswerError(sh, *ex, 503, "the server is shutting down", "", {{"Retry-After", "5"}});
+  if (!open && !sh.key_digests.empty() && KeyIndex(sh, req.Header("authorization")) < 0) {
     return AnswerError(sh, *ex, 401, "missing or wrong API key: send 'Authorization: Bearer <key>'");
   }
   const bool get = req.method == "GET";
@@ -384,9 +414,6 @@ void Route(Shared& sh, HttpRequest req, std::shared_ptr<Exchange> raw) {
   }
   if (req.path == "/reset_prefix_cache") {
     if (req.method != "POST") return wrong_method("POST");
-    if (!sh.key_digests.empty() && KeyIndex(sh, req.Header("authorization")) < 0) {
-      return AnswerError(sh, *ex, 401, "missing or wrong API key: send 'Authorization: Bearer <key>'");
-    }
     // Waits for the current step: on a worker.
     boost::asio::post(*sh.workers, [&sh, ex] {
       const Status s = sh.engine->ResetPrefixCache();
@@ -395,12 +422,16 @@ void Route(Shared& sh, HttpRequest req, std::shared_ptr<Exchange> raw) {
     });
     return;
   }
-  if (req.path == "/v1/completions" || req.path == "/v1/chat/completions") {
+  if (server::IsLlamaRoute(req.path)) return server::HandleLlama(sh, req, ex);
+  const Api api = req.path == "/v1/completions"        ? Api::kCompletions
+                  : req.path == "/v1/chat/completions" ? Api::kChat
+                  : req.path == "/completion"          ? Api::kLlama
+                                                       : Api::kNone;
+  if (api != Api::kNone) {
     if (req.method != "POST") return wrong_method("POST");
-    const bool chat = req.path == "/v1/chat/completions";
-    boost::asio::post(*sh.workers, [&sh, req = std::move(req), ex, chat] {
+    boost::asio::post(*sh.workers, [&sh, req = std::move(req), ex, api] {
       try {
-        HandleGenerate(sh, req, ex, chat);
+        HandleGenerate(sh, req, ex, api);
       } catch (...) {  // never the exception's text to the client
         AnswerError(sh, *ex, 500, "internal error while handling the request");
       }
@@ -419,28 +450,6 @@ Status RunServer(const ServerOptions& o, const std::atomic<bool>& stop) {
     const size_t slash = o.engine.model_path.find_last_of('/');
     sh.model = slash == std::string::npos ? o.engine.model_path : o.engine.model_path.substr(slash + 1);
   }
-  EngineOptions eo = o.engine;
-  // KV events' default topic names this server: kv@<hostname>:<port>@<model>.
-  if (eo.kv_events.model.empty()) eo.kv_events.model = sh.model;
-  if (eo.kv_events.instance.empty() && o.port != 0) {
-    char host[256] = {};
-    if (::gethostname(host, sizeof(host) - 1) != 0) std::snprintf(host, sizeof(host), "localhost");
-    eo.kv_events.instance = std::string(host) + ":" + std::to_string(o.port);
-  }
-  PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(eo));
-  sh.engine = engine.get();
-  sh.model_label = {{"model_name", sh.model}};
-  sh.prompt_len = std::make_unique<server::Histogram>(OneTwoFive(engine->context_len()));
-  sh.generation_len = std::make_unique<server::Histogram>(OneTwoFive(engine->context_len()));
-  {
-    const EngineMetrics em = engine->Metrics();
-    sh.cache_config = {{"block_size", std::to_string(eo.block_len)},
-                       {"cache_dtype", std::string(DTypeName(eo.kv_dtype))},
-                       {"enable_prefix_caching", eo.prefix_cache ? "True" : "False"},
-                       {"num_gpu_blocks", std::to_string(em.blocks_total)},
-                       {"bytes_per_block", std::to_string(em.bytes_per_block)},
-                       {"model_name", sh.model}};
-  }
   for (const std::string& k : o.api_keys) {
     if (k.empty()) return InvalidArgumentError("server: an API key is empty");
     sh.key_digests.push_back(Sha256(k));
@@ -449,6 +458,8 @@ Status RunServer(const ServerOptions& o, const std::atomic<bool>& stop) {
   }
   sh.report_cached_always = o.report_cached_tokens_always;
   sh.created = static_cast<int64_t>(std::time(nullptr));
+  sh.model_label = {{"model_name", sh.model}};
+  sh.max_running = o.engine.max_running;
   if (o.workers < 1) return InvalidArgumentError("server: at least one worker thread is needed");
   server::HttpLimits limits;
   limits.max_body_bytes = o.max_body_bytes;
@@ -461,6 +472,8 @@ Status RunServer(const ServerOptions& o, const std::atomic<bool>& stop) {
   limits.write_timeout = std::chrono::milliseconds(o.write_timeout_ms);
   boost::asio::thread_pool workers(static_cast<size_t>(o.workers));
   sh.workers = &workers;
+  // The port is taken first (a taken one fails at once, naming it); while
+  // the model loads every route answers 503, /health {"status":"loading"}.
   Result<std::unique_ptr<server::HttpTransport>> transport = server::HttpTransport::Listen(
       o.host, o.port, limits, [&sh](HttpRequest req, std::shared_ptr<Exchange> ex) { Route(sh, std::move(req), std::move(ex)); },
       [&sh](int status, const std::string& message) {
@@ -473,9 +486,38 @@ Status RunServer(const ServerOptions& o, const std::atomic<bool>& stop) {
     return transport.status();
   }
   sh.transport = transport->get();
+  const int port = (*transport)->port();
+  EngineOptions eo = o.engine;
+  // KV events' default topic names this server: kv@<hostname>:<port>@<model>.
+  if (eo.kv_events.model.empty()) eo.kv_events.model = sh.model;
+  if (eo.kv_events.instance.empty()) {
+    char host[256] = {};
+    if (::gethostname(host, sizeof(host) - 1) != 0) std::snprintf(host, sizeof(host), "localhost");
+    eo.kv_events.instance = std::string(host) + ":" + std::to_string(port);
+  }
+  Result<std::unique_ptr<Engine>> created = Engine::Create(eo);
+  if (!created.ok()) {
+    (*transport)->Stop();
+    workers.join();
+    return created.status();
+  }
+  std::unique_ptr<Engine> engine = std::move(*created);
+  sh.engine = engine.get();
+  sh.prompt_len = std::make_unique<server::Histogram>(OneTwoFive(engine->context_len()));
+  sh.generation_len = std::make_unique<server::Histogram>(OneTwoFive(engine->context_len()));
+  {
+    const EngineMetrics em = engine->Metrics();
+    sh.cache_config = {{"block_size", std::to_string(eo.block_len)},
+                       {"cache_dtype", std::string(DTypeName(eo.kv_dtype))},
+                       {"enable_prefix_caching", eo.prefix_cache ? "True" : "False"},
+                       {"num_gpu_blocks", std::to_string(em.blocks_total)},
+                       {"bytes_per_block", std::to_string(em.bytes_per_block)},
+                       {"model_name", sh.model}};
+  }
   engine->Start();
+  sh.ready.store(true, std::memory_order_release);  // after every field above
   std::fprintf(stderr, "pagekv serve: chat template: %s\n", sh.engine->chat_template_name().c_str());
-  if (o.on_listening) o.on_listening((*transport)->port());
+  if (o.on_listening) o.on_listening(port);
   while (!stop.load()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   // Shutdown: refuse new generation requests (503); give in-flight ones 5 s
   // to finish, then cancel them (their streams end with a final event);

@@ -44,8 +44,9 @@ std::vector<double> OneTwoFive(int64_t max) {
 // The route label of a path: the routes this server has, "unmatched" for
 // any other (so a scanner's paths do not grow the series without bound).
 std::string RouteLabel(const std::string& path) {
-  static const std::set<std::string> kRoutes = {"/health", "/metrics", "/v1/models", "/v1/completions",
-                                                "/v1/chat/completions", "/reset_prefix_cache"};
+  static const std::set<std::string> kRoutes = {
+      "/health",   "/metrics",    "/v1/models",     "/v1/completions", "/v1/chat/completions", "/reset_prefix_cache",
+      "/tokenize", "/detokenize", "/apply-template", "/props",          "/slots",               "/completion"};
   if (kRoutes.count(path) != 0) return path;
   if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
   return "unmatched";

@@ -60,7 +60,80 @@ void RefuseUnsupported(const json& body) {
 
 }  // namespace
 
-ParsedRequest ParseRequest(const json& body, const Engine& engine, const std::string& key_salt, bool chat) {
+json LlamaCompletionBody(const json& body, bool* until_context) {
+  auto given = [&](const char* name) -> const json* {
+    return body.contains(name) && !body[name].is_null() ? &body[name] : nullptr;
+  };
+  auto fail = [](const std::string& f, const std::string& m, const std::string& code = {}) {
+    throw FieldError{f, m, code};
+  };
+  json out = json::object();
+  // The fields both APIs spell alike.
+  for (const char* same : {"prompt", "temperature", "top_k", "top_p", "stop", "stream", "seed", "presence_penalty",
+                           "frequency_penalty", "ignore_eos", "cache_salt"}) {
+    if (const json* v = given(same)) out[same] = *v;
+  }
+  if (!given("prompt")) fail("prompt", "'prompt' is required");
+  if (out["prompt"].is_array() && !out["prompt"].empty() && !out["prompt"][0].is_number_integer()) {
+    fail("prompt", "one prompt per /completion request (a string or an array of token ids)");
+  }
+  // llama-server's sampling defaults.
+  if (!given("temperature")) out["temperature"] = 0.8;
+  if (!given("top_k")) out["top_k"] = 40;
+  if (!given("top_p")) out["top_p"] = 0.95;
+  if (const json* v = given("seed"); v != nullptr && v->is_number_integer() && v->get<int64_t>() == -1) out.erase("seed");
+  *until_context = true;
+  if (const json* v = given("n_predict")) {
+    if (!IntegerIn(*v, -1, std::numeric_limits<int32_t>::max()) || v->get<int64_t>() == 0) {
+      fail("n_predict", "'n_predict' must be -1 (until the context ends) or a positive integer");
+    }
+    if (v->get<int64_t>() > 0) {
+      out["max_tokens"] = *v;
+      *until_context = false;
+    }
+  }
+  if (const json* v = given("n_probs")) {
+    if (!IntegerIn(*v, 0, 20)) fail("n_probs", "'n_probs' must be an integer in [0, 20]");
+    if (v->get<int64_t>() > 0) out["logprobs"] = *v;
+  }
+  if (const json* v = given("repeat_penalty")) out["repetition_penalty"] = *v;
+  if (const json* v = given("cache_prompt"); v != nullptr && !v->is_boolean()) fail("cache_prompt", "'cache_prompt' must be a boolean");
+  if (const json* v = given("logit_bias")) {
+    // [[id, bias], ...] (bias false: never) or OpenAI's object.
+    if (v->is_array()) {
+      json obj = json::object();
+      for (const json& pair : *v) {
+        if (!pair.is_array() || pair.size() != 2 || !pair[0].is_number_integer() ||
+            !(pair[1].is_number() || pair[1] == false)) {
+          fail("logit_bias", "'logit_bias' must be [[token id, bias or false], ...] or {\"id\": bias}");
+        }
+        obj[std::to_string(pair[0].get<int64_t>())] = pair[1] == false ? json(-100) : pair[1];
+      }
+      out["logit_bias"] = std::move(obj);
+    } else {
+      out["logit_bias"] = *v;
+    }
+  }
+  // llama-server's samplers that PageKV does not have: refused unless off.
+  const std::vector<std::pair<const char*, double>> off = {
+      {"min_p", 0.0}, {"typical_p", 1.0}, {"mirostat", 0}, {"dynatemp_range", 0.0}, {"xtc_probability", 0.0},
+      {"dry_multiplier", 0.0}, {"top_n_sigma", -1.0}};
+  for (const auto& [name, value] : off) {
+    if (const json* v = given(name); v != nullptr && !(v->is_number() && v->get<double>() == value)) {
+      fail(name, std::string("'") + name + "' is not supported (leave it at its default)", "unsupported_parameter");
+    }
+  }
+  for (const char* name : {"grammar", "json_schema", "image_data", "lora"}) {
+    if (const json* v = given(name); v != nullptr && !(v->is_string() && v->get<std::string>().empty()) &&
+                                    !(v->is_array() && v->empty()) && !(v->is_object() && v->empty())) {
+      fail(name, std::string("'") + name + "' is not supported", "unsupported_parameter");
+    }
+  }
+  return out;
+}
+
+ParsedRequest ParseRequest(const json& body, const Engine& engine, const std::string& key_salt, bool chat,
+                           bool until_context) {
   ParsedRequest out;
   bool& stream = out.stream;
   bool& own_salt = out.own_salt;
@@ -209,7 +282,7 @@ ParsedRequest ParseRequest(const json& body, const Engine& engine, const std::st
                          std::to_string(std::numeric_limits<int32_t>::max()) + ")");
     }
     r.max_tokens = static_cast<int32_t>(v->get<int64_t>());
-  } else if (chat) {
+  } else if (chat || until_context) {
     // A chat without a limit runs until the turn ends or the context does.
     r.max_tokens = static_cast<int32_t>(std::max<int64_t>(1, engine.context_len() - static_cast<int64_t>(prompts[0].size())));
   } else {

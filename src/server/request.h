@@ -42,7 +42,19 @@ inline constexpr int kMaxChoices = 64;
 // prompt is tokenized (or the chat template rendered) by `engine`.
 // key_salt: the API key's tenant salt ("" without keys); a body's
 // "cache_salt" is mixed into it. Throws FieldError.
-ParsedRequest ParseRequest(const nlohmann::json& body, const Engine& engine, const std::string& key_salt, bool chat);
+// until_context: without max_tokens a completion runs until the context ends
+// (as a chat does), not OpenAI's 16.
+ParsedRequest ParseRequest(const nlohmann::json& body, const Engine& engine, const std::string& key_salt, bool chat,
+                           bool until_context = false);
+
+// llama-server's POST /completion body as the completions body ParseRequest
+// reads: n_predict (-1: until the context ends, *until_context set),
+// n_probs (logprobs), repeat_penalty, its array form of logit_bias, a seed
+// of -1 (random), its sampling defaults (temperature 0.8, top_k 40, top_p
+// 0.95); cache_prompt accepted (the prefix cache is on unless the server
+// runs without it). What it has and PageKV has not (min_p, mirostat,
+// grammar, ...) is a FieldError naming it. Throws FieldError.
+nlohmann::json LlamaCompletionBody(const nlohmann::json& body, bool* until_context);
 
 // A JSON integer within [lo, hi], whatever its JSON type (a large unsigned
 // value is out of range, never wrapped).

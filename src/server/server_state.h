@@ -43,9 +43,11 @@ struct Shared {
   std::mutex mu;
   std::set<RequestId> in_flight;
   std::atomic<bool> draining{false};
+  std::atomic<bool> ready{false};  // the engine created and every field set
   int64_t requests_total = 0;
   const HttpTransport* transport = nullptr;
   int64_t created = 0;  // the server's start, as the models' "created"
+  int32_t max_running = 0;  // /props' total_slots
   boost::asio::thread_pool* workers = nullptr;
 };
 
@@ -93,5 +95,12 @@ std::string RouteLabel(const std::string& path);
 std::vector<double> OneTwoFive(int64_t max);
 void Observe(Shared& sh, const RequestResult& r);
 std::string Metrics(Shared& sh);
+
+// llama_api.cc: llama-server's /tokenize, /detokenize, /apply-template,
+// /props and /slots; the chunk and end objects of its /completion.
+bool IsLlamaRoute(const std::string& path);
+void HandleLlama(Shared& sh, const HttpRequest& req, const std::shared_ptr<Exchange>& ex);
+nlohmann::json LlamaChunk(const std::string& text, int32_t token);
+nlohmann::json LlamaEnd(const Shared& sh, const RequestResult& r, const std::string& content, int n_probs);
 
 }  // namespace pagekv::server

@@ -68,7 +68,7 @@ def test_every_event_of_a_serving_run_decodes_with_vllms_layout(events_server):
     frames = receive_all(sub)
     assert frames, "no KV events from the server"
     index = Index()
-    expected_topic = f"kv@{socket.gethostname()}:{server.proc.pid}@{MODEL_ID}"
+    expected_topic = f"kv@{socket.gethostname()}:{server.port}@{MODEL_ID}"
     payloads = {}
     for n, f in enumerate(frames):
         topic, seq, ts, events, rank = decode_message(f)
