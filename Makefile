@@ -103,6 +103,8 @@ fuzz: build
 	  > build/fuzz/request-seeds/ids
 	@printf '\1{"messages":[{"role":"user","content":"hi"}],"max_completion_tokens":4,"tools":[]}' \
 	  > build/fuzz/request-seeds/chat
+	@printf '\4{"prompt":"Once upon a time","n_predict":-1,"n_probs":2,"logit_bias":[[5,false]],"seed":-1}' \
+	  > build/fuzz/request-seeds/llama-completion
 	@printf 'POST /v1/completions HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\nContent-Length: 40\r\n\r\n{"prompt":"Once upon a time","stream":1}' \
 	  > build/fuzz/http-seeds/completion
 	@printf 'POST /v1/chat/completions HTTP/1.1\r\nAuthorization: Bearer k\r\nTransfer-Encoding: chunked\r\n\r\n2d\r\n{"messages":[{"role":"user","content":"hi"}]}\r\n0\r\n\r\n' \

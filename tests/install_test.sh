@@ -12,7 +12,7 @@ model="$root/../shared/models/stories260K/stories260K.gguf"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 prefix="$tmp/prefix"
-cmake --install "$build" --prefix "$prefix" >/dev/null
+cmake --install "$build" --prefix "$prefix" >"$tmp/install.log" 2>&1 || { cat "$tmp/install.log"; exit 1; }
 headers="$(cd "$prefix/include" && find . -type f | sort)"
 if [ "$(ls "$prefix/include")" != "pagekv" ] || grep -qv '^\./pagekv/[a-z_0-9]*\.h$' <<<"$headers"; then
   echo "install_test: headers other than include/pagekv/*.h installed:"; echo "$headers"; exit 1
@@ -32,9 +32,12 @@ check() {  # the example's output: two answers, the second with cached prompt to
 }
 
 # The CMake package, from a clean build folder.
-cmake -S "$root/examples/embed" -B "$tmp/cmake-build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
-cmake --build "$tmp/cmake-build" >/dev/null
+run() {  # a step's output only when it fails
+  "$@" >"$tmp/log" 2>&1 || { cat "$tmp/log"; echo "install_test: failed: $*"; exit 1; }
+}
+run cmake -S "$root/examples/embed" -B "$tmp/cmake-build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$prefix"
+run cmake --build "$tmp/cmake-build"
 check "$tmp/cmake-build/embed"
 
 # pkg-config (the static archive's .pc requires the shared libraries it needs).

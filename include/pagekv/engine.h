@@ -55,6 +55,14 @@ const char* FinishReasonName(FinishReason r);  // "length", "stop" (EOS or a sto
 
 // One new token of a request (or its end: finish != kNone, token -1 when the
 // end carries no token).
+// One generated token's log-probability under the model and, with
+// top_logits, the top alternatives' (id, log-probability).
+struct TokenLogprob {
+  int32_t token = -1;
+  float logprob = 0;
+  std::vector<std::pair<int32_t, float>> top;
+};
+
 struct TokenUpdate {
   RequestId id = 0;
   int32_t token = -1;
@@ -62,6 +70,10 @@ struct TokenUpdate {
   // split over tokens comes with its last one), stop strings cut.
   std::string text;
   FinishReason finish = FinishReason::kNone;
+  // With EngineRequest::logprobs: the tokens generated since the previous
+  // update (one, or none at an end that carries no token), as
+  // RequestResult's token_logprobs / step_top give them.
+  std::vector<TokenLogprob> logprobs;
 };
 
 struct EngineRequest {

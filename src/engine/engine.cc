@@ -55,6 +55,7 @@ struct Seq : Sequence {
   Sampler sampler;
   std::string text;             // generated text
   size_t streamed = 0;          // bytes of text already sent
+  size_t logprobs_sent = 0;     // generated tokens whose log-probability an update carried
   Clock::time_point submitted, first_token, last_token;
   std::optional<Clock::time_point> scheduled;  // first in a step (a fork member: its root's)
   RequestResult result;
@@ -159,6 +160,20 @@ struct Engine::State {
                   SanitizeUtf8(s->text.substr(std::min(s->streamed, safe), safe > s->streamed ? safe - s->streamed : 0)),
                   finish};
     s->streamed = std::max(s->streamed, safe);
+    if (s->req.logprobs) {
+      // The generated tokens not reported yet (an EOS that ended the
+      // request is not one of them, as in the result).
+      const RequestResult& r = s->result;
+      const size_t have = std::min(r.tokens.size(), r.token_logprobs.size());
+      for (; s->logprobs_sent < have; ++s->logprobs_sent) {
+        const size_t i = s->logprobs_sent;
+        TokenLogprob lp{r.tokens[i], r.token_logprobs[i], {}};
+        if (i < r.step_top.size()) {
+          for (const auto& [id, logit] : r.step_top[i]) lp.top.emplace_back(id, logit - r.step_logsumexp[i]);
+        }
+        u.logprobs.push_back(std::move(lp));
+      }
+    }
     s->req.on_update(u);
   }
 

@@ -508,10 +508,19 @@ TEST(EngineTest, LogprobsAreTheLogSoftmaxOfEachSampledStep) {
   r.logprobs = true;
   r.return_logits = true;
   r.top_logits = 2;
+  std::vector<TokenLogprob> streamed;  // what the updates carried, token by token
+  r.on_update = [&](const TokenUpdate& u) { streamed.insert(streamed.end(), u.logprobs.begin(), u.logprobs.end()); };
   const RequestId id = *e->Submit(r);
   ASSERT_TRUE(e->RunUntilIdle().ok());
   const RequestResult res = e->Wait(id);
   ASSERT_EQ(res.token_logprobs.size(), res.tokens.size());
+  ASSERT_EQ(streamed.size(), res.tokens.size());
+  for (size_t i = 0; i < res.tokens.size(); ++i) {
+    EXPECT_EQ(streamed[i].token, res.tokens[i]);
+    EXPECT_EQ(streamed[i].logprob, res.token_logprobs[i]);
+    ASSERT_EQ(streamed[i].top.size(), 2u);
+    EXPECT_EQ(streamed[i].top[0].second, res.step_top[i][0].second - res.step_logsumexp[i]);
+  }
   ASSERT_EQ(res.step_logsumexp.size(), res.tokens.size());
   const size_t vocab = res.logits.size() / res.tokens.size();
   for (size_t i = 0; i < res.tokens.size(); ++i) {

@@ -34,10 +34,13 @@ inline Engine& TheEngine() {
   return *engine;
 }
 
-inline void CheckBody(const nlohmann::json& body, bool chat, const std::string& key_salt) {
+// llama: the body is llama-server's /completion, translated first.
+inline void CheckBody(const nlohmann::json& body, bool chat, const std::string& key_salt, bool llama = false) {
   if (body.is_discarded() || !body.is_object()) return;
   try {
-    const ParsedRequest p = ParseRequest(body, TheEngine(), key_salt, chat);
+    bool until_context = false;
+    const nlohmann::json translated = llama ? LlamaCompletionBody(body, &until_context) : body;
+    const ParsedRequest p = ParseRequest(translated, TheEngine(), key_salt, chat && !llama, until_context);
     if (p.choices.empty() || p.choices.size() > static_cast<size_t>(kMaxChoices) || p.echo.size() != p.choices.size() ||
         p.n < 1 || p.choices.size() % static_cast<size_t>(p.n) != 0) {
       std::abort();

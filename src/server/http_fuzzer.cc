@@ -38,10 +38,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (c >= 'A' && c <= 'Z') std::abort();  // names come lower-case
     }
   }
-  if (r.method == "POST" && (r.path == "/v1/completions" || r.path == "/v1/chat/completions")) {
+  if (r.method == "POST" && (r.path == "/v1/completions" || r.path == "/v1/chat/completions" || r.path == "/completion")) {
     const bool chat = r.path == "/v1/chat/completions";
     const std::string salt = r.Header("authorization").empty() ? std::string() : std::string(16, '\x5a');
-    fuzz::CheckBody(nlohmann::json::parse(r.body, nullptr, /*allow_exceptions=*/false), chat, salt);
+    fuzz::CheckBody(nlohmann::json::parse(r.body, nullptr, /*allow_exceptions=*/false), chat, salt, r.path == "/completion");
   }
   return 0;
 }

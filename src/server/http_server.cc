@@ -82,16 +82,27 @@ json Choice(bool chat, bool delta, const std::string& text, FinishReason finish,
   return c;
 }
 
-// OpenAI's logprobs object of one choice: per generated token its piece,
-// log-probability and the top alternatives (completions: parallel lists
-// and text offsets from `offset`; chat: a list of entries with bytes).
-json Logprobs(const Engine& engine, const RequestResult& r, bool chat, int top, size_t offset) {
-  auto piece = [&](int32_t t) { return engine.Detokenize({t}); };
+// A finished request's generated tokens with their log-probabilities (as
+// the engine's updates carry them while it streams).
+std::vector<TokenLogprob> LogprobsOf(const RequestResult& r) {
+  std::vector<TokenLogprob> out;
   const size_t steps = std::min(r.tokens.size(), r.token_logprobs.size());
-  auto alternatives = [&](size_t i, auto&& add) {
-    if (top <= 0 || i >= r.step_top.size()) return;
-    for (const auto& [id, logit] : r.step_top[i]) add(id, logit - r.step_logsumexp[i]);
-  };
+  for (size_t i = 0; i < steps; ++i) {
+    TokenLogprob lp{r.tokens[i], r.token_logprobs[i], {}};
+    if (i < r.step_top.size()) {
+      for (const auto& [id, logit] : r.step_top[i]) lp.top.emplace_back(id, logit - r.step_logsumexp[i]);
+    }
+    out.push_back(std::move(lp));
+  }
+  return out;
+}
+
+// OpenAI's logprobs object for some of a choice's tokens: per token its
+// piece, log-probability and the top alternatives (completions: parallel
+// lists and text offsets, `offset` advanced past them; chat: a list of
+// entries with bytes).
+json Logprobs(const Engine& engine, const std::vector<TokenLogprob>& lps, bool chat, int top, size_t& offset) {
+  auto piece = [&](int32_t t) { return engine.Detokenize({t}); };
   if (chat) {
     auto entry = [&](int32_t t, float lp) {
       const std::string p = piece(t);
@@ -100,27 +111,29 @@ json Logprobs(const Engine& engine, const RequestResult& r, bool chat, int top, 
       return json{{"token", p}, {"logprob", lp}, {"bytes", std::move(bytes)}};
     };
     json content = json::array();
-    for (size_t i = 0; i < steps; ++i) {
-      json e = entry(r.tokens[i], r.token_logprobs[i]);
+    for (const TokenLogprob& t : lps) {
+      json e = entry(t.token, t.logprob);
       json tops = json::array();
-      alternatives(i, [&](int32_t id, float lp) { tops.push_back(entry(id, lp)); });
+      if (top > 0) {
+        for (const auto& [id, lp] : t.top) tops.push_back(entry(id, lp));
+      }
       e["top_logprobs"] = std::move(tops);
       content.push_back(std::move(e));
     }
     return {{"content", std::move(content)}};
   }
-  json tokens = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
-  for (size_t i = 0; i < steps; ++i) {
-    const std::string p = piece(r.tokens[i]);
+  json tokens = json::array(), values = json::array(), tops = json::array(), offsets = json::array();
+  for (const TokenLogprob& t : lps) {
+    const std::string p = piece(t.token);
     tokens.push_back(p);
-    lps.push_back(r.token_logprobs[i]);
+    values.push_back(t.logprob);
     offsets.push_back(offset);
     offset += p.size();
     json alt = json::object();
-    alternatives(i, [&](int32_t id, float lp) { alt[piece(id)] = lp; });
+    for (const auto& [id, lp] : t.top) alt[piece(id)] = lp;
     tops.push_back(top > 0 ? std::move(alt) : json(nullptr));
   }
-  return {{"tokens", std::move(tokens)}, {"token_logprobs", std::move(lps)}, {"top_logprobs", std::move(tops)},
+  return {{"tokens", std::move(tokens)}, {"token_logprobs", std::move(values)}, {"top_logprobs", std::move(tops)},
           {"text_offset", std::move(offsets)}};
 }
 
@@ -146,6 +159,7 @@ struct Generation : std::enable_shared_from_this<Generation> {
   std::vector<TokenUpdate> pending;  // updates before started
   std::vector<RequestId> rids;
   std::vector<bool> first;           // per choice: its first chunk is still to come
+  std::vector<size_t> offsets;       // per choice: the text offset of its next streamed logprob
   std::vector<std::optional<RequestResult>> results;
   size_t ended = 0;
 
@@ -158,10 +172,11 @@ struct Generation : std::enable_shared_from_this<Generation> {
     if (first[i]) text.insert(0, echo[i]);
     if (llama) {
       first[i] = false;
-      return server::LlamaChunk(text, u.token);
+      return server::LlamaChunk(*sh, u, text, logprobs);
     }
     json choice = Choice(chat, true, text, u.finish, first[i]);
     choice["index"] = i;
+    if (logprobs >= 0) choice["logprobs"] = Logprobs(*sh->engine, u.logprobs, chat, logprobs, offsets[i]);
     first[i] = false;
     return {{"id", id}, {"object", object}, {"created", created}, {"model", sh->model}, {"choices", json::array({choice})}};
   }
@@ -193,6 +208,8 @@ struct Generation : std::enable_shared_from_this<Generation> {
     std::lock_guard lock(mu);
     rids = std::move(ids);
     first.assign(rids.size(), true);
+    offsets.resize(rids.size());
+    for (size_t k = 0; k < rids.size(); ++k) offsets[k] = echo[k].size();
     results.resize(rids.size());
     started = true;
     if (stream) ex->BeginStream(200, "text/event-stream");
@@ -229,10 +246,11 @@ struct Generation : std::enable_shared_from_this<Generation> {
     results[i] = std::move(r);
     const bool all = ++ended == rids.size();
     if (stream && llama) {  // the last token's chunk, then the end with the statistics (no [DONE])
-      if (!last["content"].get_ref<const std::string&>().empty() || !last["tokens"].empty()) {
+      if (!last["content"].get_ref<const std::string&>().empty() || !last["tokens"].empty() ||
+          !last.value("completion_probabilities", json::array()).empty()) {
         ex->Write("data: " + Dump(last) + "\n\n");
       }
-      ex->Write("data: " + Dump(server::LlamaEnd(*sh, *results[i], "", logprobs)) + "\n\n");
+      ex->Write("data: " + Dump(server::LlamaEnd(*sh, *results[i], "", /*n_probs=*/0)) + "\n\n");  // the chunks had them
       ex->End();
       return;
     }
@@ -259,7 +277,8 @@ struct Generation : std::enable_shared_from_this<Generation> {
       if (results[k]->finish == FinishReason::kError) return AnswerError(*sh, *ex, 500, results[k]->error.message());
       json c = Choice(chat, false, echo[k] + results[k]->text, results[k]->finish, true);
       c["index"] = k;
-      if (logprobs >= 0) c["logprobs"] = Logprobs(*sh->engine, *results[k], chat, logprobs, echo[k].size());
+      size_t offset = echo[k].size();
+      if (logprobs >= 0) c["logprobs"] = Logprobs(*sh->engine, LogprobsOf(*results[k]), chat, logprobs, offset);
       choices.push_back(std::move(c));
     }
     json out = {{"id", id}, {"object", object}, {"created", created}, {"model", sh->model},

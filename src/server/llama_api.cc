@@ -183,10 +183,29 @@ void HandleLlama(Shared& sh, const HttpRequest& req, const std::shared_ptr<Excha
   });
 }
 
-json LlamaChunk(const std::string& text, int32_t token) {
+json LlamaProbs(const Shared& sh, const std::vector<TokenLogprob>& lps) {
+  // Per token: its id, piece, bytes, log-probability and the top ones.
+  auto entry = [&](int32_t id, float lp) {
+    const std::string p = sh.engine->TokenPiece(id);
+    return json{{"id", id}, {"token", p}, {"bytes", Bytes(p)}, {"logprob", lp}};
+  };
+  json probs = json::array();
+  for (const TokenLogprob& t : lps) {
+    json e = entry(t.token, t.logprob);
+    json top = json::array();
+    for (const auto& [id, lp] : t.top) top.push_back(entry(id, lp));
+    e["top_logprobs"] = std::move(top);
+    probs.push_back(std::move(e));
+  }
+  return probs;
+}
+
+json LlamaChunk(const Shared& sh, const TokenUpdate& u, const std::string& text, int n_probs) {
   json tokens = json::array();
-  if (token >= 0) tokens.push_back(token);
-  return {{"index", 0}, {"content", text}, {"tokens", std::move(tokens)}, {"stop", false}, {"id_slot", -1}};
+  if (u.token >= 0) tokens.push_back(u.token);
+  json out = {{"index", 0}, {"content", text}, {"tokens", std::move(tokens)}, {"stop", false}, {"id_slot", -1}};
+  if (n_probs > 0) out["completion_probabilities"] = LlamaProbs(sh, u.logprobs);
+  return out;
 }
 
 json LlamaEnd(const Shared& sh, const RequestResult& r, const std::string& content, int n_probs) {
@@ -217,23 +236,16 @@ json LlamaEnd(const Shared& sh, const RequestResult& r, const std::string& conte
                 {"predicted_per_token_ms", per(predicted_ms, n > 1 ? n - 1 : 0)},
                 {"predicted_per_second", rate(predicted_ms, n > 1 ? n - 1 : 0)}}}};
   if (n_probs > 0) {
-    // Per token: its id, piece, bytes, log-probability and the top ones.
-    auto entry = [&](int32_t id, float lp) {
-      const std::string p = sh.engine->TokenPiece(id);
-      return json{{"id", id}, {"token", p}, {"bytes", Bytes(p)}, {"logprob", lp}};
-    };
-    json probs = json::array();
+    std::vector<TokenLogprob> lps;
     const size_t steps = std::min(r.tokens.size(), r.token_logprobs.size());
     for (size_t i = 0; i < steps; ++i) {
-      json e = entry(r.tokens[i], r.token_logprobs[i]);
-      json top = json::array();
+      TokenLogprob lp{r.tokens[i], r.token_logprobs[i], {}};
       if (i < r.step_top.size()) {
-        for (const auto& [id, logit] : r.step_top[i]) top.push_back(entry(id, logit - r.step_logsumexp[i]));
+        for (const auto& [id, logit] : r.step_top[i]) lp.top.emplace_back(id, logit - r.step_logsumexp[i]);
       }
-      e["top_logprobs"] = std::move(top);
-      probs.push_back(std::move(e));
+      lps.push_back(std::move(lp));
     }
-    out["completion_probabilities"] = std::move(probs);
+    out["completion_probabilities"] = LlamaProbs(sh, lps);
   }
   return out;
 }

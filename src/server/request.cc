@@ -377,10 +377,6 @@ ParsedRequest ParseRequest(const json& body, const Engine& engine, const std::st
       out.include_usage = (*v)["include_usage"].get<bool>();
     }
   }
-  if (out.logprobs >= 0 && stream) {
-    throw FieldError{"logprobs", "'logprobs' with 'stream' is not supported yet: ask without streaming",
-                     "unsupported_parameter"};
-  }
   if (out.logprobs >= 0) {
     r.logprobs = true;
     r.top_logits = out.logprobs;

@@ -100,7 +100,8 @@ std::string Metrics(Shared& sh);
 // /props and /slots; the chunk and end objects of its /completion.
 bool IsLlamaRoute(const std::string& path);
 void HandleLlama(Shared& sh, const HttpRequest& req, const std::shared_ptr<Exchange>& ex);
-nlohmann::json LlamaChunk(const std::string& text, int32_t token);
+nlohmann::json LlamaChunk(const Shared& sh, const TokenUpdate& u, const std::string& text, int n_probs);
+nlohmann::json LlamaProbs(const Shared& sh, const std::vector<TokenLogprob>& lps);
 nlohmann::json LlamaEnd(const Shared& sh, const RequestResult& r, const std::string& content, int n_probs);
 
 }  // namespace pagekv::server

@@ -125,8 +125,18 @@ def test_completion_streams_as_llama_server_does(server):
                 chunks.append(json.loads(line[6:]))
     assert chunks[-1]["stop"] and chunks[-1]["tokens_predicted"] == 10
     assert not any(c["stop"] for c in chunks[:-1])
-    _, whole = post(server, "/completion", {"prompt": PROMPT, "n_predict": 10, "temperature": 0})
+    _, whole = post(server, "/completion", {"prompt": PROMPT, "n_predict": 10, "temperature": 0, "n_probs": 2})
     assert "".join(c["content"] for c in chunks) == whole["content"]
+    # n_probs streamed: each chunk its token's entry, together the whole's.
+    body = json.dumps({"prompt": PROMPT, "n_predict": 10, "temperature": 0, "stream": True, "n_probs": 2}).encode()
+    req = urllib.request.Request(server.url + "/completion", data=body, headers={"Content-Type": "application/json"})
+    probs = []
+    with urllib.request.urlopen(req, timeout=60) as r:
+        for line in r:
+            line = line.decode().strip()
+            if line.startswith("data: "):
+                probs += json.loads(line[6:]).get("completion_probabilities", [])
+    assert [p["id"] for p in probs] == [p["id"] for p in whole["completion_probabilities"]]
 
 
 def test_a_form_encoded_json_body_is_read_as_json(server):

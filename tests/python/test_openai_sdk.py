@@ -267,9 +267,27 @@ def test_logprobs_of_completions_and_chat(server):
                 assert alt.logprob == pytest.approx(x.logprob, abs=1e-5)
     plain = c.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "Lily"}], max_tokens=2)
     assert plain.choices[0].logprobs is None
-    with pytest.raises(openai.BadRequestError) as e:
-        list(c.completions.create(model=MODEL_ID, prompt="hi", max_tokens=2, logprobs=1, stream=True))
-    assert e.value.param == "logprobs" and e.value.code == "unsupported_parameter"
+    # Streamed, each chunk carries its tokens' entries: together the same
+    # as the whole answer's (completions with their text offsets; chat).
+    streamed = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for chunk in c.completions.create(model=MODEL_ID, prompt="Once upon a time", max_tokens=8, temperature=0,
+                                      logprobs=3, stream=True):
+        for ch in chunk.choices:
+            for k in streamed:
+                streamed[k] += getattr(ch.logprobs, k)
+    assert streamed["tokens"] == lp.tokens and streamed["text_offset"] == lp.text_offset
+    assert streamed["token_logprobs"] == pytest.approx(lp.token_logprobs, abs=1e-5)
+    assert [sorted(t) for t in streamed["top_logprobs"]] == [sorted(t) for t in lp.top_logprobs]
+    greedy_chat = c.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "Lily"}], max_tokens=6,
+                                            temperature=0, logprobs=True, top_logprobs=2)
+    entries = []
+    for chunk in c.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "Lily"}], max_tokens=6,
+                                           temperature=0, logprobs=True, top_logprobs=2, stream=True):
+        for ch in chunk.choices:
+            entries += ch.logprobs.content if ch.logprobs else []
+    want = greedy_chat.choices[0].logprobs.content
+    assert [x.token for x in entries] == [x.token for x in want] and len(entries) == 6
+    assert [x.logprob for x in entries] == pytest.approx([x.logprob for x in want], abs=1e-5)
     with pytest.raises(openai.BadRequestError) as e:
         c.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "x"}], max_tokens=2, top_logprobs=2)
     assert e.value.param == "top_logprobs"
