@@ -138,6 +138,12 @@ struct RequestResult {
   std::vector<float> prompt_logits;
 };
 
+// A finished request's generated tokens with their log-probabilities
+// (with EngineRequest::logprobs; the top ones with top_logits), as its
+// updates carried them.
+std::vector<TokenLogprob> TokenLogprobs(const RequestResult& r);
+
+
 enum class Allocator : uint8_t { kPaged, kContiguous };
 
 struct EngineOptions {

@@ -69,6 +69,15 @@ struct Seq : Sequence {
   }
 };
 
+// Generated token i of r with its log-probability and top alternatives.
+TokenLogprob TokenLogprobAt(const RequestResult& r, size_t i) {
+  TokenLogprob lp{r.tokens[i], r.token_logprobs[i], {}};
+  if (i < r.step_top.size()) {
+    for (const auto& [id, logit] : r.step_top[i]) lp.top.emplace_back(id, logit - r.step_logsumexp[i]);
+  }
+  return lp;
+}
+
 // log(sum(exp(logits))), in double around the maximum.
 double LogSumExp(std::span<const float> logits) {
   float top = -std::numeric_limits<float>::infinity();
@@ -165,14 +174,7 @@ struct Engine::State {
       // request is not one of them, as in the result).
       const RequestResult& r = s->result;
       const size_t have = std::min(r.tokens.size(), r.token_logprobs.size());
-      for (; s->logprobs_sent < have; ++s->logprobs_sent) {
-        const size_t i = s->logprobs_sent;
-        TokenLogprob lp{r.tokens[i], r.token_logprobs[i], {}};
-        if (i < r.step_top.size()) {
-          for (const auto& [id, logit] : r.step_top[i]) lp.top.emplace_back(id, logit - r.step_logsumexp[i]);
-        }
-        u.logprobs.push_back(std::move(lp));
-      }
+      for (; s->logprobs_sent < have; ++s->logprobs_sent) u.logprobs.push_back(TokenLogprobAt(r, s->logprobs_sent));
     }
     s->req.on_update(u);
   }
@@ -467,6 +469,13 @@ Result<std::unique_ptr<Engine>> CreateEngineWithModel(const EngineOptions& o, Lo
   so.background_tier_moves = st->tiers != nullptr && o.background_tier_moves;
   st->sched = std::make_unique<Scheduler>(so, *st->cache, st->prefix.get());
   return std::unique_ptr<Engine>(new Engine(std::move(st)));
+}
+
+std::vector<TokenLogprob> TokenLogprobs(const RequestResult& r) {
+  std::vector<TokenLogprob> out;
+  const size_t steps = std::min(r.tokens.size(), r.token_logprobs.size());
+  for (size_t i = 0; i < steps; ++i) out.push_back(TokenLogprobAt(r, i));
+  return out;
 }
 
 std::vector<int32_t> Engine::Encode(const std::string& text) const {

@@ -82,21 +82,6 @@ json Choice(bool chat, bool delta, const std::string& text, FinishReason finish,
   return c;
 }
 
-// A finished request's generated tokens with their log-probabilities (as
-// the engine's updates carry them while it streams).
-std::vector<TokenLogprob> LogprobsOf(const RequestResult& r) {
-  std::vector<TokenLogprob> out;
-  const size_t steps = std::min(r.tokens.size(), r.token_logprobs.size());
-  for (size_t i = 0; i < steps; ++i) {
-    TokenLogprob lp{r.tokens[i], r.token_logprobs[i], {}};
-    if (i < r.step_top.size()) {
-      for (const auto& [id, logit] : r.step_top[i]) lp.top.emplace_back(id, logit - r.step_logsumexp[i]);
-    }
-    out.push_back(std::move(lp));
-  }
-  return out;
-}
-
 // OpenAI's logprobs object for some of a choice's tokens: per token its
 // piece, log-probability and the top alternatives (completions: parallel
 // lists and text offsets, `offset` advanced past them; chat: a list of
@@ -278,7 +263,7 @@ struct Generation : std::enable_shared_from_this<Generation> {
       json c = Choice(chat, false, echo[k] + results[k]->text, results[k]->finish, true);
       c["index"] = k;
       size_t offset = echo[k].size();
-      if (logprobs >= 0) c["logprobs"] = Logprobs(*sh->engine, LogprobsOf(*results[k]), chat, logprobs, offset);
+      if (logprobs >= 0) c["logprobs"] = Logprobs(*sh->engine, TokenLogprobs(*results[k]), chat, logprobs, offset);
       choices.push_back(std::move(c));
     }
     json out = {{"id", id}, {"object", object}, {"created", created}, {"model", sh->model},

@@ -236,16 +236,7 @@ json LlamaEnd(const Shared& sh, const RequestResult& r, const std::string& conte
                 {"predicted_per_token_ms", per(predicted_ms, n > 1 ? n - 1 : 0)},
                 {"predicted_per_second", rate(predicted_ms, n > 1 ? n - 1 : 0)}}}};
   if (n_probs > 0) {
-    std::vector<TokenLogprob> lps;
-    const size_t steps = std::min(r.tokens.size(), r.token_logprobs.size());
-    for (size_t i = 0; i < steps; ++i) {
-      TokenLogprob lp{r.tokens[i], r.token_logprobs[i], {}};
-      if (i < r.step_top.size()) {
-        for (const auto& [id, logit] : r.step_top[i]) lp.top.emplace_back(id, logit - r.step_logsumexp[i]);
-      }
-      lps.push_back(std::move(lp));
-    }
-    out["completion_probabilities"] = LlamaProbs(sh, lps);
+    out["completion_probabilities"] = LlamaProbs(sh, TokenLogprobs(r));
   }
   return out;
 }

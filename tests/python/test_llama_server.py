@@ -31,6 +31,19 @@ def post(server, path, body, content_type="application/json"):
     return status, json.loads(text) if text else None
 
 
+def stream(server, body):
+    """The data: objects of a streamed /completion."""
+    req = urllib.request.Request(server.url + "/completion", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    chunks = []
+    with urllib.request.urlopen(req, timeout=60) as r:
+        for line in r:
+            line = line.decode().strip()
+            if line.startswith("data: "):
+                chunks.append(json.loads(line[6:]))
+    return chunks
+
+
 def test_tokenize_and_detokenize_round_trip(server):
     status, ids = post(server, "/tokenize", {"content": PROMPT})
     assert status == 200 and all(isinstance(t, int) for t in ids["tokens"])
@@ -115,27 +128,14 @@ def test_completion_takes_llama_servers_fields(server):
 
 
 def test_completion_streams_as_llama_server_does(server):
-    body = json.dumps({"prompt": PROMPT, "n_predict": 10, "temperature": 0, "stream": True}).encode()
-    req = urllib.request.Request(server.url + "/completion", data=body, headers={"Content-Type": "application/json"})
-    chunks = []
-    with urllib.request.urlopen(req, timeout=60) as r:
-        for line in r:
-            line = line.decode().strip()
-            if line.startswith("data: "):
-                chunks.append(json.loads(line[6:]))
+    chunks = stream(server, {"prompt": PROMPT, "n_predict": 10, "temperature": 0, "stream": True})
     assert chunks[-1]["stop"] and chunks[-1]["tokens_predicted"] == 10
     assert not any(c["stop"] for c in chunks[:-1])
     _, whole = post(server, "/completion", {"prompt": PROMPT, "n_predict": 10, "temperature": 0, "n_probs": 2})
     assert "".join(c["content"] for c in chunks) == whole["content"]
     # n_probs streamed: each chunk its token's entry, together the whole's.
-    body = json.dumps({"prompt": PROMPT, "n_predict": 10, "temperature": 0, "stream": True, "n_probs": 2}).encode()
-    req = urllib.request.Request(server.url + "/completion", data=body, headers={"Content-Type": "application/json"})
-    probs = []
-    with urllib.request.urlopen(req, timeout=60) as r:
-        for line in r:
-            line = line.decode().strip()
-            if line.startswith("data: "):
-                probs += json.loads(line[6:]).get("completion_probabilities", [])
+    probs = [p for c in stream(server, {"prompt": PROMPT, "n_predict": 10, "temperature": 0, "stream": True, "n_probs": 2})
+             for p in c.get("completion_probabilities", [])]
     assert [p["id"] for p in probs] == [p["id"] for p in whole["completion_probabilities"]]
 
 
