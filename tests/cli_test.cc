@@ -300,6 +300,31 @@ TEST(CliBenchTest, QuickGenerateBenchPrintsThroughputAndRoofline) {
   }
   EXPECT_EQ(RunCli("bench generate --batch 0").exit_code, 2);
   EXPECT_EQ(RunCli("bench generate --model ../shared/models/none.gguf").exit_code, 2);
+  // What it ran on, for every figure.
+  ASSERT_TRUE(j.contains("machine")) << r.out;
+  EXPECT_FALSE(j["machine"]["cpu"].get<std::string>().empty());
+  EXPECT_GE(j["machine"]["logical_cpus"].get<int>(), 1);
+  EXPECT_FALSE(j["machine"]["simd_target"].get<std::string>().empty());
+}
+
+TEST(CliBenchTest, BusyNeighbourRunsEachBatchAloneAndOnEveryThreadBesideASpinningProcess) {
+  const RunResult r = RunCli("bench generate --quick --json --threads 2 --busy-neighbour");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_TRUE(j["busy_neighbour"].get<bool>());
+  ASSERT_EQ(j["results"].size(), 4u) << r.out;  // batches 1 and 4, at 1 and 2 threads
+  for (size_t i = 0; i < 4; ++i) {
+    const auto& row = j["results"][i];
+    EXPECT_EQ(row["threads"].get<int>(), i % 2 == 0 ? 1 : 2);
+    EXPECT_GT(row["decode_tokens_per_second"].get<double>(), 0.0);
+    if (i % 2 == 0) {
+      EXPECT_EQ(row["pool_parallel_loops"].get<int64_t>(), 0) << "a 1-thread row used the pool";
+    }
+  }
+  const RunResult text = RunCli("bench generate --quick --threads 2 --busy-neighbour");
+  ASSERT_EQ(text.exit_code, 0) << text.out;
+  EXPECT_NE(text.out.find("machine: "), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("with a busy neighbour"), std::string::npos) << text.out;
 }
 
 }  // namespace

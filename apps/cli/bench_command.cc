@@ -16,16 +16,27 @@
 namespace pagekv::cli {
 namespace {
 
+// The machine a figure came from: at the top of every bench's text, and as
+// "machine" in its JSON.
+nlohmann::ordered_json MachineJson() {
+  const MachineFacts m = DescribeMachine();
+  return {{"cpu", m.cpu}, {"logical_cpus", m.logical_cpus}, {"isa", m.isa}, {"simd_target", m.simd_target},
+          {"attention_path", m.attention_path}};
+}
+void PrintMachine() { std::printf("%s\n", DescribeMachine().Line().c_str()); }
+
 struct BenchArgs {
   bool json = false, quick = false, full = false, no_scalar = false, weights = false;
   int threads = 0;
   std::vector<int64_t> batches, contexts;
   std::vector<int32_t> block_lens;
   std::vector<std::string> heads, dtypes;
+  std::string peer_layout;
 };
 
 nlohmann::ordered_json ToJson(const AttentionBenchReport& r) {
   nlohmann::ordered_json j;
+  j["machine"] = MachineJson();
   j["simd_target"] = r.simd_target;
   j["threads"] = r.threads;
   j["stream_read_gbps"] = r.stream_read_gbps;
@@ -54,6 +65,10 @@ nlohmann::ordered_json ToJson(const AttentionBenchReport& r) {
     e["rotation_bytes"] = x.rotation_bytes;
     e["row_stream_read_gbps"] = x.stream_read_gbps;
     e["row_fma_gflops"] = x.fma_gflops;
+    if (x.head_major_seconds > 0) {
+      e["head_major_seconds"] = x.head_major_seconds;
+      e["ratio_to_head_major"] = x.ratio_to_head_major;
+    }
     if (x.scalar_seconds > 0) {
       e["scalar_contiguous_seconds"] = x.scalar_seconds;
       e["speedup_vs_scalar"] = x.speedup_vs_scalar;
@@ -65,10 +80,11 @@ nlohmann::ordered_json ToJson(const AttentionBenchReport& r) {
 }
 
 void PrintRow(const AttentionBenchResult& x) {
-  std::printf("%5ld %6ld %4d/%-3d %5d %5s %3d %10.3f %7.1f %7.2f %9.2f %-8s %8s\n", x.batch, x.ctx, x.q_heads,
+  std::printf("%5ld %6ld %4d/%-3d %5d %5s %3d %10.3f %7.1f %7.2f %9.2f %-8s %8s %10s\n", x.batch, x.ctx, x.q_heads,
               x.kv_heads, x.block_len, std::string(DTypeName(x.dtype)).c_str(), x.threads,
               x.seconds_per_call * 1e3, x.gbps, x.ratio_to_stream, x.ratio_to_roofline, x.bound.c_str(),
-              x.scalar_seconds > 0 ? fmt::format("{:.1f}x", x.speedup_vs_scalar).c_str() : "-");
+              x.scalar_seconds > 0 ? fmt::format("{:.1f}x", x.speedup_vs_scalar).c_str() : "-",
+              x.head_major_seconds > 0 ? fmt::format("{:.2f}", x.ratio_to_head_major).c_str() : "-");
   std::fflush(stdout);
 }
 
@@ -114,10 +130,16 @@ int RunBench(const BenchArgs& a) {
   o.num_threads = a.threads;
   o.scalar_baseline = !a.no_scalar;
   o.attention_weights = a.weights;
+  if (!a.peer_layout.empty() && a.peer_layout != "head-major") {
+    std::fprintf(stderr, "error: --peer-layout '%s': the one peer layout is head-major\n", a.peer_layout.c_str());
+    return kExitBadInput;
+  }
+  o.peer_head_major = a.peer_layout == "head-major";
   if (!a.json) {
+    PrintMachine();
     std::printf("decode attention, head_dim 128, block tables shuffled; ratios against ceilings measured now\n");
-    std::printf("%5s %6s %8s %5s %5s %3s %10s %7s %7s %9s %-8s %8s\n", "batch", "ctx", "q/kv", "block", "dtype",
-                "thr", "ms/call", "GB/s", "stream", "roofline", "bound", "vs scalar");
+    std::printf("%5s %6s %8s %5s %5s %3s %10s %7s %7s %9s %-8s %8s %10s\n", "batch", "ctx", "q/kv", "block", "dtype",
+                "thr", "ms/call", "GB/s", "stream", "roofline", "bound", "vs scalar", "head-major");
     o.on_result = PrintRow;
   }
   Result<AttentionBenchReport> r = RunAttentionBench(o);
@@ -142,6 +164,7 @@ struct GenerateBenchArgs {
   std::vector<int64_t> batches = {1, 8, 32};
   int64_t prompt_len = 128, steps = 32;
   int32_t block_len = 16;
+  bool busy_neighbour = false;
 };
 
 int RunGenerateBenchCommand(const GenerateBenchArgs& a) {
@@ -154,6 +177,7 @@ int RunGenerateBenchCommand(const GenerateBenchArgs& a) {
   o.decode_steps = a.quick ? 4 : a.steps;
   o.block_len = a.block_len;
   o.num_threads = a.threads;
+  o.busy_neighbour = a.busy_neighbour;
   Result<DType> dt = ParseDType(a.kv_dtype);
   if (!dt.ok()) {
     std::fprintf(stderr, "error: --kv-dtype: %s\n", dt.status().message().c_str());
@@ -161,13 +185,20 @@ int RunGenerateBenchCommand(const GenerateBenchArgs& a) {
   }
   o.kv_dtype = *dt;
   if (!a.json) {
-    std::printf("%5s %7s %6s %12s %12s %9s %8s %8s %9s %7s %s\n", "batch", "prompt", "steps", "prefill t/s",
-                "decode t/s", "ms/step", "attn", "matmul", "floor ms", "ratio", "bound");
+    PrintMachine();
+    if (a.busy_neighbour) std::printf("with a busy neighbour: another process spins on one core throughout\n");
+    std::printf("%5s %3s %7s %6s %12s %12s %9s %8s %8s %9s %7s %-7s %s\n", "batch", "thr", "prompt", "steps",
+                "prefill t/s", "decode t/s", "ms/step", "attn", "matmul", "floor ms", "ratio", "bound",
+                "pool: parallel/solo/late/crowded loops, preempted spins");
     o.on_result = [](const GenerateBenchResult& r) {
-      std::printf("%5ld %7ld %6ld %12.1f %12.1f %9.2f %7.1f%% %7.1f%% %9.2f %7.2f %s\n", static_cast<long>(r.batch),
-                  static_cast<long>(r.prompt_len), static_cast<long>(r.decode_steps), r.prefill_tokens_per_second,
-                  r.decode_tokens_per_second, r.decode_step_ms, 100 * r.decode_attention_share,
-                  100 * r.decode_matmul_share, r.step_floor_ms, r.ratio_to_roofline, r.bound.c_str());
+      std::printf("%5ld %3d %7ld %6ld %12.1f %12.1f %9.2f %7.1f%% %7.1f%% %9.2f %7.2f %-7s %ld/%ld/%ld/%ld, %ld\n",
+                  static_cast<long>(r.batch), r.threads, static_cast<long>(r.prompt_len),
+                  static_cast<long>(r.decode_steps), r.prefill_tokens_per_second, r.decode_tokens_per_second,
+                  r.decode_step_ms, 100 * r.decode_attention_share, 100 * r.decode_matmul_share, r.step_floor_ms,
+                  r.ratio_to_roofline, r.bound.c_str(), static_cast<long>(r.pool_parallel_loops),
+                  static_cast<long>(r.pool_solo_loops), static_cast<long>(r.pool_late_loops),
+                  static_cast<long>(r.pool_crowded_loops),
+                  static_cast<long>(r.pool_preempted_spins));
       std::fflush(stdout);
     };
   }
@@ -182,6 +213,7 @@ int RunGenerateBenchCommand(const GenerateBenchArgs& a) {
   }
   if (a.json) {
     nlohmann::ordered_json j;
+    j["machine"] = MachineJson();
     j["model"] = r->model;
     j["parameters"] = r->parameters;
     j["weight_type"] = r->weight_type;
@@ -191,6 +223,7 @@ int RunGenerateBenchCommand(const GenerateBenchArgs& a) {
     j["threads"] = r->threads;
     j["stream_read_gbps"] = r->stream_read_gbps;
     j["fma_gflops"] = r->fma_gflops;
+    j["busy_neighbour"] = r->busy_neighbour;
     j["results"] = nlohmann::ordered_json::array();
     for (const GenerateBenchResult& x : r->results) {
       j["results"].push_back({{"batch", x.batch},
@@ -208,7 +241,13 @@ int RunGenerateBenchCommand(const GenerateBenchArgs& a) {
                               {"step_flops", x.step_flops},
                               {"step_floor_ms", x.step_floor_ms},
                               {"ratio_to_roofline", x.ratio_to_roofline},
-                              {"bound", x.bound}});
+                              {"bound", x.bound},
+                              {"threads", x.threads},
+                              {"pool_parallel_loops", x.pool_parallel_loops},
+                              {"pool_solo_loops", x.pool_solo_loops},
+                              {"pool_late_loops", x.pool_late_loops},
+                              {"pool_crowded_loops", x.pool_crowded_loops},
+                              {"pool_preempted_spins", x.pool_preempted_spins}});
     }
     std::printf("%s\n", j.dump(2).c_str());
   } else {
@@ -294,6 +333,7 @@ int RunServeBenchCommand(const ServeBenchArgs& a) {
                  std::string(static_cast<size_t>(width - filled), '.').c_str(), static_cast<long>(done), static_cast<long>(total));
     if (done == total) std::fprintf(stderr, "\n");
   };
+  if (!a.json) PrintMachine();
   Result<ServeBenchReport> r = RunServeBench(o);
   if (!r.ok()) {
     std::fprintf(stderr, "error: %s\n", r.status().message().c_str());
@@ -327,6 +367,7 @@ int RunServeBenchCommand(const ServeBenchArgs& a) {
   if (a.json) {
     nlohmann::ordered_json j;
     if (r->results.size() == 1) j = row(r->results[0]);
+    j["machine"] = MachineJson();
     j["model"] = r->model;
     j["kv_budget_bytes"] = r->kv_budget_bytes;
     j["blocks"] = r->blocks;
@@ -364,17 +405,6 @@ int RunServeBenchCommand(const ServeBenchArgs& a) {
   return kExitOk;
 }
 
-// The CPU's name from /proc/cpuinfo ("unknown" elsewhere).
-std::string CpuName() {
-  std::ifstream in("/proc/cpuinfo");
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos) {
-      return line.substr(line.find(':') + 2);
-    }
-  }
-  return "unknown";
-}
-
 struct SealBenchArgs {
   bool json = false;
   int32_t block_len = 128, layers = 30, kv_heads = 3, head_dim = 64;
@@ -399,7 +429,8 @@ int RunSealBench(const SealBenchArgs& a) {
   const double mb = static_cast<double>(r->payload_bytes) / 1e6;
   if (a.json) {
     nlohmann::ordered_json j;
-    j["cpu"] = CpuName();
+    j["machine"] = MachineJson();
+    j["cpu"] = j["machine"]["cpu"];
     j["block_len"] = a.block_len;
     j["kv_bytes"] = kv_bytes;
     j["payload_bytes"] = r->payload_bytes;
@@ -413,8 +444,8 @@ int RunSealBench(const SealBenchArgs& a) {
     std::printf("%s\n", j.dump().c_str());
     return kExitOk;
   }
-  std::printf("cpu %s\nblock of %d tokens: %lld KV bytes, payload %.2f MB\n", CpuName().c_str(), a.block_len,
-              static_cast<long long>(kv_bytes), mb);
+  PrintMachine();
+  std::printf("block of %d tokens: %lld KV bytes, payload %.2f MB\n", a.block_len, static_cast<long long>(kv_bytes), mb);
   std::printf("  %-22s %8s %8s %10s\n", "seal", "put GB/s", "get GB/s", "get ms/blk");
   std::printf("  %-22s %8.2f %8.2f %10.3f\n", "xxh3-64 checksum", r->checksum_seal_gbps, r->checksum_check_gbps,
               mb / r->checksum_check_gbps);
@@ -442,6 +473,9 @@ CLI::App* AddBenchCommand(CLI::App& app, int& exit_code) {
   attn->add_option("--block-len", args.block_lens, "Block lengths instead of the set's")->delimiter(',');
   attn->add_option("--heads", args.heads, "Head configs Q/KV instead of the set's, e.g. 32/8")->delimiter(',');
   attn->add_option("--dtype", args.dtypes, "KV dtypes instead of the set's (f16, bf16, int8; also f32, fp8_e4m3, fp8_e5m2, int4)")->delimiter(',');
+  attn->add_option("--peer-layout", args.peer_layout,
+                   "Also time each shape on a contiguous cache: head-major (the same kernel, every (sequence, head) "
+                   "one run); the column is its time over the paged one");
   attn->callback([&exit_code] { exit_code = RunBench(args); });
 
   static ServeBenchArgs serve;
@@ -495,6 +529,8 @@ CLI::App* AddBenchCommand(CLI::App& app, int& exit_code) {
   g->add_option("--block-len", gen.block_len, "Tokens per KV block (default 16)")->check(CLI::Range(1, 4096));
   g->add_option("--kv-dtype", gen.kv_dtype, "KV storage: f32, f16 (default), bf16, int8, fp8_e4m3, fp8_e5m2, int4 (KIVI: --block-len a multiple of 32)");
   g->add_option("--threads", gen.threads, "Threads (default: all cores)")->check(CLI::Range(0, 4096));
+  g->add_flag("--busy-neighbour", gen.busy_neighbour,
+              "Run each batch on 1 thread and on --threads while another process keeps one core busy");
   g->callback([&exit_code] { exit_code = RunGenerateBenchCommand(gen); });
   return bench;
 }

@@ -51,6 +51,10 @@ struct AttentionBenchResult {
   double scalar_seconds = 0;       // straightforward scalar loop over a contiguous cache
   double speedup_vs_scalar = 0;    // scalar_seconds / seconds_per_call
   bool attention_weights = false;  // the calls also reported attention weights
+  // The peer layout (AttentionBenchOptions::peer_head_major): the same calls
+  // with each (sequence, KV head)'s K and V one contiguous run.
+  double head_major_seconds = 0;
+  double ratio_to_head_major = 0;  // head_major_seconds / seconds_per_call (1 = paging costs nothing)
 };
 
 struct AttentionBenchReport {
@@ -76,11 +80,29 @@ struct AttentionBenchOptions {
   // Also have the kernel report every token's attention weight (what H2O
   // needs each step), to measure what that costs.
   bool attention_weights = false;
+  // Also time every shape on a contiguous head-major cache: the same kernel
+  // with block tables in order, so each (sequence, KV head)'s K and V rows
+  // are one contiguous run ([head][sequence][token][dim], what a
+  // non-paged cache such as ggml's head-major one reads): the table is
+  // still read, but each next block is the next slab in memory.
+  bool peer_head_major = false;
 };
 
 // Runs the decode-attention grid. Errors: the OS refusing memory for a shape
 // (ResourceExhausted), which stops the run.
 Result<AttentionBenchReport> RunAttentionBench(const AttentionBenchOptions& options);
+
+// What a benchmark ran on, printed at the top of every `pagekv bench`
+// (machines differ by CPU between runs: a figure means little without it).
+struct MachineFacts {
+  std::string cpu;                // /proc/cpuinfo's model name
+  int logical_cpus = 0;
+  std::vector<std::string> isa;   // the kernel-relevant instruction sets present
+  std::string simd_target;        // the Highway target the kernels dispatched to
+  std::string attention_path;     // AttentionSimdTarget()
+  std::string Line() const;       // one line, "machine: ..."
+};
+MachineFacts DescribeMachine();
 
 // `pagekv bench generate`: whole-model throughput on the paged cache. For
 // each batch size: `batch` prompts of prompt_len random token ids prefilled
@@ -106,6 +128,13 @@ struct GenerateBenchResult {
   double step_floor_ms = 0;             // max(bytes / stream bandwidth, flops / FMA rate)
   double ratio_to_roofline = 0;         // step_floor_ms / decode_step_ms
   std::string bound;                    // "memory" or "compute"
+  int threads = 0;                      // the row's thread count
+  // What the thread pool did during the decode steps (base/thread_pool.h):
+  // loops handed to workers, run alone after a late or crowded one, late (a
+  // worker descheduled while holding work), crowded (the caller descheduled
+  // while working), worker spins found descheduled.
+  int64_t pool_parallel_loops = 0, pool_solo_loops = 0, pool_late_loops = 0, pool_crowded_loops = 0,
+          pool_preempted_spins = 0;
 };
 
 struct GenerateBenchReport {
@@ -118,6 +147,7 @@ struct GenerateBenchReport {
   int threads = 0;
   double stream_read_gbps = 0;
   double fma_gflops = 0;
+  bool busy_neighbour = false;
   std::vector<GenerateBenchResult> results;
 };
 
@@ -131,6 +161,10 @@ struct GenerateBenchOptions {
   int32_t block_len = 16;
   DType kv_dtype = DType::kF16;
   int num_threads = 0;  // 0 = every hardware thread
+  // Run every batch twice, on 1 thread and on num_threads, while another
+  // process keeps one core busy (a spinning child, started for the run and
+  // killed after it): what a shared machine does to a thread pool.
+  bool busy_neighbour = false;
   std::function<void(const GenerateBenchResult&)> on_result;  // progress, optional
 };
 

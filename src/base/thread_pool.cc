@@ -1,7 +1,8 @@
 #include "base/thread_pool.h"
 
+#include <time.h>
+
 #include <algorithm>
-#include <chrono>
 
 #include "base/check.h"
 
@@ -27,10 +28,46 @@ ThreadPool& ThreadPool::Shared() {
   return pool;
 }
 
-void ThreadPool::RunIndices() {
-  for (int64_t i = next_.fetch_add(1, std::memory_order_relaxed); i < n_;
-       i = next_.fetch_add(1, std::memory_order_relaxed)) {
-    (*fn_)(i);
+ThreadPool::Stats ThreadPool::stats() const {
+  Stats s;
+  s.parallel_loops = parallel_loops_.load(std::memory_order_relaxed);
+  s.solo_loops = solo_loops_.load(std::memory_order_relaxed);
+  s.late_loops = late_loops_.load(std::memory_order_relaxed);
+  s.preempted_spins = preempted_spins_.load(std::memory_order_relaxed);
+  s.crowded_loops = crowded_loops_.load(std::memory_order_relaxed);
+  return s;
+}
+
+bool ThreadPool::RunningAlone() {
+  if (Clock::now().time_since_epoch().count() >= solo_until_.load(std::memory_order_relaxed)) return false;
+  solo_loops_.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+int64_t ThreadPool::Work(uint32_t generation, Clock::duration* longest) {
+  const size_t slot = generation & 1u;
+  int64_t ran = 0;
+  for (;;) {
+    uint64_t word = claim_.load(std::memory_order_acquire);
+    if (static_cast<uint32_t>(word >> 32) != generation) return ran;  // a newer loop: not ours
+    const auto index = static_cast<int64_t>(word & 0xffffffffu);
+    const int64_t n = loop_n_[slot].load(std::memory_order_acquire);
+    if (index >= n) return ran;
+    // Claimed only if the loop is still the one read above.
+    if (!claim_.compare_exchange_weak(word, word + 1, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
+    const std::function<void(int64_t)>& fn = *loop_fn_[slot].load(std::memory_order_acquire);
+    if (longest != nullptr) {
+      const Clock::time_point start = Clock::now();
+      fn(index);
+      *longest = std::max(*longest, Clock::now() - start);
+    } else {
+      fn(index);
+    }
+    ++ran;
+    if (finished_.fetch_add(1, std::memory_order_acq_rel) + 1 == n) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      done_.notify_one();
+    }
   }
 }
 
@@ -42,26 +79,59 @@ inline void CpuRelax() {
 #endif
 }
 
-// Spins until done() or kSpinMicros pass; returns done().
+// A gap this long between two looks at the clock in a spin means the
+// spinning thread was descheduled: something else wants its core.
+constexpr auto kPreemptedGap = std::chrono::microseconds(50);
+
+// Spins until done() or `micros` pass, or the thread is found to have been
+// descheduled while spinning (*preempted set); returns done().
 template <typename Pred>
-bool SpinUntil(Pred done, int64_t micros) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(micros);
+bool SpinUntil(Pred done, int64_t micros, bool* preempted) {
+  auto last = std::chrono::steady_clock::now();
+  const auto deadline = last + std::chrono::microseconds(micros);
   for (int i = 0;; ++i) {
     if (done()) return true;
     CpuRelax();
-    if ((i & 63) == 63 && std::chrono::steady_clock::now() > deadline) return done();
+    if ((i & 63) == 63) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now - last > kPreemptedGap) {
+        *preempted = true;
+        return done();
+      }
+      if (now > deadline) return done();
+      last = now;
+    }
   }
+}
+
+// CPU time this thread has run. A system call (~0.7 us on these VMs), so
+// sampled, not read on every loop.
+std::chrono::nanoseconds ThreadCpuTime() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec);
 }
 
 }  // namespace
 
 void ThreadPool::WorkerLoop(int index) {
   uint64_t seen = 0;  // generation of the last loop this worker looked at
+  // After a spin was descheduled, the core is shared with another thread or
+  // process: spinning would take its time from whoever runs there (the
+  // caller, when both land on one core), so the worker sleeps between loops
+  // for a while instead.
+  Clock::time_point quiet_until{};
   for (;;) {
     auto fresh = [&] {
       return stop_.load(std::memory_order_acquire) || (epoch_.load(std::memory_order_acquire) >> 16) != seen;
     };
-    if (!SpinUntil(fresh, kSpinMicros)) {
+    bool preempted = false;
+    const bool spin = Clock::now() >= quiet_until;
+    if (!(spin && SpinUntil(fresh, kSpinMicros, &preempted))) {
+      if (preempted) {
+        quiet_until = Clock::now() + kQuiet;
+        preempted_spins_.fetch_add(1, std::memory_order_relaxed);
+      }
       std::unique_lock<std::mutex> lock(mutex_);
       wake_.wait(lock, fresh);
     }
@@ -69,16 +139,13 @@ void ThreadPool::WorkerLoop(int index) {
     const uint64_t epoch = epoch_.load(std::memory_order_acquire);
     seen = epoch >> 16;
     if (static_cast<uint64_t>(index) >= (epoch & 0xffff)) continue;  // not needed for this loop
-    RunIndices();
-    if (running_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      done_.notify_one();
-    }
+    Work(static_cast<uint32_t>(seen), nullptr);
   }
 }
 
 void ThreadPool::ParallelFor(int64_t n, int max_threads, const std::function<void(int64_t)>& fn) {
   if (n <= 0) return;
+  PAGEKV_CHECK(n < (int64_t{1} << 32));
   const int threads = max_threads <= 0 ? num_threads() : std::min(max_threads, num_threads());
   const int helpers = static_cast<int>(std::min<int64_t>(threads - 1, n - 1));
   if (helpers <= 0) {
@@ -86,25 +153,66 @@ void ThreadPool::ParallelFor(int64_t n, int max_threads, const std::function<voi
     return;
   }
   std::lock_guard<std::mutex> call(call_mutex_);
-  fn_ = &fn;
-  n_ = n;
-  next_.store(0, std::memory_order_relaxed);
-  running_.store(helpers, std::memory_order_relaxed);
+  const Clock::time_point start = Clock::now();
+  if (start.time_since_epoch().count() < solo_until_.load(std::memory_order_relaxed)) {  // trouble lately: alone
+    solo_loops_.fetch_add(1, std::memory_order_relaxed);
+    for (int64_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  parallel_loops_.fetch_add(1, std::memory_order_relaxed);
+  const uint64_t generation = (epoch_.load(std::memory_order_relaxed) >> 16) + 1;
+  const auto tag = static_cast<uint32_t>(generation);
+  const size_t slot = tag & 1u;
+  // Every index of the previous loop has returned, so no worker reads its
+  // slot's values or counts into finished_ any more.
+  loop_n_[slot].store(n, std::memory_order_relaxed);
+  loop_fn_[slot].store(&fn, std::memory_order_relaxed);
+  finished_.store(0, std::memory_order_relaxed);
+  claim_.store(static_cast<uint64_t>(tag) << 32, std::memory_order_release);
   {
     // Under the mutex, so a worker between its predicate check and its wait
     // cannot miss the new epoch.
     std::lock_guard<std::mutex> lock(mutex_);
-    const uint64_t generation = (epoch_.load(std::memory_order_relaxed) >> 16) + 1;
     epoch_.store((generation << 16) | static_cast<uint64_t>(helpers), std::memory_order_release);
   }
   wake_.notify_all();
-  RunIndices();
-  auto finished = [&] { return running_.load(std::memory_order_acquire) == 0; };
-  if (!SpinUntil(finished, kSpinMicros)) {
+  Clock::duration longest{0};
+  // Every kCpuSampleEvery-th loop: did the caller keep its core while it
+  // worked? A caller that ran for much less than the wall time of its own
+  // share was descheduled: its core is shared (say, with a worker the
+  // scheduler put beside it while a busy neighbour holds the other core),
+  // and more threads than cores only slow the loop down.
+  const bool sample = ++loops_since_sample_ >= kCpuSampleEvery;
+  const std::chrono::nanoseconds cpu_start = sample ? ThreadCpuTime() : std::chrono::nanoseconds{0};
+  Work(tag, &longest);
+  bool crowded = false;
+  if (sample) {
+    loops_since_sample_ = 0;
+    const Clock::duration wall = Clock::now() - start;
+    crowded = wall > kCrowdedMinWall && ThreadCpuTime() - cpu_start < wall * 7 / 10;
+  }
+  auto finished = [&] { return finished_.load(std::memory_order_acquire) == n; };
+  if (finished() && !crowded) return;
+  const Clock::time_point waiting = Clock::now();
+  bool preempted = false;
+  if (!finished() && !SpinUntil(finished, kSpinMicros, &preempted)) {
     std::unique_lock<std::mutex> lock(mutex_);
     done_.wait(lock, finished);
   }
-  fn_ = nullptr;
+  // Late: the caller waited for a claimed index much longer than any index
+  // it ran itself took (a worker descheduled mid-index; ordinary imbalance
+  // is within a few index lengths).
+  const Clock::time_point end = Clock::now();
+  const Clock::duration limit = 4 * longest + std::chrono::microseconds(100);
+  if (crowded || end - waiting > limit) {
+    (crowded ? crowded_loops_ : late_loops_).fetch_add(1, std::memory_order_relaxed);
+    // Trouble again soon after the last solo stretch: the neighbour is
+    // still there, stay alone twice as long; after a quiet spell, start
+    // from the shortest stretch.
+    backoff_ = end - last_trouble_ < 2 * backoff_ ? std::min(kMaxBackoff, 2 * backoff_) : kMinBackoff;
+    last_trouble_ = end;
+    solo_until_.store((end + backoff_).time_since_epoch().count(), std::memory_order_relaxed);
+  }
 }
 
 }  // namespace pagekv

@@ -10,12 +10,33 @@
 // OpenMP) so ThreadSanitizer sees every synchronisation and checks the code
 // that runs on it.
 //
+// A busy neighbour (another process on one of the cores) must not make a
+// call slower than running it alone, so:
+//  - indices are claimed one at a time from one counter tagged with the
+//    loop's generation, and the caller waits only for indices a worker has
+//    claimed, never for a worker that has not started yet: a descheduled
+//    worker's share is done by whoever is running;
+//  - a worker can still be descheduled in the middle of an index it holds.
+//    When the caller, done with everything else, waits for such an index far
+//    longer than any index it ran itself, the loop counts as late and the
+//    pool runs the following calls on the caller alone for a while (5 ms,
+//    doubling while trouble recurs within twice that, up to 1 s; back to
+//    5 ms after a quiet spell). The same happens when the caller, sampled every fourth
+//    loop, ran for under 70% of the wall time of its own share (it was
+//    descheduled: its core is shared, so more threads only slow the loop).
+//    Stats() counts each case;
+//  - a worker whose spin between loops was descheduled (its core is shared)
+//    sleeps between loops for the next 50 ms instead of spinning, so it does
+//    not take the core from the caller when the scheduler puts both there;
+//    it is woken for each loop then (a futex call on the caller's side).
+//
 // Thread safety: ParallelFor may be called from any thread; concurrent calls
 // are serialised (one loop runs at a time). REQUIRES: fn does not call
 // ParallelFor on the same pool (that would deadlock).
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -28,7 +49,7 @@ namespace pagekv {
 class ThreadPool {
  public:
   // A pool of `num_threads` threads in total: the caller plus
-  // num_threads - 1 workers. REQUIRES: num_threads >= 1.
+  // num_threads - 1 workers. REQUIRES: 1 <= num_threads <= 65535.
   explicit ThreadPool(int num_threads);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
@@ -39,15 +60,35 @@ class ThreadPool {
   // Runs fn(i) for every i in [0, n) on at most max_threads threads (0 or
   // more than the pool: all of them); indices are handed out one at a time
   // in increasing order. Returns when every call has returned.
+  // REQUIRES: n < 2^32.
   void ParallelFor(int64_t n, int max_threads, const std::function<void(int64_t)>& fn);
+
+  // True while the pool runs calls on the caller alone (after a late or
+  // crowded loop): a caller with a better single-thread form of its work
+  // (one pass instead of chunks) should use it then. Counted as a solo loop.
+  bool RunningAlone();
+
+  // What the pool did with the calls that could use more than one thread.
+  struct Stats {
+    int64_t parallel_loops = 0;  // handed to workers
+    int64_t solo_loops = 0;      // run on the caller alone after a late loop
+    int64_t late_loops = 0;      // the caller waited for a descheduled worker
+    int64_t preempted_spins = 0; // a worker descheduled while spinning for work
+    int64_t crowded_loops = 0;   // the caller lost its core while working
+  };
+  Stats stats() const;
 
   // The process-wide pool with one thread per hardware thread, created on
   // first use.
   static ThreadPool& Shared();
 
  private:
+  using Clock = std::chrono::steady_clock;
   void WorkerLoop(int index);
-  void RunIndices();
+  // Claims and runs indices of loop `generation` until none is left or the
+  // loop is no longer current. Returns how many it ran; the longest one's
+  // duration in *longest (when not null).
+  int64_t Work(uint32_t generation, Clock::duration* longest);
 
   std::vector<std::thread> workers_;
   std::mutex call_mutex_;  // one ParallelFor at a time
@@ -59,17 +100,35 @@ class ThreadPool {
   std::mutex mutex_;  // pairs with the two condition variables
   std::condition_variable wake_;
   std::condition_variable done_;
-  // The current loop. Written by the caller before it publishes a new epoch
-  // (release); read by the workers taking part after they see it (acquire).
-  const std::function<void(int64_t)>* fn_ = nullptr;
-  int64_t n_ = 0;
-  // (generation << 16) | active workers: one word, so a worker never pairs a
-  // generation with another loop's worker count. Workers with index < the
-  // count join the loop.
+  // (generation << 16) | helpers: wakes the workers; those with index <
+  // helpers join the loop.
   std::atomic<uint64_t> epoch_{0};
-  std::atomic<int> running_{0};  // workers still inside the current loop
+  // (generation mod 2^32 << 32) | next index: a worker claims index i by
+  // moving it from (g, i) to (g, i + 1), so a worker that saw an older loop
+  // can never take an index of a newer one.
+  std::atomic<uint64_t> claim_{0};
+  // The loop's size and function, in the slot of its generation's parity: a
+  // worker reading a slot for loop g while g is current sees g's values (the
+  // slot is rewritten only for g + 2, which starts after g has finished).
+  std::atomic<int64_t> loop_n_[2] = {0, 0};
+  std::atomic<const std::function<void(int64_t)>*> loop_fn_[2] = {nullptr, nullptr};
+  std::atomic<int64_t> finished_{0};  // indices of the current loop that returned
   std::atomic<bool> stop_{false};
-  std::atomic<int64_t> next_{0};
+
+  // Lateness handling (the caller's side, under call_mutex_).
+  // Written under call_mutex_; read by RunningAlone() without it.
+  std::atomic<Clock::rep> solo_until_{0};
+  Clock::time_point last_trouble_{};
+  Clock::duration backoff_ = kMinBackoff;
+  static constexpr Clock::duration kMinBackoff = std::chrono::milliseconds(5);
+  static constexpr Clock::duration kMaxBackoff = std::chrono::seconds(1);
+  std::atomic<int64_t> parallel_loops_{0}, solo_loops_{0}, late_loops_{0}, preempted_spins_{0}, crowded_loops_{0};
+  int loops_since_sample_ = 0;
+  static constexpr int kCpuSampleEvery = 4;
+  static constexpr Clock::duration kCrowdedMinWall = std::chrono::microseconds(50);
+  // How long a worker sleeps between loops instead of spinning after one of
+  // its spins was descheduled.
+  static constexpr Clock::duration kQuiet = std::chrono::milliseconds(50);
 };
 
 }  // namespace pagekv

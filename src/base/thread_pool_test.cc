@@ -56,5 +56,71 @@ TEST(ThreadPoolTest, ConcurrentCallersAreSerialisedSafely) {
   EXPECT_EQ(total.load(), 3 * 20 * (99 * 100 / 2));
 }
 
+// A worker descheduled while it holds an index (here: sleeping in it) makes
+// the caller wait once; the pool then runs the next calls on the caller
+// alone, and hands work to the workers again after the solo stretch.
+TEST(ThreadPoolTest, ALateWorkerSendsTheNextCallsToTheCallerAloneForAWhile) {
+  ThreadPool pool(2);
+  const std::thread::id caller = std::this_thread::get_id();
+  std::atomic<bool> worker_in{false};
+  const ThreadPool::Stats before = pool.stats();
+  pool.ParallelFor(2, 0, [&](int64_t) {
+    if (std::this_thread::get_id() != caller) {
+      worker_in = true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      return;
+    }
+    // The caller's index: wait (bounded) until the worker holds the other.
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    while (!worker_in && std::chrono::steady_clock::now() < give_up) std::this_thread::yield();
+  });
+  if (!worker_in) GTEST_SKIP() << "the worker never started within 2 s (an overloaded machine)";
+  const ThreadPool::Stats late = pool.stats();
+  EXPECT_EQ(late.late_loops - before.late_loops, 1);
+  EXPECT_TRUE(pool.RunningAlone());
+  std::atomic<int> elsewhere{0};
+  std::vector<std::atomic<int>> hits(100);
+  pool.ParallelFor(100, 0, [&](int64_t i) {
+    hits[static_cast<size_t>(i)].fetch_add(1);
+    if (std::this_thread::get_id() != caller) elsewhere.fetch_add(1);
+  });
+  for (const auto& h : hits) EXPECT_EQ(h.load(), 1);
+  EXPECT_EQ(elsewhere.load(), 0) << "a call during the solo stretch ran on a worker";
+  EXPECT_GE(pool.stats().solo_loops - late.solo_loops, 1);
+  // The first stretch is 5 ms.
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  EXPECT_FALSE(pool.RunningAlone());
+  const int64_t parallel = pool.stats().parallel_loops;
+  pool.ParallelFor(4, 0, [](int64_t) {});
+  EXPECT_EQ(pool.stats().parallel_loops, parallel + 1);
+}
+
+// Loops of every size and thread limit from two callers, some right after
+// the workers went to sleep: every index runs exactly once (the claim
+// counter is tagged with its loop, so a worker that saw an older loop never
+// takes an index of a newer one).
+TEST(ThreadPoolTest, BackToBackLoopsFromManyThreadsRunEveryIndexOnce) {
+  ThreadPool pool(3);
+  std::vector<std::thread> callers;
+  std::atomic<int64_t> total{0};
+  for (int c = 0; c < 2; ++c) {
+    callers.emplace_back([&, c] {
+      for (int r = 0; r < 300; ++r) {
+        const int64_t n = 1 + (r * 7 + c) % 40;
+        pool.ParallelFor(n, 1 + r % 3, [&](int64_t i) { total.fetch_add(i + 1); });
+        if (r % 50 == 0) std::this_thread::sleep_for(std::chrono::microseconds(500));  // workers fall asleep
+      }
+    });
+  }
+  for (auto& t : callers) t.join();
+  int64_t expected = 0;
+  for (int c = 0; c < 2; ++c)
+    for (int r = 0; r < 300; ++r) {
+      const int64_t n = 1 + (r * 7 + c) % 40;
+      expected += n * (n + 1) / 2;
+    }
+  EXPECT_EQ(total.load(), expected);
+}
+
 }  // namespace
 }  // namespace pagekv

@@ -148,7 +148,7 @@ class CeilingProbe {
 };
 
 Result<AttentionBenchResult> RunShape(const Shape& s, const CeilingProbe& probe, bool quick, bool scalar_baseline,
-                                      bool weights) {
+                                      bool weights, bool peer_head_major) {
   constexpr int32_t kHeadDim = 128;
   const int64_t blocks_per_seq = CeilDiv(s.ctx, s.block_len);
   CacheConfig c;
@@ -163,7 +163,8 @@ Result<AttentionBenchResult> RunShape(const Shape& s, const CeilingProbe& probe,
   PAGEKV_ASSIGN_OR_RETURN(KvLayout one_layer, KvLayout::Create(c));
   const int64_t layer_bytes = one_layer.total_bytes();
   const int64_t target = quick ? kQuickRotationBytes : kRotationBytes;
-  c.num_layers = static_cast<int32_t>(std::max<int64_t>(1, CeilDiv(target, layer_bytes)));
+  // (At most the layout's 4096 layers: tiny shapes then rotate over less.)
+  c.num_layers = static_cast<int32_t>(std::clamp<int64_t>(CeilDiv(target, layer_bytes), 1, 4096));
   if (layer_bytes * c.num_layers > kMaxFootprint) {
     return ResourceExhaustedError("needs " + std::to_string(layer_bytes >> 20) +
                                   " MiB of KV per layer, over the 6 GiB per-shape limit");
@@ -244,16 +245,37 @@ Result<AttentionBenchResult> RunShape(const Shape& s, const CeilingProbe& probe,
   using Clock = std::chrono::steady_clock;
   const Ceilings before = probe.Measure();
   std::vector<double> times;
-  double total = 0;
-  const int64_t min_calls = quick ? 3 : 5;
-  for (int64_t call = 0; call < 1000 && (static_cast<int64_t>(times.size()) < min_calls || total < 0.3); ++call) {
-    const PagedKv kv{&layout, arena->data(), static_cast<int32_t>((call + 1) % c.num_layers)};
-    const auto t0 = Clock::now();
-    PAGEKV_RETURN_IF_ERROR(PagedDecodeAttention(kv, seqs, q.data(), out.data(), opts));
-    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
-    if (call == 0) continue;  // warm-up: thread pool start, page walk caches
-    times.push_back(dt);
-    total += dt;
+  // Median seconds per call over the tables in `table` order, into `times`.
+  auto time_calls = [&](std::span<const DecodeSeq> calls_seqs) -> Result<double> {
+    times.clear();
+    double total = 0;
+    const int64_t min_calls = quick ? 3 : 5;
+    for (int64_t call = 0; call < 1000 && (static_cast<int64_t>(times.size()) < min_calls || total < 0.3); ++call) {
+      const PagedKv kv{&layout, arena->data(), static_cast<int32_t>((call + 1) % c.num_layers)};
+      const auto t0 = Clock::now();
+      PAGEKV_RETURN_IF_ERROR(PagedDecodeAttention(kv, calls_seqs, q.data(), out.data(), opts));
+      const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+      if (call == 0) continue;  // warm-up: thread pool start, page walk caches
+      times.push_back(dt);
+      total += dt;
+    }
+    return Median(times);
+  };
+  PAGEKV_ASSIGN_OR_RETURN(const double seconds, time_calls(seqs));
+  const auto calls = static_cast<int64_t>(times.size());
+  double head_major_seconds = 0;
+  if (peer_head_major) {
+    // The same pool with each sequence's blocks in order: sequence b owns
+    // slabs [b * blocks_per_seq, (b + 1) * blocks_per_seq) of every (layer,
+    // head), one contiguous run per (sequence, head).
+    std::vector<BlockId> in_order(ids.size());
+    for (size_t i = 0; i < in_order.size(); ++i) in_order[i] = BlockId{static_cast<int32_t>(i)};
+    std::vector<DecodeSeq> peer = seqs;
+    for (int64_t b = 0; b < s.batch; ++b) {
+      peer[static_cast<size_t>(b)].blocks = std::span<const BlockId>(in_order).subspan(
+          static_cast<size_t>(b * blocks_per_seq), static_cast<size_t>(blocks_per_seq));
+    }
+    PAGEKV_ASSIGN_OR_RETURN(head_major_seconds, time_calls(peer));
   }
 
   const Ceilings after = probe.Measure();
@@ -269,8 +291,12 @@ Result<AttentionBenchResult> RunShape(const Shape& s, const CeilingProbe& probe,
   r.block_len = s.block_len;
   r.dtype = s.dtype;
   r.threads = s.threads;
-  r.calls = static_cast<int64_t>(times.size());
-  r.seconds_per_call = Median(times);
+  r.calls = calls;
+  r.seconds_per_call = seconds;
+  if (head_major_seconds > 0) {
+    r.head_major_seconds = head_major_seconds;
+    r.ratio_to_head_major = head_major_seconds / seconds;
+  }
   const int64_t group = s.heads.q_heads / s.heads.kv_heads;
   // K and V of one layer, scales (and KIVI's key-group parameters) included.
   r.kv_bytes = s.batch * s.ctx * (layout.bytes_per_token() / layout.num_layers());
@@ -321,7 +347,8 @@ Result<AttentionBenchReport> RunAttentionBench(const AttentionBenchOptions& opti
       if (!single->ok()) return ResourceExhaustedError("could not map the bandwidth probe buffer");
     }
     const CeilingProbe& probe = s.threads == report.threads ? all : *single;
-    Result<AttentionBenchResult> r = RunShape(s, probe, quick, options.scalar_baseline, options.attention_weights);
+    Result<AttentionBenchResult> r =
+        RunShape(s, probe, quick, options.scalar_baseline, options.attention_weights, options.peer_head_major);
     if (!r.ok()) {
       if (r.status().code() != StatusCode::kResourceExhausted) return r.status();
       report.skipped.push_back("batch " + std::to_string(s.batch) + " ctx " + std::to_string(s.ctx) + " heads " +

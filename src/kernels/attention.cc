@@ -108,6 +108,16 @@ int Threads(const AttentionOptions& o) {
   return o.num_threads > 0 ? o.num_threads : ThreadPool::Shared().num_threads();
 }
 
+// Calls smaller than these run on the calling thread: handing them to the
+// pool costs more than the second core gives back. Decode: K and V bytes
+// read; measured with `pagekv bench attention --threads 1` vs 2 (batch 1-4,
+// 8/8 and 8/2 heads, f16, block_len 16, docs/PERFORMANCE.md "Threads"):
+// 2 threads lost below 16 KiB (a 2.7 us call took 5.7 us), were mixed at
+// 64 KiB and won from 128 KiB on. Prefill: multiply-adds, the weight
+// products' threshold (kernels/matmul.cc), the same few microseconds of work.
+constexpr int64_t kDecodeInlineBytes = int64_t{64} << 10;
+constexpr double kPrefillInlineMacs = double{1 << 18};
+
 // One unit of parallel work: some rows of one (sequence, KV head) over one
 // chunk of key positions.
 struct WorkItem {
@@ -297,7 +307,9 @@ Status PagedDecodeAttention(const PagedKv& kv, std::span<const DecodeSeq> seqs, 
     total_tokens += seqs[i].num_tokens;
   }
   g.scale = options.scale != 0 ? options.scale : 1.0f / std::sqrt(static_cast<float>(g.head_dim));
-  const int threads = Threads(options);
+  const int64_t kv_bytes = total_tokens * g.kv_heads * 2 * g.row_bytes;
+  const int wanted = Threads(options);
+  const int threads = wanted == 1 || kv_bytes < kDecodeInlineBytes || ThreadPool::Shared().RunningAlone() ? 1 : wanted;
 
   // Chunk length: enough chunks that every thread has several items, never
   // below 256 tokens (the merge would cost more than it balances).
@@ -432,7 +444,13 @@ Status PagedPrefillAttention(const PagedKv& kv, std::span<const PrefillSeq> seqs
     PAGEKV_RETURN_IF_ERROR(ValidateKivi(g, s.num_tokens, s.tail, s.scores != nullptr, i));
   }
   g.scale = options.scale != 0 ? options.scale : 1.0f / std::sqrt(static_cast<float>(g.head_dim));
-  const int threads = Threads(options);
+  double macs = 0;  // q.k and p.v of every query over the positions it sees
+  for (const PrefillSeq& s : seqs) {
+    const double seen = static_cast<double>(s.num_tokens) - 0.5 * static_cast<double>(s.num_queries - 1);
+    macs += 2.0 * static_cast<double>(s.num_queries) * seen * g.q_heads * g.head_dim;
+  }
+  const int wanted = Threads(options);
+  const int threads = wanted == 1 || macs < kPrefillInlineMacs || ThreadPool::Shared().RunningAlone() ? 1 : wanted;
   std::vector<ScoreOut> score_out(seqs.size());
   std::vector<std::mutex> locks(seqs.size() * static_cast<size_t>(g.kv_heads));
   for (size_t i = 0; i < seqs.size(); ++i) {

@@ -649,7 +649,7 @@ Status MatMulShared(std::span<const MatMulOutput> outputs, const float* x, int64
   };
   // Below ~256 K multiply-adds a call is cheaper on one thread than the
   // hand-off to the pool.
-  if (threads == 1 || work < (int64_t{1} << 18)) {
+  if (threads == 1 || work < (int64_t{1} << 18) || ThreadPool::Shared().RunningAlone()) {
     for (size_t o = 0; o < tasks.size(); ++o) run(o, 0, row_ends[o]);
     return Status::Ok();
   }
