@@ -126,11 +126,11 @@ test-tsan: deps
 	cmake --build build/tsan -j $(JOBS)
 	ctest --preset tsan -j $(JOBS)
 
-# The block manager, prefix cache and tiers (worker threads, staging, the
+# The thread pool, the block manager, prefix cache and tiers (worker threads, staging, the
 # change queue, a real redis-server) and the HTTP transport (I/O threads,
 # exchanges answered from other threads) under ThreadSanitizer: part of make
 # test; the whole suite under TSan is make test-tsan.
-TSAN_SUITES := kvcache prefix tiers server
+TSAN_SUITES := base kvcache prefix tiers server
 test-tsan-tiers: deps
 	@cmake --preset tsan >/dev/null
 	cmake --build build/tsan -j $(JOBS) $(foreach s,$(TSAN_SUITES),--target pagekv_$(s)_test)

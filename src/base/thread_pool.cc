@@ -8,8 +8,9 @@
 
 namespace pagekv {
 
-ThreadPool::ThreadPool(int num_threads) {
-  PAGEKV_CHECK(num_threads >= 1 && num_threads <= 0xffff);
+ThreadPool::ThreadPool(int num_threads, std::chrono::milliseconds shortest_solo)
+    : min_backoff_(shortest_solo), backoff_(shortest_solo) {
+  PAGEKV_CHECK(num_threads >= 1 && num_threads <= 0xffff && shortest_solo.count() > 0);
   workers_.reserve(static_cast<size_t>(num_threads - 1));
   for (int i = 0; i < num_threads - 1; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
 }
@@ -209,7 +210,7 @@ void ThreadPool::ParallelFor(int64_t n, int max_threads, const std::function<voi
     // Trouble again soon after the last solo stretch: the neighbour is
     // still there, stay alone twice as long; after a quiet spell, start
     // from the shortest stretch.
-    backoff_ = end - last_trouble_ < 2 * backoff_ ? std::min(kMaxBackoff, 2 * backoff_) : kMinBackoff;
+    backoff_ = end - last_trouble_ < 2 * backoff_ ? std::max(min_backoff_, std::min(kMaxBackoff, 2 * backoff_)) : min_backoff_;
     last_trouble_ = end;
     solo_until_.store((end + backoff_).time_since_epoch().count(), std::memory_order_relaxed);
   }

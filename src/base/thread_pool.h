@@ -49,8 +49,10 @@ namespace pagekv {
 class ThreadPool {
  public:
   // A pool of `num_threads` threads in total: the caller plus
-  // num_threads - 1 workers. REQUIRES: 1 <= num_threads <= 65535.
-  explicit ThreadPool(int num_threads);
+  // num_threads - 1 workers; `shortest_solo`: the first solo stretch after
+  // a late or crowded loop (tests lengthen it). REQUIRES: 1 <= num_threads
+  // <= 65535, shortest_solo > 0.
+  explicit ThreadPool(int num_threads, std::chrono::milliseconds shortest_solo = std::chrono::milliseconds(5));
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
@@ -119,8 +121,8 @@ class ThreadPool {
   // Written under call_mutex_; read by RunningAlone() without it.
   std::atomic<Clock::rep> solo_until_{0};
   Clock::time_point last_trouble_{};
-  Clock::duration backoff_ = kMinBackoff;
-  static constexpr Clock::duration kMinBackoff = std::chrono::milliseconds(5);
+  const Clock::duration min_backoff_;
+  Clock::duration backoff_;
   static constexpr Clock::duration kMaxBackoff = std::chrono::seconds(1);
   std::atomic<int64_t> parallel_loops_{0}, solo_loops_{0}, late_loops_{0}, preempted_spins_{0}, crowded_loops_{0};
   int loops_since_sample_ = 0;
