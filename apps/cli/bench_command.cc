@@ -356,6 +356,7 @@ int RunServeBenchCommand(const ServeBenchArgs& a) {
                                   {"output_tokens_per_s", x.output_tokens_per_s}, {"ttft_p50_ms", x.ttft_p50_ms},
                                   {"ttft_p99_ms", x.ttft_p99_ms}, {"itl_p50_ms", x.itl_p50_ms}, {"itl_p99_ms", x.itl_p99_ms},
                                   {"mean_running", x.mean_running}, {"peak_running", x.peak_running},
+                                  {"mean_table_contiguity", x.mean_table_contiguity},
                                   {"kv_utilization", x.kv_utilization}, {"preemptions", x.preemptions},
                                   {"prefix_hit_rate", x.prefix_hit_rate}, {"tiers", x.tiers},
                                   {"pool_hit_blocks", x.pool_hit_blocks}, {"host_hit_blocks", x.host_hit_blocks},
@@ -385,13 +386,13 @@ int RunServeBenchCommand(const ServeBenchArgs& a) {
   }
   std::printf("%s, KV budget %s (%ld blocks of %d tokens)\n", r->model.c_str(), FormatBytes(r->kv_budget_bytes).c_str(),
               static_cast<long>(r->blocks), a.block_len);
-  std::printf("%-17s %8s %8s %10s %9s %9s %9s %9s %9s %6s %7s %6s %8s\n", "allocator", "requests", "req/s", "out tok/s",
-              "ttft p50", "ttft p99", "itl p50", "itl p99", "mean run", "peak", "kv util", "preem", "prefix");
+  std::printf("%-17s %8s %8s %10s %9s %9s %9s %9s %9s %6s %7s %6s %8s %7s\n", "allocator", "requests", "req/s", "out tok/s",
+              "ttft p50", "ttft p99", "itl p50", "itl p99", "mean run", "peak", "kv util", "preem", "prefix", "contig");
   for (const auto& x : r->results) {
-    std::printf("%-17s %8ld %8.2f %10.1f %8.1fms %8.1fms %8.2fms %8.2fms %9.1f %6ld %7.3f %6ld %7.1f%%\n", x.allocator.c_str(),
+    std::printf("%-17s %8ld %8.2f %10.1f %8.1fms %8.1fms %8.2fms %8.2fms %9.1f %6ld %7.3f %6ld %7.1f%% %7.3f\n", x.allocator.c_str(),
                 static_cast<long>(x.requests), x.requests_per_s, x.output_tokens_per_s, x.ttft_p50_ms, x.ttft_p99_ms,
                 x.itl_p50_ms, x.itl_p99_ms, x.mean_running, static_cast<long>(x.peak_running), x.kv_utilization,
-                static_cast<long>(x.preemptions), 100 * x.prefix_hit_rate);
+                static_cast<long>(x.preemptions), 100 * x.prefix_hit_rate, x.mean_table_contiguity);
   }
   if (!o.tier_configs.empty()) {
     std::printf("\nprefix blocks found by tier (loaded instead of computed)\n%-17s %10s %10s %10s %10s %8s\n", "run", "pool",

@@ -212,6 +212,7 @@ struct ServeSample {
   int64_t running = 0, waiting = 0;
   int64_t blocks_used = 0;     // held, or reserved (contiguous)
   int64_t tokens_stored = 0, slots_reserved = 0;
+  double table_contiguity = 1;  // EngineMetrics::table_contiguity
 };
 
 struct ServeBenchResult {
@@ -223,6 +224,7 @@ struct ServeBenchResult {
   double output_tokens_per_s = 0;
   double ttft_p50_ms = 0, ttft_p99_ms = 0, itl_p50_ms = 0, itl_p99_ms = 0;
   double mean_running = 0;     // time-weighted over the run
+  double mean_table_contiguity = 0;  // EngineMetrics::table_contiguity, time-weighted (paged runs)
   int64_t peak_running = 0;
   double kv_utilization = 0;   // tokens stored / slots reserved, over the run
   int64_t preemptions = 0;

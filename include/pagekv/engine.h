@@ -218,6 +218,11 @@ struct EngineMetrics {
   int64_t copy_on_write_blocks = 0; // shared partly filled blocks copied before a write
   int64_t bytes_per_block = 0, bytes_per_token = 0;  // the pool's geometry
   int64_t kv_event_batches = 0;     // published to kv_events_endpoint
+  // Of the running sequences' block tables: entries whose block is the one
+  // right after the previous entry's in memory (id + 1), over all entries
+  // that have a previous one; 1 when there are none. What the attention
+  // kernels read as one run (docs/PERFORMANCE.md, "Consecutive blocks").
+  double table_contiguity = 1;
   // Time in the model's forward pass (seconds, accumulated), and of it in
   // the attention kernels and in the weight products.
   double forward_seconds = 0, attention_seconds = 0, matmul_seconds = 0;

@@ -86,7 +86,8 @@ Result<ServeBenchResult> RunOne(const ServeBenchOptions& o, const std::string& m
       const EngineMetrics m = engine->Metrics();
       // Blocks in use: held, plus (contiguous) reserved for tokens to come.
       r.samples.push_back({std::chrono::duration<double>(Clock::now() - start).count(), m.running, m.waiting,
-                           (m.slots_reserved + o.block_len - 1) / o.block_len, m.tokens_stored, m.slots_reserved});
+                           (m.slots_reserved + o.block_len - 1) / o.block_len, m.tokens_stored, m.slots_reserved,
+                           m.table_contiguity});
       r.blocks = m.blocks_total;
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
@@ -162,17 +163,19 @@ Result<ServeBenchResult> RunOne(const ServeBenchOptions& o, const std::string& m
   r.evictions_copied = m.prefix.evictions_copied;
   r.evictions_precopied = m.prefix.evictions_precopied;
   // Time-weighted means over the samples (equal spacing), while any request is in the system.
-  double running = 0, stored = 0, reserved = 0;
+  double running = 0, stored = 0, reserved = 0, contiguity = 0;
   int64_t n = 0;
   for (const ServeSample& s : r.samples) {
     r.peak_running = std::max(r.peak_running, s.running);
     if (s.running == 0 && s.waiting == 0) continue;
     running += static_cast<double>(s.running);
+    contiguity += s.table_contiguity;
     stored += static_cast<double>(s.tokens_stored);
     reserved += static_cast<double>(s.slots_reserved);
     ++n;
   }
   r.mean_running = n > 0 ? running / static_cast<double>(n) : 0;
+  r.mean_table_contiguity = n > 0 ? contiguity / static_cast<double>(n) : 0;
   r.kv_utilization = reserved > 0 ? stored / reserved : 0;
   return r;
 }

@@ -299,7 +299,16 @@ struct Engine::State {
     const int64_t total = cache->layout().num_blocks(), free = cache->FreeBlockCount();
     const int64_t stored = sched->StoredTokens(), reserved = sched->ReservedSlots();
     sequences.clear();
+    int64_t links = 0, consecutive = 0;
     for (const Sequence* q : sched->running()) {
+      if (q->seq) {
+        const Result<SequenceView> view = cache->View(*q->seq);
+        if (view.ok()) {
+          const std::span<const BlockId> b = view->blocks;
+          for (size_t i = 1; i < b.size(); ++i) consecutive += ToInt(b[i]) == ToInt(b[i - 1]) + 1 ? 1 : 0;
+          links += b.empty() ? 0 : static_cast<int64_t>(b.size()) - 1;
+        }
+      }
       if (q->root) continue;  // a group's prefill, not a request
       const int64_t generated_tokens = static_cast<int64_t>(q->tokens.size()) - q->prompt_len;
       sequences.push_back({static_cast<RequestId>(q->id), q->prompt_len, std::max<int64_t>(0, generated_tokens), q->computed,
@@ -321,6 +330,7 @@ struct Engine::State {
     mx.slots_reserved = o.allocator == Allocator::kContiguous ? reserved : mx.blocks_used * o.block_len;
     mx.peak_blocks_used = peak_blocks;
     mx.copy_on_write_blocks = cache->CopyOnWriteCount();
+    mx.table_contiguity = links > 0 ? static_cast<double>(consecutive) / static_cast<double>(links) : 1.0;
     mx.forward_seconds = timings.total;
     mx.attention_seconds = timings.attention;
     mx.matmul_seconds = timings.matmul;

@@ -619,6 +619,31 @@ TEST(EngineTest, ForcedTokensScoreAKnownTextAndPromptLogitsAgreeWithItsSteps) {
 namespace pagekv {
 namespace {
 
+// One request in a fresh pool holds blocks in order (the free list starts
+// 0, 1, 2, ...), so every table entry follows the one before it; a finished
+// engine has no tables at all (1 by definition).
+TEST(EngineMetricsTest, TableContiguityCountsEntriesThatFollowThePreviousBlock) {
+  auto e = std::move(*Engine::Create(Options(64)));
+  EngineRequest r;
+  r.prompt = e->Encode(kPrompts[0]);
+  r.max_tokens = 40;
+  r.ignore_eos = true;
+  const RequestId id = *e->Submit(r);
+  int64_t steps_with_links = 0;
+  while (*e->Step()) {
+    const EngineMetrics m = e->Metrics();
+    EXPECT_GE(m.table_contiguity, 0.0);
+    EXPECT_LE(m.table_contiguity, 1.0);
+    if (m.running == 1 && m.tokens_stored > 2 * 8) {
+      ++steps_with_links;
+      EXPECT_EQ(m.table_contiguity, 1.0) << "a lone table in a fresh pool is one run";
+    }
+  }
+  (void)e->Wait(id);
+  EXPECT_GT(steps_with_links, 0);
+  EXPECT_EQ(e->Metrics().table_contiguity, 1.0);
+}
+
 TEST(EngineContiguousTest, TheContiguousAllocatorReservesUpFrontNeverPreemptsAndGivesTheSameTokens) {
   const auto want = Alone(40);
   EngineOptions o = Options(20);
