@@ -100,6 +100,7 @@ struct MachineFacts {
   std::vector<std::string> isa;   // the kernel-relevant instruction sets present
   std::string simd_target;        // the Highway target the kernels dispatched to
   std::string attention_path;     // AttentionSimdTarget()
+  std::string matmul_path;        // the weight products' target (AVX3_DL: with VNNI)
   std::string Line() const;       // one line, "machine: ..."
 };
 MachineFacts DescribeMachine();

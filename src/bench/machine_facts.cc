@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "kernels/attention_kernel.h"
+#include "kernels/matmul.h"
 #include "pagekv/attention.h"
 #include "pagekv/bench.h"
 
@@ -35,6 +36,7 @@ MachineFacts DescribeMachine() {
   }
   m.simd_target = kernels::DispatchedTargetName();
   m.attention_path = AttentionSimdTarget();
+  m.matmul_path = kernels::MatMulTargetName();
   return m;
 }
 
@@ -43,7 +45,7 @@ std::string MachineFacts::Line() const {
   for (const std::string& f : isa) isa_list += (isa_list.empty() ? "" : " ") + f;
   return "machine: " + cpu + ", " + std::to_string(logical_cpus) + " logical CPUs; ISA " +
          (isa_list.empty() ? "(none of the listed)" : isa_list) + "; dispatched " + simd_target + ", attention " +
-         attention_path;
+         attention_path + ", weight products " + matmul_path;
 }
 
 }  // namespace pagekv

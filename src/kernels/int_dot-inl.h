@@ -56,6 +56,27 @@ namespace HWY_NAMESPACE {
 
 namespace intdot {
 
+// a0 . b0 + a1 . b1 in int16 pairs, lanes as `vpmaddwd` leaves them. With
+// kVnni (AVX-512 targets, on a CPU with AVX-512 VNNI: the caller checks
+// kernels::VnniEnabled()) the second product and the sum are one
+// `vpdpwssd`; the same exact integers either way (weights |w| <= 128,
+// activations |q| <= 32767: no sum comes near 2^31; vpdpwssd does not
+// saturate). Written as EVEX-encoded inline assembly: Highway 1.0.3's
+// AVX3_DL target enables AVX-VNNI (the VEX form), which some AVX-512 VNNI
+// CPUs lack (this project's AMD machines), so the compiler's own
+// `_mm256_dpwssd_epi32` there is an illegal instruction.
+template <bool kVnni = false>
+inline __m256i DotPairs(__m256i a0, __m256i b0, __m256i a1, __m256i b1) {
+#if HWY_TARGET <= HWY_AVX3
+  if constexpr (kVnni) {
+    __m256i acc = _mm256_madd_epi16(a0, b0);
+    asm("%{evex%} vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(a1), "v"(b1));
+    return acc;
+  }
+#endif
+  return _mm256_add_epi32(_mm256_madd_epi16(a0, b0), _mm256_madd_epi16(a1, b1));
+}
+
 // One 32-element chunk of a weight row: the values are u * scale + bias,
 // scale and bias per 16 elements (lanes 0-3 of the integer sums cover
 // elements 0-15, lanes 4-7 elements 16-31).
@@ -231,7 +252,7 @@ inline void Widen32(const std::byte* b, __m256i& lo, __m256i& hi) {
 // minimum): the kRows rows' f16 constants converted together, their
 // products with each token's scale (and the minimums' terms) taken four
 // rows at a time, one scale per (row, token) and block, no per-16 split.
-template <WeightType kType, int kRows, int kT>
+template <WeightType kType, int kRows, int kT, bool kVnni = false>
 inline void Tile32(const std::byte* const* rows, int64_t cols, const int16_t* xq, const float* xd, const float* xs,
                    int64_t row_step, float* out) {
   static_assert(kRows == 4, "the f16 constants of four rows convert in one instruction");
@@ -277,7 +298,7 @@ inline void Tile32(const std::byte* const* rows, int64_t cols, const int16_t* xq
       __m256i wlo, whi;
       Widen32<kType>(rows[r] + at, wlo, whi);
       for (int t = 0; t < kT; ++t) {
-        const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(wlo, xlo[t]), _mm256_madd_epi16(whi, xhi[t]));
+        const __m256i s = DotPairs<kVnni>(wlo, xlo[t], whi, xhi[t]);
         acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_broadcast_ss(&dd[t][r]), acc[r][t]);
       }
     }

@@ -14,6 +14,7 @@
 #include <hwy/highway.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -213,6 +214,7 @@ HWY_INLINE void AnyTile(const MatMulTask& task, const std::byte* const* rows, co
 template <WeightType kType>
 void IntRowRange(const MatMulTask& task, int64_t row_begin, int64_t row_end) {
   const int64_t cols = task.w.cols;
+  [[maybe_unused]] const bool vnni = VnniEnabled();
   float out[2 * kTileRows];
   for (int64_t r0 = row_begin; r0 < row_end; r0 += kTileRows) {
     const int64_t nr = std::min<int64_t>(kTileRows, row_end - r0);
@@ -224,6 +226,15 @@ void IntRowRange(const MatMulTask& task, int64_t row_begin, int64_t row_end) {
       const float* xd = task.xd + t * (cols / 32);
       const float* xs = task.xs + t * (cols / 16);
       if constexpr (QuantTraits<kType>::kElems == 32) {
+#if HWY_TARGET <= HWY_AVX3
+        if (vnni) {
+          if (nt == 2) {
+            intdot::Tile32<kType, kTileRows, 2, true>(rows, cols, xq, xd, xs, task.row_bytes, out);
+          } else {
+            intdot::Tile32<kType, kTileRows, 1, true>(rows, cols, xq, xd, xs, task.row_bytes, out);
+          }
+        } else
+#endif
         if (nt == 2) {
           intdot::Tile32<kType, kTileRows, 2>(rows, cols, xq, xd, xs, task.row_bytes, out);
         } else {
@@ -515,6 +526,16 @@ void RowRangeImpl(const MatMulTask& task, int64_t row_begin, int64_t row_end) {
   }
 }
 
+const char* MatMulTargetNameImpl() { return hwy::TargetName(HWY_TARGET); }
+
+bool VnniTargetImpl() {
+#if defined(PAGEKV_HAVE_INT_DOT) && HWY_TARGET <= HWY_AVX3
+  return true;
+#else
+  return false;
+#endif
+}
+
 bool IntDotImpl() {
 #ifdef PAGEKV_HAVE_INT_DOT
   return true;
@@ -565,6 +586,28 @@ HWY_EXPORT(RowRangeImpl);
 HWY_EXPORT(PanelRangeImpl);
 HWY_EXPORT(IntDotImpl);
 HWY_EXPORT(QuantizeQ16Impl);
+HWY_EXPORT(MatMulTargetNameImpl);
+HWY_EXPORT(VnniTargetImpl);
+namespace {
+std::atomic<bool> vnni_allowed{true};
+}  // namespace
+bool CpuHasAvx512Vnni() {
+#if HWY_ARCH_X86 && defined(__GNUC__)
+  static const bool has = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
+  return has;
+#else
+  return false;
+#endif
+}
+bool VnniEnabled() { return CpuHasAvx512Vnni() && vnni_allowed.load(std::memory_order_relaxed); }
+bool SetVnniForTest(bool allowed) {
+  vnni_allowed.store(allowed, std::memory_order_relaxed);
+  return CpuHasAvx512Vnni();
+}
+std::string MatMulTargetName() {
+  const bool vnni = HWY_DYNAMIC_DISPATCH(VnniTargetImpl)() && VnniEnabled();
+  return std::string(HWY_DYNAMIC_DISPATCH(MatMulTargetNameImpl)()) + (vnni ? "+VNNI" : "");
+}
 void RowRange(const MatMulTask& task, int64_t row_begin, int64_t row_end) {
   HWY_DYNAMIC_DISPATCH(RowRangeImpl)(task, row_begin, row_end);
 }

@@ -25,6 +25,8 @@
 #include <cstdlib>
 #include <memory>
 #include <span>
+#include <string>
+#include <vector>
 
 #include "kernels/weight_formats.h"
 #include "pagekv/status.h"
@@ -71,6 +73,18 @@ Status MatMulShared(std::span<const MatMulOutput> outputs, const float* x, int64
 
 // Whether this CPU runs kInt16 as integer products (else as f32).
 bool IntActivationsAvailable();
+
+namespace kernels {
+// The target the weight products dispatch to now, "+VNNI" where the
+// int16-activation products use AVX-512 VNNI's vpdpwssd (AVX-512 targets on
+// a CPU that has it, unless a test turned it off).
+std::string MatMulTargetName();
+// AVX-512 VNNI (with VL) on this CPU, and allowed (SetVnniForTest).
+bool VnniEnabled();
+// Tests force the path without VNNI (false) or allow it again (true);
+// returns whether the CPU has it at all.
+bool SetVnniForTest(bool allowed);
+}  // namespace kernels
 
 // Row r of W converted to f32 (the embedding lookup); either layout.
 void WeightRow(const WeightMatrix& w, int64_t r, float* out);

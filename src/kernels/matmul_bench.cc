@@ -92,7 +92,8 @@ BENCHMARK(BM_MatMul)->Apply([](benchmark::internal::Benchmark* b) { Args(b, true
 
 // ggml block formats at SmolLM2-135M's shapes (q, k/v, gate/up, down, the
 // classifier), random blocks with realistic scales: args shape, tokens,
-// weight type (as WeightType), activations (0 f32, 1 int16), threads (0 =
+// weight type (as WeightType), activations (0 f32, 1 int16, 2 int16 with
+// AVX-512 VNNI turned off: the same as 1 on CPUs without it), threads (0 =
 // all).
 constexpr Shape kQuantShapes[] = {{576, 576}, {192, 576}, {1536, 576}, {576, 1536}, {49152, 576}};
 
@@ -100,7 +101,8 @@ void BM_QuantMatMul(benchmark::State& state) {
   const Shape s = kQuantShapes[state.range(0)];
   const int64_t tokens = state.range(1);
   const auto type = static_cast<WeightType>(state.range(2));
-  const Activations act = state.range(3) == 1 ? Activations::kInt16 : Activations::kF32;
+  const Activations act = state.range(3) >= 1 ? Activations::kInt16 : Activations::kF32;
+  kernels::SetVnniForTest(state.range(3) != 2);
   const int threads = static_cast<int>(state.range(4));
   std::vector<std::byte> bytes(static_cast<size_t>(s.rows * WeightRowBytes(type, s.cols)));
   std::mt19937 rng(3);
@@ -128,6 +130,7 @@ void BM_QuantMatMul(benchmark::State& state) {
     benchmark::DoNotOptimize(MatMul(m, x.data(), tokens, y.data(), threads, act));
     benchmark::ClobberMemory();
   }
+  kernels::SetVnniForTest(true);
   Counters(state, static_cast<int64_t>(bytes.size()), 2.0 * static_cast<double>(s.rows * s.cols * tokens));
 }
 BENCHMARK(BM_QuantMatMul)->Apply([](benchmark::internal::Benchmark* b) {
@@ -135,8 +138,8 @@ BENCHMARK(BM_QuantMatMul)->Apply([](benchmark::internal::Benchmark* b) {
                        static_cast<int64_t>(WeightType::kQ4_K), static_cast<int64_t>(WeightType::kQ6_K)}) {
     for (int64_t shape = 0; shape < static_cast<int64_t>(std::size(kQuantShapes)); ++shape) {
       for (int64_t tokens : {1, 4, 16, 64}) {
-        for (int64_t act : {0, 1}) {
-          if (act == 1 && tokens >= 16) continue;  // the same path as f32 there
+        for (int64_t act : {0, 1, 2}) {
+          if (act >= 1 && tokens >= 16) continue;  // the same path as f32 there
           for (int64_t threads : {1, 0}) b->Args({shape, tokens, type, act, threads});
         }
       }

@@ -216,6 +216,35 @@ TEST_P(MatMulTargetTest, IntActivationsMatchAProductOfTheRoundedActivations) {
   }
 }
 
+// AVX-512 VNNI's vpdpwssd sums the same integers as vpmaddwd + vpaddd, so
+// the 32-element formats' int16 products come out bit for bit the same with
+// it and without it (forced off), on every target (those without AVX-512
+// never take it).
+TEST_P(MatMulTargetTest, VnniGivesTheSameProductsBitForBit) {
+  if (!kernels::SetVnniForTest(true)) GTEST_SKIP() << "this CPU has no AVX-512 VNNI";
+  uint32_t seed = 1700;
+  for (WeightType type : {WeightType::kQ8_0, WeightType::kQ4_0, WeightType::kQ4_1, WeightType::kQ5_0, WeightType::kQ5_1}) {
+    for (int64_t tokens : {1, 2, 5}) {
+      const int64_t rows = 9, cols = 256;
+      const Weights w = MakeWeights(type, rows, cols, seed++);
+      std::mt19937 rng(seed++);
+      std::uniform_real_distribution<float> uni(-3.0f, 3.0f);
+      std::vector<float> x(static_cast<size_t>(tokens * cols));
+      for (float& v : x) v = uni(rng);
+      std::vector<float> with(static_cast<size_t>(tokens * rows)), without(with.size());
+      kernels::SetVnniForTest(true);
+      ASSERT_TRUE(MatMul(w.matrix, x.data(), tokens, with.data(), 1, Activations::kInt16).ok());
+      kernels::SetVnniForTest(false);
+      ASSERT_TRUE(MatMul(w.matrix, x.data(), tokens, without.data(), 1, Activations::kInt16).ok());
+      kernels::SetVnniForTest(true);
+      for (size_t i = 0; i < with.size(); ++i) {
+        ASSERT_EQ(std::bit_cast<uint32_t>(with[i]), std::bit_cast<uint32_t>(without[i]))
+            << FormatOf(type).name << " tokens " << tokens << " output " << i;
+      }
+    }
+  }
+}
+
 TEST_P(MatMulTargetTest, PanelsEveryTypeAndTail) {
   uint32_t seed = 100;
   for (WeightType type : {WeightType::kF32, WeightType::kF16, WeightType::kBF16}) {
