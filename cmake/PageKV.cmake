@@ -36,8 +36,9 @@ function(pagekv_benchmark name)
     return()
   endif()
   cmake_parse_arguments(ARG "" "" "SOURCES;DEPS" ${ARGN})
-  add_executable(${name} ${ARG_SOURCES})
-  target_link_libraries(${name} PRIVATE ${ARG_DEPS} benchmark::benchmark)
+  # One main() for all: the machine into the benchmark's context.
+  add_executable(${name} ${ARG_SOURCES} ${PROJECT_SOURCE_DIR}/src/kernels/bench_main.cc)
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS} pagekv_kernels benchmark::benchmark)
   set_property(GLOBAL APPEND PROPERTY PAGEKV_BENCHMARKS ${name})
 endfunction()
 

@@ -16,6 +16,7 @@
 
 #include "pagekv/dtype.h"
 #include "pagekv/engine.h"
+#include "pagekv/machine.h"
 #include "pagekv/replay.h"
 #include "pagekv/status.h"
 
@@ -91,19 +92,6 @@ struct AttentionBenchOptions {
 // Runs the decode-attention grid. Errors: the OS refusing memory for a shape
 // (ResourceExhausted), which stops the run.
 Result<AttentionBenchReport> RunAttentionBench(const AttentionBenchOptions& options);
-
-// What a benchmark ran on, printed at the top of every `pagekv bench`
-// (machines differ by CPU between runs: a figure means little without it).
-struct MachineFacts {
-  std::string cpu;                // /proc/cpuinfo's model name
-  int logical_cpus = 0;
-  std::vector<std::string> isa;   // the kernel-relevant instruction sets present
-  std::string simd_target;        // the Highway target the kernels dispatched to
-  std::string attention_path;     // AttentionSimdTarget()
-  std::string matmul_path;        // the weight products' target (AVX3_DL: with VNNI)
-  std::string Line() const;       // one line, "machine: ..."
-};
-MachineFacts DescribeMachine();
 
 // `pagekv bench generate`: whole-model throughput on the paged cache. For
 // each batch size: `batch` prompts of prompt_len random token ids prefilled

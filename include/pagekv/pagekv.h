@@ -15,6 +15,7 @@
 #pragma once
 
 #include "pagekv/attention.h"
+#include "pagekv/machine.h"
 #include "pagekv/bench.h"
 #include "pagekv/dtype.h"
 #include "pagekv/generate.h"

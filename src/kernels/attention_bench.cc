@@ -120,4 +120,4 @@ BENCHMARK(BM_PrefillHot)->ArgsProduct({{1, 2, 8}, {64, 128}});
 }  // namespace
 }  // namespace pagekv
 
-BENCHMARK_MAIN();
+// main(): src/kernels/bench_main.cc.

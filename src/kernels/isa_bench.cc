@@ -255,4 +255,4 @@ BENCHMARK(BM_FmaPlus);
 }  // namespace
 }  // namespace pagekv
 
-BENCHMARK_MAIN();
+// main(): src/kernels/bench_main.cc.

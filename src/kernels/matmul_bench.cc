@@ -170,4 +170,4 @@ BENCHMARK(BM_OpenBlasSgemm)->Apply([](benchmark::internal::Benchmark* b) { Args(
 }  // namespace
 }  // namespace pagekv
 
-BENCHMARK_MAIN();
+// main(): src/kernels/bench_main.cc.

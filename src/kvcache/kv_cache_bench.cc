@@ -141,4 +141,4 @@ BENCHMARK(BM_AppendDecodeStep)->Arg(1)->Arg(8)->Arg(32)->UseManualTime();
 }  // namespace
 }  // namespace pagekv
 
-BENCHMARK_MAIN();
+// main(): src/kernels/bench_main.cc.

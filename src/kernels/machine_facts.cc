@@ -9,7 +9,7 @@
 #include "kernels/attention_kernel.h"
 #include "kernels/matmul.h"
 #include "pagekv/attention.h"
-#include "pagekv/bench.h"
+#include "pagekv/machine.h"
 
 namespace pagekv {
 
