@@ -17,6 +17,8 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include "base/utf8.h"
+
 namespace pagekv {
 namespace {
 
@@ -48,31 +50,11 @@ void PackKeys(Packer& pk, const std::vector<BlockKey>& keys, bool as_bytes) {
   for (const BlockKey& k : keys) PackKey(pk, k, as_bytes);
 }
 
-bool ValidUtf8(std::string_view s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    if (n == 0 || i + n > s.size()) return false;
-    uint32_t cp = n == 1 ? c : c & (0x7F >> n);
-    for (size_t j = 1; j < n; ++j) {
-      const auto d = static_cast<unsigned char>(s[i + j]);
-      if ((d >> 6) != 2) return false;
-      cp = cp << 6 | (d & 0x3F);
-    }
-    // Overlong forms, surrogates and values past U+10FFFF are not UTF-8.
-    static constexpr uint32_t kMin[5] = {0, 0, 0x80, 0x800, 0x10000};
-    if (cp < kMin[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
-    i += n;
-  }
-  return true;
-}
-
 // An extra key as a msgpack string: as it is when it is UTF-8 (decoders
 // that read strings strictly would fail on anything else), else its name
 // and the hex of its value ("salt:<bytes>" -> "salt-hex:<hex>").
 std::string WireExtraKey(const std::string& s) {
-  if (ValidUtf8(s)) return s;
+  if (IsValidUtf8(s)) return s;
   const size_t colon = s.find(':');
   const size_t from = colon == std::string::npos ? 0 : colon + 1;
   std::string out = colon == std::string::npos ? "hex:" : s.substr(0, colon) + "-hex:";

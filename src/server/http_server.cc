@@ -403,7 +403,12 @@ void Route(Shared& sh, HttpRequest req, std::shared_ptr<Exchange> raw) {
   }
   if (req.path.rfind("/v1/models/", 0) == 0) {
     if (!get) return wrong_method("GET");
-    const std::string id = req.path.substr(11);
+    const std::optional<std::string> decoded = server::PercentDecode(std::string_view(req.path).substr(11));
+    if (!decoded) {
+      return AnswerError(sh, *ex, 400, "the model id in the path has a '%' not followed by two hex digits: escape it as %25",
+                         "model", {}, "invalid_request_error");
+    }
+    const std::string& id = *decoded;
     if (id != sh.model) {
       return AnswerError(sh, *ex, 404, "model '" + id + "' does not exist; this server has '" + sh.model + "'", "model", {},
                          "model_not_found");

@@ -7,6 +7,7 @@
 
 #include <boost/asio/post.hpp>
 
+#include "base/utf8.h"
 #include "pagekv/version.h"
 #include "server/request.h"
 #include "server/server_state.h"
@@ -16,20 +17,6 @@ namespace {
 
 using json = nlohmann::json;
 
-bool ValidUtf8(const std::string& s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    const size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    if (n == 0 || i + n > s.size()) return false;
-    for (size_t k = 1; k < n; ++k) {
-      if ((static_cast<unsigned char>(s[i + k]) >> 6) != 2) return false;
-    }
-    i += n;
-  }
-  return true;
-}
-
 json Bytes(const std::string& s) {
   json b = json::array();
   for (unsigned char c : s) b.push_back(c);
@@ -38,7 +25,7 @@ json Bytes(const std::string& s) {
 
 // A piece as llama-server writes it: the text when it is whole UTF-8, else
 // its bytes.
-json PieceJson(const std::string& piece) { return ValidUtf8(piece) ? json(piece) : Bytes(piece); }
+json PieceJson(const std::string& piece) { return IsValidUtf8(piece) ? json(piece) : Bytes(piece); }
 
 // A body that must be a JSON object (any content type: curl -d sends a form).
 bool ParseObject(Shared& sh, Exchange& ex, const HttpRequest& req, json& body) {

@@ -25,6 +25,29 @@ std::array<unsigned char, 32> Sha256(std::string_view a, std::string_view b) {
 
 // A JSON integer within [lo, hi], whatever its JSON type (a large unsigned
 // value is out of range, never wrapped).
+std::optional<std::string> PercentDecode(std::string_view segment) {
+  auto hex = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  std::string out;
+  out.reserve(segment.size());
+  for (size_t i = 0; i < segment.size(); ++i) {
+    if (segment[i] != '%') {
+      out.push_back(segment[i]);
+      continue;
+    }
+    if (i + 2 >= segment.size()) return std::nullopt;  // a '%' needs two digits after it
+    const int a = hex(segment[i + 1]), b = hex(segment[i + 2]);
+    if (a < 0 || b < 0) return std::nullopt;
+    out.push_back(static_cast<char>(a * 16 + b));
+    i += 2;
+  }
+  return out;
+}
+
 bool IntegerIn(const json& v, int64_t lo, int64_t hi) {
   if (v.is_number_unsigned()) {  // hi >= 0 here, so a value <= hi fits int64
     const uint64_t u = v.get<uint64_t>();

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <array>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -59,6 +60,10 @@ nlohmann::json LlamaCompletionBody(const nlohmann::json& body, bool* until_conte
 // A JSON integer within [lo, hi], whatever its JSON type (a large unsigned
 // value is out of range, never wrapped).
 bool IntegerIn(const nlohmann::json& v, int64_t lo, int64_t hi);
+
+// A URL path segment with its %XX escapes decoded (RFC 3986; '+' stays a
+// '+' in a path); nullopt when a '%' is not followed by two hex digits.
+std::optional<std::string> PercentDecode(std::string_view segment);
 
 // SHA-256 of a then b.
 std::array<unsigned char, 32> Sha256(std::string_view a, std::string_view b = {});

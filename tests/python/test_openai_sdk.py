@@ -58,6 +58,15 @@ def test_models_list_and_retrieve(server):
     with pytest.raises(openai.NotFoundError) as e:
         c.models.retrieve("gpt-9")
     assert e.value.code == "model_not_found"
+    # The id is a path segment: percent-escapes are decoded (every byte
+    # escaped here), a '%' without two hex digits after it is a 400.
+    escaped = "".join(f"%{b:02X}" for b in MODEL_ID.encode())
+    status, body = server.get("/v1/models/" + escaped)
+    assert status == 200 and json.loads(body)["id"] == MODEL_ID, body
+    for bad in ("%zz", "%4", MODEL_ID + "%"):
+        status, body = server.get("/v1/models/" + bad)
+        assert status == 400, (bad, body)
+        assert json.loads(body)["error"]["code"] == "invalid_request_error"
 
 
 def test_errors_map_to_the_sdk_exceptions_with_openai_codes(server):
