@@ -12,6 +12,7 @@
 
 #include "base/checked_math.h"
 #include "base/thread_pool.h"
+#include "kernels/amx_attention.h"
 #include "kernels/attention_kernel.h"
 #include "layout/quantize.h"
 
@@ -500,7 +501,7 @@ Status PagedPrefillAttention(const PagedKv& kv, std::span<const PrefillSeq> seqs
 std::string AttentionSimdTarget() {
   const std::string target = kernels::DispatchedTargetName();
   const bool avx512 = target.rfind("AVX3", 0) == 0;  // the targets bf16_dot-inl.h is compiled into
-  return target + (avx512 && kernels::Bf16DotEnabled() ? "+BF16" : "");
+  return target + (avx512 && kernels::Bf16DotEnabled() ? "+BF16" : "") + (avx512 && kernels::AmxEnabled() ? "+AMX" : "");
 }
 
 }  // namespace pagekv

@@ -5,6 +5,7 @@
 //     implies (4 * G * head_dim flops per token).
 //   BM_DecodeHotBf16Widened: BM_DecodeHot's bf16 rows with the AVX-512 BF16
 //     dot products turned off (where the CPU has them), for comparison.
+//   BM_DecodeHotNoAmx: the same bf16 rows with AMX tiles turned off.
 //   BM_PrefillHot: one sequence's last chunk of 512 queries over a prefix of
 //     512 cached tokens plus themselves (causal), head_dim 64 or 128, one
 //     KV head, f16. Counter: GFLOP/s (4 * head_dim flops per query row and
@@ -16,6 +17,7 @@
 
 #include <benchmark/benchmark.h>
 
+#include "kernels/amx_attention.h"
 #include "kernels/attention_kernel.h"
 #include "layout/float16.h"
 #include "pagekv/attention.h"
@@ -87,6 +89,15 @@ void BM_DecodeHotBf16Widened(benchmark::State& state) {
   kernels::SetBf16DotForTest(true);
 }
 BENCHMARK(BM_DecodeHotBf16Widened)->Arg(1)->Arg(4)->Arg(8);
+
+// BM_DecodeHot's bf16 rows without AMX tiles (where the CPU has them): the
+// vector kernel, for comparison with the tile path in one run.
+void BM_DecodeHotNoAmx(benchmark::State& state) {
+  kernels::SetAmxForTest(false);
+  DecodeHot(state, static_cast<int32_t>(state.range(0)), DType::kBF16);
+  kernels::SetAmxForTest(true);
+}
+BENCHMARK(BM_DecodeHotNoAmx)->Arg(4)->Arg(8);
 
 void BM_PrefillHot(benchmark::State& state) {
   const auto group = static_cast<int32_t>(state.range(0));

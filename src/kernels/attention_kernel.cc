@@ -24,6 +24,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/amx_attention.h"
 #include "kernels/attention_kernel.h"
 #include "kernels/bf16_dot-inl.h"
 #include "kernels/kv_rows-inl.h"
@@ -360,6 +361,12 @@ template <typename T>
 void AttendRowsDim(const RowTask& task) {
   const hn::ScalableTag<float> full;
   const int32_t d = task.head_dim;
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  // Many rows of bf16 or int8 on a CPU with AMX: tiles (kernels/amx_attention.cc).
+  if constexpr (std::is_same_v<T, hwy::bfloat16_t> || std::is_same_v<T, int8_t>) {
+    if (AmxAttendRows(task)) return;
+  }
+#endif
   if constexpr (!kScaledRows<T> && hn::MaxLanes(decltype(full)()) >= 4) {
     // Many rows, plain storage, no soft-capping: rows in lanes. (Whether
     // attention weights are wanted must not change the path: the same

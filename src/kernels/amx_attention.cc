@@ -1,0 +1,584 @@
+// Paged attention through Intel AMX tiles, for bf16 and int8 K/V and tasks
+// of at least four query rows per KV head (GQA decode, prefill).
+//
+// Why: at G = 8 the vector kernel spends its time on per-token work, not on
+// memory: each score is a dot product reduced across lanes, and each V row is
+// widened and multiplied by G broadcast probabilities. A tile instruction
+// does a 16 x 16 x 32 product (bf16) or 16 x 16 x 64 (int8) in one go.
+//
+// The products, per block of keys and each group of up to 16 query rows:
+//   scores^T (tokens x rows) = K (tokens x dims) . Q^T          K is the A tile,
+//       read in place from the block (16 rows, row_bytes apart); Q^T is the B
+//       tile, built once per task (VNNI pairs / quads of dimensions per row).
+//       Scores come out token-major: one vector per token, one lane per query
+//       row, so the softmax's max and sum over tokens are vertical (no
+//       reduction across lanes).
+//   acc (rows x dims) += P (rows x tokens) . V                 P is the A tile,
+//       transposed from the token-major probabilities 16 x 16 at a time in
+//       registers; V is the B tile: pairs of tokens interleaved per dimension
+//       (VNNI), built per block in a small buffer (int8 V widened to bf16,
+//       which is exact). The accumulator tile is loaded from and stored to a
+//       padded copy of acc, so it carries across blocks.
+//
+// Accuracy: K and V are used as stored (bf16, or int8 as integers). The f32
+// operands are split so that nothing is lost that the f32 kernel keeps:
+//   bf16: q and p as hi + lo, two bf16 each (x - hi - lo < 2^-16 |x|); the
+//         bf16 products are exact in f32 and summed in f32.
+//   int8: q per row as a 16-bit integer times a scale (step 2^-15 of the
+//         row's largest |q|), split into a signed high byte and an unsigned
+//         low byte: 256 * (K . hi) + K . lo in int32, exact.
+//   int8 V: p times the row's V scale, then hi + lo in bf16 as above.
+// The tests run every shape and dtype with this path on and off.
+//
+// The tile state needs the kernel's permission (arch_prctl
+// ARCH_REQ_XCOMP_PERM); each call configures the tiles and releases them at
+// its end, so a thread holds no tile state between calls.
+// GCC 12 warns inside its own AVX-512 headers (the `_mm512_undefined_*`
+// placeholder operands of masked intrinsics); the warning is about the
+// headers, not this file, and the same code compiles cleanly in clang.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include "kernels/amx_attention.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "layout/float16.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define PAGEKV_HAVE_AMX_KERNEL 1
+#include <cpuid.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+namespace pagekv::kernels {
+
+#ifdef PAGEKV_HAVE_AMX_KERNEL
+namespace {
+
+constexpr int kArchReqXcompPerm = 0x1023;  // linux/arch/x86/include/uapi/asm/prctl.h
+constexpr int kXfeatureXtiledata = 18;
+
+bool CpuAndKernelHaveAmx() {
+  static const bool has = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) return false;
+    const bool bf16 = (d >> 22) & 1, tile = (d >> 24) & 1, int8 = (d >> 25) & 1;
+    const bool avx512 = ((b >> 16) & 1) && ((b >> 30) & 1) && ((b >> 31) & 1);  // F, BW, VL
+    if (!bf16 || !tile || !int8 || !avx512) return false;
+    // The kernel hands out the tile data state on request, once per process.
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return has;
+}
+
+std::atomic<bool> amx_allowed{true};
+
+// All eight tile registers are 16 rows of 64 bytes. Scores: tmm0-3
+// accumulators (two token tiles x hi / lo), tmm4-5 K, tmm6-7 Q^T hi / lo.
+// P.V: tmm0-1 accumulators, tmm4-5 V, tmm6-7 P hi / lo.
+
+struct alignas(64) TileConfig {
+  uint8_t palette_id = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+static_assert(sizeof(TileConfig) == 64);
+
+struct Buffers {
+  std::vector<uint16_t> q_tiles;   // bf16: [group][dim chunk][hi, lo][16 pairs][32]
+  std::vector<int8_t> q8_tiles;    // int8: [group][dim chunk][hi, lo][16 quads][64]
+  std::vector<float> q8_scale;     // int8: [padded rows]
+  std::vector<float> acc;          // [padded rows][d]
+  std::vector<float> m, l;         // [padded rows]
+  std::vector<float> st;           // [block_len rounded up to the step][16] token-major scores / probabilities
+  std::vector<uint16_t> p_tiles;   // [group][hi, lo][16 rows][block tokens] bf16
+  std::vector<uint16_t> v_tile;    // [d / 16][step / 2 pairs][32] bf16
+  std::vector<float> kscale, vscale;
+};
+
+Buffers& ThreadBuffers() {
+  thread_local Buffers b;
+  return b;
+}
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,f16c,amx-tile,amx-bf16,amx-int8")
+
+// exp(x) for x <= 0 (and -inf -> 0): x = k ln2 + r, |r| <= ln2 / 2, a degree-7
+// polynomial for e^r (relative error under 2e-7), then 2^k by vscalefps.
+inline __m512 Exp(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+  const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 5040);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, k);
+}
+
+// The f16 scale that ends an int8 row (layout/quantize.h).
+inline float Int8ScaleOf(const std::byte* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+// bf16 of x rounded to nearest even (x finite), and x minus it.
+inline __m256i Bf16Hi(__m512 x, __m512* rest) {
+  const __m256i h = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x));
+  const __m512 back = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  *rest = _mm512_sub_ps(x, back);
+  return h;
+}
+
+// out[c * out_stride + r] = in[r * in_stride + c] for a 16 x 16 tile of f32.
+inline void Transpose16(const float* in, int64_t in_stride, float* out, int64_t out_stride) {
+  __m512 r[16], t[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(in + i * in_stride);
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  // Per group of four input rows, u[4 * grp + k]'s 128-bit lane L holds
+  // column 4L + k of those rows.
+  for (int grp = 0; grp < 4; ++grp) {
+    const __m512 t0 = t[4 * grp], t1 = t[4 * grp + 1], t2 = t[4 * grp + 2], t3 = t[4 * grp + 3];
+    r[4 * grp + 0] = _mm512_shuffle_ps(t0, t2, 0x44);
+    r[4 * grp + 1] = _mm512_shuffle_ps(t0, t2, 0xEE);
+    r[4 * grp + 2] = _mm512_shuffle_ps(t1, t3, 0x44);
+    r[4 * grp + 3] = _mm512_shuffle_ps(t1, t3, 0xEE);
+  }
+  for (int k = 0; k < 4; ++k) {
+    const __m512 v = _mm512_shuffle_f32x4(r[k], r[4 + k], 0x88), w = _mm512_shuffle_f32x4(r[k], r[4 + k], 0xDD);
+    const __m512 v2 = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], 0x88), w2 = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], 0xDD);
+    _mm512_storeu_ps(out + (0 + k) * out_stride, _mm512_shuffle_f32x4(v, v2, 0x88));
+    _mm512_storeu_ps(out + (8 + k) * out_stride, _mm512_shuffle_f32x4(v, v2, 0xDD));
+    _mm512_storeu_ps(out + (4 + k) * out_stride, _mm512_shuffle_f32x4(w, w2, 0x88));
+    _mm512_storeu_ps(out + (12 + k) * out_stride, _mm512_shuffle_f32x4(w, w2, 0xDD));
+  }
+}
+
+// Q^T as B tiles, for each group of 16 rows and each chunk of dimensions
+// (32 bf16 or 64 int8, 64 bytes): tile row p holds dword p (a pair or quad of
+// dimensions) of every query row n at dword n, i.e. the dword transpose of
+// the rows' 64 bytes. Rows past `rows` are zero.
+inline void TileFromRows(const void* rows16x64, void* tile) {
+  Transpose16(static_cast<const float*>(rows16x64), 16, static_cast<float*>(tile), 16);
+}
+
+// bf16: q = hi + lo; tiles [group][chunk][hi, lo][512].
+void BuildQBf16(const float* q, int32_t rows, int32_t groups, int32_t d, uint16_t* tiles) {
+  const int32_t chunks = d / 32;
+  for (int32_t grp = 0; grp < groups; ++grp) {
+    for (int32_t c = 0; c < chunks; ++c) {
+      alignas(64) uint16_t hi[16][32], lo[16][32];
+      for (int32_t n = 0; n < 16; ++n) {
+        const int32_t r = grp * 16 + n;
+        if (r >= rows) {
+          _mm512_store_si512(hi[n], _mm512_setzero_si512());
+          _mm512_store_si512(lo[n], _mm512_setzero_si512());
+          continue;
+        }
+        __m512 lo0, lo1;
+        const __m256i h0 = Bf16Hi(_mm512_loadu_ps(q + int64_t{r} * d + c * 32), &lo0);
+        const __m256i h1 = Bf16Hi(_mm512_loadu_ps(q + int64_t{r} * d + c * 32 + 16), &lo1);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(hi[n]), h0);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(hi[n] + 16), h1);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(lo[n]), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(lo0)));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(lo[n] + 16), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(lo1)));
+      }
+      uint16_t* th = tiles + (static_cast<int64_t>(grp) * chunks + c) * 2 * 512;
+      TileFromRows(hi, th);
+      TileFromRows(lo, th + 512);
+    }
+  }
+}
+
+// int8: row r as a 16-bit integer qi = round(q / s) with s = max |q| / 32767,
+// split into hi = qi >> 8 (signed) and lo = qi & 255 (unsigned); tiles
+// [group][chunk][hi, lo][1024 bytes], scale[r] = s.
+void BuildQInt8(const float* q, int32_t rows, int32_t groups, int32_t d, int8_t* tiles, float* scale) {
+  const int32_t chunks = d / 64;
+  for (int32_t r = 0; r < groups * 16; ++r) {
+    if (r >= rows) {
+      scale[r] = 0;
+      continue;
+    }
+    __m512 amax = _mm512_setzero_ps();
+    for (int32_t e = 0; e < d; e += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(q + int64_t{r} * d + e)));
+    const float m = _mm512_reduce_max_ps(amax);
+    scale[r] = m > 0 ? m / 32767.0f : 1.0f;
+  }
+  const __m512i lim = _mm512_set1_epi32(32767);
+  for (int32_t grp = 0; grp < groups; ++grp) {
+    for (int32_t c = 0; c < chunks; ++c) {
+      alignas(64) int8_t hi[16][64], lo[16][64];
+      for (int32_t n = 0; n < 16; ++n) {
+        const int32_t r = grp * 16 + n;
+        if (r >= rows) {
+          _mm512_store_si512(hi[n], _mm512_setzero_si512());
+          _mm512_store_si512(lo[n], _mm512_setzero_si512());
+          continue;
+        }
+        const __m512 inv = _mm512_set1_ps(1.0f / scale[r]);
+        for (int32_t e = 0; e < 64; e += 16) {
+          __m512i qi = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(q + int64_t{r} * d + c * 64 + e), inv));
+          qi = _mm512_max_epi32(_mm512_min_epi32(qi, lim), _mm512_sub_epi32(_mm512_setzero_si512(), lim));
+          _mm_store_si128(reinterpret_cast<__m128i*>(hi[n] + e), _mm512_cvtepi32_epi8(_mm512_srai_epi32(qi, 8)));
+          _mm_store_si128(reinterpret_cast<__m128i*>(lo[n] + e),
+                          _mm512_cvtepi32_epi8(_mm512_and_si512(qi, _mm512_set1_epi32(255))));
+        }
+      }
+      int8_t* th = tiles + (static_cast<int64_t>(grp) * chunks + c) * 2 * 1024;
+      TileFromRows(hi, th);
+      TileFromRows(lo, th + 1024);
+    }
+  }
+}
+
+// One step of 32 tokens of V as B tiles: tile j covers dimensions 16j ..
+// 16j + 15, row i = tokens (2i, 2i + 1) interleaved per dimension. The
+// step's two halves of 16 tokens may come from two blocks (rows[0], rows[1]);
+// tokens at or past n are zero (whatever the block holds there).
+template <bool kInt8>
+void BuildV(const std::byte* const rows[2], int64_t row_bytes, int32_t n, int32_t d, uint16_t* tiles) {
+  const __m512i lo_idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37, 5,
+                                          36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  const __m512i hi_idx = _mm512_set_epi16(63, 31, 62, 30, 61, 29, 60, 28, 59, 27, 58, 26, 57, 25, 56, 24, 55, 23, 54, 22,
+                                          53, 21, 52, 20, 51, 19, 50, 18, 49, 17, 48, 16);
+  auto load32 = [&](int32_t t, int32_t j) -> __m512i {
+    if (t >= n) return _mm512_setzero_si512();
+    const std::byte* row = rows[t / 16] + (t % 16) * row_bytes;
+    if constexpr (kInt8) {
+      const __m128i b0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + j));
+      const __m128i b1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + j + 16));
+      const __m512 f0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b0));
+      const __m512 f1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b1));
+      return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(f1, f0));  // integers of 8 bits: exact in bf16
+    } else {
+      return _mm512_loadu_si512(row + j * 2);
+    }
+  };
+  const int32_t pairs = std::min(16, (n + 1) / 2);
+  for (int32_t i = 0; i < pairs; ++i) {
+    for (int32_t j = 0; j < d; j += 32) {
+      const __m512i a = load32(2 * i, j), b = load32(2 * i + 1, j);
+      _mm512_storeu_si512(tiles + (static_cast<int64_t>(j / 16) * 16 + i) * 32, _mm512_permutex2var_epi16(a, lo_idx, b));
+      _mm512_storeu_si512(tiles + (static_cast<int64_t>(j / 16 + 1) * 16 + i) * 32, _mm512_permutex2var_epi16(a, hi_idx, b));
+    }
+  }
+  for (int32_t i = pairs; i < 16; ++i)
+    for (int32_t j = 0; j < d / 16; ++j) _mm512_storeu_si512(tiles + (static_cast<int64_t>(j) * 16 + i) * 32, _mm512_setzero_si512());
+}
+
+template <bool kInt8>
+void Run(const RowTask& task) {
+  const int32_t d = task.head_dim, rows = task.rows, bl = task.block_len;
+  const int32_t groups = (rows + 15) / 16, padded = groups * 16;
+  const int64_t row_bytes = task.row_bytes;
+  // Tokens per softmax update: a block, or two of 16 so that one P.V step
+  // (32 tokens, a whole bf16 tile) is full. Weights and per-block maxima
+  // then refer to that update's maximum, for both blocks alike.
+  const int32_t chunk = bl == 16 ? 32 : bl;
+  Buffers& b = ThreadBuffers();
+  const int32_t dchunks = kInt8 ? d / 64 : d / 32;
+  if constexpr (kInt8) {
+    b.q8_tiles.resize(static_cast<size_t>(groups) * dchunks * 2 * 1024);
+    b.q8_scale.resize(padded);
+    BuildQInt8(task.q, rows, groups, d, b.q8_tiles.data(), b.q8_scale.data());
+    b.kscale.resize(chunk + 16);
+    b.vscale.resize(chunk + 16);
+  } else {
+    b.q_tiles.resize(static_cast<size_t>(groups) * dchunks * 2 * 512);
+    BuildQBf16(task.q, rows, groups, d, b.q_tiles.data());
+  }
+  b.acc.assign(static_cast<size_t>(padded) * d, 0.0f);
+  std::memcpy(b.acc.data(), task.acc, sizeof(float) * static_cast<size_t>(rows) * d);
+  b.m.assign(padded, -std::numeric_limits<float>::infinity());
+  b.l.assign(padded, 0.0f);
+  std::copy(task.m, task.m + rows, b.m.begin());
+  std::copy(task.l, task.l + rows, b.l.begin());
+  const int32_t span_max = (chunk + 31) / 32 * 32;
+  b.st.resize(static_cast<size_t>(span_max) * 16);
+  b.p_tiles.resize(static_cast<size_t>(groups) * 2 * 16 * span_max);
+  b.v_tile.resize(static_cast<size_t>(d / 16) * 16 * 32);
+  int32_t limit_rel[kMaxRows + 16];
+
+  TileConfig cfg;
+  for (int t = 0; t < 8; ++t) {
+    cfg.rows[t] = 16;
+    cfg.colsb[t] = 64;
+  }
+  _tile_loadconfig(&cfg);
+
+  int64_t max_limit = 0;
+  for (int32_t r = 0; r < rows; ++r) max_limit = std::max(max_limit, task.limit[r]);
+  const int64_t end = std::min(task.tok_end, max_limit);
+  const int64_t v_stride = task.v_slab_stride > 0 ? task.v_slab_stride : task.slab_stride;
+  float* st = b.st.data();
+  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  // Rows t .. t + 15 of K or V at position p (a multiple of 16, inside one block).
+  auto k_at = [&](int64_t p) { return task.k_region + ToInt(task.blocks[p / bl]) * task.slab_stride + (p % bl) * row_bytes; };
+  auto v_at = [&](int64_t p) { return task.v_region + ToInt(task.blocks[p / bl]) * v_stride + (p % bl) * row_bytes; };
+
+  for (int64_t start = task.tok_begin; start < end; start += chunk) {
+    const int32_t n = static_cast<int32_t>(std::min<int64_t>(chunk, end - start));
+    // The next chunk's K (during the scores) and V (during P.V) into L2,
+    // spread over the tile loops: blocks are scattered and hardware
+    // prefetchers stop at pages, and a burst of prefetches stalls on the
+    // line-fill queue with nothing else in flight.
+    const int64_t next = start + chunk;
+    const int64_t next_n = next < end ? std::min<int64_t>(chunk, end - next) : 0;
+    auto prefetch = [&](bool values, int32_t part, int32_t parts) {
+      for (int64_t p = next + (next_n + 15) / 16 * part / parts * 16; p < next + (next_n + 15) / 16 * (part + 1) / parts * 16;
+           p += 16) {
+        const std::byte* rows16 = values ? v_at(p) : k_at(p);
+        const int64_t bytes = std::min<int64_t>(16, next + next_n - p) * row_bytes;
+        for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(rows16 + o), _MM_HINT_T1);
+      }
+    };
+    const int32_t tiles = (n + 15) / 16;
+    const int32_t steps = (n + 31) / 32;
+    const int32_t span = steps * 32;  // tokens the P.V steps cover (those past n have p = 0)
+    if constexpr (kInt8) {
+      for (int32_t t = 0; t < n; t += 16) {
+        const std::byte* kr = k_at(start + t);
+        const std::byte* vr = v_at(start + t);
+        for (int32_t i = 0; i < 16 && t + i < n; ++i) {
+          b.kscale[t + i] = Int8ScaleOf(kr + i * row_bytes + d);
+          b.vscale[t + i] = Int8ScaleOf(vr + i * row_bytes + d);
+        }
+      }
+    }
+    bool any_valid = false;
+    for (int32_t r = 0; r < padded; ++r) {
+      limit_rel[r] = r < rows ? static_cast<int32_t>(std::clamp<int64_t>(task.limit[r] - start, 0, n)) : 0;
+      any_valid |= limit_rel[r] > 0;
+    }
+    if (!any_valid) continue;
+
+    alignas(64) float corr_all[kMaxRows + 16];
+    for (int32_t grp = 0; grp < groups; ++grp) {
+      // 1. Scores, token-major: st[t][row], two tiles of 16 tokens at a
+      // time. bf16: hi and lo products into one accumulator per token tile;
+      // int8: hi and lo into their own (hi is weighted 256 when combined).
+      for (int32_t i = 0; i < tiles; i += 2) {
+        if (grp == 0) prefetch(false, i / 2, (tiles + 1) / 2);
+        const bool two = i + 1 < tiles;
+        const std::byte* k0 = k_at(start + int64_t{i} * 16);
+        const std::byte* k1 = two ? k_at(start + int64_t{i + 1} * 16) : k0;
+        _tile_zero(0);
+        _tile_zero(2);
+        if constexpr (kInt8) {
+          _tile_zero(1);
+          _tile_zero(3);
+        }
+        for (int32_t c = 0; c < dchunks; ++c) {
+          _tile_loadd(4, k0 + c * 64, row_bytes);
+          _tile_loadd(5, k1 + c * 64, row_bytes);
+          if constexpr (kInt8) {
+            const int8_t* qt = b.q8_tiles.data() + (static_cast<int64_t>(grp) * dchunks + c) * 2 * 1024;
+            _tile_loadd(6, qt, 64);
+            _tile_loadd(7, qt + 1024, 64);
+            _tile_dpbssd(0, 4, 6);
+            _tile_dpbsud(1, 4, 7);
+            _tile_dpbssd(2, 5, 6);
+            _tile_dpbsud(3, 5, 7);
+          } else {
+            const uint16_t* qt = b.q_tiles.data() + (static_cast<int64_t>(grp) * dchunks + c) * 2 * 512;
+            _tile_loadd(6, qt, 64);
+            _tile_loadd(7, qt + 512, 64);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(0, 4, 7);
+            _tile_dpbf16ps(2, 5, 7);
+          }
+        }
+        if constexpr (kInt8) {
+          alignas(64) int32_t out[4][256];
+          _tile_stored(0, out[0], 64);
+          _tile_stored(1, out[1], 64);
+          _tile_stored(2, out[2], 64);
+          _tile_stored(3, out[3], 64);
+          const __m512 qs = _mm512_loadu_ps(b.q8_scale.data() + grp * 16);
+          for (int32_t h = 0; h < (two ? 2 : 1); ++h) {
+            const int32_t t0 = (i + h) * 16;
+            for (int32_t t = 0; t < 16 && t0 + t < n; ++t) {
+              const __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(out[2 * h] + t * 16), 8),
+                                                   _mm512_load_si512(out[2 * h + 1] + t * 16));
+              _mm512_storeu_ps(st + (t0 + t) * 16, _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(sum), qs),
+                                                                 _mm512_set1_ps(b.kscale[t0 + t])));
+            }
+          }
+        } else {
+          _tile_stored(0, st + i * 256, 64);
+          if (two) _tile_stored(2, st + (i + 1) * 256, 64);
+        }
+      }
+      // 2. Online softmax, one lane per row: max and sum over tokens are vertical.
+      const __m512i rel = _mm512_loadu_si512(limit_rel + grp * 16);
+      const __mmask16 valid = _mm512_cmpgt_epi32_mask(rel, _mm512_setzero_si512());
+      __m512 vm[4] = {neg_inf, neg_inf, neg_inf, neg_inf};  // four chains of maxima
+      for (int32_t t = 0; t < n; ++t) {
+        const __mmask16 in = _mm512_cmpgt_epi32_mask(rel, _mm512_set1_epi32(t));
+        vm[t % 4] = _mm512_mask_max_ps(vm[t % 4], in, vm[t % 4], _mm512_loadu_ps(st + t * 16));
+      }
+      const __m512 vmax = _mm512_max_ps(_mm512_max_ps(vm[0], vm[1]), _mm512_max_ps(vm[2], vm[3]));
+      float* mrow = b.m.data() + grp * 16;
+      float* lrow = b.l.data() + grp * 16;
+      const __m512 m_old = _mm512_loadu_ps(mrow);
+      const __m512 m_new = _mm512_max_ps(m_old, vmax);
+      const __mmask16 had = _mm512_cmp_ps_mask(m_old, neg_inf, _CMP_NEQ_OQ);
+      // corr: 1 for rows with nothing in this chunk, 0 for rows seeing their first keys.
+      const __m512 corr = _mm512_mask_mov_ps(_mm512_set1_ps(1.0f), valid,
+                                             _mm512_maskz_mov_ps(had, Exp(_mm512_sub_ps(m_old, m_new))));
+      _mm512_store_ps(corr_all + grp * 16, corr);
+      __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();
+      int32_t t = 0;
+      for (; t + 2 <= n; t += 2) {
+        const __mmask16 in0 = _mm512_cmpgt_epi32_mask(rel, _mm512_set1_epi32(t));
+        const __mmask16 in1 = _mm512_cmpgt_epi32_mask(rel, _mm512_set1_epi32(t + 1));
+        const __m512 p0 = _mm512_maskz_mov_ps(in0, Exp(_mm512_sub_ps(_mm512_loadu_ps(st + t * 16), m_new)));
+        const __m512 p1 = _mm512_maskz_mov_ps(in1, Exp(_mm512_sub_ps(_mm512_loadu_ps(st + (t + 1) * 16), m_new)));
+        sum0 = _mm512_add_ps(sum0, p0);
+        sum1 = _mm512_add_ps(sum1, p1);
+        _mm512_storeu_ps(st + t * 16, p0);
+        _mm512_storeu_ps(st + (t + 1) * 16, p1);
+      }
+      for (; t < n; ++t) {
+        const __mmask16 in = _mm512_cmpgt_epi32_mask(rel, _mm512_set1_epi32(t));
+        const __m512 p = _mm512_maskz_mov_ps(in, Exp(_mm512_sub_ps(_mm512_loadu_ps(st + t * 16), m_new)));
+        sum0 = _mm512_add_ps(sum0, p);
+        _mm512_storeu_ps(st + t * 16, p);
+      }
+      const __m512 sum = _mm512_add_ps(sum0, sum1);
+      for (t = n; t < span; ++t) _mm512_storeu_ps(st + t * 16, _mm512_setzero_ps());
+      _mm512_storeu_ps(lrow, _mm512_mask_fmadd_ps(_mm512_loadu_ps(lrow), valid, corr, sum));
+      _mm512_storeu_ps(mrow, _mm512_mask_mov_ps(m_old, valid, m_new));
+      if (task.weights_out != nullptr) {
+        for (int32_t g = 0; g < 16 && grp * 16 + g < rows; ++g) {
+          const int32_t r = grp * 16 + g;
+          if (limit_rel[r] == 0) continue;
+          float* w = task.weights_out + r * task.weights_stride + (start - task.tok_begin);
+          for (int32_t u = 0; u < limit_rel[r]; ++u) w[u] = st[u * 16 + g];
+          for (int64_t blk = start; blk < start + limit_rel[r]; blk += bl)
+            task.block_max_out[r * task.block_max_stride + (blk - task.tok_begin) / bl] = mrow[g];
+        }
+      }
+      if constexpr (kInt8) {  // V's per-token scale into the probabilities
+        for (t = 0; t < n; ++t)
+          _mm512_storeu_ps(st + t * 16, _mm512_mul_ps(_mm512_loadu_ps(st + t * 16), _mm512_set1_ps(b.vscale[t])));
+      }
+      // 3. P (rows x tokens) as bf16 hi + lo A tiles, 16 tokens at a time.
+      uint16_t* ph = b.p_tiles.data() + static_cast<int64_t>(grp) * 2 * 16 * span_max;
+      uint16_t* pl = ph + 16 * span_max;
+      const int32_t real = std::min(16, rows - grp * 16);
+      for (int32_t i = 0; i < span / 16; ++i) {
+        alignas(64) float pt[256];
+        Transpose16(st + i * 256, 16, pt, 16);
+        for (int32_t g = 0; g < 16; ++g) {
+          __m512 rest;
+          const __m256i h = Bf16Hi(_mm512_load_ps(pt + g * 16), &rest);
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(ph + g * span_max + i * 16), h);
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(pl + g * span_max + i * 16),
+                              reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(rest)));
+        }
+      }
+      float* acc = b.acc.data() + static_cast<int64_t>(grp) * 16 * d;
+      for (int32_t g = 0; g < real; ++g) {
+        const __m512 cg = _mm512_set1_ps(corr_all[grp * 16 + g]);
+        for (int32_t j = 0; j < d; j += 16) _mm512_storeu_ps(acc + g * d + j, _mm512_mul_ps(cg, _mm512_loadu_ps(acc + g * d + j)));
+      }
+    }
+    // 4. acc += P . V, one step of 32 tokens at a time, two accumulator tiles
+    // (dimension tiles j and j + 1) in flight.
+    for (int32_t s = 0; s < steps; ++s) {
+      const std::byte* vrows[2] = {v_at(start + int64_t{s} * 32),
+                                   2 * s + 1 < tiles ? v_at(start + int64_t{s} * 32 + 16) : nullptr};
+      prefetch(true, s, steps);
+      BuildV<kInt8>(vrows, row_bytes, std::min(32, n - s * 32), d, b.v_tile.data());
+      for (int32_t grp = 0; grp < groups; ++grp) {
+        const uint16_t* ph = b.p_tiles.data() + static_cast<int64_t>(grp) * 2 * 16 * span_max + s * 32;
+        const uint16_t* pl = ph + 16 * span_max;
+        float* acc = b.acc.data() + static_cast<int64_t>(grp) * 16 * d;
+        _tile_loadd(6, ph, int64_t{span_max} * 2);
+        _tile_loadd(7, pl, int64_t{span_max} * 2);
+        for (int32_t j = 0; j < d / 16; j += 2) {
+          const uint16_t* vt = b.v_tile.data() + static_cast<int64_t>(j) * 16 * 32;
+          _tile_loadd(0, acc + j * 16, int64_t{d} * 4);
+          _tile_loadd(1, acc + j * 16 + 16, int64_t{d} * 4);
+          _tile_loadd(4, vt, 64);
+          _tile_loadd(5, vt + 16 * 32, 64);
+          _tile_dpbf16ps(0, 6, 4);
+          _tile_dpbf16ps(1, 6, 5);
+          _tile_dpbf16ps(0, 7, 4);
+          _tile_dpbf16ps(1, 7, 5);
+          _tile_stored(0, acc + j * 16, int64_t{d} * 4);
+          _tile_stored(1, acc + j * 16 + 16, int64_t{d} * 4);
+        }
+      }
+    }
+  }
+  _tile_release();
+  std::memcpy(task.acc, b.acc.data(), sizeof(float) * static_cast<size_t>(rows) * d);
+  std::copy(b.m.begin(), b.m.begin() + rows, task.m);
+  std::copy(b.l.begin(), b.l.begin() + rows, task.l);
+}
+
+#pragma GCC pop_options
+
+}  // namespace
+
+bool AmxEnabled() { return CpuAndKernelHaveAmx() && amx_allowed.load(std::memory_order_relaxed); }
+
+bool SetAmxForTest(bool allowed) {
+  amx_allowed.store(allowed, std::memory_order_relaxed);
+  return CpuAndKernelHaveAmx();
+}
+
+bool AmxAttendRows(const RowTask& task) {
+  if (task.rows < 4 || task.softcap > 0 || task.block_len % 16 != 0 || task.head_dim > 256) return false;
+  if (task.dtype == DType::kBF16) {
+    if (task.head_dim % 32 != 0 || task.row_bytes != int64_t{task.head_dim} * 2) return false;
+  } else if (task.dtype == DType::kInt8) {
+    if (task.head_dim % 64 != 0 || task.row_bytes != int64_t{task.head_dim} + 2) return false;
+  } else {
+    return false;
+  }
+  if (!AmxEnabled()) return false;
+  if (task.dtype == DType::kBF16) {
+    Run<false>(task);
+  } else {
+    Run<true>(task);
+  }
+  return true;
+}
+
+#else  // not x86-64 GCC / clang
+
+bool AmxEnabled() { return false; }
+bool SetAmxForTest(bool) { return false; }
+bool AmxAttendRows(const RowTask&) { return false; }
+
+#endif
+
+}  // namespace pagekv::kernels
