@@ -1,34 +1,36 @@
-// Paged attention through Intel AMX tiles, for bf16 and int8 K/V and tasks
-// of at least four query rows per KV head (GQA decode, prefill).
+// Paged attention through Intel AMX tiles (AMX-BF16), for bf16 K/V and tasks
+// of at least eight query rows per KV head (GQA decode with G >= 8, prefill).
 //
 // Why: at G = 8 the vector kernel spends its time on per-token work, not on
 // memory: each score is a dot product reduced across lanes, and each V row is
-// widened and multiplied by G broadcast probabilities. A tile instruction
-// does a 16 x 16 x 32 product (bf16) or 16 x 16 x 64 (int8) in one go.
+// multiplied by G broadcast probabilities. A tile instruction does a
+// 16 x 16 x 32 product in one go (about 16 cycles).
 //
-// The products, per block of keys and each group of up to 16 query rows:
+// The products, per chunk of keys (a block, or several blocks of 16) and each
+// group of up to 16 query rows:
 //   scores^T (tokens x rows) = K (tokens x dims) . Q^T          K is the A tile,
 //       read in place from the block (16 rows, row_bytes apart); Q^T is the B
-//       tile, built once per task (VNNI pairs / quads of dimensions per row).
-//       Scores come out token-major: one vector per token, one lane per query
-//       row, so the softmax's max and sum over tokens are vertical (no
-//       reduction across lanes).
+//       tile, built once per task (the dword transpose of 16 rows: pairs of
+//       dimensions). Scores come out token-major: one vector per token, one
+//       lane per query row, so the softmax's max and sum over tokens are
+//       vertical (no reduction across lanes).
 //   acc (rows x dims) += P (rows x tokens) . V                 P is the A tile,
 //       transposed from the token-major probabilities 16 x 16 at a time in
 //       registers; V is the B tile: pairs of tokens interleaved per dimension
-//       (VNNI), built per block in a small buffer (int8 V widened to bf16,
-//       which is exact). The accumulator tile is loaded from and stored to a
-//       padded copy of acc, so it carries across blocks.
+//       (VNNI), built per 32-token step in a small buffer. The accumulator
+//       tiles are loaded from and stored to a padded copy of acc, so they
+//       carry across chunks.
 //
-// Accuracy: K and V are used as stored (bf16, or int8 as integers). The f32
-// operands are split so that nothing is lost that the f32 kernel keeps:
-//   bf16: q and p as hi + lo, two bf16 each (x - hi - lo < 2^-16 |x|); the
-//         bf16 products are exact in f32 and summed in f32.
-//   int8: q per row as a 16-bit integer times a scale (step 2^-15 of the
-//         row's largest |q|), split into a signed high byte and an unsigned
-//         low byte: 256 * (K . hi) + K . lo in int32, exact.
-//   int8 V: p times the row's V scale, then hi + lo in bf16 as above.
-// The tests run every shape and dtype with this path on and off.
+// Accuracy: K and V are used as stored. q and p are split as hi + lo, two
+// bf16 each (x - hi - lo < 2^-16 |x|); bf16 products are exact in f32 and
+// summed in f32, as in kernels/bf16_dot-inl.h. The tests run every shape with
+// this path on and off.
+//
+// Measured and not kept (docs/PERFORMANCE.md): the same tiles for int8 K/V
+// (q as an exact 16-bit integer in a signed and an unsigned byte through
+// TDPBSSD / TDPBSUD, V widened to bf16) ran at 0.20-0.29 of the roofline
+// against the vector kernel's 0.26-0.53; G = 4 ran no faster than the vector
+// kernel's AVX-512 BF16 dot products.
 //
 // The tile state needs the kernel's permission (arch_prctl
 // ARCH_REQ_XCOMP_PERM); each call configures the tiles and releases them at
@@ -72,9 +74,9 @@ bool CpuAndKernelHaveAmx() {
   static const bool has = [] {
     unsigned a = 0, b = 0, c = 0, d = 0;
     if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) return false;
-    const bool bf16 = (d >> 22) & 1, tile = (d >> 24) & 1, int8 = (d >> 25) & 1;
+    const bool bf16 = (d >> 22) & 1, tile = (d >> 24) & 1;
     const bool avx512 = ((b >> 16) & 1) && ((b >> 30) & 1) && ((b >> 31) & 1);  // F, BW, VL
-    if (!bf16 || !tile || !int8 || !avx512) return false;
+    if (!bf16 || !tile || !avx512) return false;
     // The kernel hands out the tile data state on request, once per process.
     return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
   }();
@@ -82,6 +84,10 @@ bool CpuAndKernelHaveAmx() {
 }
 
 std::atomic<bool> amx_allowed{true};
+
+// Fewest rows per task the tiles take: G = 4 measured no faster than the
+// vector kernel (0.40-0.46 of the roofline against 0.48-0.49).
+constexpr int32_t kMinRows = 8;
 
 // All eight tile registers are 16 rows of 64 bytes. Scores: tmm0-3
 // accumulators (two token tiles x hi / lo), tmm4-5 K, tmm6-7 Q^T hi / lo.
@@ -98,14 +104,11 @@ static_assert(sizeof(TileConfig) == 64);
 
 struct Buffers {
   std::vector<uint16_t> q_tiles;   // bf16: [group][dim chunk][hi, lo][16 pairs][32]
-  std::vector<int8_t> q8_tiles;    // int8: [group][dim chunk][hi, lo][16 quads][64]
-  std::vector<float> q8_scale;     // int8: [padded rows]
   std::vector<float> acc;          // [padded rows][d]
   std::vector<float> m, l;         // [padded rows]
   std::vector<float> st;           // [block_len rounded up to the step][16] token-major scores / probabilities
   std::vector<uint16_t> p_tiles;   // [group][hi, lo][16 rows][block tokens] bf16
   std::vector<uint16_t> v_tile;    // [d / 16][step / 2 pairs][32] bf16
-  std::vector<float> kscale, vscale;
 };
 
 Buffers& ThreadBuffers() {
@@ -114,7 +117,7 @@ Buffers& ThreadBuffers() {
 }
 
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,f16c,amx-tile,amx-bf16,amx-int8")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,f16c,amx-tile,amx-bf16")
 
 // exp(x) for x <= 0 (and -inf -> 0): x = k ln2 + r, |r| <= ln2 / 2, a degree-7
 // polynomial for e^r (relative error under 2e-7), then 2^k by vscalefps.
@@ -133,13 +136,6 @@ inline __m512 Exp(__m512 x) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
   return _mm512_scalef_ps(p, k);
-}
-
-// The f16 scale that ends an int8 row (layout/quantize.h).
-inline float Int8ScaleOf(const std::byte* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return _cvtsh_ss(h);
 }
 
 // bf16 of x rounded to nearest even (x finite), and x minus it.
@@ -178,8 +174,7 @@ inline void Transpose16(const float* in, int64_t in_stride, float* out, int64_t 
 }
 
 // Q^T as B tiles, for each group of 16 rows and each chunk of dimensions
-// (32 bf16 or 64 int8, 64 bytes): tile row p holds dword p (a pair or quad of
-// dimensions) of every query row n at dword n, i.e. the dword transpose of
+// (32 bf16, 64 bytes): tile row p holds dword p (a pair of dimensions) of every query row n at dword n, i.e. the dword transpose of
 // the rows' 64 bytes. Rows past `rows` are zero.
 inline void TileFromRows(const void* rows16x64, void* tile) {
   Transpose16(static_cast<const float*>(rows16x64), 16, static_cast<float*>(tile), 16);
@@ -213,53 +208,10 @@ void BuildQBf16(const float* q, int32_t rows, int32_t groups, int32_t d, uint16_
   }
 }
 
-// int8: row r as a 16-bit integer qi = round(q / s) with s = max |q| / 32767,
-// split into hi = qi >> 8 (signed) and lo = qi & 255 (unsigned); tiles
-// [group][chunk][hi, lo][1024 bytes], scale[r] = s.
-void BuildQInt8(const float* q, int32_t rows, int32_t groups, int32_t d, int8_t* tiles, float* scale) {
-  const int32_t chunks = d / 64;
-  for (int32_t r = 0; r < groups * 16; ++r) {
-    if (r >= rows) {
-      scale[r] = 0;
-      continue;
-    }
-    __m512 amax = _mm512_setzero_ps();
-    for (int32_t e = 0; e < d; e += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(q + int64_t{r} * d + e)));
-    const float m = _mm512_reduce_max_ps(amax);
-    scale[r] = m > 0 ? m / 32767.0f : 1.0f;
-  }
-  const __m512i lim = _mm512_set1_epi32(32767);
-  for (int32_t grp = 0; grp < groups; ++grp) {
-    for (int32_t c = 0; c < chunks; ++c) {
-      alignas(64) int8_t hi[16][64], lo[16][64];
-      for (int32_t n = 0; n < 16; ++n) {
-        const int32_t r = grp * 16 + n;
-        if (r >= rows) {
-          _mm512_store_si512(hi[n], _mm512_setzero_si512());
-          _mm512_store_si512(lo[n], _mm512_setzero_si512());
-          continue;
-        }
-        const __m512 inv = _mm512_set1_ps(1.0f / scale[r]);
-        for (int32_t e = 0; e < 64; e += 16) {
-          __m512i qi = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(q + int64_t{r} * d + c * 64 + e), inv));
-          qi = _mm512_max_epi32(_mm512_min_epi32(qi, lim), _mm512_sub_epi32(_mm512_setzero_si512(), lim));
-          _mm_store_si128(reinterpret_cast<__m128i*>(hi[n] + e), _mm512_cvtepi32_epi8(_mm512_srai_epi32(qi, 8)));
-          _mm_store_si128(reinterpret_cast<__m128i*>(lo[n] + e),
-                          _mm512_cvtepi32_epi8(_mm512_and_si512(qi, _mm512_set1_epi32(255))));
-        }
-      }
-      int8_t* th = tiles + (static_cast<int64_t>(grp) * chunks + c) * 2 * 1024;
-      TileFromRows(hi, th);
-      TileFromRows(lo, th + 1024);
-    }
-  }
-}
-
 // One step of 32 tokens of V as B tiles: tile j covers dimensions 16j ..
 // 16j + 15, row i = tokens (2i, 2i + 1) interleaved per dimension. The
 // step's two halves of 16 tokens may come from two blocks (rows[0], rows[1]);
 // tokens at or past n are zero (whatever the block holds there).
-template <bool kInt8>
 void BuildV(const std::byte* const rows[2], int64_t row_bytes, int32_t n, int32_t d, uint16_t* tiles) {
   const __m512i lo_idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37, 5,
                                           36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
@@ -268,15 +220,7 @@ void BuildV(const std::byte* const rows[2], int64_t row_bytes, int32_t n, int32_
   auto load32 = [&](int32_t t, int32_t j) -> __m512i {
     if (t >= n) return _mm512_setzero_si512();
     const std::byte* row = rows[t / 16] + (t % 16) * row_bytes;
-    if constexpr (kInt8) {
-      const __m128i b0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + j));
-      const __m128i b1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + j + 16));
-      const __m512 f0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b0));
-      const __m512 f1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b1));
-      return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(f1, f0));  // integers of 8 bits: exact in bf16
-    } else {
-      return _mm512_loadu_si512(row + j * 2);
-    }
+    return _mm512_loadu_si512(row + j * 2);
   };
   const int32_t pairs = std::min(16, (n + 1) / 2);
   for (int32_t i = 0; i < pairs; ++i) {
@@ -290,7 +234,10 @@ void BuildV(const std::byte* const rows[2], int64_t row_bytes, int32_t n, int32_
     for (int32_t j = 0; j < d / 16; ++j) _mm512_storeu_si512(tiles + (static_cast<int64_t>(j) * 16 + i) * 32, _mm512_setzero_si512());
 }
 
-template <bool kInt8>
+// Tokens per softmax update at least (several blocks of 16): measured
+// 0.39 -> 0.41 of the roofline at block_len 16 against one 32-token step.
+constexpr int32_t kMinChunk = 64;
+
 void Run(const RowTask& task) {
   const int32_t d = task.head_dim, rows = task.rows, bl = task.block_len;
   const int32_t groups = (rows + 15) / 16, padded = groups * 16;
@@ -298,19 +245,11 @@ void Run(const RowTask& task) {
   // Tokens per softmax update: a block, or two of 16 so that one P.V step
   // (32 tokens, a whole bf16 tile) is full. Weights and per-block maxima
   // then refer to that update's maximum, for both blocks alike.
-  const int32_t chunk = bl == 16 ? 32 : bl;
+  const int32_t chunk = bl >= kMinChunk ? bl : kMinChunk / bl * bl;
   Buffers& b = ThreadBuffers();
-  const int32_t dchunks = kInt8 ? d / 64 : d / 32;
-  if constexpr (kInt8) {
-    b.q8_tiles.resize(static_cast<size_t>(groups) * dchunks * 2 * 1024);
-    b.q8_scale.resize(padded);
-    BuildQInt8(task.q, rows, groups, d, b.q8_tiles.data(), b.q8_scale.data());
-    b.kscale.resize(chunk + 16);
-    b.vscale.resize(chunk + 16);
-  } else {
-    b.q_tiles.resize(static_cast<size_t>(groups) * dchunks * 2 * 512);
-    BuildQBf16(task.q, rows, groups, d, b.q_tiles.data());
-  }
+  const int32_t dchunks = d / 32;
+  b.q_tiles.resize(static_cast<size_t>(groups) * dchunks * 2 * 512);
+  BuildQBf16(task.q, rows, groups, d, b.q_tiles.data());
   b.acc.assign(static_cast<size_t>(padded) * d, 0.0f);
   std::memcpy(b.acc.data(), task.acc, sizeof(float) * static_cast<size_t>(rows) * d);
   b.m.assign(padded, -std::numeric_limits<float>::infinity());
@@ -359,16 +298,6 @@ void Run(const RowTask& task) {
     const int32_t tiles = (n + 15) / 16;
     const int32_t steps = (n + 31) / 32;
     const int32_t span = steps * 32;  // tokens the P.V steps cover (those past n have p = 0)
-    if constexpr (kInt8) {
-      for (int32_t t = 0; t < n; t += 16) {
-        const std::byte* kr = k_at(start + t);
-        const std::byte* vr = v_at(start + t);
-        for (int32_t i = 0; i < 16 && t + i < n; ++i) {
-          b.kscale[t + i] = Int8ScaleOf(kr + i * row_bytes + d);
-          b.vscale[t + i] = Int8ScaleOf(vr + i * row_bytes + d);
-        }
-      }
-    }
     bool any_valid = false;
     for (int32_t r = 0; r < padded; ++r) {
       limit_rel[r] = r < rows ? static_cast<int32_t>(std::clamp<int64_t>(task.limit[r] - start, 0, n)) : 0;
@@ -379,8 +308,7 @@ void Run(const RowTask& task) {
     alignas(64) float corr_all[kMaxRows + 16];
     for (int32_t grp = 0; grp < groups; ++grp) {
       // 1. Scores, token-major: st[t][row], two tiles of 16 tokens at a
-      // time. bf16: hi and lo products into one accumulator per token tile;
-      // int8: hi and lo into their own (hi is weighted 256 when combined).
+      // time, q's hi and lo products into one accumulator per token tile.
       for (int32_t i = 0; i < tiles; i += 2) {
         if (grp == 0) prefetch(false, i / 2, (tiles + 1) / 2);
         const bool two = i + 1 < tiles;
@@ -388,51 +316,19 @@ void Run(const RowTask& task) {
         const std::byte* k1 = two ? k_at(start + int64_t{i + 1} * 16) : k0;
         _tile_zero(0);
         _tile_zero(2);
-        if constexpr (kInt8) {
-          _tile_zero(1);
-          _tile_zero(3);
-        }
         for (int32_t c = 0; c < dchunks; ++c) {
           _tile_loadd(4, k0 + c * 64, row_bytes);
           _tile_loadd(5, k1 + c * 64, row_bytes);
-          if constexpr (kInt8) {
-            const int8_t* qt = b.q8_tiles.data() + (static_cast<int64_t>(grp) * dchunks + c) * 2 * 1024;
-            _tile_loadd(6, qt, 64);
-            _tile_loadd(7, qt + 1024, 64);
-            _tile_dpbssd(0, 4, 6);
-            _tile_dpbsud(1, 4, 7);
-            _tile_dpbssd(2, 5, 6);
-            _tile_dpbsud(3, 5, 7);
-          } else {
-            const uint16_t* qt = b.q_tiles.data() + (static_cast<int64_t>(grp) * dchunks + c) * 2 * 512;
-            _tile_loadd(6, qt, 64);
-            _tile_loadd(7, qt + 512, 64);
-            _tile_dpbf16ps(0, 4, 6);
-            _tile_dpbf16ps(2, 5, 6);
-            _tile_dpbf16ps(0, 4, 7);
-            _tile_dpbf16ps(2, 5, 7);
-          }
+          const uint16_t* qt = b.q_tiles.data() + (static_cast<int64_t>(grp) * dchunks + c) * 2 * 512;
+          _tile_loadd(6, qt, 64);
+          _tile_loadd(7, qt + 512, 64);
+          _tile_dpbf16ps(0, 4, 6);
+          _tile_dpbf16ps(2, 5, 6);
+          _tile_dpbf16ps(0, 4, 7);
+          _tile_dpbf16ps(2, 5, 7);
         }
-        if constexpr (kInt8) {
-          alignas(64) int32_t out[4][256];
-          _tile_stored(0, out[0], 64);
-          _tile_stored(1, out[1], 64);
-          _tile_stored(2, out[2], 64);
-          _tile_stored(3, out[3], 64);
-          const __m512 qs = _mm512_loadu_ps(b.q8_scale.data() + grp * 16);
-          for (int32_t h = 0; h < (two ? 2 : 1); ++h) {
-            const int32_t t0 = (i + h) * 16;
-            for (int32_t t = 0; t < 16 && t0 + t < n; ++t) {
-              const __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(out[2 * h] + t * 16), 8),
-                                                   _mm512_load_si512(out[2 * h + 1] + t * 16));
-              _mm512_storeu_ps(st + (t0 + t) * 16, _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(sum), qs),
-                                                                 _mm512_set1_ps(b.kscale[t0 + t])));
-            }
-          }
-        } else {
-          _tile_stored(0, st + i * 256, 64);
-          if (two) _tile_stored(2, st + (i + 1) * 256, 64);
-        }
+        _tile_stored(0, st + i * 256, 64);
+        if (two) _tile_stored(2, st + (i + 1) * 256, 64);
       }
       // 2. Online softmax, one lane per row: max and sum over tokens are vertical.
       const __m512i rel = _mm512_loadu_si512(limit_rel + grp * 16);
@@ -484,10 +380,6 @@ void Run(const RowTask& task) {
             task.block_max_out[r * task.block_max_stride + (blk - task.tok_begin) / bl] = mrow[g];
         }
       }
-      if constexpr (kInt8) {  // V's per-token scale into the probabilities
-        for (t = 0; t < n; ++t)
-          _mm512_storeu_ps(st + t * 16, _mm512_mul_ps(_mm512_loadu_ps(st + t * 16), _mm512_set1_ps(b.vscale[t])));
-      }
       // 3. P (rows x tokens) as bf16 hi + lo A tiles, 16 tokens at a time.
       uint16_t* ph = b.p_tiles.data() + static_cast<int64_t>(grp) * 2 * 16 * span_max;
       uint16_t* pl = ph + 16 * span_max;
@@ -515,7 +407,7 @@ void Run(const RowTask& task) {
       const std::byte* vrows[2] = {v_at(start + int64_t{s} * 32),
                                    2 * s + 1 < tiles ? v_at(start + int64_t{s} * 32 + 16) : nullptr};
       prefetch(true, s, steps);
-      BuildV<kInt8>(vrows, row_bytes, std::min(32, n - s * 32), d, b.v_tile.data());
+      BuildV(vrows, row_bytes, std::min(32, n - s * 32), d, b.v_tile.data());
       for (int32_t grp = 0; grp < groups; ++grp) {
         const uint16_t* ph = b.p_tiles.data() + static_cast<int64_t>(grp) * 2 * 16 * span_max + s * 32;
         const uint16_t* pl = ph + 16 * span_max;
@@ -556,20 +448,12 @@ bool SetAmxForTest(bool allowed) {
 }
 
 bool AmxAttendRows(const RowTask& task) {
-  if (task.rows < 4 || task.softcap > 0 || task.block_len % 16 != 0 || task.head_dim > 256) return false;
-  if (task.dtype == DType::kBF16) {
-    if (task.head_dim % 32 != 0 || task.row_bytes != int64_t{task.head_dim} * 2) return false;
-  } else if (task.dtype == DType::kInt8) {
-    if (task.head_dim % 64 != 0 || task.row_bytes != int64_t{task.head_dim} + 2) return false;
-  } else {
+  if (task.dtype != DType::kBF16 || task.rows < kMinRows || task.softcap > 0 || task.block_len % 16 != 0 ||
+      task.head_dim % 32 != 0 || task.head_dim > 256 || task.row_bytes != int64_t{task.head_dim} * 2) {
     return false;
   }
   if (!AmxEnabled()) return false;
-  if (task.dtype == DType::kBF16) {
-    Run<false>(task);
-  } else {
-    Run<true>(task);
-  }
+  Run(task);
   return true;
 }
 

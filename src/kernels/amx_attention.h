@@ -1,5 +1,6 @@
 // Paged attention through Intel AMX tiles (Sapphire Rapids and later), for
-// tasks of many query rows per KV head: GQA decode with G >= 4 and prefill.
+// bf16 K/V and tasks of many query rows per KV head: GQA decode with G >= 8
+// and prefill.
 // See amx_attention.cc for the tile layout and the accuracy argument.
 #pragma once
 
@@ -8,13 +9,13 @@
 namespace pagekv::kernels {
 
 // Runs `task` through AMX tiles and returns true, or returns false (doing
-// nothing) where the path does not apply: the CPU or kernel lacks AMX-BF16 /
-// AMX-INT8, a test turned it off, or the task is outside the path's shapes
-// (fewer than 4 rows, head_dim not a multiple of 32 or above 256, block_len
-// not a multiple of 16, soft-capping, K/V not bf16 or int8).
+// nothing) where the path does not apply: the CPU or kernel lacks AMX-BF16,
+// a test turned it off, or the task is outside the path's shapes (K/V not
+// bf16, fewer than 8 rows, head_dim not a multiple of 32 or above 256,
+// block_len not a multiple of 16, soft-capping).
 bool AmxAttendRows(const RowTask& task);
 
-// Whether AmxAttendRows may run: the CPU has AMX-TILE, AMX-BF16 and AMX-INT8,
+// Whether AmxAttendRows may run: the CPU has AMX-TILE and AMX-BF16,
 // the kernel granted this process the tile state (arch_prctl), and no test
 // turned the path off. SetAmxForTest returns whether the CPU and kernel allow it.
 bool AmxEnabled();

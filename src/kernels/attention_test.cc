@@ -22,6 +22,7 @@
 
 #include <gtest/gtest.h>
 
+#include "kernels/amx_attention.h"
 #include "kernels/attention_kernel.h"
 #include "layout/float16.h"
 #include "layout/quantize.h"
@@ -226,6 +227,76 @@ TEST_P(AttentionTargetTest, DecodeBf16DotProductsKeepF32Accuracy) {
     }
   }
   kernels::SetBf16DotForTest(true);
+}
+
+// bf16 K/V through AMX tiles (kernels/amx_attention.cc, where the CPU has
+// AMX-BF16; AVX-512 targets only) and through the vector kernel: both at f32
+// accuracy against the reference. Groups of 8 to 32 rows (one and two tile
+// groups, rows that do not fill a tile), head_dims 32 to 256, block_len 16
+// (updates over several blocks, a step over two), 32, 64 and
+// 128, decode over every context edge and causal prefill with trailing
+// chunks; with AMX, the outputs must also differ in some bit from the vector
+// kernel's (the tiles did run).
+TEST_P(AttentionTargetTest, Bf16ThroughAmxTilesKeepsF32Accuracy) {
+  const bool avx512 = kernels::TargetName(GetParam()).rfind("AVX3", 0) == 0;
+  if (!kernels::SetAmxForTest(true) || !avx512) {
+    GTEST_SKIP() << "AMX-BF16 tiles not used here: the CPU or kernel lacks them or the target is "
+                 << kernels::TargetName(GetParam()) << " (the vector kernel is tested by the other cases)";
+  }
+  uint32_t seed = 300;
+  const std::vector<std::pair<Shape, int32_t>> cases = {
+      {{8, 1, 128}, 16}, {{16, 2, 64}, 16}, {{32, 1, 128}, 32}, {{12, 1, 256}, 64}, {{64, 8, 128}, 128}, {{8, 1, 32}, 128}};
+  for (const auto& [s, bl] : cases) {
+    for (bool amx : {true, false}) {
+      kernels::SetAmxForTest(amx);
+      CheckDecode(s, DType::kBF16, bl, {}, seed, 2e-5);
+    }
+    // Same inputs, both paths: they must not be bit-identical.
+    const std::vector<int64_t> lengths = {3 * bl + 5};
+    PagedFixture f(1, s.q_heads, s.kv_heads, s.head_dim, bl, DType::kBF16, lengths, seed + 1000);
+    const DecodeSeq seq{f.Table(0), lengths[0]};
+    const std::vector<float> q = RandomQ(f.rng(), static_cast<size_t>(s.q_heads) * s.head_dim);
+    std::vector<float> with(q.size()), without(q.size());
+    kernels::SetAmxForTest(true);
+    ASSERT_TRUE(PagedDecodeAttention(f.Kv(0), {&seq, 1}, q.data(), with.data()).ok());
+    kernels::SetAmxForTest(false);
+    ASSERT_TRUE(PagedDecodeAttention(f.Kv(0), {&seq, 1}, q.data(), without.data()).ok());
+    EXPECT_NE(std::memcmp(with.data(), without.data(), with.size() * sizeof(float)), 0)
+        << "the AMX path did not run for q_heads=" << s.q_heads << " kv_heads=" << s.kv_heads;
+    ++seed;
+  }
+  // Causal prefill: 8 query heads over 1 KV head, whole prompts and a
+  // trailing chunk, rows per task far above one tile group.
+  for (int32_t bl : {16, 128}) {
+    const Shape s{8, 1, 128};
+    const std::vector<int64_t> lengths = {bl + 3, 3 * bl + 7};
+    const std::vector<int64_t> queries = {bl + 3, 2 * bl + 1};
+    for (bool amx : {true, false}) {
+      kernels::SetAmxForTest(amx);
+      PagedFixture f(1, s.q_heads, s.kv_heads, s.head_dim, bl, DType::kBF16, lengths, 400 + bl);
+      std::vector<PrefillSeq> seqs;
+      int64_t total_q = 0;
+      for (size_t i = 0; i < lengths.size(); ++i) {
+        seqs.push_back({f.Table(i), lengths[i], queries[i]});
+        total_q += queries[i];
+      }
+      const size_t per_query = static_cast<size_t>(s.q_heads) * s.head_dim;
+      std::vector<float> q = RandomQ(f.rng(), per_query * static_cast<size_t>(total_q));
+      std::vector<float> out(q.size(), std::nanf(""));
+      ASSERT_TRUE(PagedPrefillAttention(f.Kv(0), seqs, q.data(), out.data()).ok());
+      size_t at = 0;
+      for (size_t i = 0; i < lengths.size(); ++i) {
+        std::vector<double> qd(q.begin() + static_cast<std::ptrdiff_t>(at * per_query),
+                               q.begin() + static_cast<std::ptrdiff_t>((at + static_cast<size_t>(queries[i])) * per_query));
+        const std::vector<double> ref = testing::ReferenceAttention({s.q_heads, s.kv_heads, s.head_dim, 0, 0}, qd,
+                                                                    queries[i], f.K(i, 0), f.V(i, 0), lengths[i]);
+        EXPECT_LE(RelError(out.data() + at * per_query, ref, queries[i] * s.q_heads, s.head_dim), 2e-5)
+            << "prefill amx=" << amx << " block_len=" << bl << " length=" << lengths[i] << " queries=" << queries[i];
+        at += static_cast<size_t>(queries[i]);
+      }
+    }
+  }
+  kernels::SetAmxForTest(true);
 }
 
 TEST_P(AttentionTargetTest, DecodeSplitIntoChunksMergesExactly) {
