@@ -116,8 +116,15 @@ Buffers& ThreadBuffers() {
   return b;
 }
 
+// Everything from here to the matching pop is compiled for AVX-512 and AMX
+// (called only after the CPU check): GCC's target pragma, clang's attribute
+// on every function in the region.
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,f16c,amx-tile,amx-bf16"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,f16c,amx-tile,amx-bf16")
+#endif
 
 // exp(x) for x <= 0 (and -inf -> 0): x = k ln2 + r, |r| <= ln2 / 2, a degree-7
 // polynomial for e^r (relative error under 2e-7), then 2^k by vscalefps.
@@ -234,6 +241,47 @@ void BuildV(const std::byte* const rows[2], int64_t row_bytes, int32_t n, int32_
     for (int32_t j = 0; j < d / 16; ++j) _mm512_storeu_si512(tiles + (static_cast<int64_t>(j) * 16 + i) * 32, _mm512_setzero_si512());
 }
 
+// Software prefetches of a list of byte ranges into L2, spread evenly over
+// `points` calls of Step().
+class LinePrefetcher {
+ public:
+  void Reset(int32_t points) {
+    points_ = std::max(points, 1);
+    count_ = 0;
+    seg_ = 0;
+    off_ = 0;
+    lines_ = 0;
+    per_step_ = 0;
+  }
+  void Add(const std::byte* p, int64_t bytes) {
+    if (count_ < kMaxSegments) {
+      segs_[count_++] = {p, bytes};
+      lines_ += (bytes + 63) / 64;
+    }
+  }
+  void Plan() { per_step_ = (lines_ + points_ - 1) / points_; }
+  void Step() {
+    for (int64_t k = 0; k < per_step_ && seg_ < count_; ++k) {
+      _mm_prefetch(reinterpret_cast<const char*>(segs_[seg_].p + off_), _MM_HINT_T1);
+      off_ += 64;
+      if (off_ >= segs_[seg_].bytes) {
+        ++seg_;
+        off_ = 0;
+      }
+    }
+  }
+
+ private:
+  static constexpr int32_t kMaxSegments = 2 * kMaxBlockLen / 16 + 2;
+  struct Segment {
+    const std::byte* p;
+    int64_t bytes;
+  };
+  Segment segs_[kMaxSegments];
+  int32_t count_ = 0, seg_ = 0, points_ = 1;
+  int64_t off_ = 0, lines_ = 0, per_step_ = 0;
+};
+
 // Tokens per softmax update at least (several blocks of 16): measured
 // 0.39 -> 0.41 of the roofline at block_len 16 against one 32-token step.
 constexpr int32_t kMinChunk = 64;
@@ -279,24 +327,26 @@ void Run(const RowTask& task) {
   auto k_at = [&](int64_t p) { return task.k_region + ToInt(task.blocks[p / bl]) * task.slab_stride + (p % bl) * row_bytes; };
   auto v_at = [&](int64_t p) { return task.v_region + ToInt(task.blocks[p / bl]) * v_stride + (p % bl) * row_bytes; };
 
+  LinePrefetcher pf;
   for (int64_t start = task.tok_begin; start < end; start += chunk) {
     const int32_t n = static_cast<int32_t>(std::min<int64_t>(chunk, end - start));
-    // The next chunk's K (during the scores) and V (during P.V) into L2,
-    // spread over the tile loops: blocks are scattered and hardware
-    // prefetchers stop at pages, and a burst of prefetches stalls on the
-    // line-fill queue with nothing else in flight.
-    const int64_t next = start + chunk;
-    const int64_t next_n = next < end ? std::min<int64_t>(chunk, end - next) : 0;
-    auto prefetch = [&](bool values, int32_t part, int32_t parts) {
-      for (int64_t p = next + (next_n + 15) / 16 * part / parts * 16; p < next + (next_n + 15) / 16 * (part + 1) / parts * 16;
-           p += 16) {
-        const std::byte* rows16 = values ? v_at(p) : k_at(p);
-        const int64_t bytes = std::min<int64_t>(16, next + next_n - p) * row_bytes;
-        for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(rows16 + o), _MM_HINT_T1);
-      }
-    };
     const int32_t tiles = (n + 15) / 16;
     const int32_t steps = (n + 31) / 32;
+    // The next chunk's K and V into L2, a few lines from every loop of this
+    // chunk: blocks are scattered and hardware prefetchers stop at pages,
+    // and a burst of prefetches stalls on the line-fill buffers with no
+    // work in flight (half the time in one profile).
+    const int64_t next = start + chunk;
+    if (next < end) {
+      const int64_t next_n = std::min<int64_t>(chunk, end - next);
+      const int32_t points = (tiles + 1) / 2 + n / 2 + steps * (d / 32) * groups;
+      pf.Reset(points);
+      for (int64_t p = next; p < next + next_n; p += 16) pf.Add(k_at(p), std::min<int64_t>(16, next + next_n - p) * row_bytes);
+      for (int64_t p = next; p < next + next_n; p += 16) pf.Add(v_at(p), std::min<int64_t>(16, next + next_n - p) * row_bytes);
+      pf.Plan();
+    } else {
+      pf.Reset(1);
+    }
     const int32_t span = steps * 32;  // tokens the P.V steps cover (those past n have p = 0)
     bool any_valid = false;
     for (int32_t r = 0; r < padded; ++r) {
@@ -310,7 +360,7 @@ void Run(const RowTask& task) {
       // 1. Scores, token-major: st[t][row], two tiles of 16 tokens at a
       // time, q's hi and lo products into one accumulator per token tile.
       for (int32_t i = 0; i < tiles; i += 2) {
-        if (grp == 0) prefetch(false, i / 2, (tiles + 1) / 2);
+        pf.Step();
         const bool two = i + 1 < tiles;
         const std::byte* k0 = k_at(start + int64_t{i} * 16);
         const std::byte* k1 = two ? k_at(start + int64_t{i + 1} * 16) : k0;
@@ -351,6 +401,7 @@ void Run(const RowTask& task) {
       __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();
       int32_t t = 0;
       for (; t + 2 <= n; t += 2) {
+        if (grp == 0) pf.Step();
         const __mmask16 in0 = _mm512_cmpgt_epi32_mask(rel, _mm512_set1_epi32(t));
         const __mmask16 in1 = _mm512_cmpgt_epi32_mask(rel, _mm512_set1_epi32(t + 1));
         const __m512 p0 = _mm512_maskz_mov_ps(in0, Exp(_mm512_sub_ps(_mm512_loadu_ps(st + t * 16), m_new)));
@@ -406,7 +457,6 @@ void Run(const RowTask& task) {
     for (int32_t s = 0; s < steps; ++s) {
       const std::byte* vrows[2] = {v_at(start + int64_t{s} * 32),
                                    2 * s + 1 < tiles ? v_at(start + int64_t{s} * 32 + 16) : nullptr};
-      prefetch(true, s, steps);
       BuildV(vrows, row_bytes, std::min(32, n - s * 32), d, b.v_tile.data());
       for (int32_t grp = 0; grp < groups; ++grp) {
         const uint16_t* ph = b.p_tiles.data() + static_cast<int64_t>(grp) * 2 * 16 * span_max + s * 32;
@@ -415,6 +465,7 @@ void Run(const RowTask& task) {
         _tile_loadd(6, ph, int64_t{span_max} * 2);
         _tile_loadd(7, pl, int64_t{span_max} * 2);
         for (int32_t j = 0; j < d / 16; j += 2) {
+          pf.Step();
           const uint16_t* vt = b.v_tile.data() + static_cast<int64_t>(j) * 16 * 32;
           _tile_loadd(0, acc + j * 16, int64_t{d} * 4);
           _tile_loadd(1, acc + j * 16 + 16, int64_t{d} * 4);
@@ -436,7 +487,11 @@ void Run(const RowTask& task) {
   std::copy(b.l.begin(), b.l.begin() + rows, task.l);
 }
 
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
 }  // namespace
 
