@@ -174,6 +174,37 @@ class AttentionTargetTest : public ::testing::TestWithParam<int64_t> {
   void TearDown() override { kernels::SetTargetForTest(0); }
 };
 
+// One prefill call over sequences of `lengths` tokens whose last `queries`
+// are the queries (whole prompts and trailing chunks), each sequence against
+// the reference within `tol`.
+void CheckPrefill(const Shape& s, DType dtype, int32_t block_len, const std::vector<int64_t>& lengths,
+                  const std::vector<int64_t>& queries, uint32_t seed, int threads, double tol, const std::string& what) {
+  PagedFixture f(1, s.q_heads, s.kv_heads, s.head_dim, block_len, dtype, lengths, seed);
+  std::vector<PrefillSeq> seqs;
+  int64_t total_q = 0;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    seqs.push_back({f.Table(i), lengths[i], queries[i]});
+    total_q += queries[i];
+  }
+  const size_t per_query = static_cast<size_t>(s.q_heads) * s.head_dim;
+  std::vector<float> q = RandomQ(f.rng(), per_query * static_cast<size_t>(total_q));
+  std::vector<float> out(q.size(), std::nanf(""));
+  AttentionOptions opts;
+  opts.num_threads = threads;
+  ASSERT_TRUE(PagedPrefillAttention(f.Kv(0), seqs, q.data(), out.data(), opts).ok());
+  size_t at = 0;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    std::vector<double> qd(q.begin() + static_cast<std::ptrdiff_t>(at * per_query),
+                           q.begin() + static_cast<std::ptrdiff_t>((at + static_cast<size_t>(queries[i])) * per_query));
+    const std::vector<double> ref = testing::ReferenceAttention({s.q_heads, s.kv_heads, s.head_dim, 0, 0}, qd,
+                                                                queries[i], f.K(i, 0), f.V(i, 0), lengths[i]);
+    EXPECT_LE(RelError(out.data() + at * per_query, ref, queries[i] * s.q_heads, s.head_dim), tol)
+        << what << ": sequence " << i << " length " << lengths[i] << " queries " << queries[i] << " head_dim "
+        << s.head_dim << " block_len " << block_len;
+    at += static_cast<size_t>(queries[i]);
+  }
+}
+
 // tol < 0: Tolerance(dtype).
 void CheckDecode(const Shape& s, DType dtype, int32_t block_len, const AttentionOptions& opts, uint32_t seed,
                  double tol = -1) {
@@ -268,32 +299,10 @@ TEST_P(AttentionTargetTest, Bf16ThroughAmxTilesKeepsF32Accuracy) {
   // Causal prefill: 8 query heads over 1 KV head, whole prompts and a
   // trailing chunk, rows per task far above one tile group.
   for (int32_t bl : {16, 128}) {
-    const Shape s{8, 1, 128};
-    const std::vector<int64_t> lengths = {bl + 3, 3 * bl + 7};
-    const std::vector<int64_t> queries = {bl + 3, 2 * bl + 1};
     for (bool amx : {true, false}) {
       kernels::SetAmxForTest(amx);
-      PagedFixture f(1, s.q_heads, s.kv_heads, s.head_dim, bl, DType::kBF16, lengths, 400 + bl);
-      std::vector<PrefillSeq> seqs;
-      int64_t total_q = 0;
-      for (size_t i = 0; i < lengths.size(); ++i) {
-        seqs.push_back({f.Table(i), lengths[i], queries[i]});
-        total_q += queries[i];
-      }
-      const size_t per_query = static_cast<size_t>(s.q_heads) * s.head_dim;
-      std::vector<float> q = RandomQ(f.rng(), per_query * static_cast<size_t>(total_q));
-      std::vector<float> out(q.size(), std::nanf(""));
-      ASSERT_TRUE(PagedPrefillAttention(f.Kv(0), seqs, q.data(), out.data()).ok());
-      size_t at = 0;
-      for (size_t i = 0; i < lengths.size(); ++i) {
-        std::vector<double> qd(q.begin() + static_cast<std::ptrdiff_t>(at * per_query),
-                               q.begin() + static_cast<std::ptrdiff_t>((at + static_cast<size_t>(queries[i])) * per_query));
-        const std::vector<double> ref = testing::ReferenceAttention({s.q_heads, s.kv_heads, s.head_dim, 0, 0}, qd,
-                                                                    queries[i], f.K(i, 0), f.V(i, 0), lengths[i]);
-        EXPECT_LE(RelError(out.data() + at * per_query, ref, queries[i] * s.q_heads, s.head_dim), 2e-5)
-            << "prefill amx=" << amx << " block_len=" << bl << " length=" << lengths[i] << " queries=" << queries[i];
-        at += static_cast<size_t>(queries[i]);
-      }
+      CheckPrefill({8, 1, 128}, DType::kBF16, bl, {bl + 3, 3 * bl + 7}, {bl + 3, 2 * bl + 1}, 400 + bl, 1, 2e-5,
+                   amx ? "AMX tiles" : "vector kernel");
     }
   }
   kernels::SetAmxForTest(true);
@@ -349,31 +358,8 @@ TEST_P(AttentionTargetTest, ChunkedPrefillSplitAtEveryPositionOfABlockMatchesRef
 TEST_P(AttentionTargetTest, PrefillBatchOfDifferentLengthsAndGroups) {
   const int32_t bl = 16;
   for (Shape s : {Shape{4, 4, 64}, Shape{8, 2, 128}, Shape{16, 2, 16}, Shape{8, 1, 24}}) {
-    const std::vector<int64_t> lengths = {1, bl, bl + 1, 3 * bl + 7};
-    const std::vector<int64_t> queries = {1, bl, 5, 3 * bl + 7};  // full prompts and trailing chunks
-    PagedFixture f(1, s.q_heads, s.kv_heads, s.head_dim, bl, DType::kF16, lengths, 50);
-    std::vector<PrefillSeq> seqs;
-    int64_t total_q = 0;
-    for (size_t i = 0; i < lengths.size(); ++i) {
-      seqs.push_back({f.Table(i), lengths[i], queries[i]});
-      total_q += queries[i];
-    }
-    const size_t per_query = static_cast<size_t>(s.q_heads) * s.head_dim;
-    std::vector<float> q = RandomQ(f.rng(), per_query * static_cast<size_t>(total_q));
-    std::vector<float> out(q.size(), std::nanf(""));
-    AttentionOptions opts;
-    opts.num_threads = 2;
-    ASSERT_TRUE(PagedPrefillAttention(f.Kv(0), seqs, q.data(), out.data(), opts).ok());
-    size_t at = 0;
-    for (size_t i = 0; i < lengths.size(); ++i) {
-      std::vector<double> qd(q.begin() + static_cast<std::ptrdiff_t>(at * per_query),
-                             q.begin() + static_cast<std::ptrdiff_t>((at + static_cast<size_t>(queries[i])) * per_query));
-      const std::vector<double> ref = testing::ReferenceAttention({s.q_heads, s.kv_heads, s.head_dim, 0, 0}, qd,
-                                                                  queries[i], f.K(i, 0), f.V(i, 0), lengths[i]);
-      EXPECT_LE(RelError(out.data() + at * per_query, ref, queries[i] * s.q_heads, s.head_dim), 2e-3)
-          << "sequence " << i << " head_dim " << s.head_dim;
-      at += static_cast<size_t>(queries[i]);
-    }
+    // Full prompts and trailing chunks.
+    CheckPrefill(s, DType::kF16, bl, {1, bl, bl + 1, 3 * bl + 7}, {1, bl, 5, 3 * bl + 7}, 50, 2, 2e-3, "f16 batch");
   }
 }
 
