@@ -89,9 +89,9 @@ std::atomic<bool> amx_allowed{true};
 // vector kernel (0.40-0.46 of the roofline against 0.48-0.49).
 constexpr int32_t kMinRows = 8;
 
-// All eight tile registers are 16 rows of 64 bytes. Scores: tmm0-3
-// accumulators (two token tiles x hi / lo), tmm4-5 K, tmm6-7 Q^T hi / lo.
-// P.V: tmm0-1 accumulators, tmm4-5 V, tmm6-7 P hi / lo.
+// All eight tile registers are 16 rows of 64 bytes. Scores: tmm0 and tmm2
+// accumulators (two token tiles), tmm4-5 K, tmm6-7 Q^T hi / lo. P.V: tmm0-1
+// accumulators (two dimension tiles), tmm4-5 V, tmm6-7 P hi / lo.
 
 struct alignas(64) TileConfig {
   uint8_t palette_id = 1;
@@ -103,12 +103,12 @@ struct alignas(64) TileConfig {
 static_assert(sizeof(TileConfig) == 64);
 
 struct Buffers {
-  std::vector<uint16_t> q_tiles;   // bf16: [group][dim chunk][hi, lo][16 pairs][32]
+  std::vector<uint16_t> q_tiles;   // [group][dim chunk][hi, lo][16 pairs][32] bf16
   std::vector<float> acc;          // [padded rows][d]
   std::vector<float> m, l;         // [padded rows]
-  std::vector<float> st;           // [block_len rounded up to the step][16] token-major scores / probabilities
-  std::vector<uint16_t> p_tiles;   // [group][hi, lo][16 rows][block tokens] bf16
-  std::vector<uint16_t> v_tile;    // [d / 16][step / 2 pairs][32] bf16
+  std::vector<float> st;           // [update's tokens rounded up to 32][16] token-major scores / probabilities
+  std::vector<uint16_t> p_tiles;   // [group][hi, lo][16 rows][update's tokens rounded up to 32] bf16
+  std::vector<uint16_t> v_tile;    // [d / 16][16 token pairs][32] bf16: one step
 };
 
 Buffers& ThreadBuffers() {
