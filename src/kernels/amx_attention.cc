@@ -47,14 +47,11 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <vector>
-
-#include "layout/float16.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define PAGEKV_HAVE_AMX_KERNEL 1
@@ -292,9 +289,10 @@ void Run(const RowTask& task) {
   const int32_t d = task.head_dim, rows = task.rows, bl = task.block_len;
   const int32_t groups = (rows + 15) / 16, padded = groups * 16;
   const int64_t row_bytes = task.row_bytes;
-  // Tokens per softmax update: a block, or two of 16 so that one P.V step
-  // (32 tokens, a whole bf16 tile) is full. Weights and per-block maxima
-  // then refer to that update's maximum, for both blocks alike.
+  // Tokens per softmax update: a block, or as many whole blocks as make
+  // kMinChunk, so that P.V steps (32 tokens, a whole bf16 tile) are full.
+  // Weights and per-block maxima then refer to that update's maximum, for
+  // all its blocks alike.
   const int32_t chunk = bl >= kMinChunk ? bl : kMinChunk / bl * bl;
   Buffers& b = ThreadBuffers();
   const int32_t dchunks = d / 32;
