@@ -1,17 +1,24 @@
 // Block-quantized weights times int16 activations (the fast path of
 // matmul.h for a few tokens): each activation row is quantized once per call
-// in blocks of 32 (an f32 scale d = max |x| / 32767 and 32 int16 values),
-// and each 32-element chunk of a k-quant weight row is unpacked to 32 small
-// unsigned integers u with a per-16 scale and bias, so that
-//
-//   sum_i w_i x_i = dx * sum_16 scale * (sum u_i q_i) + sum_16 bias * (dx * sum q_i)
+// in blocks of 32 (an f32 scale d = max |x| / 32767 and 32 int16 values).
 //
 // The 32-element formats (q4_0 ... q8_0: one scale, and a minimum or a
 // fixed offset, per block) are widened to int16 straight from memory
-// (Widen32) and take one scale per block (Tile32).
+// (Widen32) and take one scale per block (Tile32, four rows by one or two
+// tokens).
 //
-// The integer sums are `vpmaddwd` (i16 pairs into i32; u <= 63 and |q| <=
-// 32767 cannot overflow): 32 multiply-adds in two instructions, against four
+// The k-quants (256-element blocks, KRow): per block, the sub-block scales
+// and mins are decoded once (Head: the 6-bit fields with a few word
+// operations, then eight at a time to f32), and the elements in groups of
+// two or four 32-element chunks (Group), as int16 in registers: u for q4_k
+// and q5_k, u times the integer sub-block scale for the formats with
+// 16-element sub-blocks (q2_k, q3_k, q6_k). Each group serves a tile of up
+// to four tokens before the next is decoded:
+//
+//   sum_i w_i x_i = sum_chunks f_c * dx_c * (sum_32 w q) + sum_16 bias * (dx * sum_16 q)
+//
+// The integer sums are `vpmaddwd` (i16 pairs into i32; no sum comes near
+// 2^31: see KHead): 32 multiply-adds in two instructions, against four
 // FMAs and the conversions of the f32 path. x86 AVX2 and AVX-512 targets
 // (256-bit registers); elsewhere the f32 path runs.
 //
@@ -36,6 +43,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
+#include <utility>
 
 #include "kernels/quant_blocks-inl.h"
 
@@ -77,81 +86,169 @@ inline __m256i DotPairs(__m256i a0, __m256i b0, __m256i a1, __m256i b1) {
   return _mm256_add_epi32(_mm256_madd_epi16(a0, b0), _mm256_madd_epi16(a1, b1));
 }
 
-// One 32-element chunk of a weight row: the values are u * scale + bias,
-// scale and bias per 16 elements (lanes 0-3 of the integer sums cover
-// elements 0-15, lanes 4-7 elements 16-31).
-struct Chunk {
-  __m256i u;          // 32 unsigned bytes
-  __m256 scale;       // low half: elements 0-15, high half: 16-31
-  float bias[2];
-};
+inline __m128i Load16(const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
 
-// (v >> shift) & mask per byte, for a run-time shift.
-inline __m256i ShiftMask(__m256i v, int shift, int mask) {
-  return _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(shift)), _mm256_set1_epi8(static_cast<char>(mask)));
+// 16 bytes widened to 16 int16 lanes (byte i in lane i).
+inline __m256i Bytes16(const uint8_t* p) { return _mm256_cvtepu8_epi16(Load16(p)); }
+
+// Bit k (0-7) of each lane's byte moved to bit kTo, every other bit cleared.
+template <int k, int kTo>
+inline __m256i BitTo(__m256i v) {
+  const __m256i m = _mm256_set1_epi16(1 << kTo);
+  if constexpr (k < kTo) return _mm256_and_si256(_mm256_slli_epi16(v, kTo - k), m);
+  if constexpr (k > kTo) return _mm256_and_si256(_mm256_srli_epi16(v, k - kTo), m);
+  return _mm256_and_si256(v, m);
 }
 
-inline __m256i Load32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+// Two bits (k, k + 1) of each lane's byte moved to bits (kTo, kTo + 1).
+template <int k, int kTo>
+inline __m256i TwoBitsTo(__m256i v) {
+  const __m256i m = _mm256_set1_epi16(3 << kTo);
+  if constexpr (k < kTo) return _mm256_and_si256(_mm256_slli_epi16(v, kTo - k), m);
+  if constexpr (k > kTo) return _mm256_and_si256(_mm256_srli_epi16(v, k - kTo), m);
+  return _mm256_and_si256(v, m);
+}
 
-inline __m256 Halves(float lo, float hi) { return _mm256_setr_m128(_mm_set1_ps(lo), _mm_set1_ps(hi)); }
+// Calls f(std::integral_constant<int, 0>) ... f(std::integral_constant<int, N - 1>),
+// so that shifts inside f take immediates.
+template <int N, class F>
+inline void Unrolled(F&& f) {
+  [&]<int... I>(std::integer_sequence<int, I...>) { (f(std::integral_constant<int, I>{}), ...); }(
+      std::make_integer_sequence<int, N>{});
+}
 
-// The per-block constants of a 256-element (k-quant) block, decoded once per row.
-struct KScales {
-  float scale[16];
-  float bias[16];
+// The k-quants (256-element blocks) times q16 activations. Each block's
+// values are written as
+//
+//   element e's value = f[e / 32] * w[e] + bias[e / 16]
+//
+// with w the small unsigned integer u of the element where the format's
+// sub-blocks are 32 long (q4_k, q5_k: the sub-block's scale is in f), and u
+// times the sub-block's integer scale where they are 16 long (q2_k, q3_k,
+// q6_k: f is the block's d), so that one float factor serves each
+// 32-element chunk. |w| <= 63 * 128 = 8064: a vpmaddwd lane's two products
+// and the sum of two lanes stay below 2^31 with |q| <= 32767.
+//
+// KHead holds f and bias (decoded once per block and tile); Group decodes
+// kGroup chunks' w into registers, used at once for every token of the tile.
+struct KHead {
+  __m256 f;           // per 32-element chunk
+  __m256 bias[2];     // per 16 elements
+  alignas(16) int8_t sc[16];  // 16-element sub-blocks: the integer scales
 };
 
 template <WeightType kType>
-inline void BlockScales(const std::byte* b, KScales& k) {
-  float scale[16], bias[16];
-  Scales<kType>(b, scale, bias);
-  constexpr int kSubs = 256 / QuantTraits<kType>::kSub;
-  for (int i = 0; i < 16; ++i) {  // per 16 elements
-    k.scale[i] = scale[i * kSubs / 16];
-    k.bias[i] = bias[i * kSubs / 16];
-  }
+inline constexpr int kGroup = QuantTraits<kType>::kSub == 32 ? 2 : 4;  // chunks decoded together
+
+// Eight bytes (lo: 0-3, hi: 4-7) as eight f32 lanes, times f.
+inline __m256 ByteFloats(uint32_t lo, uint32_t hi, float f) {
+  const __m128i b = _mm_cvtsi64_si128(static_cast<int64_t>((uint64_t{hi} << 32) | lo));
+  return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)), _mm256_set1_ps(f));
 }
 
-// Chunk c (32 elements) of block b, whose scales `k` are decoded.
 template <WeightType kType>
-inline Chunk Unpack(const std::byte* b, int c, const KScales& k) {
+inline void Head(const std::byte* b, KHead& k) {
+  static_assert(QuantTraits<kType>::kElems == 256, "the 32-element formats go through Widen32 and Tile32");
   const auto* u = reinterpret_cast<const uint8_t*>(b);
-  Chunk out;
-  const int s0 = 2 * c;
-  out.scale = Halves(k.scale[s0], k.scale[s0 + 1]);
-  out.bias[0] = k.bias[s0];
-  out.bias[1] = k.bias[s0 + 1];
-  static_assert(QuantTraits<kType>::kElems == 256, "32-element formats go through Widen32 and Tile32");
-  if constexpr (kType == WeightType::kQ2_K) {
-    const int half = c / 4, s = c % 4;
-    out.u = ShiftMask(Load32(u + 16 + half * 32), 2 * s, 3);
-  } else if constexpr (kType == WeightType::kQ3_K) {
-    const int half = c / 4, s = c % 4;
-    const __m256i q = ShiftMask(Load32(u + 32 + half * 32), 2 * s, 3);
-    const __m256i h = ShiftMask(Load32(u), half * 4 + s, 1);
-    out.u = _mm256_or_si256(q, _mm256_slli_epi16(h, 2));
-  } else if constexpr (kType == WeightType::kQ4_K || kType == WeightType::kQ5_K) {
-    constexpr bool kFive = kType == WeightType::kQ5_K;
-    const int j = c / 2, upper = c % 2;
-    __m256i q = ShiftMask(Load32(u + (kFive ? 48 : 16) + j * 32), 4 * upper, 0x0F);
-    if constexpr (kFive) {
-      const __m256i h = ShiftMask(Load32(u + 16), 2 * j + upper, 1);
-      q = _mm256_or_si256(q, _mm256_slli_epi16(h, 4));
-    }
-    out.u = q;
-  } else if constexpr (kType == WeightType::kQ6_K) {
-    const int half = c / 4, kk = c % 4;
-    const __m256i lo = ShiftMask(Load32(u + half * 64 + (kk & 1) * 32), (kk >> 1) * 4, 0x0F);
-    const __m256i hi = ShiftMask(Load32(u + 128 + half * 32), 2 * kk, 3);
-    out.u = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+  if constexpr (QuantTraits<kType>::kSub == 32) {
+    // The 6-bit scales and mins of the 8 sub-blocks (weight_formats.cc has
+    // the bit map), as bytes: scales 0-3 and 4-7, mins 0-3 and 4-7.
+    uint32_t a[3];
+    std::memcpy(a, u + 4, 12);
+    const uint32_t s_lo = a[0] & 0x3F3F3F3F, m_lo = a[1] & 0x3F3F3F3F;
+    const uint32_t s_hi = (a[2] & 0x0F0F0F0F) | (((a[0] >> 6) & 0x03030303) << 4);
+    const uint32_t m_hi = ((a[2] >> 4) & 0x0F0F0F0F) | (((a[1] >> 6) & 0x03030303) << 4);
+    k.f = ByteFloats(s_lo, s_hi, HalfAt(b));
+    const __m256 m = ByteFloats(m_lo, m_hi, -HalfAt(b + 2));  // per chunk; the bias is per 16
+    const __m256 lo = _mm256_unpacklo_ps(m, m), hi = _mm256_unpackhi_ps(m, m);
+    k.bias[0] = _mm256_permute2f128_ps(lo, hi, 0x20);
+    k.bias[1] = _mm256_permute2f128_ps(lo, hi, 0x31);
+    return;
   }
-  return out;
+  // Sub-blocks of 16: the integer scales as bytes, and d as every chunk's
+  // factor; the bias per sub-block is the format's offset times its scale
+  // (q2_k: its min).
+  __m128i sc;
+  float d;
+  if constexpr (kType == WeightType::kQ6_K) {
+    sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(u + 192));
+    d = HalfAt(b + 208);
+  } else if constexpr (kType == WeightType::kQ3_K) {
+    // 16 6-bit scales: low nibbles from bytes 0-7, top two bits from 8-11.
+    uint32_t a[4];
+    std::memcpy(a, u + 96, 12);
+    const uint32_t top = a[2];
+    a[2] = ((a[0] >> 4) & 0x0F0F0F0F) | (((top >> 4) & 0x03030303) << 4);
+    a[3] = ((a[1] >> 4) & 0x0F0F0F0F) | (((top >> 6) & 0x03030303) << 4);
+    a[0] = (a[0] & 0x0F0F0F0F) | ((top & 0x03030303) << 4);
+    a[1] = (a[1] & 0x0F0F0F0F) | (((top >> 2) & 0x03030303) << 4);
+    sc = _mm_sub_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a)), _mm_set1_epi8(32));
+    d = HalfAt(b + 108);
+  } else {  // q2_k: scale in the low nibble, min in the high one
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(u));
+    sc = _mm_and_si128(v, _mm_set1_epi8(0x0F));
+    const __m128i mins = _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(0x0F));
+    const __m256 dmin = _mm256_set1_ps(-HalfAt(b + 82));
+    k.bias[0] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mins)), dmin);
+    k.bias[1] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(mins, 8))), dmin);
+    d = HalfAt(b + 80);
+  }
+  _mm_store_si128(reinterpret_cast<__m128i*>(k.sc), sc);
+  k.f = _mm256_set1_ps(d);
+  if constexpr (kType != WeightType::kQ2_K) {
+    const __m256 f = _mm256_set1_ps(d * (kType == WeightType::kQ6_K ? -32.0f : -4.0f));
+    k.bias[0] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)), f);
+    k.bias[1] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8))), f);
+  }
 }
 
-// The 32 unsigned weight bytes as two vectors of 16 int16 (elements 0-15, 16-31).
-inline void Widen(__m256i w, __m256i& lo, __m256i& hi) {
-  lo = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(w));
-  hi = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(w, 1));
+// Chunks kG g .. kG g + kG - 1 of block b: w[2i] elements 0-15 of the i-th,
+// w[2i + 1] elements 16-31.
+template <WeightType kType, int g>
+inline void Group(const std::byte* b, const KHead& k, __m256i* w) {
+  const auto* u = reinterpret_cast<const uint8_t*>(b);
+  const __m256i nib = _mm256_set1_epi16(0x0F);
+  if constexpr (QuantTraits<kType>::kSub == 32) {
+    // Chunk 2g: low nibbles of qs[32 g ..], chunk 2g + 1: their high
+    // nibbles; q5_k's fifth bit of chunk c's element l is bit c of qh[l].
+    constexpr bool kFive = kType == WeightType::kQ5_K;
+    const uint8_t* qs = u + (kFive ? 48 : 16) + 32 * g;
+    for (int h = 0; h < 2; ++h) {
+      const __m256i v = Bytes16(qs + 16 * h);
+      w[h] = _mm256_and_si256(v, nib);
+      w[2 + h] = _mm256_srli_epi16(v, 4);
+      if constexpr (kFive) {
+        const __m256i qh = Bytes16(u + 16 + 16 * h);
+        w[h] = _mm256_or_si256(w[h], BitTo<2 * g, 4>(qh));
+        w[2 + h] = _mm256_or_si256(w[2 + h], BitTo<2 * g + 1, 4>(qh));
+      }
+    }
+    return;
+  }
+  // Elements 16 h .. 16 h + 15 of chunk 4g + i: u times the scale of sub-block 2 (4g + i) + h.
+  auto put = [&](int i, int h, __m256i v) { w[2 * i + h] = _mm256_mullo_epi16(v, _mm256_set1_epi16(k.sc[8 * g + 2 * i + h])); };
+  for (int h = 0; h < 2; ++h) {
+    if constexpr (kType == WeightType::kQ6_K) {
+      // Chunk 4g + i: the nibble (i >> 1) of ql[64 g + 32 (i & 1) + l] and
+      // bits 2i, 2i + 1 of qh[32 g + l] above it.
+      const __m256i a = Bytes16(u + 64 * g + 16 * h), a2 = Bytes16(u + 64 * g + 32 + 16 * h);
+      const __m256i q = Bytes16(u + 128 + 32 * g + 16 * h);
+      put(0, h, _mm256_or_si256(_mm256_and_si256(a, nib), TwoBitsTo<0, 4>(q)));
+      put(1, h, _mm256_or_si256(_mm256_and_si256(a2, nib), TwoBitsTo<2, 4>(q)));
+      put(2, h, _mm256_or_si256(_mm256_srli_epi16(a, 4), TwoBitsTo<4, 4>(q)));
+      put(3, h, _mm256_or_si256(_mm256_srli_epi16(a2, 4), TwoBitsTo<6, 4>(q)));
+    } else {
+      // Chunk 4g + i: bits 2i, 2i + 1 of qs[32 g + l]; q3_k adds 4 where bit
+      // 4g + i of hmask[l] is set.
+      const __m256i q = Bytes16(u + (kType == WeightType::kQ2_K ? 16 : 32) + 32 * g + 16 * h);
+      [[maybe_unused]] const __m256i hm = kType == WeightType::kQ3_K ? Bytes16(u + 16 * h) : _mm256_setzero_si256();
+      Unrolled<4>([&](auto i) {
+        __m256i v = TwoBitsTo<2 * i, 0>(q);
+        if constexpr (kType == WeightType::kQ3_K) v = _mm256_or_si256(v, BitTo<4 * g + i, 2>(hm));
+        put(i, h, v);
+      });
+    }
+  }
 }
 
 inline float HSum(__m256 v) {
@@ -161,58 +258,78 @@ inline float HSum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// out[t * kRows + r] = W[row r] . X[token t] for kRows rows and kT tokens,
-// X given as q16 rows (xq: int16 [tokens][cols], xd: f32 [tokens][cols / 32],
-// xs: f32 [tokens][cols / 16] = xd times the sum of the 16 values).
-template <WeightType kType, int kRows, int kT>
-inline void Tile(const std::byte* const* rows, int64_t cols, const int16_t* xq, const float* xd, const float* xs,
-                 int64_t row_step, float* out) {
-  using Tr = QuantTraits<kType>;
-  constexpr int kChunks = Tr::kElems / 32;
+// out[t] = W[row] . X[token t] for kT tokens of a k-quant row, X as q16 rows
+// (xq: int16 [tokens][cols], xd: f32 [tokens][cols / 32], xs: f32
+// [tokens][cols / 16] = xd times the sum of the 16 values), each group of
+// chunks decoded once for the kT tokens.
+template <WeightType kType, int kT>
+inline void KRow(const std::byte* row, int64_t cols, const int16_t* xq, const float* xd, const float* xs, float* out) {
+  constexpr int kG = kGroup<kType>;
+  // Accumulators per token: with few tokens, several, so that the FMA
+  // chain of one block (10 dependent FMAs) does not bound the loop.
+  constexpr int kA = kT == 1 ? 4 : kT == 2 ? 2 : 1;
   const int64_t block_bytes = FormatOf(kType).block_bytes;
-  __m256 acc[kRows][kT];
-  float bias[kRows][kT];
-  for (int r = 0; r < kRows; ++r) {
-    for (int t = 0; t < kT; ++t) {
-      acc[r][t] = _mm256_setzero_ps();
-      bias[r][t] = 0;
-    }
-  }
-  KScales ks[kRows];
   const int64_t x_blocks = cols / 32;
-  for (int64_t b = 0; b < cols / Tr::kElems; ++b) {
-    for (int r = 0; r < kRows; ++r) {
-      _mm_prefetch(reinterpret_cast<const char*>(rows[r] + row_step * kRows + b * block_bytes), _MM_HINT_T1);
-      BlockScales<kType>(rows[r] + b * block_bytes, ks[r]);
+  __m256 acc[kT][kA];
+  for (int t = 0; t < kT; ++t) {
+    for (int a = 0; a < kA; ++a) acc[t][a] = _mm256_setzero_ps();
+  }
+  KHead k;
+  for (int64_t b = 0; b < cols / 256; ++b) {
+    const std::byte* blk = row + b * block_bytes;
+    Head<kType>(blk, k);
+    __m256 dd[kT];  // per chunk: f times the token's scale of those 32 values
+    for (int t = 0; t < kT; ++t) {
+      dd[t] = _mm256_mul_ps(k.f, _mm256_loadu_ps(xd + t * x_blocks + 8 * b));
+      const float* s16 = xs + t * 2 * x_blocks + 16 * b;
+      acc[t][0] = _mm256_fmadd_ps(k.bias[0], _mm256_loadu_ps(s16), acc[t][0]);
+      acc[t][kA - 1] = _mm256_fmadd_ps(k.bias[1], _mm256_loadu_ps(s16 + 8), acc[t][kA - 1]);
     }
-    for (int c = 0; c < kChunks; ++c) {
-      const int64_t xb = b * kChunks + c;  // the 32-element block of X
-      __m256i xlo[kT], xhi[kT];
-      __m256 dx[kT];
-      for (int t = 0; t < kT; ++t) {
-        xlo[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + t * cols + xb * 32));
-        xhi[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + t * cols + xb * 32 + 16));
-        dx[t] = _mm256_set1_ps(xd[t * x_blocks + xb]);
-      }
-      for (int r = 0; r < kRows; ++r) {
-        const Chunk w = Unpack<kType>(rows[r] + b * block_bytes, c, ks[r]);
-        __m256i wlo, whi;
-        Widen(w.u, wlo, whi);
-        // Sums of elements 0-15 in lanes 0-3 and of 16-31 in lanes 4-7, as
-        // the per-16 scale vector expects.
+    Unrolled<8 / kG>([&](auto g) {
+      __m256i w[2 * kG];
+      Group<kType, g>(blk, k, w);
+      for (int i = 0; i < kG; ++i) {
+        const int c = kG * g + i;
+        const __m256i lane = _mm256_set1_epi32(c);
         for (int t = 0; t < kT; ++t) {
-          const __m256i slo = _mm256_madd_epi16(wlo, xlo[t]), shi = _mm256_madd_epi16(whi, xhi[t]);
-          const __m256i s = _mm256_add_epi32(_mm256_permute2x128_si256(slo, shi, 0x20), _mm256_permute2x128_si256(slo, shi, 0x31));
-          const __m256 sums = _mm256_cvtepi32_ps(s);
-          acc[r][t] = _mm256_fmadd_ps(sums, _mm256_mul_ps(w.scale, dx[t]), acc[r][t]);
-          const float* s16 = xs + t * 2 * x_blocks + 2 * xb;
-          bias[r][t] += w.bias[0] * s16[0] + w.bias[1] * s16[1];
+          const auto* x = reinterpret_cast<const __m256i*>(xq + t * cols + 256 * b + 32 * c);
+          const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(w[2 * i], _mm256_loadu_si256(x)),
+                                             _mm256_madd_epi16(w[2 * i + 1], _mm256_loadu_si256(x + 1)));
+          __m256& a = acc[t][c % kA];
+          a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_permutevar8x32_ps(dd[t], lane), a);
         }
       }
-    }
+    });
   }
   for (int t = 0; t < kT; ++t) {
-    for (int r = 0; r < kRows; ++r) out[t * kRows + r] = HSum(acc[r][t]) + bias[r][t];
+    __m256 sum = acc[t][0];
+    for (int a = 1; a < kA; ++a) sum = _mm256_add_ps(sum, acc[t][a]);
+    out[t] = HSum(sum);
+  }
+}
+
+// y[t * y_stride + r] = W[row r] . X[token t] for rows [row_begin,
+// row_end) of a k-quant matrix and every token, in tiles of up to 4 tokens.
+template <WeightType kType>
+inline void KRows(const std::byte* w, int64_t row_bytes, int64_t cols, int64_t row_begin, int64_t row_end,
+                  int64_t tokens, const int16_t* xq, const float* xd, const float* xs, float* y, int64_t y_stride) {
+  const int64_t x_blocks = cols / 32;
+  float out[4];
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    const std::byte* row = w + r * row_bytes;
+    for (int64_t t = 0; t < tokens; t += 4) {
+      const int64_t nt = std::min<int64_t>(4, tokens - t);
+      const int16_t* q = xq + t * cols;
+      const float* d = xd + t * x_blocks;
+      const float* s = xs + t * 2 * x_blocks;
+      switch (nt) {
+        case 4: KRow<kType, 4>(row, cols, q, d, s, out); break;
+        case 3: KRow<kType, 3>(row, cols, q, d, s, out); break;
+        case 2: KRow<kType, 2>(row, cols, q, d, s, out); break;
+        default: KRow<kType, 1>(row, cols, q, d, s, out); break;
+      }
+      for (int64_t i = 0; i < nt; ++i) y[(t + i) * y_stride + r] = out[i];
+    }
   }
 }
 

@@ -209,11 +209,18 @@ HWY_INLINE void AnyTile(const MatMulTask& task, const std::byte* const* rows, co
 }
 
 #ifdef PAGEKV_HAVE_INT_DOT
-// Rows [row_begin, row_end) for every token, X as q16 rows: tiles of four
-// rows times one or two tokens (their accumulators fit the 16 registers).
+// Rows [row_begin, row_end) for every token, X as q16 rows. The 32-element
+// formats: tiles of four rows times one or two tokens (their accumulators
+// fit the 16 registers). The k-quants: one row at a time, each block
+// decoded once for all the tokens.
 template <WeightType kType>
 void IntRowRange(const MatMulTask& task, int64_t row_begin, int64_t row_end) {
   const int64_t cols = task.w.cols;
+  if constexpr (QuantTraits<kType>::kElems == 256) {
+    intdot::KRows<kType>(task.w.data, task.row_bytes, cols, row_begin, row_end, task.tokens, task.xq,
+                                        task.xd, task.xs, task.y, task.w.rows);
+    return;
+  }
   [[maybe_unused]] const bool vnni = VnniEnabled();
   float out[2 * kTileRows];
   for (int64_t r0 = row_begin; r0 < row_end; r0 += kTileRows) {
@@ -240,10 +247,6 @@ void IntRowRange(const MatMulTask& task, int64_t row_begin, int64_t row_end) {
         } else {
           intdot::Tile32<kType, kTileRows, 1>(rows, cols, xq, xd, xs, task.row_bytes, out);
         }
-      } else if (nt == 2) {
-        intdot::Tile<kType, kTileRows, 2>(rows, cols, xq, xd, xs, task.row_bytes, out);
-      } else {
-        intdot::Tile<kType, kTileRows, 1>(rows, cols, xq, xd, xs, task.row_bytes, out);
       }
       for (int64_t i = 0; i < nt; ++i) {
         std::memcpy(task.y + (t + i) * task.w.rows + r0, out + i * kTileRows, static_cast<size_t>(nr) * 4);

@@ -91,16 +91,20 @@ void Args(benchmark::internal::Benchmark* b, bool all_types) {
 BENCHMARK(BM_MatMul)->Apply([](benchmark::internal::Benchmark* b) { Args(b, true); });
 
 // ggml block formats at SmolLM2-135M's shapes (q, k/v, gate/up, down, the
-// classifier), random blocks with realistic scales: args shape, tokens,
+// classifier) for the 32-element formats, and at llama-110m's (q, k/v,
+// gate/up, down, the classifier: columns a multiple of 256) for the
+// k-quants; random blocks with realistic scales: args shape, tokens,
 // weight type (as WeightType), activations (0 f32, 1 int16, 2 int16 with
 // AVX-512 VNNI turned off: the same as 1 on CPUs without it), threads (0 =
 // all).
 constexpr Shape kQuantShapes[] = {{576, 576}, {192, 576}, {1536, 576}, {576, 1536}, {49152, 576}};
+constexpr Shape kKQuantShapes[] = {{768, 768}, {256, 768}, {2560, 768}, {768, 2560}, {32000, 768}};
+static_assert(std::size(kQuantShapes) == std::size(kKQuantShapes));
 
 void BM_QuantMatMul(benchmark::State& state) {
-  const Shape s = kQuantShapes[state.range(0)];
-  const int64_t tokens = state.range(1);
   const auto type = static_cast<WeightType>(state.range(2));
+  const Shape s = (FormatOf(type).block_elems == 256 ? kKQuantShapes : kQuantShapes)[state.range(0)];
+  const int64_t tokens = state.range(1);
   const Activations act = state.range(3) >= 1 ? Activations::kInt16 : Activations::kF32;
   kernels::SetVnniForTest(state.range(3) != 2);
   const int threads = static_cast<int>(state.range(4));
@@ -126,6 +130,10 @@ void BM_QuantMatMul(benchmark::State& state) {
   const std::vector<float> x = Random(tokens * s.cols);
   std::vector<float> y(static_cast<size_t>(tokens * s.rows));
   const WeightMatrix m{bytes.data(), type, s.rows, s.cols};
+  if (Status st = MatMul(m, x.data(), tokens, y.data(), threads, act); !st.ok()) {
+    state.SkipWithError(st.message().c_str());
+    return;
+  }
   for (auto _ : state) {
     benchmark::DoNotOptimize(MatMul(m, x.data(), tokens, y.data(), threads, act));
     benchmark::ClobberMemory();
