@@ -263,7 +263,8 @@ inline float HSum(__m256 v) {
 // [tokens][cols / 16] = xd times the sum of the 16 values), each group of
 // chunks decoded once for the kT tokens.
 template <WeightType kType, int kT>
-inline void KRow(const std::byte* row, int64_t cols, const int16_t* xq, const float* xd, const float* xs, float* out) {
+inline void KRow(const std::byte* row, int64_t cols, const int16_t* xq, const float* xd, const float* xs, float* out,
+                 int64_t ahead) {
   constexpr int kG = kGroup<kType>;
   // Accumulators per token: with few tokens, several, so that the FMA
   // chain of one block (10 dependent FMAs) does not bound the loop.
@@ -277,6 +278,9 @@ inline void KRow(const std::byte* row, int64_t cols, const int16_t* xq, const fl
   KHead k;
   for (int64_t b = 0; b < cols / 256; ++b) {
     const std::byte* blk = row + b * block_bytes;
+    // The rows a few ahead, from DRAM: the hardware prefetchers stop at
+    // each 4 KiB page and restart on every chunk of rows a thread claims.
+    for (int64_t off = 0; off < block_bytes; off += 64) _mm_prefetch(reinterpret_cast<const char*>(blk + ahead + off), _MM_HINT_T0);
     Head<kType>(blk, k);
     __m256 dd[kT];  // per chunk: f times the token's scale of those 32 values
     for (int t = 0; t < kT; ++t) {
@@ -308,12 +312,19 @@ inline void KRow(const std::byte* row, int64_t cols, const int16_t* xq, const fl
   }
 }
 
+// Rows ahead of the one being read that KRows prefetches.
+#ifndef PAGEKV_KROWS_AHEAD
+#define PAGEKV_KROWS_AHEAD 4
+#endif
+inline constexpr int64_t kKRowsAhead = PAGEKV_KROWS_AHEAD;
+
 // y[t * y_stride + r] = W[row r] . X[token t] for rows [row_begin,
 // row_end) of a k-quant matrix and every token, in tiles of up to 4 tokens.
 template <WeightType kType>
 inline void KRows(const std::byte* w, int64_t row_bytes, int64_t cols, int64_t row_begin, int64_t row_end,
                   int64_t tokens, const int16_t* xq, const float* xd, const float* xs, float* y, int64_t y_stride) {
   const int64_t x_blocks = cols / 32;
+  const int64_t ahead = kKRowsAhead * row_bytes;
   float out[4];
   for (int64_t r = row_begin; r < row_end; ++r) {
     const std::byte* row = w + r * row_bytes;
@@ -323,10 +334,10 @@ inline void KRows(const std::byte* w, int64_t row_bytes, int64_t cols, int64_t r
       const float* d = xd + t * x_blocks;
       const float* s = xs + t * 2 * x_blocks;
       switch (nt) {
-        case 4: KRow<kType, 4>(row, cols, q, d, s, out); break;
-        case 3: KRow<kType, 3>(row, cols, q, d, s, out); break;
-        case 2: KRow<kType, 2>(row, cols, q, d, s, out); break;
-        default: KRow<kType, 1>(row, cols, q, d, s, out); break;
+        case 4: KRow<kType, 4>(row, cols, q, d, s, out, t == 0 ? ahead : 0); break;
+        case 3: KRow<kType, 3>(row, cols, q, d, s, out, t == 0 ? ahead : 0); break;
+        case 2: KRow<kType, 2>(row, cols, q, d, s, out, t == 0 ? ahead : 0); break;
+        default: KRow<kType, 1>(row, cols, q, d, s, out, t == 0 ? ahead : 0); break;
       }
       for (int64_t i = 0; i < nt; ++i) y[(t + i) * y_stride + r] = out[i];
     }
