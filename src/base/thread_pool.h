@@ -20,8 +20,9 @@
 //    When the caller, done with everything else, waits for such an index far
 //    longer than any index it ran itself, the loop counts as late and the
 //    pool runs the following calls on the caller alone for a while (5 ms,
-//    doubling while trouble recurs within twice that, up to 1 s; back to
-//    5 ms after a quiet spell). The same happens when the caller, sampled every fourth
+//    doubling while trouble recurs in the first loops after each stretch,
+//    up to 1 s; back to 5 ms when it comes after a run of good parallel
+//    loops: a noisy host, not a neighbour). The same happens when the caller, sampled every fourth
 //    loop, ran for under 70% of the wall time of its own share (it was
 //    descheduled: its core is shared, so more threads only slow the loop).
 //    Stats() counts each case;
@@ -126,6 +127,11 @@ class ThreadPool {
   static constexpr Clock::duration kMaxBackoff = std::chrono::seconds(1);
   std::atomic<int64_t> parallel_loops_{0}, solo_loops_{0}, late_loops_{0}, preempted_spins_{0}, crowded_loops_{0};
   int loops_since_sample_ = 0;
+  int64_t parallel_since_solo_ = 0;  // parallel loops since the last trouble
+  // Trouble within this many parallel loops after a solo stretch doubles
+  // the next one (the neighbour is still there); later trouble restarts
+  // from the shortest.
+  static constexpr int64_t kProbeLoops = 8;
   static constexpr int kCpuSampleEvery = 4;
   static constexpr Clock::duration kCrowdedMinWall = std::chrono::microseconds(50);
   // How long a worker sleeps between loops instead of spinning after one of

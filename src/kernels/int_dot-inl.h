@@ -412,24 +412,25 @@ inline void Tile32(const std::byte* const* rows, int64_t cols, const int16_t* xq
       m = _mm_mul_ps(d, _mm_set1_ps(-kOffset));
     }
     __m256i xlo[kT], xhi[kT];
-    alignas(16) float dd[kT][4];  // d[r] * dx[t], broadcast from memory below
+    __m256 dd[kT];  // d[r] * dx[t] in lanes r and 4 + r, broadcast in registers below
     for (int t = 0; t < kT; ++t) {
       xlo[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + t * cols + b * 32));
       xhi[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + t * cols + b * 32 + 16));
-      _mm_store_ps(dd[t], _mm_mul_ps(d, _mm_set1_ps(xd[t * blocks + b])));
+      const __m128 d4 = _mm_mul_ps(d, _mm_set1_ps(xd[t * blocks + b]));
+      dd[t] = _mm256_set_m128(d4, d4);
       if constexpr (kType != WeightType::kQ8_0) {
         const float sx = xs[t * 2 * blocks + 2 * b] + xs[t * 2 * blocks + 2 * b + 1];
         bias[t] = _mm_fmadd_ps(m, _mm_set1_ps(sx), bias[t]);
       }
     }
-    for (int r = 0; r < kRows; ++r) {
+    Unrolled<kRows>([&](auto r) {
       __m256i wlo, whi;
       Widen32<kType>(rows[r] + at, wlo, whi);
       for (int t = 0; t < kT; ++t) {
         const __m256i s = DotPairs<kVnni>(wlo, xlo[t], whi, xhi[t]);
-        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_broadcast_ss(&dd[t][r]), acc[r][t]);
+        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_permute_ps(dd[t], r * 0x55), acc[r][t]);
       }
-    }
+    });
   }
   for (int t = 0; t < kT; ++t) {
     alignas(16) float bt[4];
