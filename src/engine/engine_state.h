@@ -231,6 +231,14 @@ struct Engine::State {
     s->result.finish = reason;
     s->result.error = std::move(error);
     s->result.text = SanitizeUtf8(s->text);
+    {
+      // Out of the running batch the metrics show before its answer goes
+      // out: whoever reads the metrics after the answer (llama-server's
+      // /slots) no longer sees it running; the step's Snapshot refreshes
+      // the rest.
+      std::lock_guard lock(mu);
+      std::erase_if(metrics.sequences, [&](const SequenceInfo& q) { return q.id == s->id; });
+    }
     Emit(s, -1, reason);
     std::unique_ptr<Seq> owned = std::move(live.at(s->id));
     live.erase(s->id);
