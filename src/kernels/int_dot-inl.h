@@ -130,15 +130,12 @@ inline void Unrolled(F&& f) {
 // and the sum of two lanes stay below 2^31 with |q| <= 32767.
 //
 // KHead holds f and bias (decoded once per block and tile); Group decodes
-// kGroup chunks' w into registers, used at once for every token of the tile.
+// two chunks' w into registers, used at once for every token of the tile.
 struct KHead {
   __m256 f;           // per 32-element chunk
   __m256 bias[2];     // per 16 elements
-  alignas(16) int8_t sc[16];  // 16-element sub-blocks: the integer scales
+  alignas(32) int16_t sc[16];  // 16-element sub-blocks: the integer scales
 };
-
-template <WeightType kType>
-inline constexpr int kGroup = QuantTraits<kType>::kSub == 32 ? 2 : 4;  // chunks decoded together
 
 // Eight bytes (lo: 0-3, hi: 4-7) as eight f32 lanes, times f.
 inline __m256 ByteFloats(uint32_t lo, uint32_t hi, float f) {
@@ -193,7 +190,7 @@ inline void Head(const std::byte* b, KHead& k) {
     k.bias[1] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(mins, 8))), dmin);
     d = HalfAt(b + 80);
   }
-  _mm_store_si128(reinterpret_cast<__m128i*>(k.sc), sc);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(k.sc), _mm256_cvtepi8_epi16(sc));  // broadcast from memory by Group
   k.f = _mm256_set1_ps(d);
   if constexpr (kType != WeightType::kQ2_K) {
     const __m256 f = _mm256_set1_ps(d * (kType == WeightType::kQ6_K ? -32.0f : -4.0f));
@@ -202,8 +199,16 @@ inline void Head(const std::byte* b, KHead& k) {
   }
 }
 
-// Chunks kG g .. kG g + kG - 1 of block b: w[2i] elements 0-15 of the i-th,
-// w[2i + 1] elements 16-31.
+// The two chunks group g (0-3) decodes: those that share their bytes.
+// q6_k: chunks 4 (g / 2) + g % 2 and that + 2 (the low and high nibbles of
+// the same ql bytes); the others: 2g and 2g + 1.
+template <WeightType kType>
+constexpr int ChunkOf(int g, int i) {
+  return kType == WeightType::kQ6_K ? 4 * (g / 2) + g % 2 + 2 * i : 2 * g + i;
+}
+
+// Group g's two chunks of block b: w[2i] elements 0-15 of chunk
+// ChunkOf(g, i), w[2i + 1] elements 16-31.
 template <WeightType kType, int g>
 inline void Group(const std::byte* b, const KHead& k, __m256i* w) {
   const auto* u = reinterpret_cast<const uint8_t*>(b);
@@ -225,26 +230,30 @@ inline void Group(const std::byte* b, const KHead& k, __m256i* w) {
     }
     return;
   }
-  // Elements 16 h .. 16 h + 15 of chunk 4g + i: u times the scale of sub-block 2 (4g + i) + h.
-  auto put = [&](int i, int h, __m256i v) { w[2 * i + h] = _mm256_mullo_epi16(v, _mm256_set1_epi16(k.sc[8 * g + 2 * i + h])); };
+  // Elements 16 h .. 16 h + 15 of chunk c: u times the scale of sub-block 2c + h.
+  auto put = [&](int i, int h, __m256i v) {
+    w[2 * i + h] = _mm256_mullo_epi16(v, _mm256_set1_epi16(k.sc[2 * ChunkOf<kType>(g, i) + h]));
+  };
   for (int h = 0; h < 2; ++h) {
     if constexpr (kType == WeightType::kQ6_K) {
-      // Chunk 4g + i: the nibble (i >> 1) of ql[64 g + 32 (i & 1) + l] and
-      // bits 2i, 2i + 1 of qh[32 g + l] above it.
-      const __m256i a = Bytes16(u + 64 * g + 16 * h), a2 = Bytes16(u + 64 * g + 32 + 16 * h);
-      const __m256i q = Bytes16(u + 128 + 32 * g + 16 * h);
-      put(0, h, _mm256_or_si256(_mm256_and_si256(a, nib), TwoBitsTo<0, 4>(q)));
-      put(1, h, _mm256_or_si256(_mm256_and_si256(a2, nib), TwoBitsTo<2, 4>(q)));
-      put(2, h, _mm256_or_si256(_mm256_srli_epi16(a, 4), TwoBitsTo<4, 4>(q)));
-      put(3, h, _mm256_or_si256(_mm256_srli_epi16(a2, 4), TwoBitsTo<6, 4>(q)));
+      // Chunk 4 half + kk: the nibble (kk >> 1) of ql[64 half + 32 (kk & 1)
+      // + l] and bits 2 kk, 2 kk + 1 of qh[32 half + l] above it; here
+      // kk = g % 2 and g % 2 + 2.
+      constexpr int half = g / 2, kk = g % 2;
+      const __m256i a = Bytes16(u + 64 * half + 32 * kk + 16 * h);
+      const __m256i q = Bytes16(u + 128 + 32 * half + 16 * h);
+      put(0, h, _mm256_or_si256(_mm256_and_si256(a, nib), TwoBitsTo<2 * kk, 4>(q)));
+      put(1, h, _mm256_or_si256(_mm256_srli_epi16(a, 4), TwoBitsTo<2 * kk + 4, 4>(q)));
     } else {
-      // Chunk 4g + i: bits 2i, 2i + 1 of qs[32 g + l]; q3_k adds 4 where bit
-      // 4g + i of hmask[l] is set.
-      const __m256i q = Bytes16(u + (kType == WeightType::kQ2_K ? 16 : 32) + 32 * g + 16 * h);
+      // Chunk 4 half + s: bits 2s, 2s + 1 of qs[32 half + l]; q3_k adds 4
+      // where bit 4 half + s of hmask[l] is set; here s = 2 (g % 2) + i.
+      constexpr int half = g / 2;
+      const __m256i q = Bytes16(u + (kType == WeightType::kQ2_K ? 16 : 32) + 32 * half + 16 * h);
       [[maybe_unused]] const __m256i hm = kType == WeightType::kQ3_K ? Bytes16(u + 16 * h) : _mm256_setzero_si256();
-      Unrolled<4>([&](auto i) {
-        __m256i v = TwoBitsTo<2 * i, 0>(q);
-        if constexpr (kType == WeightType::kQ3_K) v = _mm256_or_si256(v, BitTo<4 * g + i, 2>(hm));
+      Unrolled<2>([&](auto i) {
+        constexpr int sft = 2 * (g % 2) + i;
+        __m256i v = TwoBitsTo<2 * sft, 0>(q);
+        if constexpr (kType == WeightType::kQ3_K) v = _mm256_or_si256(v, BitTo<4 * half + sft, 2>(hm));
         put(i, h, v);
       });
     }
@@ -265,7 +274,6 @@ inline float HSum(__m256 v) {
 template <WeightType kType, int kT>
 inline void KRow(const std::byte* row, int64_t cols, const int16_t* xq, const float* xd, const float* xs, float* out,
                  int64_t ahead) {
-  constexpr int kG = kGroup<kType>;
   // Accumulators per token: with few tokens, several, so that the FMA
   // chain of one block (10 dependent FMAs) does not bound the loop.
   constexpr int kA = kT == 1 ? 4 : kT == 2 ? 2 : 1;
@@ -289,11 +297,11 @@ inline void KRow(const std::byte* row, int64_t cols, const int16_t* xq, const fl
       acc[t][0] = _mm256_fmadd_ps(k.bias[0], _mm256_loadu_ps(s16), acc[t][0]);
       acc[t][kA - 1] = _mm256_fmadd_ps(k.bias[1], _mm256_loadu_ps(s16 + 8), acc[t][kA - 1]);
     }
-    Unrolled<8 / kG>([&](auto g) {
-      __m256i w[2 * kG];
+    Unrolled<4>([&](auto g) {
+      __m256i w[4];
       Group<kType, g>(blk, k, w);
-      for (int i = 0; i < kG; ++i) {
-        const int c = kG * g + i;
+      for (int i = 0; i < 2; ++i) {
+        const int c = ChunkOf<kType>(g, i);
         const __m256i lane = _mm256_set1_epi32(c);
         for (int t = 0; t < kT; ++t) {
           const auto* x = reinterpret_cast<const __m256i*>(xq + t * cols + 256 * b + 32 * c);
