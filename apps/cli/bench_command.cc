@@ -189,16 +189,16 @@ int RunGenerateBenchCommand(const GenerateBenchArgs& a) {
     if (a.busy_neighbour) std::printf("with a busy neighbour: another process spins on one core throughout\n");
     std::printf("%5s %3s %7s %6s %12s %12s %9s %8s %8s %9s %7s %-7s %s\n", "batch", "thr", "prompt", "steps",
                 "prefill t/s", "decode t/s", "ms/step", "attn", "matmul", "floor ms", "ratio", "bound",
-                "pool: parallel/solo/late/crowded loops, preempted spins");
+                "pool: parallel/solo/late/crowded loops, preempted spins, host stalls");
     o.on_result = [](const GenerateBenchResult& r) {
-      std::printf("%5ld %3d %7ld %6ld %12.1f %12.1f %9.2f %7.1f%% %7.1f%% %9.2f %7.2f %-7s %ld/%ld/%ld/%ld, %ld\n",
+      std::printf("%5ld %3d %7ld %6ld %12.1f %12.1f %9.2f %7.1f%% %7.1f%% %9.2f %7.2f %-7s %ld/%ld/%ld/%ld, %ld, %ld\n",
                   static_cast<long>(r.batch), r.threads, static_cast<long>(r.prompt_len),
                   static_cast<long>(r.decode_steps), r.prefill_tokens_per_second, r.decode_tokens_per_second,
                   r.decode_step_ms, 100 * r.decode_attention_share, 100 * r.decode_matmul_share, r.step_floor_ms,
                   r.ratio_to_roofline, r.bound.c_str(), static_cast<long>(r.pool_parallel_loops),
                   static_cast<long>(r.pool_solo_loops), static_cast<long>(r.pool_late_loops),
                   static_cast<long>(r.pool_crowded_loops),
-                  static_cast<long>(r.pool_preempted_spins));
+                  static_cast<long>(r.pool_preempted_spins), static_cast<long>(r.pool_host_stalls));
       std::fflush(stdout);
     };
   }
@@ -247,7 +247,8 @@ int RunGenerateBenchCommand(const GenerateBenchArgs& a) {
                               {"pool_solo_loops", x.pool_solo_loops},
                               {"pool_late_loops", x.pool_late_loops},
                               {"pool_crowded_loops", x.pool_crowded_loops},
-                              {"pool_preempted_spins", x.pool_preempted_spins}});
+                              {"pool_preempted_spins", x.pool_preempted_spins},
+                              {"pool_host_stalls", x.pool_host_stalls}});
     }
     std::printf("%s\n", j.dump(2).c_str());
   } else {

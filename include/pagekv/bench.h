@@ -121,9 +121,10 @@ struct GenerateBenchResult {
   // What the thread pool did during the decode steps (base/thread_pool.h):
   // loops handed to workers, run alone after a late or crowded one, late (a
   // worker descheduled while holding work), crowded (the caller descheduled
-  // while working), worker spins found descheduled.
+  // while working), worker spins found descheduled; host stalls: such
+  // trouble seen while nothing else on the machine was runnable (ignored).
   int64_t pool_parallel_loops = 0, pool_solo_loops = 0, pool_late_loops = 0, pool_crowded_loops = 0,
-          pool_preempted_spins = 0;
+          pool_preempted_spins = 0, pool_host_stalls = 0;
 };
 
 struct GenerateBenchReport {

@@ -1,15 +1,45 @@
 #include "base/thread_pool.h"
 
+#include <fcntl.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <utility>
 
 #include "base/check.h"
 
 namespace pagekv {
 
-ThreadPool::ThreadPool(int num_threads, std::chrono::milliseconds shortest_solo)
-    : min_backoff_(shortest_solo), backoff_(shortest_solo) {
+namespace {
+
+// The kernel's count of runnable tasks now (the fourth field of
+// /proc/loadavg: "running/total"), the reader included; -1 when unreadable.
+int RunnableTasksFromProc() {
+  const int fd = ::open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  char buf[128];
+  const ssize_t got = ::read(fd, buf, sizeof(buf) - 1);
+  ::close(fd);
+  if (got <= 0) return -1;
+  buf[got] = '\0';
+  int fields = 0, running = -1;
+  for (const char* p = buf; *p != '\0'; ++p) {
+    if (*p == ' ' && ++fields == 3) {
+      running = static_cast<int>(std::strtol(p + 1, nullptr, 10));
+      break;
+    }
+  }
+  return running;
+}
+
+}  // namespace
+
+ThreadPool::ThreadPool(int num_threads, std::chrono::milliseconds shortest_solo, std::function<int()> runnable_tasks)
+    : min_backoff_(shortest_solo),
+      backoff_(shortest_solo),
+      runnable_tasks_(runnable_tasks ? std::move(runnable_tasks) : std::function<int()>(RunnableTasksFromProc)) {
   PAGEKV_CHECK(num_threads >= 1 && num_threads <= 0xffff && shortest_solo.count() > 0);
   workers_.reserve(static_cast<size_t>(num_threads - 1));
   for (int i = 0; i < num_threads - 1; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
@@ -36,7 +66,14 @@ ThreadPool::Stats ThreadPool::stats() const {
   s.late_loops = late_loops_.load(std::memory_order_relaxed);
   s.preempted_spins = preempted_spins_.load(std::memory_order_relaxed);
   s.crowded_loops = crowded_loops_.load(std::memory_order_relaxed);
+  s.host_stalls = host_stalls_.load(std::memory_order_relaxed);
   return s;
+}
+
+bool ThreadPool::CompetitorRunning() const {
+  const int running = runnable_tasks_();
+  if (running < 0) return true;  // unknown: assume the worst, as before
+  return running > num_threads() - sleeping_.load(std::memory_order_relaxed);
 }
 
 bool ThreadPool::RunningAlone() {
@@ -130,11 +167,19 @@ void ThreadPool::WorkerLoop(int index) {
     const bool spin = Clock::now() >= quiet_until;
     if (!(spin && SpinUntil(fresh, kSpinMicros, &preempted))) {
       if (preempted) {
-        quiet_until = Clock::now() + kQuiet;
-        preempted_spins_.fetch_add(1, std::memory_order_relaxed);
+        if (CompetitorRunning()) {
+          quiet_until = Clock::now() + kQuiet;
+          preempted_spins_.fetch_add(1, std::memory_order_relaxed);
+        } else {
+          host_stalls_.fetch_add(1, std::memory_order_relaxed);
+        }
       }
-      std::unique_lock<std::mutex> lock(mutex_);
-      wake_.wait(lock, fresh);
+      sleeping_.fetch_add(1, std::memory_order_relaxed);
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        wake_.wait(lock, fresh);
+      }
+      sleeping_.fetch_sub(1, std::memory_order_relaxed);
     }
     if (stop_.load(std::memory_order_acquire)) return;
     const uint64_t epoch = epoch_.load(std::memory_order_acquire);
@@ -208,6 +253,10 @@ void ThreadPool::ParallelFor(int64_t n, int max_threads, const std::function<voi
   const Clock::duration limit = 4 * longest + std::chrono::microseconds(100);
   if (crowded || end - waiting > limit) {
     (crowded ? crowded_loops_ : late_loops_).fetch_add(1, std::memory_order_relaxed);
+    if (!CompetitorRunning()) {  // the host paused a vCPU: nothing here to yield to
+      host_stalls_.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
     // Trouble again in the first loops after the last solo stretch (the
     // probe): the neighbour is still there, stay alone twice as long.
     // Trouble after a run of good parallel loops is a passing disturbance

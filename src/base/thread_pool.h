@@ -29,7 +29,14 @@
 //  - a worker whose spin between loops was descheduled (its core is shared)
 //    sleeps between loops for the next 50 ms instead of spinning, so it does
 //    not take the core from the caller when the scheduler puts both there;
-//    it is woken for each loop then (a futex call on the caller's side).
+//    it is woken for each loop then (a futex call on the caller's side);
+//  - all of this only when another task of this machine is runnable beside
+//    the pool's awake threads (the kernel's count of running tasks,
+//    /proc/loadavg, read only when trouble is seen). A virtual machine's
+//    host pausing a vCPU looks the same from inside (a late worker, a caller
+//    with less CPU time than wall time, a long gap in a spin) but there is
+//    nothing here to yield to, and going solo or sleeping only loses the
+//    second core: such trouble is counted as a host stall and ignored.
 //
 // Thread safety: ParallelFor may be called from any thread; concurrent calls
 // are serialised (one loop runs at a time). REQUIRES: fn does not call
@@ -53,7 +60,12 @@ class ThreadPool {
   // num_threads - 1 workers; `shortest_solo`: the first solo stretch after
   // a late or crowded loop (tests lengthen it). REQUIRES: 1 <= num_threads
   // <= 65535, shortest_solo > 0.
-  explicit ThreadPool(int num_threads, std::chrono::milliseconds shortest_solo = std::chrono::milliseconds(5));
+  //
+  // `runnable_tasks`: how many tasks the kernel could run right now, this
+  // thread included (-1: unknown, taken as a competitor being there); by
+  // default read from /proc/loadavg. Tests replace it.
+  explicit ThreadPool(int num_threads, std::chrono::milliseconds shortest_solo = std::chrono::milliseconds(5),
+                      std::function<int()> runnable_tasks = nullptr);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
@@ -78,6 +90,9 @@ class ThreadPool {
     int64_t late_loops = 0;      // the caller waited for a descheduled worker
     int64_t preempted_spins = 0; // a worker descheduled while spinning for work
     int64_t crowded_loops = 0;   // the caller lost its core while working
+    // Late or crowded loops and preempted spins seen while no other task
+    // of this machine was runnable (the host paused a vCPU): ignored.
+    int64_t host_stalls = 0;
   };
   Stats stats() const;
 
@@ -125,7 +140,12 @@ class ThreadPool {
   const Clock::duration min_backoff_;
   Clock::duration backoff_;
   static constexpr Clock::duration kMaxBackoff = std::chrono::seconds(1);
-  std::atomic<int64_t> parallel_loops_{0}, solo_loops_{0}, late_loops_{0}, preempted_spins_{0}, crowded_loops_{0};
+  std::atomic<int64_t> parallel_loops_{0}, solo_loops_{0}, late_loops_{0}, preempted_spins_{0}, crowded_loops_{0},
+      host_stalls_{0};
+  // Whether a task other than the pool's awake threads is runnable now.
+  bool CompetitorRunning() const;
+  const std::function<int()> runnable_tasks_;
+  std::atomic<int> sleeping_{0};  // workers blocked on wake_
   int loops_since_sample_ = 0;
   int64_t parallel_since_solo_ = 0;  // parallel loops since the last trouble
   // Trouble within this many parallel loops after a solo stretch doubles

@@ -61,13 +61,12 @@ TEST(ThreadPoolTest, ConcurrentCallersAreSerialisedSafely) {
 // alone, and hands work to the workers again after the solo stretch (200 ms
 // here, so a loaded machine does not outrun it). The caller's longest index
 // (its wait for the worker to wake) must stay under a quarter of the 200 ms.
-TEST(ThreadPoolTest, ALateWorkerSendsTheNextCallsToTheCallerAloneForAWhile) {
-  ThreadPool pool(2, std::chrono::milliseconds(200));
+// One loop whose worker sleeps 200 ms in the first index it claims; the
+// caller's indices wait (bounded) until a worker holds one, so the loop is
+// shared even when the worker wakes slowly on a loaded machine. False when
+// no worker claimed an index within 2 s.
+bool LoopWithALateWorker(ThreadPool& pool) {
   const std::thread::id caller = std::this_thread::get_id();
-  const ThreadPool::Stats before = pool.stats();
-  // The first index a worker claims sleeps 200 ms; the caller's indices
-  // wait (bounded) until a worker holds one, so the loop is shared even
-  // when the worker wakes slowly on a loaded machine.
   std::atomic<bool> slept{false};
   pool.ParallelFor(3, 0, [&](int64_t) {
     if (std::this_thread::get_id() != caller) {
@@ -77,10 +76,19 @@ TEST(ThreadPoolTest, ALateWorkerSendsTheNextCallsToTheCallerAloneForAWhile) {
     const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(2);
     while (!slept && std::chrono::steady_clock::now() < give_up) std::this_thread::yield();
   });
-  if (!slept) GTEST_SKIP() << "no worker claimed an index within 2 s (an overloaded machine)";
+  return slept;
+}
+
+TEST(ThreadPoolTest, ALateWorkerSendsTheNextCallsToTheCallerAloneForAWhile) {
+  // Another task is runnable beside the pool (a neighbour on this machine).
+  ThreadPool pool(2, std::chrono::milliseconds(200), [] { return 3; });
+  const std::thread::id caller = std::this_thread::get_id();
+  const ThreadPool::Stats before = pool.stats();
+  if (!LoopWithALateWorker(pool)) GTEST_SKIP() << "no worker claimed an index within 2 s (an overloaded machine)";
   const ThreadPool::Stats late = pool.stats();
   EXPECT_EQ(late.late_loops - before.late_loops + late.crowded_loops - before.crowded_loops, 1)
       << "late " << late.late_loops << ", crowded " << late.crowded_loops << ", parallel " << late.parallel_loops;
+  EXPECT_EQ(late.host_stalls, before.host_stalls);
   EXPECT_TRUE(pool.RunningAlone());
   std::atomic<int> elsewhere{0};
   std::vector<std::atomic<int>> hits(100);
@@ -96,6 +104,36 @@ TEST(ThreadPoolTest, ALateWorkerSendsTheNextCallsToTheCallerAloneForAWhile) {
   const int64_t parallel = pool.stats().parallel_loops;
   pool.ParallelFor(4, 0, [](int64_t) {});
   EXPECT_EQ(pool.stats().parallel_loops, parallel + 1);
+}
+
+// The same late loop while nothing else on this machine is runnable (the
+// host paused a vCPU, as on a shared cloud host): going solo would only lose
+// the second core, so the pool counts a host stall and keeps both threads.
+TEST(ThreadPoolTest, TroubleWithNothingElseRunnableIsAHostStallAndChangesNothing) {
+  std::atomic<int> asked{0};
+  ThreadPool pool(2, std::chrono::milliseconds(200), [&] {
+    asked.fetch_add(1);
+    return 1;  // only the caller
+  });
+  const ThreadPool::Stats before = pool.stats();
+  if (!LoopWithALateWorker(pool)) GTEST_SKIP() << "no worker claimed an index within 2 s (an overloaded machine)";
+  const ThreadPool::Stats after = pool.stats();
+  EXPECT_GE(asked.load(), 1);
+  EXPECT_EQ(after.late_loops - before.late_loops + after.crowded_loops - before.crowded_loops, 1);
+  EXPECT_GE(after.host_stalls - before.host_stalls, 1);
+  EXPECT_FALSE(pool.RunningAlone());
+  const int64_t parallel = pool.stats().parallel_loops;
+  pool.ParallelFor(4, 0, [](int64_t) {});
+  EXPECT_EQ(pool.stats().parallel_loops, parallel + 1);
+}
+
+// An unreadable count (-1) is taken as a competitor being there: the pool
+// behaves as it did before it looked.
+TEST(ThreadPoolTest, AnUnknownRunnableCountCountsAsACompetitor) {
+  ThreadPool pool(2, std::chrono::milliseconds(200), [] { return -1; });
+  if (!LoopWithALateWorker(pool)) GTEST_SKIP() << "no worker claimed an index within 2 s (an overloaded machine)";
+  EXPECT_EQ(pool.stats().host_stalls, 0);
+  EXPECT_TRUE(pool.RunningAlone());
 }
 
 // Loops of every size and thread limit from two callers, some right after

@@ -169,6 +169,7 @@ Result<GenerateBenchReport> RunGenerateBench(const GenerateBenchOptions& o) {
     r.pool_late_loops = pool_after.late_loops - pool_before.late_loops;
     r.pool_crowded_loops = pool_after.crowded_loops - pool_before.crowded_loops;
     r.pool_preempted_spins = pool_after.preempted_spins - pool_before.preempted_spins;
+    r.pool_host_stalls = pool_after.host_stalls - pool_before.host_stalls;
     const EngineMetrics after = engine->Metrics();
     if (after.generated_tokens != batch * (o.decode_steps + 1)) {
       return InternalError("bench generate: the decode steps ran " + std::to_string(after.generated_tokens) +
