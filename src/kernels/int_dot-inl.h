@@ -91,23 +91,19 @@ inline __m128i Load16(const uint8_t* p) { return _mm_loadu_si128(reinterpret_cas
 // 16 bytes widened to 16 int16 lanes (byte i in lane i).
 inline __m256i Bytes16(const uint8_t* p) { return _mm256_cvtepu8_epi16(Load16(p)); }
 
-// Bit k (0-7) of each lane's byte moved to bit kTo, every other bit cleared.
-template <int k, int kTo>
-inline __m256i BitTo(__m256i v) {
-  const __m256i m = _mm256_set1_epi16(1 << kTo);
+// kBits bits of each lane's byte starting at bit k moved to start at bit
+// kTo, every other bit cleared.
+template <int k, int kTo, int kBits>
+inline __m256i BitsTo(__m256i v) {
+  const __m256i m = _mm256_set1_epi16(static_cast<int16_t>(((1 << kBits) - 1) << kTo));
   if constexpr (k < kTo) return _mm256_and_si256(_mm256_slli_epi16(v, kTo - k), m);
   if constexpr (k > kTo) return _mm256_and_si256(_mm256_srli_epi16(v, k - kTo), m);
   return _mm256_and_si256(v, m);
 }
-
-// Two bits (k, k + 1) of each lane's byte moved to bits (kTo, kTo + 1).
 template <int k, int kTo>
-inline __m256i TwoBitsTo(__m256i v) {
-  const __m256i m = _mm256_set1_epi16(3 << kTo);
-  if constexpr (k < kTo) return _mm256_and_si256(_mm256_slli_epi16(v, kTo - k), m);
-  if constexpr (k > kTo) return _mm256_and_si256(_mm256_srli_epi16(v, k - kTo), m);
-  return _mm256_and_si256(v, m);
-}
+inline __m256i BitTo(__m256i v) { return BitsTo<k, kTo, 1>(v); }
+template <int k, int kTo>
+inline __m256i TwoBitsTo(__m256i v) { return BitsTo<k, kTo, 2>(v); }
 
 // Calls f(std::integral_constant<int, 0>) ... f(std::integral_constant<int, N - 1>),
 // so that shifts inside f take immediates.
