@@ -428,11 +428,12 @@ inline void Tile32(const std::byte* const* rows, int64_t cols, const int16_t* xq
       }
     }
     Unrolled<kRows>([&](auto r) {
+      constexpr int kLane = decltype(r)::value * 0x55;  // lane r of each half, as an immediate
       __m256i wlo, whi;
       Widen32<kType>(rows[r] + at, wlo, whi);
       for (int t = 0; t < kT; ++t) {
         const __m256i s = DotPairs<kVnni>(wlo, xlo[t], whi, xhi[t]);
-        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_permute_ps(dd[t], r * 0x55), acc[r][t]);
+        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_permute_ps(dd[t], kLane), acc[r][t]);
       }
     });
   }
