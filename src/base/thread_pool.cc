@@ -37,7 +37,8 @@ int RunnableTasksFromProc() {
 }  // namespace
 
 ThreadPool::ThreadPool(int num_threads, std::chrono::milliseconds shortest_solo, std::function<int()> runnable_tasks)
-    : min_backoff_(shortest_solo),
+    : num_threads_(num_threads),
+      min_backoff_(shortest_solo),
       backoff_(shortest_solo),
       runnable_tasks_(runnable_tasks ? std::move(runnable_tasks) : std::function<int()>(RunnableTasksFromProc)) {
   PAGEKV_CHECK(num_threads >= 1 && num_threads <= 0xffff && shortest_solo.count() > 0);

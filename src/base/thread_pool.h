@@ -70,7 +70,7 @@ class ThreadPool {
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
-  int num_threads() const { return static_cast<int>(workers_.size()) + 1; }
+  int num_threads() const { return num_threads_; }
 
   // Runs fn(i) for every i in [0, n) on at most max_threads threads (0 or
   // more than the pool: all of them); indices are handed out one at a time
@@ -108,6 +108,9 @@ class ThreadPool {
   // duration in *longest (when not null).
   int64_t Work(uint32_t generation, Clock::duration* longest);
 
+  // Fixed at construction, before any worker starts: workers read it while
+  // the constructor is still filling workers_.
+  const int num_threads_;
   std::vector<std::thread> workers_;
   std::mutex call_mutex_;  // one ParallelFor at a time
 
