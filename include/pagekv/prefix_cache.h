@@ -285,6 +285,14 @@ class PrefixCache {
   Result<std::vector<BlockKey>> Keys(std::span<const int32_t> tokens, const ExtraKeys& extra,
                                      int64_t max_blocks = -1) const;
 
+  // What a lower tier stores the first `max_blocks` full blocks of `tokens`
+  // under (all full blocks when negative): each block's key, parent key,
+  // tokens, this cache's geometry tag and prefix digest, as Publish and
+  // eviction hand them to the tiers. For moving blocks to and from a
+  // BlockStore by hand (KvCache::ReadBlock / WriteBlock give the bytes).
+  Result<std::vector<BlockMeta>> BlockMetas(std::span<const int32_t> tokens, const ExtraKeys& extra,
+                                            int64_t max_blocks = -1) const;
+
   // Ask: the longest cached prefix of `tokens` within its first max_tokens
   // tokens (negative: tokens.size() - 1, so the last prompt token is always
   // computed). Changes nothing, statistics included.

@@ -107,6 +107,29 @@ Result<std::vector<BlockKey>> PrefixCache::Keys(std::span<const int32_t> tokens,
   return keys;
 }
 
+Result<std::vector<BlockMeta>> PrefixCache::BlockMetas(std::span<const int32_t> tokens, const ExtraKeys& extra,
+                                                       int64_t max_blocks) const {
+  PAGEKV_RETURN_IF_ERROR(ValidateExtraKeys(extra));
+  const int64_t bl = state_->block_len;
+  int64_t n = static_cast<int64_t>(tokens.size()) / bl;
+  if (max_blocks >= 0) n = std::min(n, max_blocks);
+  std::vector<BlockMeta> metas;
+  metas.reserve(static_cast<size_t>(n));
+  std::optional<Link> prev;
+  for (int64_t i = 0; i < n; ++i) {
+    Entry e;
+    const Link l = state_->LinkOf(prev ? &*prev : nullptr, tokens.subspan(static_cast<size_t>(i * bl), static_cast<size_t>(bl)), extra);
+    e.key = l.key;
+    e.digest = l.digest;
+    if (prev) e.parent = prev->key;
+    e.tokens.assign(tokens.begin() + i * bl, tokens.begin() + (i + 1) * bl);
+    e.extra = extra;
+    metas.push_back(state_->MetaOf(e));
+    prev = l;
+  }
+  return metas;
+}
+
 PrefixMatch PrefixCache::State::Walk(std::span<const int32_t> tokens, const ExtraKeys& extra, int64_t max_tokens,
                                      std::vector<Link>& links) {
   const int64_t bl = block_len;

@@ -213,5 +213,61 @@ TEST_F(TieredPrefixTest, RedisSharesBlocksBetweenTwoCachesAndSurvivesItsDeath) {
   pc4.reset();
 }
 
+// BlockMetas names a block as the tiers store it: a store filled by
+// write-through answers every meta of the prompt, and a block moved by hand
+// (Get -> WriteBlock) into a second pool holds exactly the first pool's
+// KV. Another salt's metas miss.
+TEST_F(TieredPrefixTest, BlockMetasNameBlocksAsTheTiersStoreThem) {
+  TierOptions o;
+  o.disk_path = disk_;
+  o.disk_bytes = 1 << 20;
+  Open(8, o);
+  ExtraKeys alice;
+  alice.cache_salt = "alice";
+  const auto p = Tokens(100, 3 * B + 5);
+  Serve(*cache_, *pc_, p, alice, 1);
+  tiers_->Drain();
+  auto metas = pc_->BlockMetas(p, alice);
+  ASSERT_TRUE(metas.ok()) << metas.status().ToString();
+  ASSERT_EQ(metas->size(), 3u);
+  auto keys = pc_->Keys(p, alice);
+  ASSERT_TRUE(keys.ok());
+  BlockStore* disk = tiers_->store(Tier::kDisk);
+  ASSERT_NE(disk, nullptr);
+  std::vector<std::byte> kv(static_cast<size_t>(cache_->block_payload_bytes()));
+  for (size_t i = 0; i < metas->size(); ++i) {
+    const BlockMeta& m = (*metas)[i];
+    EXPECT_EQ(m.key, (*keys)[i]);
+    EXPECT_EQ(m.parent.has_value(), i > 0);
+    if (i > 0) {
+      EXPECT_EQ(*m.parent, (*keys)[i - 1]);
+    }
+    EXPECT_EQ(m.geometry, cache_->GeometryTag());
+    auto got = disk->Get(m, kv);
+    ASSERT_TRUE(got.ok());
+    EXPECT_TRUE(*got) << "block " << i;
+  }
+  ExtraKeys bob;
+  bob.cache_salt = "bob";
+  auto foreign = pc_->BlockMetas(p, bob, 1);
+  ASSERT_TRUE(foreign.ok());
+  ASSERT_EQ(foreign->size(), 1u);
+  EXPECT_FALSE(*disk->Get((*foreign)[0], kv));
+  EXPECT_EQ(pc_->BlockMetas(p, alice, 2)->size(), 2u);
+
+  // By hand into a second pool: the blocks' bytes from the store written
+  // over a sequence computed with other rows give the first pool's KV.
+  std::unique_ptr<KvCache> other = MakeCache(8);
+  const std::vector<int32_t> full(p.begin(), p.begin() + 3 * B);
+  const SeqId seq2 = other->AddSequence();
+  Compute(*other, seq2, full, 0, 7);
+  for (size_t i = 0; i < metas->size(); ++i) {
+    ASSERT_TRUE(*disk->Get((*metas)[i], kv));
+    ASSERT_TRUE(other->WriteBlock(seq2, static_cast<int64_t>(i), kv).ok());
+  }
+  ExpectExactKv(*other, seq2, full, 1);
+  other->CheckInvariants();
+}
+
 }  // namespace
 }  // namespace pagekv
