@@ -30,6 +30,7 @@
 // Callbacks run on the stepping thread and must not call Step.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -310,6 +311,11 @@ class Engine {
   // Blocks until the request finishes (and forgets it).
   RequestResult Wait(RequestId id);
   std::optional<RequestResult> TryResult(RequestId id);
+  // Wait with a deadline: the result (then forgotten), the error result Wait
+  // gives for an unknown id, or nullopt when the request has not finished
+  // within `timeout` (zero: look only). For callers that must wake now and
+  // then (a Python caller checking for Ctrl-C).
+  std::optional<RequestResult> WaitFor(RequestId id, std::chrono::milliseconds timeout);
 
   EngineMetrics Metrics() const;
   // Waits until the KV tiers have written every block queued for them.

@@ -303,6 +303,8 @@ class KvCache {
   // Called after the change, from the thread that made it; one listener
   // (replaced by the next call; an empty function removes it).
   void SetCutListener(std::function<void(const SequenceCut&)> listener);
+  // Whether a cut listener is installed (a prefix cache is bound).
+  bool HasCutListener() const;
 
   // Shortens `id` to new_len tokens (speculative-decoding rollback); blocks
   // that hold no remaining token go back to the pool. Error: unknown id,

@@ -69,7 +69,8 @@ struct TierStats {
   int64_t evictions = 0;      // dropped to make room (LRU)
   int64_t corrupt = 0;        // failed a check: MAC or checksum, size, key, tokens, geometry
   int64_t unauthenticated = 0;  // of those, failed the MAC (forged, altered, another key, or unkeyed
-                                // where a key is required); redis leaves them for their key's holders
+                                // where a key is required) or keyed where this store has no key;
+                                // redis leaves them for their key's holders
   int64_t errors = 0;         // I/O or connection failures (and calls refused while unhealthy)
   int64_t blocks_now = 0;     // held now (redis: distinct keys put by this process and not since
                               // removed, dropped as corrupt or found gone)

@@ -418,12 +418,15 @@ Result<bool> Engine::Step() {
       s->result.token_logprobs.push_back(static_cast<float>(static_cast<double>(row[static_cast<size_t>(token)]) - lse));
       s->result.step_logsumexp.push_back(static_cast<float>(lse));
     }
+    const size_t had = s->result.tokens.size();
     const FinishReason end = st.Accept(s, token);
     ++generated;
     if (end == FinishReason::kNone) {
       st.Emit(s, token, FinishReason::kNone);
     } else {
-      st.Finish(s, end);
+      // The final update carries the token when it joined the output (not
+      // an EOS / end-of-turn token).
+      st.Finish(s, end, Status::Ok(), s->result.tokens.size() > had ? token : -1);
     }
   }
   for (Seq* root : prefixed) st.ForkMembers(root);
@@ -480,6 +483,19 @@ void Engine::Stop() {
 RequestResult Engine::Wait(RequestId id) {
   std::unique_lock lock(state_->mu);
   state_->done_cv.wait(lock, [&] { return state_->results.count(id) > 0 || state_->known.count(id) == 0; });
+  auto it = state_->results.find(id);
+  if (it == state_->results.end()) return RequestResult{id, {}, {}, FinishReason::kError, NotFoundError("unknown request")};
+  RequestResult r = std::move(it->second);
+  state_->results.erase(it);
+  state_->known.erase(id);
+  return r;
+}
+
+std::optional<RequestResult> Engine::WaitFor(RequestId id, std::chrono::milliseconds timeout) {
+  std::unique_lock lock(state_->mu);
+  const bool ended = state_->done_cv.wait_for(
+      lock, timeout, [&] { return state_->results.count(id) > 0 || state_->known.count(id) == 0; });
+  if (!ended) return std::nullopt;
   auto it = state_->results.find(id);
   if (it == state_->results.end()) return RequestResult{id, {}, {}, FinishReason::kError, NotFoundError("unknown request")};
   RequestResult r = std::move(it->second);

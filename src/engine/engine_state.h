@@ -201,7 +201,9 @@ struct Engine::State {
     --queued;
   }
 
-  void Finish(Seq* s, FinishReason reason, Status error = Status::Ok()) {
+  // `last_token`: the token that ended it, when it is part of the output
+  // (a length or stop-string end), reported in the final update.
+  void Finish(Seq* s, FinishReason reason, Status error = Status::Ok(), int32_t last_token = -1) {
     if (s->root) {  // its members end the same way
       const std::vector<RequestId> members = s->members;
       Retire(s);
@@ -239,7 +241,7 @@ struct Engine::State {
       std::lock_guard lock(mu);
       std::erase_if(metrics.sequences, [&](const SequenceInfo& q) { return q.id == s->id; });
     }
-    Emit(s, -1, reason);
+    Emit(s, last_token, reason);
     std::unique_ptr<Seq> owned = std::move(live.at(s->id));
     live.erase(s->id);
     std::lock_guard lock(mu);

@@ -50,6 +50,38 @@ std::vector<std::vector<int32_t>> Alone(int32_t max_tokens) {
   return out;
 }
 
+// WaitFor: nothing before the request has run (a zero timeout only looks,
+// a short one expires), the result once it has, then the unknown-request
+// error, as for an id never submitted.
+TEST(EngineTest, WaitForLooksWaitsAndNamesUnknownRequests) {
+  auto e = std::move(*Engine::Create(Options(64)));
+  EngineRequest r;
+  r.prompt = e->Encode("Once upon a time");
+  r.max_tokens = 4;
+  r.ignore_eos = true;
+  const RequestId id = *e->Submit(r);
+  EXPECT_FALSE(e->WaitFor(id, std::chrono::milliseconds(0)).has_value());
+  EXPECT_FALSE(e->WaitFor(id, std::chrono::milliseconds(20)).has_value()) << "nothing steps: it cannot finish";
+  ASSERT_TRUE(e->RunUntilIdle().ok());
+  std::optional<RequestResult> got = e->WaitFor(id, std::chrono::milliseconds(0));
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->finish, FinishReason::kLength);
+  EXPECT_EQ(got->tokens, AloneOne("Once upon a time", 4));
+  for (const RequestId unknown : {id, id + 100}) {
+    got = e->WaitFor(unknown, std::chrono::milliseconds(0));
+    ASSERT_TRUE(got.has_value());
+    EXPECT_EQ(got->finish, FinishReason::kError);
+    EXPECT_EQ(got->error.code(), StatusCode::kNotFound);
+  }
+  // With the loop started, a waiting caller is woken by the result.
+  e->Start();
+  const RequestId id2 = *e->Submit(r);
+  got = e->WaitFor(id2, std::chrono::seconds(60));
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->tokens.size(), 4u);
+  e->Stop();
+}
+
 TEST(EngineTest, PreemptionUnderBlockPressureResumesWithIdenticalOutput) {
   const auto want = Alone(40);
   // 6 requests of ~50 tokens need ~40 blocks together; the pool has 20.
@@ -270,9 +302,11 @@ TEST(EngineTest, StopStringsAndStreamingAgreeWithTheResult) {
   r.max_tokens = 60;
   r.stop = {"Lily"};
   std::string streamed;
+  std::vector<int32_t> streamed_tokens;
   FinishReason last = FinishReason::kNone;
   r.on_update = [&](const TokenUpdate& u) {
     streamed += u.text;
+    if (u.token >= 0) streamed_tokens.push_back(u.token);
     last = u.finish;
   };
   const RequestId id = *e->Submit(r);
@@ -282,6 +316,19 @@ TEST(EngineTest, StopStringsAndStreamingAgreeWithTheResult) {
   EXPECT_EQ(res.text.find("Lily"), std::string::npos);
   EXPECT_EQ(streamed, res.text);
   EXPECT_EQ(last, FinishReason::kStop);
+  EXPECT_EQ(streamed_tokens, res.tokens) << "every token is in an update, the last one in the final update";
+  // A length end: the final update carries the last token too.
+  r.stop.clear();
+  r.max_tokens = 5;
+  r.ignore_eos = true;
+  streamed.clear();
+  streamed_tokens.clear();
+  const RequestId id2 = *e->Submit(r);
+  ASSERT_TRUE(e->RunUntilIdle().ok());
+  const RequestResult res2 = e->Wait(id2);
+  EXPECT_EQ(res2.finish, FinishReason::kLength);
+  EXPECT_EQ(streamed_tokens, res2.tokens);
+  EXPECT_EQ(streamed, res2.text);
 }
 
 TEST(EngineTest, ASeededRandomWorkloadKeepsEveryInvariant) {

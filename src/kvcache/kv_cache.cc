@@ -277,6 +277,8 @@ void KvCache::SetEvictionListener(std::function<void(BlockId)> listener) {
 
 void KvCache::SetCutListener(std::function<void(const SequenceCut&)> listener) { state_->on_cut = std::move(listener); }
 
+bool KvCache::HasCutListener() const { return static_cast<bool>(state_->on_cut); }
+
 Result<SeqId> KvCache::Fork(SeqId parent, std::string label) {
   auto it = state_->sequences.find(ToInt(parent));
   if (it == state_->sequences.end()) return NotFoundError("fork: " + SeqName(parent) + " does not exist");

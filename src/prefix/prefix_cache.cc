@@ -53,6 +53,13 @@ PrefixCache::~PrefixCache() {
 Result<std::unique_ptr<PrefixCache>> PrefixCache::Create(KvCache& cache, const PrefixCacheOptions& options) {
   if (options.stats_window < 1) return InvalidArgumentError("prefix cache: stats_window must be at least 1");
   if (options.max_queued_events < 1) return InvalidArgumentError("prefix cache: max_queued_events must be at least 1");
+  if (cache.HasCutListener()) {
+    // A second one would take the first's listeners: its cached blocks
+    // would then be reused with their keys still indexed (wrong KV).
+    return FailedPreconditionError(
+        "prefix cache: this KvCache already has a prefix cache bound to it (one per KvCache): share that "
+        "one, or destroy it before making another");
+  }
   auto state = std::make_unique<State>();
   state->cache = &cache;
   state->options = options;

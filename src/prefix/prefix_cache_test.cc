@@ -242,6 +242,28 @@ TEST(PrefixCacheCollisionTest, AForcedCollisionIsCaughtByTheTokenComparison) {
   pc->CheckInvariants();
 }
 
+// A second prefix cache over the same KvCache would take the first's
+// listeners (its cached blocks then reused with their keys still indexed):
+// refused, and the first keeps working; once it is gone, another may bind.
+TEST(PrefixCacheBadInputTest, ASecondPrefixCacheOverOneKvCacheIsRefused) {
+  auto cache = MakeCache(4);
+  auto first = PrefixCache::Create(*cache);
+  ASSERT_TRUE(first.ok());
+  auto second = PrefixCache::Create(*cache);
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(second.status().message().find("one per KvCache"), std::string::npos) << second.status().ToString();
+  EXPECT_EQ(Serve(*cache, **first, Tokens(1, 2 * B + 1)), 0);
+  EXPECT_EQ(Serve(*cache, **first, Tokens(1, 2 * B + 1)), 2 * B);
+  // Evictions still reach the first: other tokens through the small pool
+  // recycle its cached blocks, and the old prompt then misses.
+  EXPECT_EQ(Serve(*cache, **first, Tokens(700, 4 * B)), 0);
+  EXPECT_EQ(Serve(*cache, **first, Tokens(1, 2 * B + 1)), 0);
+  (*first)->CheckInvariants();
+  first->reset();
+  EXPECT_TRUE(PrefixCache::Create(*cache).ok());
+}
+
 TEST(PrefixCacheBadInputTest, EmptySaltAndOversizeKeysAreNamed) {
   auto cache = MakeCache(4);
   auto pc = std::move(*PrefixCache::Create(*cache));

@@ -133,8 +133,11 @@ Status DecodePayload(std::span<const std::byte> payload, const BlockMeta& meta, 
     }
   } else {
     if (keyed) {
-      return DataLossError("tier payload: sealed with a key and this process has none (give the same --tier-key-env "
-                           "or --tier-key-file as the process that stored it)");
+      // Not ours to judge: counted as unauthenticated, so a shared tier
+      // (Redis) leaves it for the processes that hold the key.
+      return DataLossError(std::string(kNotAuthentic) +
+                           ": sealed with a key and this process has none (give the same --tier-key-env or "
+                           "--tier-key-file as the process that stored it)");
     }
     if (Get<uint64_t>(p + 96) != Checksum(payload)) return DataLossError("tier payload: checksum mismatch");
   }

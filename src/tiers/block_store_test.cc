@@ -129,7 +129,9 @@ TEST(TierPayloadAuthTest, ForgedAlteredAndForeignKeyBlocksAreNotAuthentic) {
   EXPECT_EQ(out, Kv(3));
   const Status s3 = tiers::DecodePayload(good, Meta(3), out, unkeyed);
   EXPECT_FALSE(s3.ok());
-  EXPECT_FALSE(tiers::IsNotAuthentic(s3));  // a configuration mismatch, named as such
+  // A configuration mismatch, named as such, and counted as not authentic:
+  // a shared tier leaves the block for the key's holders.
+  EXPECT_TRUE(tiers::IsNotAuthentic(s3));
   EXPECT_NE(s3.message().find("--tier-key"), std::string::npos) << s3.ToString();
   // Every single-bit change anywhere in a keyed payload fails the MAC.
   for (size_t at = 0; at < good.size(); at += 97) {
@@ -463,10 +465,11 @@ TEST_F(DiskStoreTest, BadConfigurationIsNamed) {
 class RedisStoreTest : public ::testing::Test {
  protected:
   void SetUp() override { ASSERT_TRUE(server_.Start().ok()); }
-  std::unique_ptr<BlockStore> Open(const std::string& ns = "test") {
+  std::unique_ptr<BlockStore> Open(const std::string& ns = "test", const std::string& payload_key = "") {
     RedisStoreOptions o;
     o.url = server_.url();
     o.key_namespace = ns;
+    o.payload_key = payload_key;
     o.timeout_ms = 300;
     o.backoff_initial_ms = 50;
     return std::move(*CreateRedisStore(o));
@@ -500,6 +503,24 @@ TEST_F(RedisStoreTest, AFlippedByteInRedisIsAMissAndTheKeyIsDropped) {
   ExpectRoundTrip(*s, 6);
   ASSERT_TRUE(server_.Command("SET test:" + KeyOf(6).Hex() + " short").ok());
   EXPECT_FALSE(*s->Get(Meta(6), out));
+}
+
+// A process of the namespace without the key (or with another) cannot use
+// the keyed blocks, and must not delete them either: they are left for the
+// processes that hold the key, and counted as unauthenticated.
+TEST_F(RedisStoreTest, AProcessWithoutTheKeyLeavesKeyedBlocksAlone) {
+  const std::string key = "redis-test-key-0123456789";
+  auto keyed = Open("test", key);
+  ExpectRoundTrip(*keyed, 7);
+  std::vector<std::byte> out(kKvBytes);
+  for (const std::string& other_key : {std::string(), key + "-rotated"}) {
+    auto stranger = Open("test", other_key);
+    EXPECT_FALSE(*stranger->Get(Meta(7), out)) << "key '" << other_key << "'";
+    EXPECT_EQ(stranger->Stats().unauthenticated, 1);
+    EXPECT_TRUE(*stranger->Contains(KeyOf(7))) << "still there for the key's holders";
+  }
+  ASSERT_TRUE(*keyed->Get(Meta(7), out));
+  EXPECT_EQ(out, Kv(7));
 }
 
 TEST_F(RedisStoreTest, AServerThatDiesIsUnhealthyFailsFastAndRecoversAfterARestart) {
