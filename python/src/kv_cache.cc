@@ -21,6 +21,7 @@
 #include <memory>
 #include <unordered_set>
 
+#include "buffer.h"
 #include "config.h"
 #include "errors.h"
 #include "pagekv/dtype.h"
@@ -288,6 +289,29 @@ void BindKvCache(nb::module_& m) {
            "length"_a, "Shortens seq to length tokens; blocks left empty go back to the pool.")
       .def("free", [](PyKvCache& c, int64_t id) { Check(c.cache().Free(Seq(id))); }, "seq"_a,
            "Releases every block of seq and forgets it.")
+      .def(
+          "read_block",
+          [](const PyKvCache& c, int32_t block) {
+            const int64_t n = c.cache().block_payload_bytes();
+            PyObject* b = PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(n));
+            if (b == nullptr) throw nb::python_error();
+            nb::bytes out = nb::steal<nb::bytes>(b);
+            Check(c.cache().ReadBlock(BlockId{block},
+                                      {reinterpret_cast<std::byte*>(PyBytes_AS_STRING(b)), static_cast<size_t>(n)}));
+            return out;
+          },
+          "block"_a,
+          "A copy of the whole block (every layer, K and V, every head: block_payload_bytes bytes), the\n"
+          "payload a BlockStore keeps.")
+      .def(
+          "write_block",
+          [](PyKvCache& c, int64_t id, int64_t index, nb::handle data) {
+            Buffer buf(data, "data");
+            Check(c.cache().WriteBlock(Seq(id), index, buf.bytes()));
+          },
+          "seq"_a, "index"_a, "data"_a,
+          "Overwrites block `index` of seq's table (every slot) with a payload read_block or a store gave.\n"
+          "Refused for a block shared with another sequence or published (FailedPreconditionError).")
       .def(
           "block_table",
           [](const PyKvCache& c, int64_t id) {

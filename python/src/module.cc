@@ -7,12 +7,14 @@
 #include <nanobind/stl/vector.h>
 
 #include "config.h"
+#include "engine.h"
 #include "errors.h"
 #include "kv_cache.h"
 #include "pagekv/dtype.h"
 #include "pagekv/plan.h"
 #include "pagekv/version.h"
 #include "prefix_cache.h"
+#include "tiers.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -128,4 +130,6 @@ NB_MODULE(_pagekv, m) {
       "The named model geometries plan() and KvCache() take as preset=.");
   BindKvCache(m);
   BindPrefixCache(m);
+  BindTiers(m);
+  BindEngine(m);
 }

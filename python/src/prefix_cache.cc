@@ -11,6 +11,7 @@
 #include "errors.h"
 #include "kv_cache.h"
 #include "pagekv/prefix_cache.h"
+#include "tiers.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -20,7 +21,8 @@ namespace {
 
 class PyPrefixCache {
  public:
-  PyPrefixCache(PyKvCache& cache, const std::string& hash, std::optional<uint64_t> seed, bool record_events) {
+  PyPrefixCache(PyKvCache& cache, const std::string& hash, std::optional<uint64_t> seed, bool record_events,
+                nb::handle tiers) {
     PrefixCacheOptions options;
     if (hash == "sha256") {
       options.hasher.kind = BlockHashKind::kSha256;
@@ -32,6 +34,7 @@ class PyPrefixCache {
       RaiseInvalid("hash \"" + hash + "\": \"sha256\" or \"xxh3\"");
     }
     options.record_events = record_events;
+    if (!tiers.is_none()) options.tiers = TiersOf(tiers, cache.cache());
     cache_ = Take(PrefixCache::Create(cache.cache(), options));
   }
   PrefixCache& get() { return *cache_; }
@@ -112,10 +115,13 @@ void BindPrefixCache(nb::module_& m) {
       "first block (salt and extra keys enter the first key, so different salts never share a block),\n"
       "found again by later requests whose tokens start the same way, shared by reference count.\n"
       "A hit needs equal token ids and prefix digests, never a hash alone. Keeps its KvCache alive.")
-      .def(nb::init<PyKvCache&, const std::string&, std::optional<uint64_t>, bool>(), "cache"_a, nb::kw_only(),
-           "hash"_a = "sha256", "seed"_a = nb::none(), "record_events"_a = false, nb::keep_alive<1, 2>(),
+      .def(nb::init<PyKvCache&, const std::string&, std::optional<uint64_t>, bool, nb::handle>(), "cache"_a,
+           nb::kw_only(), "hash"_a = "sha256", "seed"_a = nb::none(), "record_events"_a = false,
+           "tiers"_a = nb::none(), nb::keep_alive<1, 2>(), nb::keep_alive<1, 6>(),
            "hash: \"sha256\" (default) or \"xxh3\" (xxh3-128, seeded; random per process unless seed is\n"
-           "given); record_events: queue KV events for events().")
+           "given; give a seed for keys other processes and restarts can find in disk or Redis tiers);\n"
+           "record_events: queue KV events for events(); tiers: a pagekv.Tiers of this cache's blocks (kept\n"
+           "alive), where evicted blocks go and prefixes continue.")
       .def(
           "lookup",
           [](const PyPrefixCache& p, const std::vector<int32_t>& tokens, std::optional<std::string> salt,
@@ -165,6 +171,17 @@ void BindPrefixCache(nb::module_& m) {
             return Hexes(Take(p.get().Keys(tokens, Extra(std::move(salt), adapter_id, fingerprint, extra))));
           },
           "tokens"_a, PAGEKV_EXTRA_ARGS, "The content keys (hex) of the full blocks of tokens.")
+      .def(
+          "block_metas",
+          [](const PyPrefixCache& p, const std::vector<int32_t>& tokens, std::optional<std::string> salt,
+             int64_t adapter_id, const std::string& fingerprint, const std::vector<std::string>& extra,
+             int64_t max_blocks) {
+            return Take(p.get().BlockMetas(tokens, Extra(std::move(salt), adapter_id, fingerprint, extra), max_blocks));
+          },
+          "tokens"_a, PAGEKV_EXTRA_ARGS, "max_blocks"_a = -1,
+          "What a BlockStore keeps each full block of tokens under (key, parent, tokens, geometry, prefix\n"
+          "digest), as the tiers get them from this cache: for moving blocks by hand with\n"
+          "KvCache.read_block / write_block and a store's put / get.")
       .def(
           "events",
           [](PyPrefixCache& p) {
