@@ -33,84 +33,45 @@ std::string Group(int64_t v) {
   return v < 0 ? "-" + out : out;
 }
 
-int32_t Narrow(int64_t v) {
-  // Out-of-range values become a value Validate() rejects with the field name.
-  return v > INT32_MAX ? INT32_MAX : (v < INT32_MIN ? INT32_MIN : static_cast<int32_t>(v));
-}
-
-// Builds the request: preset first, then every flag the user gave.
+// Builds the request: preset first, then every flag the user gave
+// (ResolvePlanRequest: the rules the Python module shares).
 Result<PlanRequest> BuildRequest(const PlanArgs& a, const CLI::App& cmd, std::string& title) {
-  PlanRequest req;
-  CacheConfig& c = req.config;
-  int64_t context = 0;
-  if (!a.preset.empty()) {
-    PAGEKV_ASSIGN_OR_RETURN(ModelPreset p, FindPreset(a.preset));
-    c = p.config;
-    context = p.context_len;
-    title = fmt::format("{}: {}", p.name, p.description);
-  } else {
-    if (cmd.count("--layers") == 0) {
-      return InvalidArgumentError(
-          "no model geometry: give --preset NAME, or --layers with --kv-heads and --head-dim "
-          "(or --mla-rank for an MLA cache)");
-    }
-    title = "custom geometry";
-  }
-  if (cmd.count("--layers")) c.num_layers = Narrow(a.layers);
-  if (cmd.count("--mla-rank")) {
-    c.kind = CacheKind::kMla;
-    c.kv_lora_rank = Narrow(a.mla_rank);
-    c.num_kv_heads = 0;
-  }
-  if (cmd.count("--rope-dim")) c.rope_dim = Narrow(a.rope_dim);
-  if (cmd.count("--kv-heads")) c.num_kv_heads = Narrow(a.kv_heads);
-  if (cmd.count("--head-dim")) c.head_dim = Narrow(a.head_dim);
-  if (cmd.count("--q-heads")) {
-    c.num_q_heads = Narrow(a.q_heads);
-  } else if (a.preset.empty()) {
-    c.num_q_heads = c.kind == CacheKind::kMla ? 1 : c.num_kv_heads;  // MHA unless told
-  }
-  if (cmd.count("--block-len")) c.block_len = Narrow(a.block_len);
-  if (cmd.count("--dtype")) {
-    PAGEKV_ASSIGN_OR_RETURN(DType d, ParseDType(a.dtype));
-    // int8 / fp8: one f16 scale per row (the row is set below, once the shape
-    // is known); int4: KIVI groups of 32 tokens.
-    c.format = KvFormat::ForDType(d, 0);
-  }
-  if (cmd.count("--max-blocks")) {
-    if (a.max_blocks <= 0) {
-      return InvalidArgumentError("--max-blocks " + std::to_string(a.max_blocks) + ": must be positive");
-    }
-    c.num_blocks = a.max_blocks;
-  }
-  if (cmd.count("--budget")) {
+  GeometrySpec g;
+  auto given = [&](const char* flag) { return cmd.count(flag) > 0; };
+  if (!a.preset.empty()) g.preset = a.preset;
+  if (given("--layers")) g.num_layers = a.layers;
+  if (given("--q-heads")) g.num_q_heads = a.q_heads;
+  if (given("--kv-heads")) g.num_kv_heads = a.kv_heads;
+  if (given("--head-dim")) g.head_dim = a.head_dim;
+  if (given("--mla-rank")) g.kv_lora_rank = a.mla_rank;
+  if (given("--rope-dim")) g.rope_dim = a.rope_dim;
+  if (given("--block-len")) g.block_len = a.block_len;
+  if (given("--dtype")) g.dtype = a.dtype;
+  if (!a.layer_dtypes.empty()) g.layer_dtypes = a.layer_dtypes;
+  if (given("--max-blocks")) g.num_blocks = a.max_blocks;
+  if (given("--budget")) {
     PAGEKV_ASSIGN_OR_RETURN(int64_t budget, ParseByteSize(a.budget));
-    if (budget <= 0) return InvalidArgumentError("--budget must be positive");
-    c.budget_bytes = budget;
-    if (!cmd.count("--max-blocks")) c.num_blocks = 0;  // the budget decides, not the preset
+    g.budget_bytes = budget;
   }
-  if (cmd.count("--seq-len")) {
-    if (a.seq_len <= 0) return InvalidArgumentError("--seq-len " + std::to_string(a.seq_len) + ": must be positive");
-    req.seq_len = a.seq_len;
-  }
-  if (cmd.count("--batch")) {
-    if (a.batch <= 0) return InvalidArgumentError("--batch " + std::to_string(a.batch) + ": must be positive");
-    req.batch = a.batch;
-    if (req.seq_len == 0) req.seq_len = context;  // a batch of full-context sequences
-  }
-  const int32_t row_elems = c.kind == CacheKind::kMla ? c.kv_lora_rank + c.rope_dim : c.head_dim;
-  if (!c.format.IsPlainFloat()) c.format = KvFormat::ForDType(c.format.dtype, row_elems);
-  if (!a.layer_dtypes.empty()) {
-    PAGEKV_ASSIGN_OR_RETURN(c.layer_formats, ParseLayerFormats(a.layer_dtypes, c.num_layers, row_elems, c.format));
-  }
-  if (c.num_blocks == 0 && c.budget_bytes == 0 && req.batch == 0 && context > 0) {
-    // No pool size at all: plan the cache of one full-context sequence.
-    if (req.seq_len == 0) req.seq_len = context;
-    req.batch = 1;
+  if (given("--seq-len")) g.seq_len = a.seq_len;
+  if (given("--batch")) g.batch = a.batch;
+  GeometryNames names;
+  names.preset = "--preset";
+  names.num_layers = "--layers";
+  names.num_kv_heads = "--kv-heads";
+  names.head_dim = "--head-dim";
+  names.kv_lora_rank = "--mla-rank";
+  names.num_blocks = "--max-blocks";
+  names.budget = "--budget";
+  names.seq_len = "--seq-len";
+  names.batch = "--batch";
+  PAGEKV_ASSIGN_OR_RETURN(ResolvedPlanRequest r, ResolvePlanRequest(g, names));
+  title = r.title;
+  if (r.one_full_context) {
     title += fmt::format(" (pool sized for one {}-token sequence; set --budget, --max-blocks or --batch)",
-                         req.seq_len);
+                         r.request.seq_len);
   }
-  return req;
+  return r.request;
 }
 
 nlohmann::ordered_json ToJson(const Plan& p, const std::string& preset) {

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -82,5 +83,50 @@ struct Plan {
 };
 
 Result<Plan> MakePlan(const PlanRequest& request);
+
+// A cache as a caller describes it: a named preset, then every field given
+// overriding it (unset fields keep the preset's, or the defaults; without
+// a preset, num_layers is required and num_q_heads defaults to num_kv_heads,
+// or 1 for an MLA cache). kv_lora_rank makes an MLA cache. The rules
+// `pagekv plan` and the Python module share.
+struct GeometrySpec {
+  std::optional<std::string> preset;
+  std::optional<int64_t> num_layers, num_q_heads, num_kv_heads, head_dim;
+  std::optional<int64_t> kv_lora_rank, rope_dim, block_len;
+  std::optional<std::string> dtype;         // ParseDType's names
+  std::optional<std::string> layer_dtypes;  // ParseLayerFormats' syntax ("0=f16,-1=f16")
+  std::optional<int64_t> num_blocks;
+  std::optional<int64_t> budget_bytes;      // a budget without num_blocks sizes the pool (not the preset)
+  std::optional<int64_t> seq_len, batch;    // a batch without seq_len: full-context sequences
+};
+
+// How the caller's interface names each field, for error messages ("--layers"
+// on a command line, "num_layers" in Python).
+struct GeometryNames {
+  const char* preset = "preset";
+  const char* num_layers = "num_layers";
+  const char* num_kv_heads = "num_kv_heads";
+  const char* head_dim = "head_dim";
+  const char* kv_lora_rank = "kv_lora_rank";
+  const char* num_blocks = "num_blocks";
+  const char* budget = "budget";
+  const char* seq_len = "seq_len";
+  const char* batch = "batch";
+};
+
+struct ResolvedPlanRequest {
+  PlanRequest request;
+  int64_t context_len = 0;      // the preset's trained context; 0 without a preset
+  std::string title;            // "<preset>: <description>", or "custom geometry"
+  // No pool size was given (no num_blocks, budget or batch): the request
+  // plans one sequence of the preset's whole context.
+  bool one_full_context = false;
+};
+
+// Errors (kInvalidArgument, naming the field as `names` does): no preset
+// and no layer count, a non-positive num_blocks / budget / seq_len / batch,
+// an unknown dtype or malformed layer_dtypes; kNotFound: an unknown preset.
+// The geometry itself is checked by MakePlan / KvCache::Create.
+Result<ResolvedPlanRequest> ResolvePlanRequest(const GeometrySpec& spec, const GeometryNames& names = {});
 
 }  // namespace pagekv

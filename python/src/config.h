@@ -9,6 +9,7 @@
 #include <variant>
 
 #include "pagekv/kv_layout.h"
+#include "pagekv/plan.h"
 
 namespace pagekv::python {
 
@@ -30,6 +31,9 @@ struct Geometry {
   CacheConfig config;
   int64_t context_len = 0;  // the preset's trained context; 0 without a preset
 };
+
+// The library's rules (ResolvePlanRequest) over the keyword arguments.
+GeometrySpec Spec(const GeometryArgs& a);
 
 // Raises pagekv.InvalidArgumentError (or NotFoundError for an unknown
 // preset) naming the argument.

@@ -64,25 +64,14 @@ nb::dict PlanDict(const Plan& p) {
 }
 
 nb::dict MakePlanFor(const GeometryArgs& a, std::optional<int64_t> seq_len, std::optional<int64_t> batch) {
-  Geometry g = BuildGeometry(a);
-  PlanRequest req;
-  req.config = std::move(g.config);
-  if (seq_len) {
-    if (*seq_len <= 0) RaiseInvalid("seq_len " + std::to_string(*seq_len) + ": must be positive");
-    req.seq_len = *seq_len;
-  }
-  if (batch) {
-    if (*batch <= 0) RaiseInvalid("batch " + std::to_string(*batch) + ": must be positive");
-    req.batch = *batch;
-    if (req.seq_len == 0) req.seq_len = g.context_len;  // a batch of full-context sequences
-  }
+  GeometrySpec spec = Spec(a);
+  spec.seq_len = seq_len;
+  spec.batch = batch;
+  const ResolvedPlanRequest r = Take(ResolvePlanRequest(spec));
+  const PlanRequest& req = r.request;
   if (req.config.num_blocks == 0 && req.config.budget_bytes == 0 && req.batch == 0) {
-    if (g.context_len == 0) {
-      RaiseInvalid("no pool size: give num_blocks, budget, or batch with seq_len (a preset alone plans one "
-                   "sequence of its context)");
-    }
-    if (req.seq_len == 0) req.seq_len = g.context_len;
-    req.batch = 1;
+    RaiseInvalid("no pool size: give num_blocks, budget, or batch with seq_len (a preset alone plans one "
+                 "sequence of its context)");
   }
   return PlanDict(Take(MakePlan(req)));
 }

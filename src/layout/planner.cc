@@ -1,3 +1,4 @@
+#include <climits>
 #include <string>
 
 #include <fmt/format.h>
@@ -115,6 +116,91 @@ Result<Plan> MakePlan(const PlanRequest& req) {
   }
   AddAdvice(req, plan);
   return plan;
+}
+
+}  // namespace pagekv
+
+namespace pagekv {
+namespace {
+
+// Values outside int32 become ones CacheConfig's checks reject with the
+// field's name.
+int32_t Narrow(int64_t v) { return v > INT32_MAX ? INT32_MAX : (v < INT32_MIN ? INT32_MIN : static_cast<int32_t>(v)); }
+
+}  // namespace
+
+Result<ResolvedPlanRequest> ResolvePlanRequest(const GeometrySpec& a, const GeometryNames& names) {
+  ResolvedPlanRequest out;
+  PlanRequest& req = out.request;
+  CacheConfig& c = req.config;
+  if (a.preset) {
+    PAGEKV_ASSIGN_OR_RETURN(ModelPreset p, FindPreset(*a.preset));
+    c = p.config;
+    out.context_len = p.context_len;
+    out.title = fmt::format("{}: {}", p.name, p.description);
+  } else {
+    if (!a.num_layers) {
+      return InvalidArgumentError(fmt::format(
+          "no model geometry: give {} NAME, or {} with {} and {} (or {} for an MLA cache)", names.preset,
+          names.num_layers, names.num_kv_heads, names.head_dim, names.kv_lora_rank));
+    }
+    out.title = "custom geometry";
+  }
+  if (a.num_layers) c.num_layers = Narrow(*a.num_layers);
+  if (a.kv_lora_rank) {
+    c.kind = CacheKind::kMla;
+    c.kv_lora_rank = Narrow(*a.kv_lora_rank);
+    c.num_kv_heads = 0;
+  }
+  if (a.rope_dim) c.rope_dim = Narrow(*a.rope_dim);
+  if (a.num_kv_heads) c.num_kv_heads = Narrow(*a.num_kv_heads);
+  if (a.head_dim) c.head_dim = Narrow(*a.head_dim);
+  if (a.num_q_heads) {
+    c.num_q_heads = Narrow(*a.num_q_heads);
+  } else if (!a.preset) {
+    c.num_q_heads = c.kind == CacheKind::kMla ? 1 : c.num_kv_heads;  // MHA unless told
+  }
+  if (a.block_len) c.block_len = Narrow(*a.block_len);
+  if (a.dtype) {
+    PAGEKV_ASSIGN_OR_RETURN(DType d, ParseDType(*a.dtype));
+    // int8 / fp8: one f16 scale per row (the row is set below, once the
+    // shape is known); int4: KIVI groups of 32 tokens.
+    c.format = KvFormat::ForDType(d, 0);
+  }
+  auto positive = [](const char* name, int64_t v) -> Status {
+    if (v <= 0) return InvalidArgumentError(fmt::format("{} {}: must be positive", name, v));
+    return Status::Ok();
+  };
+  if (a.num_blocks) {
+    PAGEKV_RETURN_IF_ERROR(positive(names.num_blocks, *a.num_blocks));
+    c.num_blocks = *a.num_blocks;
+  }
+  if (a.budget_bytes) {
+    PAGEKV_RETURN_IF_ERROR(positive(names.budget, *a.budget_bytes));
+    c.budget_bytes = *a.budget_bytes;
+    if (!a.num_blocks) c.num_blocks = 0;  // the budget decides, not the preset
+  }
+  if (a.seq_len) {
+    PAGEKV_RETURN_IF_ERROR(positive(names.seq_len, *a.seq_len));
+    req.seq_len = *a.seq_len;
+  }
+  if (a.batch) {
+    PAGEKV_RETURN_IF_ERROR(positive(names.batch, *a.batch));
+    req.batch = *a.batch;
+    if (req.seq_len == 0) req.seq_len = out.context_len;  // a batch of full-context sequences
+  }
+  const int32_t row_elems = c.kind == CacheKind::kMla ? c.kv_lora_rank + c.rope_dim : c.head_dim;
+  if (!c.format.IsPlainFloat()) c.format = KvFormat::ForDType(c.format.dtype, row_elems);
+  if (a.layer_dtypes) {
+    PAGEKV_ASSIGN_OR_RETURN(c.layer_formats, ParseLayerFormats(*a.layer_dtypes, c.num_layers, row_elems, c.format));
+  }
+  if (c.num_blocks == 0 && c.budget_bytes == 0 && req.batch == 0 && out.context_len > 0) {
+    // No pool size at all: one sequence of the preset's whole context.
+    if (req.seq_len == 0) req.seq_len = out.context_len;
+    req.batch = 1;
+    out.one_full_context = true;
+  }
+  return out;
 }
 
 }  // namespace pagekv

@@ -96,4 +96,51 @@ TEST(PlannerTest, EveryPresetPlans) {
 }
 
 }  // namespace
+// The rules `pagekv plan` and the Python module share: a preset, then the
+// fields given; errors name the field as the caller spells it.
+TEST(ResolvePlanRequestTest, PresetThenFieldsAndErrorsInTheCallersNames) {
+  GeometrySpec g;
+  g.preset = "llama3-8b";
+  g.dtype = "int8";
+  g.num_layers = 4;
+  auto r = ResolvePlanRequest(g);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->request.config.num_layers, 4);
+  EXPECT_EQ(r->request.config.num_kv_heads, 8) << "the preset's, not overridden";
+  EXPECT_EQ(r->request.config.format.dtype, DType::kInt8);
+  EXPECT_TRUE(r->one_full_context);
+  EXPECT_EQ(r->request.seq_len, r->context_len);
+  EXPECT_EQ(r->request.batch, 1);
+  g.budget_bytes = int64_t{1} << 30;
+  r = ResolvePlanRequest(g);
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->one_full_context);
+  EXPECT_EQ(r->request.config.budget_bytes, int64_t{1} << 30);
+
+  GeometrySpec custom;
+  custom.num_layers = 2;
+  custom.num_kv_heads = 4;
+  custom.head_dim = 64;
+  custom.batch = 3;
+  r = ResolvePlanRequest(custom);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->request.config.num_q_heads, 4) << "MHA unless told";
+  EXPECT_EQ(r->title, "custom geometry");
+  EXPECT_FALSE(r->one_full_context);
+
+  GeometryNames flags;
+  flags.num_layers = "--layers";
+  flags.batch = "--batch";
+  const Status none = ResolvePlanRequest(GeometrySpec{}, flags).status();
+  EXPECT_EQ(none.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(none.message().find("--layers"), std::string::npos) << none.ToString();
+  custom.batch = 0;
+  const Status bad = ResolvePlanRequest(custom, flags).status();
+  EXPECT_NE(bad.message().find("--batch 0: must be positive"), std::string::npos) << bad.ToString();
+  EXPECT_NE(ResolvePlanRequest(custom).status().message().find("batch 0"), std::string::npos);
+  GeometrySpec unknown;
+  unknown.preset = "no-such-model";
+  EXPECT_EQ(ResolvePlanRequest(unknown).status().code(), StatusCode::kNotFound);
+}
+
 }  // namespace pagekv

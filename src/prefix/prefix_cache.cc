@@ -100,20 +100,6 @@ Status PrefixCache::ValidateExtraKeys(const ExtraKeys& e) {
   return Status::Ok();
 }
 
-Result<std::vector<BlockKey>> PrefixCache::Keys(std::span<const int32_t> tokens, const ExtraKeys& extra,
-                                                int64_t max_blocks) const {
-  PAGEKV_RETURN_IF_ERROR(ValidateExtraKeys(extra));
-  const int64_t bl = state_->block_len;
-  int64_t n = static_cast<int64_t>(tokens.size()) / bl;
-  if (max_blocks >= 0) n = std::min(n, max_blocks);
-  std::vector<BlockKey> keys;
-  keys.reserve(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    keys.push_back(state_->KeyOf(i == 0 ? nullptr : &keys.back(), tokens.subspan(static_cast<size_t>(i * bl), static_cast<size_t>(bl)), extra));
-  }
-  return keys;
-}
-
 Result<std::vector<BlockMeta>> PrefixCache::BlockMetas(std::span<const int32_t> tokens, const ExtraKeys& extra,
                                                        int64_t max_blocks) const {
   PAGEKV_RETURN_IF_ERROR(ValidateExtraKeys(extra));
@@ -135,6 +121,15 @@ Result<std::vector<BlockMeta>> PrefixCache::BlockMetas(std::span<const int32_t> 
     prev = l;
   }
   return metas;
+}
+
+Result<std::vector<BlockKey>> PrefixCache::Keys(std::span<const int32_t> tokens, const ExtraKeys& extra,
+                                                int64_t max_blocks) const {
+  PAGEKV_ASSIGN_OR_RETURN(std::vector<BlockMeta> metas, BlockMetas(tokens, extra, max_blocks));
+  std::vector<BlockKey> keys;
+  keys.reserve(metas.size());
+  for (const BlockMeta& m : metas) keys.push_back(m.key);
+  return keys;
 }
 
 PrefixMatch PrefixCache::State::Walk(std::span<const int32_t> tokens, const ExtraKeys& extra, int64_t max_tokens,

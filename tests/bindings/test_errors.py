@@ -20,7 +20,7 @@ def test_the_hierarchy():
 @pytest.mark.parametrize(
     "kwargs, error, text",
     [
-        (dict(), pagekv.InvalidArgumentError, "no cache geometry"),
+        (dict(), pagekv.InvalidArgumentError, "no model geometry"),
         (dict(num_layers=2, num_kv_heads=2, head_dim=8), pagekv.InvalidArgumentError, "no pool size"),
         (dict(num_layers=2, num_kv_heads=2, head_dim=8, num_blocks=4, block_len=12), ValueError, "block_len"),
         (dict(num_layers=2, num_kv_heads=2, head_dim=8, num_blocks=4, dtype="f12"), ValueError, "f12"),
