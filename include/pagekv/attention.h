@@ -71,8 +71,8 @@ struct DecodeSeq {
 // Decode attention for a batch of sequences, one query token each.
 //   q:   [num_seqs][num_q_heads][head_dim] f32
 //   out: [num_seqs][num_q_heads][head_dim] f32 (fully written)
-// Errors (nothing written): null pointers, a layer out of range, an MLA
-// layout, a sequence with no tokens, a block table shorter than its length
+// Errors (nothing written): null pointers, a layer out of range, a
+// sequence with no tokens, a block table shorter than its length
 // or holding an id outside the pool.
 Status PagedDecodeAttention(const PagedKv& kv, std::span<const DecodeSeq> seqs, const float* q,
                             float* out, const AttentionOptions& options = {});
@@ -101,6 +101,44 @@ struct PrefillSeq {
 // score_queries outside [0, num_queries].
 Status PagedPrefillAttention(const PagedKv& kv, std::span<const PrefillSeq> seqs, const float* q,
                              float* out, const AttentionOptions& options = {});
+
+// MLA latent caches (CacheKind::kMla: one row of kv_lora_rank compressed
+// elements c_kv then rope_dim rope-key elements k_pe per token, shared by
+// every head). PagedDecodeAttention and PagedPrefillAttention read them as
+// one "KV head" shared by all num_q_heads query heads, with q and out in
+// latent space: [...][num_q_heads][kv_lora_rank + rope_dim], logits
+// q . row, out the weighted sum of rows (its first kv_lora_rank elements
+// are the latent output; the trailing rope_dim ones the weighted k_pe,
+// which a model ignores). The default scale is 1 / sqrt(head_dim +
+// rope_dim), the unabsorbed q.k length (CacheConfig::head_dim is the
+// model's per-head dim for MLA). int4 KIVI is not read on latent rows.
+//
+// Multi-head latent attention (DeepSeek-V2/V3) in the absorbed form, from
+// the model's per-head query and weights: each head's q_nope goes into
+// latent space through W_UK once per call (q_lat = W_UK^T q_nope), the
+// scores are q_lat . c_kv + q_pe . k_pe over the cached rows, and the
+// weighted sum of c_kv comes back through W_UV. Equal to the unabsorbed
+// attention (per head k = [W_UK c_kv, k_pe], v = W_UV c_kv) up to rounding,
+// without materialising per-head keys or values.
+struct MlaWeights {
+  const float* w_uk = nullptr;  // [num_q_heads][qk_nope_dim][kv_lora_rank]: k_nope = w_uk[h] c_kv
+  const float* w_uv = nullptr;  // [num_q_heads][v_head_dim][kv_lora_rank]: v = w_uv[h] c_kv
+  int32_t qk_nope_dim = 0;      // > 0
+  int32_t v_head_dim = 0;       // > 0
+};
+
+// q:   [num_seqs][num_q_heads][qk_nope_dim + rope_dim] f32 (q_nope, then
+//      q_pe with the rotary embedding already applied)
+// out: [num_seqs][num_q_heads][v_head_dim] f32
+// options.scale: 0 means 1 / sqrt(qk_nope_dim + rope_dim) (models with YaRN
+// scaling pass theirs). Errors as PagedDecodeAttention's, plus a layout that
+// is not MLA and missing or non-positive weights.
+Status MlaDecodeAttention(const PagedKv& kv, std::span<const DecodeSeq> seqs, const float* q, const MlaWeights& w,
+                          float* out, const AttentionOptions& options = {});
+// The same for prefill (chunked at any position): q and out hold the
+// sequences' queries in order, as for PagedPrefillAttention.
+Status MlaPrefillAttention(const PagedKv& kv, std::span<const PrefillSeq> seqs, const float* q, const MlaWeights& w,
+                           float* out, const AttentionOptions& options = {});
 
 // The SIMD target the kernels dispatch to on this CPU, e.g. "AVX3", "AVX2";
 // "+BF16" where bf16 K/V run through AVX-512 BF16 dot products, "+AMX" where

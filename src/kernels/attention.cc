@@ -29,6 +29,8 @@ struct Geometry {
   DType dtype = DType::kF32;
   int32_t kivi_group = 0;  // INT4 KIVI layers: tokens per key group
   bool hadamard = false;   // rows stored Hadamard-rotated: rotate q, rotate the output back
+  int32_t v_plane = 1;     // MLA: 0, the latent row is both key and value
+  float default_scale = 0; // 1 / sqrt(the q.k length the model computes)
   float scale = 0;
 };
 
@@ -39,30 +41,45 @@ Status ValidateCommon(const PagedKv& kv, const float* q, const float* out, Geome
   if (q == nullptr || out == nullptr) return InvalidArgumentError("attention: null q or out");
   const KvLayout& l = *kv.layout;
   const CacheConfig& c = l.config();
-  if (c.kind == CacheKind::kMla) {
-    return UnimplementedError("attention: MLA latent caches need the absorbed-weight kernel; these kernels read per-head K and V");
-  }
   if (kv.layer < 0 || kv.layer >= l.num_layers()) {
     return OutOfRangeError("attention: layer " + std::to_string(kv.layer) + " outside [0, " +
                            std::to_string(l.num_layers()) + ")");
   }
+  const bool mla = c.kind == CacheKind::kMla;
+  const int32_t row_elems = l.row_elems();
   const KvFormat& f = l.format(kv.layer);
-  if (!f.IsPlainFloat() && !f.IsStoredQuantized(c.head_dim) && !f.IsKivi()) {
+  if (mla && f.IsKivi()) {
+    return UnimplementedError("attention: int4 KIVI on an MLA latent cache is not read (KIVI quantizes keys and values "
+                              "differently; the latent row is both): use f16, bf16, int8 or fp8");
+  }
+  if (!f.IsPlainFloat() && !f.IsStoredQuantized(row_elems) && !f.IsKivi()) {
     return UnimplementedError("attention: KV format " + f.ToString() +
                               " is not read yet; use f32, f16, bf16, int8 / fp8 with one f16 scale per row, or int4 KIVI");
   }
-  if (c.num_kv_heads <= 0 || c.num_q_heads % c.num_kv_heads != 0) {
-    return InvalidArgumentError("attention: num_q_heads " + std::to_string(c.num_q_heads) +
-                                " is not a multiple of num_kv_heads " + std::to_string(c.num_kv_heads));
+  if (mla) {
+    // Every query head attends to the one latent row per token: a group of
+    // all the query heads (the absorbed form; MlaDecodeAttention).
+    g.q_heads = c.num_q_heads;
+    g.kv_heads = 1;
+    g.group = c.num_q_heads;
+    g.v_plane = 0;
+  } else {
+    if (c.num_kv_heads <= 0 || c.num_q_heads % c.num_kv_heads != 0) {
+      return InvalidArgumentError("attention: num_q_heads " + std::to_string(c.num_q_heads) +
+                                  " is not a multiple of num_kv_heads " + std::to_string(c.num_kv_heads));
+    }
+    g.q_heads = c.num_q_heads;
+    g.kv_heads = c.num_kv_heads;
+    g.group = c.num_q_heads / c.num_kv_heads;
   }
-  g.q_heads = c.num_q_heads;
-  g.kv_heads = c.num_kv_heads;
-  g.group = c.num_q_heads / c.num_kv_heads;
   if (g.group > kernels::kMaxRows) {
     return UnimplementedError("attention: more than " + std::to_string(kernels::kMaxRows) +
-                              " query heads per KV head");
+                              " query heads per " + (mla ? "latent row" : "KV head"));
   }
-  g.head_dim = c.head_dim;
+  g.head_dim = row_elems;
+  // MLA: the unabsorbed q.k runs over the per-head dim and the rope dim.
+  const int32_t qk_len = mla && c.head_dim > 0 ? c.head_dim + c.rope_dim : row_elems;
+  g.default_scale = 1.0f / std::sqrt(static_cast<float>(qk_len));
   g.block_len = c.block_len;
   g.slab_stride = l.slab_stride(kv.layer, 0);
   g.v_slab_stride = l.slab_stride(kv.layer, l.num_planes() - 1);
@@ -217,7 +234,7 @@ void RunItem(const WorkItem& w, const PagedKv& kv, const Geometry& g, std::span<
   t.q = s.q.data();
   t.limit = s.limit.data();
   t.k_region = kv.arena + layout.SlabOffset(kv.layer, 0, w.kv_head, 0);
-  t.v_region = kv.arena + layout.SlabOffset(kv.layer, 1, w.kv_head, 0);
+  t.v_region = kv.arena + layout.SlabOffset(kv.layer, g.v_plane, w.kv_head, 0);
   t.slab_stride = g.slab_stride;
   t.v_slab_stride = g.v_slab_stride;
   t.block_len = g.block_len;
@@ -307,8 +324,8 @@ Status PagedDecodeAttention(const PagedKv& kv, std::span<const DecodeSeq> seqs, 
     PAGEKV_RETURN_IF_ERROR(ValidateKivi(g, seqs[i].num_tokens, seqs[i].tail, seqs[i].scores != nullptr, i));
     total_tokens += seqs[i].num_tokens;
   }
-  g.scale = options.scale != 0 ? options.scale : 1.0f / std::sqrt(static_cast<float>(g.head_dim));
-  const int64_t kv_bytes = total_tokens * g.kv_heads * 2 * g.row_bytes;
+  g.scale = options.scale != 0 ? options.scale : g.default_scale;
+  const int64_t kv_bytes = total_tokens * g.kv_heads * (g.v_plane + 1) * g.row_bytes;
   const int wanted = Threads(options);
   const int threads = wanted == 1 || kv_bytes < kDecodeInlineBytes || ThreadPool::Shared().RunningAlone() ? 1 : wanted;
 
@@ -444,7 +461,7 @@ Status PagedPrefillAttention(const PagedKv& kv, std::span<const PrefillSeq> seqs
     PAGEKV_RETURN_IF_ERROR(ValidateTable(*kv.layout, s.blocks, s.num_tokens, i));
     PAGEKV_RETURN_IF_ERROR(ValidateKivi(g, s.num_tokens, s.tail, s.scores != nullptr, i));
   }
-  g.scale = options.scale != 0 ? options.scale : 1.0f / std::sqrt(static_cast<float>(g.head_dim));
+  g.scale = options.scale != 0 ? options.scale : g.default_scale;
   double macs = 0;  // q.k and p.v of every query over the positions it sees
   for (const PrefillSeq& s : seqs) {
     const double seen = static_cast<double>(s.num_tokens) - 0.5 * static_cast<double>(s.num_queries - 1);

@@ -689,21 +689,46 @@ TEST_F(AttentionBadInputTest, NullArenaLayerOutOfRangeAndEmptySequence) {
   EXPECT_EQ(PagedDecodeAttention(f_.Kv(0), {&s, 1}, nullptr, out_.data()).code(), StatusCode::kInvalidArgument);
 }
 
-TEST(AttentionMlaTest, MlaLayoutIsRejectedClearly) {
+// An MLA latent cache is read as one "KV head" (the latent row, both key and
+// value) shared by every query head, q and out in latent space: the same as
+// MQA over those rows (the absorbed form's inner step; mla_attention_test.cc
+// checks the whole absorbed attention against the unabsorbed formula).
+TEST(AttentionMlaTest, AnMlaLayoutIsOneLatentRowSharedByEveryQueryHead) {
   CacheConfig c;
   c.kind = CacheKind::kMla;
   c.num_layers = 1;
   c.num_q_heads = 4;
   c.kv_lora_rank = 16;
+  c.rope_dim = 4;
   c.block_len = 8;
-  c.num_blocks = 2;
+  c.num_blocks = 4;
+  c.format = KvFormat::Plain(DType::kF32);
   KvLayout l = *KvLayout::Create(c);
-  std::vector<std::byte> arena(static_cast<size_t>(l.total_bytes()));
-  std::vector<BlockId> table = {BlockId{0}};
-  DecodeSeq s{table, 1};
-  std::vector<float> q(64), out(64);
-  EXPECT_EQ(PagedDecodeAttention({&l, arena.data(), 0}, {&s, 1}, q.data(), out.data()).code(),
-            StatusCode::kUnimplemented);
+  struct alignas(64) Line { std::byte b[64]; };
+  std::vector<Line> lines(static_cast<size_t>(l.total_bytes() / 64 + 1));
+  std::byte* arena = reinterpret_cast<std::byte*>(lines.data());
+  const std::vector<BlockId> table = {BlockId{2}, BlockId{0}};
+  const int64_t n = 11;
+  const int32_t row = 20;
+  std::mt19937 rng(9);
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<double> kv;
+  for (int64_t t = 0; t < n; ++t) {
+    float* dst = reinterpret_cast<float*>(arena + l.RowOffset(0, 0, 0, ToInt(table[static_cast<size_t>(t / 8)]),
+                                                              static_cast<int32_t>(t % 8)));
+    for (int32_t x = 0; x < row; ++x) {
+      dst[x] = u(rng);
+      kv.push_back(dst[x]);
+    }
+  }
+  std::vector<float> q = RandomQ(rng, 4 * row);
+  std::vector<float> out(4 * row, std::nanf(""));
+  DecodeSeq s{table, n};
+  ASSERT_TRUE(PagedDecodeAttention({&l, arena, 0}, {&s, 1}, q.data(), out.data()).ok());
+  testing::ReferenceShape shape{4, 1, row, 0, 0};  // 1 / sqrt(rank + rope): no per-head dim given
+  const std::vector<double> ref =
+      testing::ReferenceAttention(shape, std::vector<double>(q.begin(), q.end()), 1, kv, kv, n);
+  EXPECT_LE(RelError(out.data(), ref, 4, row), 1e-5);
 }
 
 }  // namespace
