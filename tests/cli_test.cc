@@ -168,7 +168,25 @@ TEST(CliBenchTest, QuickAttentionBenchPrintsTheRooflineObject) {
   }
 }
 
+TEST(CliBenchTest, QuickMlaBenchReadsOneLatentRowPerToken) {
+  RunResult r = RunCli("bench attention --mla --quick --json --dtype bf16 --block-len 64 --heads 8/1");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["results"].size(), 1u) << r.out;
+  const auto& row = j["results"][0];
+  EXPECT_TRUE(row["mla"].get<bool>());
+  EXPECT_EQ(row["q_heads"].get<int>(), 8);
+  EXPECT_EQ(row["kv_heads"].get<int>(), 1);
+  // One bf16 latent row of 512 + 64 per token, read once for every head.
+  EXPECT_EQ(row["kv_bytes"].get<int64_t>(), row["batch"].get<int64_t>() * row["ctx"].get<int64_t>() * 576 * 2);
+  EXPECT_GT(row["seconds_per_call"].get<double>(), 0.0);
+  EXPECT_GT(row["mla_total_seconds"].get<double>(), 0.0);
+  EXPECT_GT(row["ratio_to_roofline"].get<double>(), 0.0);
+  EXPECT_LT(row["ratio_to_roofline"].get<double>(), 2.0);
+}
+
 TEST(CliBenchTest, BadBenchFlagsExitTwo) {
+  EXPECT_EQ(RunCli("bench attention --mla --heads 8/2").exit_code, 2);
   EXPECT_EQ(RunCli("bench attention --quick --full").exit_code, 2);
   EXPECT_EQ(RunCli("bench attention --heads 30/8").exit_code, 2);
   EXPECT_EQ(RunCli("bench attention --block-len 100").exit_code, 2);

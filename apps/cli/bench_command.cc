@@ -32,6 +32,7 @@ struct BenchArgs {
   std::vector<int32_t> block_lens;
   std::vector<std::string> heads, dtypes;
   std::string peer_layout;
+  bool mla = false;
 };
 
 nlohmann::ordered_json ToJson(const AttentionBenchReport& r) {
@@ -69,6 +70,10 @@ nlohmann::ordered_json ToJson(const AttentionBenchReport& r) {
       e["head_major_seconds"] = x.head_major_seconds;
       e["ratio_to_head_major"] = x.ratio_to_head_major;
     }
+    if (x.mla) {
+      e["mla"] = true;
+      e["mla_total_seconds"] = x.mla_total_seconds;  // with the W_UK / W_UV products
+    }
     if (x.scalar_seconds > 0) {
       e["scalar_contiguous_seconds"] = x.scalar_seconds;
       e["speedup_vs_scalar"] = x.speedup_vs_scalar;
@@ -85,6 +90,7 @@ void PrintRow(const AttentionBenchResult& x) {
               x.seconds_per_call * 1e3, x.gbps, x.ratio_to_stream, x.ratio_to_roofline, x.bound.c_str(),
               x.scalar_seconds > 0 ? fmt::format("{:.1f}x", x.speedup_vs_scalar).c_str() : "-",
               x.head_major_seconds > 0 ? fmt::format("{:.2f}", x.ratio_to_head_major).c_str() : "-");
+  if (x.mla) std::printf("      absorbed MLA with its W_UK / W_UV products: %.3f ms/call\n", x.mla_total_seconds * 1e3);
   std::fflush(stdout);
 }
 
@@ -135,9 +141,20 @@ int RunBench(const BenchArgs& a) {
     return kExitBadInput;
   }
   o.peer_head_major = a.peer_layout == "head-major";
+  o.mla = a.mla;
+  if (a.mla) {
+    for (const auto& [q, kv] : o.heads) {
+      if (kv != 1) {
+        std::fprintf(stderr, "error: --mla --heads %d/%d: a latent cache has one row per token: use Q/1\n", q, kv);
+        return kExitBadInput;
+      }
+    }
+  }
   if (!a.json) {
     PrintMachine();
-    std::printf("decode attention, head_dim 128, block tables shuffled; ratios against ceilings measured now\n");
+    std::printf(a.mla ? "decode MLA attention, DeepSeek-V3 latent rows (rank 512 + rope 64), block tables shuffled; "
+                        "ratios against ceilings measured now\n"
+                      : "decode attention, head_dim 128, block tables shuffled; ratios against ceilings measured now\n");
     std::printf("%5s %6s %8s %5s %5s %3s %10s %7s %7s %9s %-8s %8s %10s\n", "batch", "ctx", "q/kv", "block", "dtype",
                 "thr", "ms/call", "GB/s", "stream", "roofline", "bound", "vs scalar", "head-major");
     o.on_result = PrintRow;
@@ -475,6 +492,9 @@ CLI::App* AddBenchCommand(CLI::App& app, int& exit_code) {
   attn->add_option("--block-len", args.block_lens, "Block lengths instead of the set's")->delimiter(',');
   attn->add_option("--heads", args.heads, "Head configs Q/KV instead of the set's, e.g. 32/8")->delimiter(',');
   attn->add_option("--dtype", args.dtypes, "KV dtypes instead of the set's (f16, bf16, int8; also f32, fp8_e4m3, fp8_e5m2, int4)")->delimiter(',');
+  attn->add_flag("--mla", args.mla,
+                 "Multi-head latent attention on DeepSeek-V3's latent cache (128 query heads over one 512 + 64 row "
+                 "per token; --heads Q/1 to change the heads)");
   attn->add_option("--peer-layout", args.peer_layout,
                    "Also time each shape on a contiguous cache: head-major (the same kernel, every (sequence, head) "
                    "one run); the column is its time over the paged one");

@@ -56,6 +56,8 @@ struct AttentionBenchResult {
   // with each (sequence, KV head)'s K and V one contiguous run.
   double head_major_seconds = 0;
   double ratio_to_head_major = 0;  // head_major_seconds / seconds_per_call (1 = paging costs nothing)
+  bool mla = false;                // a latent-cache row: head_dim is the latent row (rank + rope)
+  double mla_total_seconds = 0;    // MlaDecodeAttention: the latent kernel plus the W_UK / W_UV products
 };
 
 struct AttentionBenchReport {
@@ -87,6 +89,13 @@ struct AttentionBenchOptions {
   // non-paged cache such as ggml's head-major one reads): the table is
   // still read, but each next block is the next slab in memory.
   bool peer_head_major = false;
+  // Multi-head latent attention on DeepSeek-V3's latent cache (rank 512 +
+  // rope 64 per token, one row shared by every query head; 128 query heads
+  // unless `heads` says Q/1): each row times the latent kernel (what the
+  // roofline judges: latent bytes in, 4 * heads * 576 flops per cached
+  // token), and mla_total_seconds the whole absorbed attention with its
+  // per-head W_UK / W_UV products (f32 weights).
+  bool mla = false;
 };
 
 // Runs the decode-attention grid. Errors: the OS refusing memory for a shape

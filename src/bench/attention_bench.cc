@@ -50,12 +50,13 @@ std::vector<Shape> Grid(const AttentionBenchOptions& o, int all_threads) {
   std::vector<int32_t> block_lens;
   std::vector<HeadConfig> heads = {{32, 32}, {32, 8}, {64, 8}};
   std::vector<int> threads = {all_threads};
+  if (o.mla) heads = {{set == BenchSet::kQuick ? 16 : 128, 1}};
   switch (set) {
     case BenchSet::kQuick:
       batches = {2};
       ctxs = {1024};
       block_lens = {16, 128};
-      heads = {{8, 2}};
+      if (!o.mla) heads = {{8, 2}};
       break;
     case BenchSet::kDefault:
       batches = {8};
@@ -69,6 +70,7 @@ std::vector<Shape> Grid(const AttentionBenchOptions& o, int all_threads) {
       if (all_threads > 1) threads = {1, all_threads};
       break;
   }
+  if (o.mla && set == BenchSet::kDefault) batches = {1, 8};
   std::vector<DType> dtypes = {DType::kF16, DType::kBF16, DType::kInt8};  // fp8 on request (--dtype)
   if (!o.batches.empty()) batches = o.batches;
   if (!o.contexts.empty()) ctxs = o.contexts;
@@ -147,14 +149,27 @@ class CeilingProbe {
   std::unique_ptr<kernels::StreamProbe> stream_;
 };
 
+// DeepSeek-V3's latent attention: rank and rope per cached token, the
+// per-head dims of the unabsorbed query / key and value.
+constexpr int32_t kMlaRank = 512, kMlaRope = 64, kMlaNope = 128, kMlaV = 128;
+
 Result<AttentionBenchResult> RunShape(const Shape& s, const CeilingProbe& probe, bool quick, bool scalar_baseline,
-                                      bool weights, bool peer_head_major) {
-  constexpr int32_t kHeadDim = 128;
+                                      bool weights, bool peer_head_major, bool mla) {
+  // Elements per cached row: a head's K or V, or MLA's latent row.
+  const int32_t kHeadDim = mla ? kMlaRank + kMlaRope : 128;
   const int64_t blocks_per_seq = CeilDiv(s.ctx, s.block_len);
   CacheConfig c;
   c.num_q_heads = s.heads.q_heads;
   c.num_kv_heads = s.heads.kv_heads;
   c.head_dim = kHeadDim;
+  if (mla) {
+    if (s.dtype == DType::kInt4) return UnimplementedError("int4 KIVI is not read on MLA latent rows");
+    c.kind = CacheKind::kMla;
+    c.num_kv_heads = 0;
+    c.head_dim = kMlaNope;
+    c.kv_lora_rank = kMlaRank;
+    c.rope_dim = kMlaRope;
+  }
   c.block_len = s.block_len;
   c.format = KvFormat::ForDType(s.dtype, kHeadDim);
   const bool scaled = !c.format.IsPlainFloat();
@@ -278,6 +293,30 @@ Result<AttentionBenchResult> RunShape(const Shape& s, const CeilingProbe& probe,
     PAGEKV_ASSIGN_OR_RETURN(head_major_seconds, time_calls(peer));
   }
 
+  double mla_total_seconds = 0;
+  if (mla) {
+    // The whole absorbed attention: the per-head query in, the latent
+    // kernel, W_UV out (random f32 weights, as a model keeps them dequantized).
+    std::normal_distribution<float> wn(0.0f, 0.05f);
+    std::vector<float> w_uk(static_cast<size_t>(s.heads.q_heads) * kMlaNope * kMlaRank);
+    std::vector<float> w_uv(static_cast<size_t>(s.heads.q_heads) * kMlaV * kMlaRank);
+    for (float& x : w_uk) x = wn(rng);
+    for (float& x : w_uv) x = wn(rng);
+    const MlaWeights w{w_uk.data(), w_uv.data(), kMlaNope, kMlaV};
+    std::vector<float> q_head(static_cast<size_t>(s.batch * s.heads.q_heads * (kMlaNope + kMlaRope)));
+    for (float& x : q_head) x = u(rng);
+    std::vector<float> o_head(static_cast<size_t>(s.batch * s.heads.q_heads * kMlaV));
+    std::vector<double> total;
+    for (int64_t call = 0; call < 1000 && (static_cast<int64_t>(total.size()) < (quick ? 3 : 5) ||
+                                            std::accumulate(total.begin(), total.end(), 0.0) < 0.3);
+         ++call) {
+      const PagedKv kv{&layout, arena->data(), static_cast<int32_t>((call + 1) % c.num_layers)};
+      const auto t0 = Clock::now();
+      PAGEKV_RETURN_IF_ERROR(MlaDecodeAttention(kv, seqs, q_head.data(), w, o_head.data(), opts));
+      if (call > 0) total.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    mla_total_seconds = Median(total);
+  }
   const Ceilings after = probe.Measure();
   const Ceilings ceilings{std::max(before.stream_gbps, after.stream_gbps), std::max(before.fma_gflops, after.fma_gflops)};
   AttentionBenchResult r;
@@ -310,8 +349,10 @@ Result<AttentionBenchResult> RunShape(const Shape& s, const CeilingProbe& probe,
   r.ratio_to_roofline = r.floor_seconds / r.seconds_per_call;
   r.rotation_bytes = layout.total_bytes();
   r.attention_weights = weights;
+  r.mla = mla;
+  r.mla_total_seconds = mla_total_seconds;
 
-  if (scalar_baseline && !scaled) {  // the scalar loop reads 16-bit values
+  if (scalar_baseline && !scaled && !mla) {  // the scalar loop reads 16-bit values
     // The same values, contiguous per (sequence, head), read by a plain loop.
     const size_t n = static_cast<size_t>(s.batch * s.heads.kv_heads * s.ctx * kHeadDim);
     std::vector<uint16_t> k(n), v(n);
@@ -348,9 +389,11 @@ Result<AttentionBenchReport> RunAttentionBench(const AttentionBenchOptions& opti
     }
     const CeilingProbe& probe = s.threads == report.threads ? all : *single;
     Result<AttentionBenchResult> r =
-        RunShape(s, probe, quick, options.scalar_baseline, options.attention_weights, options.peer_head_major);
+        RunShape(s, probe, quick, options.scalar_baseline, options.attention_weights, options.peer_head_major,
+                 options.mla);
     if (!r.ok()) {
-      if (r.status().code() != StatusCode::kResourceExhausted) return r.status();
+      const StatusCode code = r.status().code();
+      if (code != StatusCode::kResourceExhausted && code != StatusCode::kUnimplemented) return r.status();
       report.skipped.push_back("batch " + std::to_string(s.batch) + " ctx " + std::to_string(s.ctx) + " heads " +
                                std::to_string(s.heads.q_heads) + "/" + std::to_string(s.heads.kv_heads) +
                                " block_len " + std::to_string(s.block_len) + " " + std::string(DTypeName(s.dtype)) +
