@@ -260,12 +260,33 @@ EngineRequest MakeRequest(std::vector<int32_t> prompt, const RequestArgs& a) {
 
 using Prompt = std::variant<std::string, std::vector<int32_t>>;
 
+// A reference to the engine held across a call that releases the GIL. The
+// last one to go destroys the engine, with the GIL released: its destructor
+// joins the stepping thread, which may be waiting for the GIL in a callback.
+// (Copies are made and dropped with the GIL held, so use_count is stable.)
+class EngineRef {
+ public:
+  explicit EngineRef(std::shared_ptr<Engine> p) : p_(std::move(p)) {}
+  EngineRef(const EngineRef&) = delete;
+  EngineRef& operator=(const EngineRef&) = delete;
+  ~EngineRef() {
+    if (p_.use_count() == 1) {
+      nb::gil_scoped_release release;
+      p_.reset();
+    }
+  }
+  Engine& operator*() const { return *p_; }
+
+ private:
+  std::shared_ptr<Engine> p_;
+};
+
 }  // namespace
 
 class PyEngine {
  public:
   explicit PyEngine(const EngineOptions& options) {
-    engine_ = Take(Released([&] { return Engine::Create(options); }));
+    engine_ = std::shared_ptr<Engine>(Take(Released([&] { return Engine::Create(options); })));
   }
   ~PyEngine() { Close(); }
 
@@ -273,7 +294,9 @@ class PyEngine {
     if (!engine_) return;
     // Unfinished requests end as cancelled, their callbacks called (with
     // the GIL taken there).
-    std::unique_ptr<Engine> e = std::move(engine_);
+    // Calls in flight on other threads (waiting, with the GIL released) hold
+    // their own reference: the engine goes when the last of them returns.
+    std::shared_ptr<Engine> e = std::move(engine_);
     Released([&] {
       e.reset();
       return 0;
@@ -282,9 +305,16 @@ class PyEngine {
     watches_.clear();
   }
 
+  // For calls that keep the GIL (close() cannot run meanwhile).
   Engine& get() const {
     if (!engine_) Raise(Status(StatusCode::kFailedPrecondition, "engine: closed"));
     return *engine_;
+  }
+  // For calls that release the GIL while they use the engine: a reference
+  // that keeps it alive should another thread close() it meanwhile.
+  EngineRef Ref() const {
+    if (!engine_) Raise(Status(StatusCode::kFailedPrecondition, "engine: closed"));
+    return EngineRef(engine_);
   }
 
   std::vector<int32_t> Tokens(const Prompt& p) const {
@@ -293,7 +323,8 @@ class PyEngine {
   }
 
   RequestId Submit(std::vector<int32_t> prompt, const RequestArgs& a, nb::object on_token, bool streaming) {
-    Engine& e = get();
+    const EngineRef ref = Ref();
+    Engine& e = *ref;
     EngineRequest r = MakeRequest(std::move(prompt), a);
     std::shared_ptr<Watch> w;
     if (!on_token.is_none() || streaming) {
@@ -332,7 +363,8 @@ class PyEngine {
   // One step, from Python (one thread at a time): the background loop's job
   // when started.
   bool StepOnce() {
-    Engine& e = get();
+    const EngineRef ref = Ref();
+    Engine& e = *ref;
     Result<bool> r = Released([&]() -> Result<bool> {
       std::lock_guard lock(step_mu_);
       return e.Step();
@@ -342,7 +374,8 @@ class PyEngine {
 
   bool started() const { return started_; }
   void Start() {
-    Engine& e = get();
+    const EngineRef ref = Ref();
+    Engine& e = *ref;
     Released([&] {
       e.Start();
       return 0;
@@ -350,7 +383,8 @@ class PyEngine {
     started_ = true;
   }
   void Stop() {
-    Engine& e = get();
+    const EngineRef ref = Ref();
+    Engine& e = *ref;
     Released([&] {
       e.Stop();
       return 0;
@@ -383,7 +417,8 @@ class PyEngine {
   // One round of waiting for id: 100 ms of the loop's time when started,
   // else one step. The result when it has finished.
   std::optional<RequestResult> Drive(RequestId id, bool once) {
-    Engine& e = get();
+    const EngineRef ref = Ref();
+    Engine& e = *ref;
     for (;;) {
       std::optional<RequestResult> r;
       if (started_) {
@@ -434,7 +469,8 @@ class PyEngine {
   }
 
   bool Cancel(RequestId id) {
-    Engine& e = get();
+    const EngineRef ref = Ref();
+    Engine& e = *ref;
     return Released([&] { return e.Cancel(id); });
   }
 
@@ -463,7 +499,7 @@ class PyEngine {
   }
 
  private:
-  std::unique_ptr<Engine> engine_;
+  std::shared_ptr<Engine> engine_;  // changed only with the GIL held
   std::mutex step_mu_;
   bool started_ = false;
   std::mutex watch_mu_;
@@ -743,7 +779,8 @@ void BindEngine(nb::module_& m) {
       .def(
           "run_until_idle",
           [](PyEngine& e) {
-            Engine& g = e.get();
+            const EngineRef ref = e.Ref();
+            Engine& g = *ref;
             Check(Released([&] { return g.RunUntilIdle(); }));
           },
           "Steps until every submitted request has finished (not with start()).")
@@ -751,17 +788,20 @@ void BindEngine(nb::module_& m) {
       .def("stop", &PyEngine::Stop, "Stops the background thread (requests stay queued).")
       .def_prop_ro("started", &PyEngine::started)
       .def("metrics", [](PyEngine& e) {
-             Engine& g = e.get();
+             const EngineRef ref = e.Ref();
+            Engine& g = *ref;
              return MetricsDict(Released([&] { return g.Metrics(); }));
            },
            "The pool, the queue, the prefix cache and timings, as a dict.")
       .def("reset_prefix_cache", [](PyEngine& e) {
-             Engine& g = e.get();
+             const EngineRef ref = e.Ref();
+            Engine& g = *ref;
              Check(Released([&] { return g.ResetPrefixCache(); }));
            },
            "Drops every prefix-cache key of the pool (running requests keep their blocks).")
       .def("drain_tiers", [](PyEngine& e) {
-             Engine& g = e.get();
+             const EngineRef ref = e.Ref();
+            Engine& g = *ref;
              Released([&] {
                g.DrainTiers();
                return 0;

@@ -214,3 +214,32 @@ def test_generation_releases_the_gil(engine):
     inside = [s for s in stamps if span["start"] <= s <= span["end"]] + [span["end"]]
     longest = max(b - a for a, b in zip(inside, inside[1:])) if len(inside) > 1 else span["end"] - span["start"]
     assert longest < 0.5 * (span["end"] - span["start"]), (longest, span["end"] - span["start"])
+
+
+@pytest.mark.parametrize("started", [False, True])
+def test_closing_from_another_thread_while_one_waits_never_crashes(stories, started):
+    """close() while another thread is inside generate: that call finishes
+    (or was refused as closed, if it had not begun); later calls raise."""
+    import time
+
+    e = pagekv.Engine(stories, block_len=8, num_blocks=256, threads=1)
+    if started:
+        e.start()
+    got = {}
+
+    def gen():
+        try:
+            got["result"] = e.generate("Once upon a time", max_tokens=300, ignore_eos=True)
+        except pagekv.FailedPreconditionError as err:
+            got["closed"] = str(err)
+
+    t = threading.Thread(target=gen)
+    t.start()
+    time.sleep(0.02)
+    e.close()
+    t.join(timeout=60)
+    assert not t.is_alive()
+    assert ("result" in got and got["result"]["finish"] in ("length", "cancelled")) or "closed" in got["closed"]
+    with pytest.raises(pagekv.FailedPreconditionError, match="closed"):
+        e.generate("hi")
+    e.close()  # twice: nothing
