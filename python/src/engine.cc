@@ -260,6 +260,8 @@ EngineRequest MakeRequest(std::vector<int32_t> prompt, const RequestArgs& a) {
 
 using Prompt = std::variant<std::string, std::vector<int32_t>>;
 
+nb::object Callback(std::optional<nb::callable> f) { return f ? nb::object(std::move(*f)) : nb::none(); }
+
 // A reference to the engine held across a call that releases the GIL. The
 // last one to go destroys the engine, with the GIL released: its destructor
 // joins the stepping thread, which may be waiting for the GIL in a callback.
@@ -736,8 +738,8 @@ void BindEngine(nb::module_& m) {
       .def_prop_ro("chat_template_name", [](const PyEngine& e) { return e.get().chat_template_name(); })
       .def(
           "submit",
-          [](PyEngine& e, const Prompt& prompt, PAGEKV_REQUEST_PARAMS, nb::object on_token) {
-            return e.Submit(e.Tokens(prompt), PAGEKV_REQUEST_VALUES, std::move(on_token), false);
+          [](PyEngine& e, const Prompt& prompt, PAGEKV_REQUEST_PARAMS, std::optional<nb::callable> on_token) {
+            return e.Submit(e.Tokens(prompt), PAGEKV_REQUEST_VALUES, Callback(std::move(on_token)), false);
           },
           "prompt"_a, PAGEKV_REQUEST_ARGS, "on_token"_a = nb::none(),
           "Queues a request (prompt: text, or token ids); returns its id. on_token(update) is called on the\n"
@@ -759,17 +761,17 @@ void BindEngine(nb::module_& m) {
            "{id, tokens, text, finish, prompt_tokens, cached_prompt_tokens, timings, ...}; forgets it.")
       .def(
           "generate",
-          [](PyEngine& e, const Prompt& prompt, PAGEKV_REQUEST_PARAMS, nb::object on_token) {
-            const RequestId id = e.Submit(e.Tokens(prompt), PAGEKV_REQUEST_VALUES, std::move(on_token), false);
+          [](PyEngine& e, const Prompt& prompt, PAGEKV_REQUEST_PARAMS, std::optional<nb::callable> on_token) {
+            const RequestId id = e.Submit(e.Tokens(prompt), PAGEKV_REQUEST_VALUES, Callback(std::move(on_token)), false);
             return ResultDict(e.Wait(id));
           },
           "prompt"_a, PAGEKV_REQUEST_ARGS, "on_token"_a = nb::none(),
           "submit + wait: one completion, its result dict (text in result[\"text\"]).")
       .def(
           "chat",
-          [](PyEngine& e, nb::handle messages, PAGEKV_REQUEST_PARAMS, nb::object on_token) {
+          [](PyEngine& e, nb::handle messages, PAGEKV_REQUEST_PARAMS, std::optional<nb::callable> on_token) {
             std::vector<int32_t> ids = Take(e.get().EncodeChat(MessagesJson(messages), true));
-            const RequestId id = e.Submit(std::move(ids), PAGEKV_REQUEST_VALUES, std::move(on_token), false);
+            const RequestId id = e.Submit(std::move(ids), PAGEKV_REQUEST_VALUES, Callback(std::move(on_token)), false);
             return ResultDict(e.Wait(id));
           },
           "messages"_a, PAGEKV_REQUEST_ARGS, "on_token"_a = nb::none(),

@@ -160,7 +160,7 @@ def test_bad_input_raises_clear_exceptions(stories, engine, tmp_path):
         engine.submit([1, 2, 10**6])
     with pytest.raises(pagekv.Error, match="context"):
         engine.submit("Once upon a time", max_tokens=10**6)
-    with pytest.raises(ValueError, match="on_token"):
+    with pytest.raises(TypeError):
         engine.submit("hi", on_token=5)
     with pytest.raises(ValueError, match="salt"):
         engine.submit("hi", salt="")
