@@ -19,6 +19,7 @@
 #include "buffer.h"
 #include "config.h"
 #include "errors.h"
+#include "gil.h"
 #include "kv_cache.h"
 #include "pagekv/tiers.h"
 
@@ -51,12 +52,6 @@ BlockKey KeyFromHex(const std::string& hex) {
 
 using KeyArg = std::variant<BlockMeta, std::string>;
 
-// f() with the GIL released (it must not touch Python objects).
-template <typename F>
-auto Released(F&& f) {
-  nb::gil_scoped_release release;
-  return f();
-}
 
 BlockKey KeyOf(const KeyArg& a) {
   if (const auto* m = std::get_if<BlockMeta>(&a)) return m->key;

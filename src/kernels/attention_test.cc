@@ -149,21 +149,6 @@ std::vector<float> RandomQ(std::mt19937& rng, size_t n) {
 }
 
 // Max over query heads of max |out - ref| / max |ref|.
-double RelError(const float* out, const std::vector<double>& ref, int64_t rows, int32_t d) {
-  double worst = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    double err = 0, mag = 1e-6;
-    for (int32_t x = 0; x < d; ++x) {
-      const double o = out[r * d + x];
-      if (std::isnan(o)) return INFINITY;
-      err = std::max(err, std::fabs(o - ref[static_cast<size_t>(r * d + x)]));
-      mag = std::max(mag, std::fabs(ref[static_cast<size_t>(r * d + x)]));
-    }
-    worst = std::max(worst, err / mag);
-  }
-  return worst;
-}
-
 struct Shape {
   int32_t q_heads, kv_heads, head_dim;
 };
@@ -198,7 +183,7 @@ void CheckPrefill(const Shape& s, DType dtype, int32_t block_len, const std::vec
                            q.begin() + static_cast<std::ptrdiff_t>((at + static_cast<size_t>(queries[i])) * per_query));
     const std::vector<double> ref = testing::ReferenceAttention({s.q_heads, s.kv_heads, s.head_dim, 0, 0}, qd,
                                                                 queries[i], f.K(i, 0), f.V(i, 0), lengths[i]);
-    EXPECT_LE(RelError(out.data() + at * per_query, ref, queries[i] * s.q_heads, s.head_dim), tol)
+    EXPECT_LE(testing::MaxRowRelError(out.data() + at * per_query, ref, queries[i] * s.q_heads, s.head_dim), tol)
         << what << ": sequence " << i << " length " << lengths[i] << " queries " << queries[i] << " head_dim "
         << s.head_dim << " block_len " << block_len;
     at += static_cast<size_t>(queries[i]);
@@ -223,7 +208,7 @@ void CheckDecode(const Shape& s, DType dtype, int32_t block_len, const Attention
                            q.begin() + static_cast<std::ptrdiff_t>((i + 1) * per_seq));
     testing::ReferenceShape rs{s.q_heads, s.kv_heads, s.head_dim, opts.scale, opts.softcap};
     const std::vector<double> ref = testing::ReferenceAttention(rs, qd, 1, f.K(i, layer), f.V(i, layer), lengths[i]);
-    const double err = RelError(out.data() + i * per_seq, ref, s.q_heads, s.head_dim);
+    const double err = testing::MaxRowRelError(out.data() + i * per_seq, ref, s.q_heads, s.head_dim);
     EXPECT_LE(err, tol < 0 ? Tolerance(dtype) : tol) << DTypeName(dtype) << " q_heads=" << s.q_heads << " kv_heads=" << s.kv_heads
                                      << " head_dim=" << s.head_dim << " block_len=" << block_len
                                      << " context=" << lengths[i] << " split=" << opts.split_tokens;
@@ -349,7 +334,7 @@ TEST_P(AttentionTargetTest, ChunkedPrefillSplitAtEveryPositionOfABlockMatchesRef
       PrefillSeq second{f.Table(0), prompt, prompt - split};
       ASSERT_TRUE(PagedPrefillAttention(f.Kv(0), {&second, 1}, q.data() + split * per_query,
                                         out.data() + split * per_query).ok());
-      const double err = RelError(out.data(), ref, prompt * s.q_heads, s.head_dim);
+      const double err = testing::MaxRowRelError(out.data(), ref, prompt * s.q_heads, s.head_dim);
       EXPECT_LE(err, Tolerance(dtype)) << DTypeName(dtype) << " split at " << split;
     }
   }
@@ -461,7 +446,7 @@ TEST_P(AttentionTargetTest, Int4KiviMatchesReferenceOverSealedGroupsAndTheTail) 
       std::vector<double> qd(q.begin() + static_cast<std::ptrdiff_t>(i * per_seq),
                              q.begin() + static_cast<std::ptrdiff_t>((i + 1) * per_seq));
       const std::vector<double> ref = testing::ReferenceAttention({s.q_heads, s.kv_heads, d, 0, 0}, qd, 1, ks[i], vs[i], lengths[i]);
-      EXPECT_LE(RelError(out.data() + i * per_seq, ref, s.q_heads, d), 1e-4)
+      EXPECT_LE(testing::MaxRowRelError(out.data() + i * per_seq, ref, s.q_heads, d), 1e-4)
           << "context " << lengths[i] << " split " << split;
     }
   }
@@ -489,12 +474,12 @@ TEST_P(AttentionTargetTest, Int4KiviMatchesReferenceOverSealedGroupsAndTheTail) 
   ASSERT_TRUE(PagedPrefillAttention(kv, {&second, 1}, pq.data() + cut * per_seq, pout.data() + cut * per_seq).ok());
   std::vector<double> pqd(pq.begin(), pq.end());
   const std::vector<double> pref = testing::ReferenceAttention({s.q_heads, s.kv_heads, d, 0, 0}, pqd, n, ks[last], vs[last], n);
-  EXPECT_LE(RelError(pout.data() + cut * per_seq, std::vector<double>(pref.begin() + static_cast<std::ptrdiff_t>(cut * per_seq), pref.end()),
+  EXPECT_LE(testing::MaxRowRelError(pout.data() + cut * per_seq, std::vector<double>(pref.begin() + static_cast<std::ptrdiff_t>(cut * per_seq), pref.end()),
                      (n - cut) * s.q_heads, d), 1e-4);
   // Tokens 32..39 are in the pool for the second chunk but the tail for the
   // first: the first chunk's rows 32..39 of the reference used the decoded
   // group values, so compare only its queries before 32.
-  EXPECT_LE(RelError(pout.data(), pref, 32 * s.q_heads, d), 1e-4);
+  EXPECT_LE(testing::MaxRowRelError(pout.data(), pref, 32 * s.q_heads, d), 1e-4);
   // A KIVI layer without its tail, and with attention weights, is refused.
   DecodeSeq no_tail{tables[2], lengths[2]};
   std::vector<float> out(per_seq);
@@ -528,7 +513,7 @@ TEST_P(AttentionTargetTest, HadamardRotatedRowsMatchReferenceOverTheUnrotatedVal
                                q.begin() + static_cast<std::ptrdiff_t>((i + 1) * per_seq));
         const std::vector<double> ref = testing::ReferenceAttention({s.q_heads, s.kv_heads, s.head_dim, 0, 0}, qd, 1,
                                                                     f.K(i, 0), f.V(i, 0), lengths[i]);
-        EXPECT_LE(RelError(out.data() + i * per_seq, ref, s.q_heads, s.head_dim), 1e-4)
+        EXPECT_LE(testing::MaxRowRelError(out.data() + i * per_seq, ref, s.q_heads, s.head_dim), 1e-4)
             << DTypeName(dtype) << " context " << lengths[i] << " split " << split;
       }
     }
@@ -539,7 +524,7 @@ TEST_P(AttentionTargetTest, HadamardRotatedRowsMatchReferenceOverTheUnrotatedVal
     std::vector<double> pqd(pq.begin(), pq.end());
     const std::vector<double> pref =
         testing::ReferenceAttention({s.q_heads, s.kv_heads, s.head_dim, 0, 0}, pqd, n, f.K(2, 0), f.V(2, 0), n);
-    EXPECT_LE(RelError(pout.data(), pref, n * s.q_heads, s.head_dim), 1e-4) << DTypeName(dtype) << " prefill";
+    EXPECT_LE(testing::MaxRowRelError(pout.data(), pref, n * s.q_heads, s.head_dim), 1e-4) << DTypeName(dtype) << " prefill";
   }
 }
 
@@ -563,7 +548,7 @@ TEST_P(AttentionTargetTest, EveryLayerOfAMixedFormatLayoutMatchesReference) {
                              q.begin() + static_cast<std::ptrdiff_t>((i + 1) * per_seq));
       const std::vector<double> ref = testing::ReferenceAttention({s.q_heads, s.kv_heads, s.head_dim, 0, 0}, qd, 1,
                                                                   f.K(i, l), f.V(i, l), lengths[i]);
-      EXPECT_LE(RelError(out.data() + i * per_seq, ref, s.q_heads, s.head_dim), Tolerance(layers[static_cast<size_t>(l)]))
+      EXPECT_LE(testing::MaxRowRelError(out.data() + i * per_seq, ref, s.q_heads, s.head_dim), Tolerance(layers[static_cast<size_t>(l)]))
           << "layer " << l << " (" << DTypeName(layers[static_cast<size_t>(l)]) << ") context " << lengths[i];
     }
   }
@@ -728,7 +713,7 @@ TEST(AttentionMlaTest, AnMlaLayoutIsOneLatentRowSharedByEveryQueryHead) {
   testing::ReferenceShape shape{4, 1, row, 0, 0};  // 1 / sqrt(rank + rope): no per-head dim given
   const std::vector<double> ref =
       testing::ReferenceAttention(shape, std::vector<double>(q.begin(), q.end()), 1, kv, kv, n);
-  EXPECT_LE(RelError(out.data(), ref, 4, row), 1e-5);
+  EXPECT_LE(testing::MaxRowRelError(out.data(), ref, 4, row), 1e-5);
 }
 
 }  // namespace

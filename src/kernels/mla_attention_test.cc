@@ -24,6 +24,7 @@
 #include "layout/float16.h"
 #include "layout/quantize.h"
 #include "pagekv/attention.h"
+#include "testing/reference_attention.h"
 
 namespace pagekv {
 namespace {
@@ -189,21 +190,6 @@ std::vector<float> RandomQ(std::mt19937& rng, size_t n) {
   return q;
 }
 
-double RelError(const float* out, const std::vector<double>& ref, int64_t rows, int32_t d) {
-  double worst = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    double err = 0, mag = 1e-6;
-    for (int32_t x = 0; x < d; ++x) {
-      const double o = out[r * d + x];
-      if (std::isnan(o)) return INFINITY;
-      err = std::max(err, std::fabs(o - ref[static_cast<size_t>(r * d + x)]));
-      mag = std::max(mag, std::fabs(ref[static_cast<size_t>(r * d + x)]));
-    }
-    worst = std::max(worst, err / mag);
-  }
-  return worst;
-}
-
 class MlaTargetTest : public ::testing::TestWithParam<int64_t> {
  protected:
   void SetUp() override { kernels::SetTargetForTest(GetParam()); }
@@ -231,7 +217,7 @@ TEST_P(MlaTargetTest, DecodeMatchesTheUnabsorbedReference) {
       ASSERT_TRUE(MlaDecodeAttention(f.Kv(), seqs, q.data(), f.Weights(), out.data(), o).ok());
       for (size_t i = 0; i < lengths.size(); ++i) {
         const std::vector<double> ref = f.Reference(i, q.data() + i * g.heads * qk, 1, scale);
-        EXPECT_LE(RelError(out.data() + i * g.heads * g.vdim, ref, g.heads, g.vdim), Tolerance(d))
+        EXPECT_LE(testing::MaxRowRelError(out.data() + i * g.heads * g.vdim, ref, g.heads, g.vdim), Tolerance(d))
             << DTypeName(d) << " length " << lengths[i] << " split " << split;
       }
     }
@@ -257,7 +243,7 @@ TEST_P(MlaTargetTest, ChunkedPrefillAtEveryPositionOfABlockMatchesTheReference) 
       ASSERT_TRUE(MlaPrefillAttention(f.Kv(), std::span(&chunk2, 1), q_all.data() + first * g.heads * qk, f.Weights(),
                                       out.data() + first * g.heads * g.vdim)
                       .ok());
-      EXPECT_LE(RelError(out.data(), ref, n * g.heads, g.vdim), Tolerance(d)) << DTypeName(d) << " split at " << first;
+      EXPECT_LE(testing::MaxRowRelError(out.data(), ref, n * g.heads, g.vdim), Tolerance(d)) << DTypeName(d) << " split at " << first;
     }
   }
 }
@@ -285,7 +271,7 @@ TEST(MlaAttentionTest, DeepSeekV3ShapeMatchesTheReference) {
   o.split_tokens = 128;
   ASSERT_TRUE(MlaDecodeAttention(f.Kv(), std::span(&seq, 1), q.data(), f.Weights(), out.data(), o).ok());
   const std::vector<double> ref = f.Reference(0, q.data(), 1, 1.0 / std::sqrt(192.0));
-  EXPECT_LE(RelError(out.data(), ref, g.heads, g.vdim), 2e-3);
+  EXPECT_LE(testing::MaxRowRelError(out.data(), ref, g.heads, g.vdim), 2e-3);
 }
 
 TEST(MlaAttentionTest, BadInputIsNamedAndWritesNothing) {

@@ -49,4 +49,19 @@ std::vector<double> ReferenceAttention(const ReferenceShape& s, const std::vecto
   return out;
 }
 
+double MaxRowRelError(const float* out, const std::vector<double>& ref, int64_t rows, int32_t d) {
+  double worst = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    double err = 0, mag = 1e-6;
+    for (int32_t x = 0; x < d; ++x) {
+      const double o = out[r * d + x];
+      if (std::isnan(o)) return INFINITY;
+      err = std::max(err, std::fabs(o - ref[static_cast<size_t>(r * d + x)]));
+      mag = std::max(mag, std::fabs(ref[static_cast<size_t>(r * d + x)]));
+    }
+    worst = std::max(worst, err / mag);
+  }
+  return worst;
+}
+
 }  // namespace pagekv::testing

@@ -28,4 +28,9 @@ std::vector<double> ReferenceAttention(const ReferenceShape& shape, const std::v
                                        const std::vector<double>& v, int64_t num_tokens,
                                        std::vector<double>* weights = nullptr, int64_t score_queries = 0);
 
+// How far a kernel's output is from the reference: over `rows` rows of d
+// elements, the largest max |out - ref| / max |ref| of a row; infinity when
+// out holds a NaN (an element never written).
+double MaxRowRelError(const float* out, const std::vector<double>& ref, int64_t rows, int32_t d);
+
 }  // namespace pagekv::testing
