@@ -17,6 +17,17 @@ halves for qwen2, with linear, YaRN or llama3 scaling from metadata and
 per-frequency factors from a rope_freqs tensor (what converters write for
 Llama 3.1) or computed by Hugging Face's llama3 rule; RMSNorm; SwiGLU; tied
 embeddings when output.weight is absent.
+
+deepseek2 (DeepseekModel): multi-head latent attention computed in the
+unabsorbed form Hugging Face's modeling_deepseek.py uses (per-head keys
+[W_UK c_kv, k_pe] and values W_UV c_kv materialised from the latent rows,
+from attn_k_b / attn_v_b or a legacy attn_kv_b), an optional q LoRA, YaRN
+with DeepSeek's mscale (softmax scale times yarn_get_mscale(factor,
+mscale_all_dim)^2, rope tables unscaled), leading dense layers, then
+mixture-of-experts layers: softmax or sigmoid gates, the selection bias
+(exp_probs_b) for the choice only, group-limited routing (a group scores the
+sum of its two best experts, as DeepSeek-V3's noaux_tc), top-k, weights
+normalised and scaled, shared experts added.
 """
 import argparse
 import hashlib
@@ -140,6 +151,8 @@ def render_chat(template, messages, bos_token, eos_token, add_generation_prompt=
 
 
 class Model:
+    rope_magnitude = None  # what multiplies the rope tables, when not YaRN's default
+
     def __init__(self, g):
         arch = g.value("general.architecture")
         if arch not in ("llama", "qwen2"):
@@ -214,6 +227,8 @@ class Model:
             mix = ramp[None, :]
             theta = theta * (1 - mix) + theta_extrap * mix
             mscale *= 1.0 + 0.1 * math.log(1.0 / self.freq_scale)
+        if self.rope_magnitude is not None:
+            mscale = self.rope_magnitude
         cos = np.cos(theta)[:, None, :] * mscale
         sin = np.sin(theta)[:, None, :] * mscale
         out = x.copy()
@@ -264,6 +279,158 @@ class Model:
             up = h @ L["ffn_up"].T
             x = x + (gate / (1.0 + np.exp(-gate)) * up) @ L["ffn_down"].T
         return self.norm(x, self.out_norm) @ self.out.T
+
+
+def silu_glu(gate, up):
+    return gate / (1.0 + np.exp(-gate)) * up
+
+
+class DeepseekModel(Model):
+    def __init__(self, g):  # noqa: C901 (one reader of the whole metadata)
+        a = "deepseek2"
+        if g.value("general.architecture") != a:
+            raise SystemExit("reference: not a deepseek2 file")
+        self.arch = a
+        self.dim = g.value(f"{a}.embedding_length")
+        self.n_layers = g.value(f"{a}.block_count")
+        self.n_heads = g.value(f"{a}.attention.head_count")
+        self.eps = g.value(f"{a}.attention.layer_norm_rms_epsilon", 1e-5)
+        self.base = g.value(f"{a}.rope.freq_base", 10000.0)
+        self.rope_dim = self.n_rot = g.value(f"{a}.rope.dimension_count")
+        self.rank = g.value(f"{a}.attention.kv_lora_rank")
+        self.q_lora = g.value(f"{a}.attention.q_lora_rank", 0)
+        if g.value(f"{a}.attention.key_length_mla") is not None:
+            qk = g.value(f"{a}.attention.key_length_mla")
+            self.v_dim = g.value(f"{a}.attention.value_length_mla")
+        else:
+            qk = g.value(f"{a}.attention.key_length")
+            self.v_dim = g.value(f"{a}.attention.value_length")
+        self.qk = qk
+        self.nope = qk - self.rope_dim
+        self.neox = False
+        self.freq_factors = None
+        scaling = g.value(f"{a}.rope.scaling.type", "none")
+        factor = g.value(f"{a}.rope.scaling.factor", 1.0) or 1.0
+        self.yarn = scaling == "yarn"
+        self.freq_scale = 1.0 / factor if self.yarn else 1.0
+        self.orig_ctx = g.value(f"{a}.rope.scaling.original_context_length", g.value(f"{a}.context_length"))
+        self.attn_factor = g.value(f"{a}.rope.scaling.attn_factor", 1.0) or 1.0
+        self.scale = 1.0 / math.sqrt(qk)
+        self.rope_magnitude = self.attn_factor
+        if self.yarn:
+            # modeling_deepseek.py: softmax_scale *= yarn_get_mscale(factor,
+            # mscale_all_dim)^2; the rotary tables carry mscale / mscale_all_dim,
+            # 1 when the two are equal (the converter keeps mscale_all_dim only).
+            mscale_all_dim = g.value(f"{a}.rope.scaling.yarn_log_multiplier") / 0.1
+            m = 0.1 * mscale_all_dim * math.log(factor) + 1.0 if factor > 1 else 1.0
+            self.scale *= (self.attn_factor * m) ** 2
+        elif scaling != "none":
+            raise SystemExit(f"reference: rope scaling {scaling!r} is not implemented for deepseek2")
+        self.dense_layers = g.value(f"{a}.leading_dense_block_count", 0)
+        self.n_experts = g.value(f"{a}.expert_count", 0)
+        self.n_used = g.value(f"{a}.expert_used_count", 0)
+        self.sigmoid = g.value(f"{a}.expert_gating_func", 1) == 2
+        self.w_norm = bool(g.value(f"{a}.expert_weights_norm", False))
+        self.w_scale = g.value(f"{a}.expert_weights_scale", 1.0) or 1.0
+        self.groups = g.value(f"{a}.expert_group_count", 0)
+        self.groups_used = g.value(f"{a}.expert_group_used_count", 0)
+        self.emb = g.tensor("token_embd.weight")
+        self.out = g.tensor("output.weight") if g.has("output.weight") else self.emb
+        self.out_norm = g.tensor("output_norm.weight")
+        H = self.n_heads
+        self.layers = []
+        for l in range(self.n_layers):
+            p = f"blk.{l}."
+
+            def t(name):
+                return g.tensor(p + name) if g.has(p + name) else None
+            L = {k: t(k + ".weight") for k in (
+                "attn_norm", "attn_q", "attn_q_a", "attn_q_a_norm", "attn_q_b", "attn_kv_a_mqa", "attn_kv_a_norm",
+                "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "ffn_gate_inp", "ffn_gate_exps",
+                "ffn_up_exps", "ffn_down_exps", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")}
+            L["exp_probs_b"] = t("exp_probs_b.bias")
+            if g.has(p + "attn_k_b.weight"):
+                L["w_uk"] = t("attn_k_b.weight").transpose(0, 2, 1)  # (H, rank, nope) -> [h][nope][rank]
+                L["w_uv"] = t("attn_v_b.weight")                     # [h][v][rank]
+            else:
+                kv_b = t("attn_kv_b.weight").reshape(H, self.nope + self.v_dim, self.rank)
+                L["w_uk"], L["w_uv"] = kv_b[:, :self.nope, :], kv_b[:, self.nope:, :]
+            self.layers.append(L)
+        self.vocab = self.emb.shape[0]
+
+    def moe(self, L, h):
+        logits = h @ L["ffn_gate_inp"].T  # [n][E]
+        if self.sigmoid:
+            probs = 1.0 / (1.0 + np.exp(-logits))
+        else:
+            z = np.exp(logits - logits.max(axis=-1, keepdims=True))
+            probs = z / z.sum(axis=-1, keepdims=True)
+        out = np.zeros_like(h)
+        E = self.n_experts
+        for i in range(h.shape[0]):
+            sel = probs[i] + (L["exp_probs_b"] if L["exp_probs_b"] is not None else 0.0)
+            if self.groups > 1:
+                grouped = sel.reshape(self.groups, E // self.groups)
+                score = np.sort(grouped, axis=1)[:, -2:].sum(axis=1)
+                keep = np.argsort(-score, kind="stable")[: self.groups_used]
+                mask = np.full(self.groups, True)
+                mask[keep] = False
+                sel = np.where(np.repeat(mask, E // self.groups), -np.inf, sel)
+            chosen = np.argsort(-sel, kind="stable")[: self.n_used]
+            w = probs[i][chosen]
+            if self.w_norm:
+                w = w / max(w.sum(), 6.103515625e-5)
+            w = w * self.w_scale
+            for e, we in zip(chosen, w):
+                y = silu_glu(h[i] @ L["ffn_gate_exps"][e].T, h[i] @ L["ffn_up_exps"][e].T) @ L["ffn_down_exps"][e].T
+                out[i] += we * y
+        if L["ffn_gate_shexp"] is not None:
+            out += silu_glu(h @ L["ffn_gate_shexp"].T, h @ L["ffn_up_shexp"].T) @ L["ffn_down_shexp"].T
+        return out
+
+    def forward(self, tokens, cache, start):
+        """Logits [n][vocab]; cache: per layer (c_kv [T][rank], k_pe [T][rope]), extended."""
+        n = len(tokens)
+        pos = np.arange(start, start + n, dtype=np.float64)
+        x = self.emb[np.asarray(tokens)]
+        H, nope, rope = self.n_heads, self.nope, self.rope_dim
+        for l, L in enumerate(self.layers):
+            h = self.norm(x, L["attn_norm"])
+            if L["attn_q_a"] is not None:
+                q = self.norm(h @ L["attn_q_a"].T, L["attn_q_a_norm"]) @ L["attn_q_b"].T
+            else:
+                q = h @ L["attn_q"].T
+            q = q.reshape(n, H, self.qk)
+            q_nope, q_pe = q[..., :nope], self.rope(q[..., nope:].copy(), pos)
+            kv = h @ L["attn_kv_a_mqa"].T
+            c = self.norm(kv[:, :self.rank], L["attn_kv_a_norm"])
+            k_pe = self.rope(kv[:, None, self.rank:].copy(), pos)[:, 0, :]
+            if len(cache) <= l:
+                cache.append((c, k_pe))
+            else:
+                cache[l] = (np.concatenate([cache[l][0], c]), np.concatenate([cache[l][1], k_pe]))
+            C, KPE = cache[l]
+            total = C.shape[0]
+            k_nope = np.einsum("tr,har->tha", C, L["w_uk"])   # [T][H][nope]
+            v = np.einsum("tr,hjr->thj", C, L["w_uv"])        # [T][H][v]
+            s = (np.einsum("tha,Tha->htT", q_nope, k_nope) + np.einsum("thr,Tr->htT", q_pe, KPE)) * self.scale
+            mask = (np.arange(total)[None, :] > (start + np.arange(n))[:, None])
+            s = np.where(mask[None, :, :], -np.inf, s)
+            s = s - s.max(axis=-1, keepdims=True)
+            p = np.exp(s)
+            p = p / p.sum(axis=-1, keepdims=True)
+            att = np.einsum("htT,Thj->thj", p, v).reshape(n, H * self.v_dim)
+            x = x + att @ L["attn_output"].T
+            h = self.norm(x, L["ffn_norm"])
+            if l < self.dense_layers:
+                x = x + silu_glu(h @ L["ffn_gate"].T, h @ L["ffn_up"].T) @ L["ffn_down"].T
+            else:
+                x = x + self.moe(L, h)
+        return self.norm(x, self.out_norm) @ self.out.T
+
+
+def load_model(g):
+    return DeepseekModel(g) if g.value("general.architecture") == "deepseek2" else Model(g)
 
 
 def log_softmax(z):
@@ -352,7 +519,7 @@ def cmd_goldens(args):
 def cmd_logits(args):
     """Logits of every position of a token sequence, for the rows asked."""
     g = Gguf(args.model)
-    model = Model(g)
+    model = load_model(g)
     ids = json.loads(args.ids)
     logits = model.forward(ids, [], 0)
     rows = [int(r) % len(ids) for r in args.rows.split(",")]

@@ -34,6 +34,22 @@ struct SynthModelSpec {
   double rope_factor = 1.0;    // rope.scaling.factor
   int32_t rope_orig_context = 0;  // rope.scaling.original_context_length; 0 = not written
   bool rope_freqs = false;     // a rope_freqs.weight tensor of per-frequency divisors in [1, 8)
+  // deepseek2 (arch = "deepseek2"): multi-head latent attention and a
+  // mixture of experts after the leading dense layers. num_kv_heads is
+  // ignored (the cache holds one latent row); hidden_dim is the dense
+  // layers' width.
+  int32_t q_lora_rank = 0;   // 0: attn_q straight from the hidden state
+  int32_t kv_lora_rank = 0;
+  int32_t qk_nope_dim = 0, qk_rope_dim = 0, v_head_dim = 0;
+  bool legacy_kv_b = false;  // one attn_kv_b per layer instead of attn_k_b / attn_v_b
+  int32_t leading_dense_layers = 0;
+  int32_t num_experts = 0, experts_used = 0, expert_hidden_dim = 0, shared_experts = 0;
+  int32_t expert_groups = 0, expert_groups_used = 0;  // group-limited routing (0: none)
+  bool expert_sigmoid = false;      // gating function 2 (sigmoid), else 1 (softmax)
+  bool expert_probs_bias = false;   // exp_probs_b selection bias per MoE layer
+  bool expert_weights_norm = false;
+  double expert_weights_scale = 1.0;
+  double yarn_log_multiplier = 0.0;  // rope.scaling.yarn_log_multiplier as stored (0.1 * mscale_all_dim); 0 = not written
 
   int64_t ParameterCount() const;
 };
@@ -48,6 +64,14 @@ struct SynthModelSpec {
 //   micro-16k   1 layer, dim 32, 2 heads over 1 KV head (64 bytes of f16
 //               KV per token), 16384-token context: the cheapest model
 //               that replays a long-prompt trace (tier comparisons)
+//   tiny-deepseek2       deepseek2: 3 layers (1 dense, 2 MoE of 4 experts,
+//               2 used, 1 shared, sigmoid gating with a selection bias,
+//               2 groups of which 1 is used, weights normalised and scaled),
+//               dim 64, 4 heads, q LoRA 32, latent rank 64 + rope 16, nope
+//               32, v 32, YaRN x4 with DeepSeek's mscale, vocab 512
+//   tiny-deepseek2-lite  DeepSeek-V2-Lite's variant: no q LoRA, a legacy
+//               attn_kv_b, softmax gating without groups or bias, no rope
+//               scaling
 const std::vector<SynthModelSpec>& SynthModelPresets();
 Result<SynthModelSpec> FindSynthModelPreset(const std::string& name);
 

@@ -13,7 +13,7 @@
 #include "base/thread_pool.h"
 #include "engine/engine_internal.h"
 #include "kernels/machine_ceilings.h"
-#include "model/llama_model.h"
+#include "model/model.h"
 #include "model/model_loader.h"
 #include "pagekv/attention.h"
 #include "pagekv/bench.h"
@@ -98,8 +98,8 @@ Result<GenerateBenchReport> RunGenerateBench(const GenerateBenchOptions& o) {
     report.weight_type = "as stored";
   }
   PAGEKV_ASSIGN_OR_RETURN(LoadedModel loaded, LoadModel(path));
-  const LlamaModel* model = loaded.model.get();
-  const LlamaConfig& c = model->config();
+  const Model* model = loaded.model.get();
+  const ModelConfig& c = model->config();
   if (o.prompt_len + o.decode_steps + 1 > c.context_len) {  // the last step's sampled token takes a position too
     return OutOfRangeError("bench generate: prompt " + std::to_string(o.prompt_len) + " + " +
                            std::to_string(o.decode_steps) + " steps + 1 exceed the model's context of " +
@@ -182,13 +182,14 @@ Result<GenerateBenchReport> RunGenerateBench(const GenerateBenchOptions& o) {
     r.decode_matmul_share = (after.matmul_seconds - before.matmul_seconds) / forward;
     // Per step: weights once; K and V of every cached position of every layer
     // (the mean context over the steps); the attention's multiply-adds are
-    // 2 * head_dim per (query head, position) and the matrices' per token.
+    // 2 * head_dim per (query head, position) (MLA: 2 * (rank + rope), the
+    // absorbed form's) and the matrices' per token.
     const double mean_ctx = static_cast<double>(o.prompt_len) + static_cast<double>(o.decode_steps + 1) / 2.0;
     r.step_weight_bytes = model->StepWeightBytes();
     r.step_kv_bytes = static_cast<int64_t>(static_cast<double>(batch) * mean_ctx * static_cast<double>(layout.bytes_per_token()));
     r.step_flops = 2.0 * static_cast<double>(batch) *
                    (static_cast<double>(model->MatrixMultiplyAddsPerToken()) +
-                    2.0 * c.num_layers * c.num_heads * c.head_dim * mean_ctx);
+                    static_cast<double>(c.num_layers) * c.num_heads * static_cast<double>(c.AttentionMultiplyAdds()) * mean_ctx);
     // Ceilings measured right after the rows they judge.
     const std::unique_ptr<kernels::StreamProbe> probe = kernels::StreamProbe::Create(int64_t{256} << 20, threads);
     // Rows at the report's thread count are judged by the best ceilings seen

@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/engine_internal.h"
-#include "model/llama_model.h"
+#include "model/model.h"
 #include "model/model_loader.h"
 #include "pagekv/bench.h"
 #include "pagekv/engine.h"
@@ -162,7 +162,7 @@ Result<KvEvalReport> EvalKv(const KvEvalOptions& o) {
   }
   if (o.max_len < 0 || o.max_len == 1) return InvalidArgumentError("eval kv: max_len must be 0 (the context) or at least 2");
   PAGEKV_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(o.model_path, o.tokenizer_path));
-  const LlamaModel& model = *m.model;
+  const Model& model = *m.model;
   const int32_t vocab = model.config().vocab_size;
   // The trained context: the goldens' seq_len when they give one (a GGUF may
   // state a longer context than the model was trained for).

@@ -20,7 +20,7 @@
 #include "engine/chat.h"
 #include "engine/engine_internal.h"
 #include "engine/forward_step.h"
-#include "model/llama_model.h"
+#include "model/model.h"
 #include "model/model_loader.h"
 #include "model/sampler.h"
 #include "model/tokenizer.h"
@@ -167,7 +167,7 @@ void Engine::DrainTiers() {
 namespace {
 
 // Submit's checks of one request (nothing queued).
-Status CheckRequest(const Engine& engine, const LlamaModel& model, const KvCache& cache, int64_t watermark,
+Status CheckRequest(const Engine& engine, const Model& model, const KvCache& cache, int64_t watermark,
                     int32_t block_len, const EngineRequest& r) {
   if (r.prompt.empty()) return InvalidArgumentError("the prompt is empty: give at least one token (BOS)");
   if (r.max_tokens < 1 && !(r.max_tokens == 0 && r.prompt_logits)) {

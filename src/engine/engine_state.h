@@ -23,7 +23,7 @@
 #include "engine/chat.h"
 #include "engine/engine_internal.h"
 #include "engine/forward_step.h"
-#include "model/llama_model.h"
+#include "model/model.h"
 #include "model/model_loader.h"
 #include "model/sampler.h"
 #include "model/tokenizer.h"

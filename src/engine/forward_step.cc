@@ -37,7 +37,7 @@ class CacheStepKv final : public StepKv {
 
 }  // namespace
 
-Result<bool> ForwardStep(const LlamaModel& model, KvCache& cache, std::span<const ForwardItem> items,
+Result<bool> ForwardStep(const Model& model, KvCache& cache, std::span<const ForwardItem> items,
                          const ForwardOptions& options, const StepFault* fault) {
   std::vector<int64_t> start;
   std::vector<StepItem> step;
@@ -90,7 +90,7 @@ Result<bool> ForwardStep(const LlamaModel& model, KvCache& cache, std::span<cons
   return true;
 }
 
-Result<bool> ForwardSequence(const LlamaModel& model, KvCache& cache, SeqId seq, std::span<const int32_t> tokens,
+Result<bool> ForwardSequence(const Model& model, KvCache& cache, SeqId seq, std::span<const int32_t> tokens,
                              float* logits, const ForwardOptions& options) {
   const ForwardItem item{seq, tokens, logits, true};
   return ForwardStep(model, cache, {&item, 1}, options);

@@ -15,7 +15,7 @@
 #include <functional>
 #include <span>
 
-#include "model/llama_model.h"
+#include "model/model.h"
 #include "pagekv/ids.h"
 #include "pagekv/kv_cache.h"
 #include "pagekv/status.h"
@@ -48,11 +48,11 @@ using StepFault = std::function<Status(size_t item, int32_t layer)>;
 // left as before the step): an unknown sequence, a sequence twice in one
 // step, anything Forward refuses (token ids, positions past the context, a
 // cache of another geometry).
-Result<bool> ForwardStep(const LlamaModel& model, KvCache& cache, std::span<const ForwardItem> items,
+Result<bool> ForwardStep(const Model& model, KvCache& cache, std::span<const ForwardItem> items,
                          const ForwardOptions& options = {}, const StepFault* fault = nullptr);
 
 // One sequence's tokens (all their logits into logits[n][vocab]).
-Result<bool> ForwardSequence(const LlamaModel& model, KvCache& cache, SeqId seq, std::span<const int32_t> tokens,
+Result<bool> ForwardSequence(const Model& model, KvCache& cache, SeqId seq, std::span<const int32_t> tokens,
                              float* logits, const ForwardOptions& options = {});
 
 }  // namespace pagekv

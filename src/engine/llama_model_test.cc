@@ -373,31 +373,7 @@ namespace {
 // another GGUF type, through GgufWriter.
 std::string Reencode(const GgufFile& f, GgmlType to) {
   GgufWriter w;
-  for (const auto& [key, v] : f.metadata()) {
-    if (v.is_array()) {
-      if (v.element_type == GgufType::kString) {
-        std::vector<std::string> xs;
-        for (const auto& e : v.elements) xs.push_back(std::get<std::string>(e));
-        w.AddStringArray(key, xs);
-      } else if (v.element_type == GgufType::kF32) {
-        std::vector<float> xs;
-        for (const auto& e : v.elements) xs.push_back(static_cast<float>(std::get<double>(e)));
-        w.AddFloatArray(key, xs);
-      } else if (v.element_type == GgufType::kI32) {
-        std::vector<int32_t> xs;
-        for (const auto& e : v.elements) xs.push_back(static_cast<int32_t>(std::get<int64_t>(e)));
-        w.AddIntArray(key, xs);
-      }
-    } else if (const auto* s = std::get_if<std::string>(&v.scalar)) {
-      w.AddString(key, *s);
-    } else if (const auto* d = std::get_if<double>(&v.scalar)) {
-      w.AddFloat(key, *d);
-    } else if (const auto* i = std::get_if<int64_t>(&v.scalar)) {
-      w.AddInt(key, v.type, *i);
-    } else if (const auto* u = std::get_if<uint64_t>(&v.scalar)) {
-      w.AddInt(key, v.type, static_cast<int64_t>(*u));
-    }
-  }
+  for (const auto& [key, v] : f.metadata()) EXPECT_TRUE(w.AddValue(key, v).ok()) << key;
   for (const GgufTensor& t : f.tensors()) {
     const auto* x = reinterpret_cast<const float*>(t.data);
     const bool matrix = t.dims.size() == 2;

@@ -3,8 +3,6 @@
 // qwen2 (q/k/v biases, rotary on halves), partial rotary, linear / YaRN /
 // llama3 rope scaling, a rope_freqs tensor, each on a small random-weight
 // GGUF the synthetic writer makes byte for byte as it did for the goldens.
-#include <openssl/evp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -17,29 +15,13 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/forward_step.h"
-#include "model/llama_model.h"
+#include "model/model.h"
 #include "model/model_loader.h"
 #include "pagekv/synth_model.h"
+#include "testing/file_digest.h"
 
 namespace pagekv {
 namespace {
-
-std::string Sha256Hex(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream bytes;
-  bytes << in.rdbuf();
-  const std::string s = bytes.str();
-  unsigned char digest[32];
-  unsigned int len = 0;
-  EVP_Digest(s.data(), s.size(), digest, &len, EVP_sha256(), nullptr);
-  std::string hex;
-  for (unsigned int i = 0; i < len; ++i) {
-    char b[3];
-    std::snprintf(b, sizeof(b), "%02x", digest[i]);
-    hex += b;
-  }
-  return hex;
-}
 
 // The synth-model flags of a variant applied to the spec.
 Status ApplyFlags(const std::vector<std::string>& flags, SynthModelSpec& spec, std::string& weight_type) {
@@ -117,7 +99,7 @@ TEST_F(ModelVariantsTest, EveryVariantMatchesTheReferenceAndDiffersFromThePlainM
     ASSERT_TRUE(ApplyFlags(v["flags"].get<std::vector<std::string>>(), spec, weight_type).ok());
     const std::string path = (dir_ / (name + ".gguf")).string();
     ASSERT_TRUE(WriteSynthModel(spec, seed, weight_type, path).ok());
-    ASSERT_EQ(Sha256Hex(path), v["sha256"].get<std::string>())
+    ASSERT_EQ(testing::FileSha256Hex(path), v["sha256"].get<std::string>())
         << "the synthetic writer no longer makes the file the goldens came from: rerun tools/make_variant_goldens.py";
     Result<LoadedModel> m = LoadModel(path);
     ASSERT_TRUE(m.ok()) << m.status().ToString();

@@ -78,7 +78,7 @@ class SmolLM2Test : public ::testing::Test {
 };
 
 TEST_F(SmolLM2Test, TheFileIsTheOneTheGoldensWereMadeFrom) {
-  const LlamaConfig& c = model_->model->config();
+  const ModelConfig& c = model_->model->config();
   EXPECT_EQ(c.num_layers, 30);
   EXPECT_EQ(c.dim, 576);
   EXPECT_EQ(c.num_heads, 9);

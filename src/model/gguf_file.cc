@@ -347,6 +347,13 @@ Result<double> GgufFile::GetFloat(std::string_view key) const {
   return DataLossError("model metadata '" + std::string(key) + "' is not a float");
 }
 
+Result<bool> GgufFile::GetBool(std::string_view key) const {
+  const GgufValue* v = Find(key);
+  if (v == nullptr) return NotFoundError("model metadata '" + std::string(key) + "' is missing");
+  if (const auto* b = std::get_if<bool>(&v->scalar); b != nullptr && !v->is_array()) return *b;
+  return DataLossError("model metadata '" + std::string(key) + "' is not a bool");
+}
+
 Result<std::string> GgufFile::GetString(std::string_view key) const {
   const GgufValue* v = Find(key);
   if (v == nullptr) return NotFoundError("model metadata '" + std::string(key) + "' is missing");
@@ -420,6 +427,37 @@ void GgufWriter::AddIntArray(const std::string& key, const std::vector<int32_t>&
   Put<uint64_t>(meta_, values.size());
   for (int32_t v : values) Put<int32_t>(meta_, v);
   ++meta_count_;
+}
+
+Status GgufWriter::AddValue(const std::string& key, const GgufValue& v) {
+  if (v.is_array()) {
+    if (v.element_type == GgufType::kString) {
+      std::vector<std::string> xs;
+      for (const auto& e : v.elements) xs.push_back(std::get<std::string>(e));
+      AddStringArray(key, xs);
+    } else if (v.element_type == GgufType::kF32) {
+      std::vector<float> xs;
+      for (const auto& e : v.elements) xs.push_back(static_cast<float>(std::get<double>(e)));
+      AddFloatArray(key, xs);
+    } else if (v.element_type == GgufType::kI32) {
+      std::vector<int32_t> xs;
+      for (const auto& e : v.elements) xs.push_back(static_cast<int32_t>(std::get<int64_t>(e)));
+      AddIntArray(key, xs);
+    } else {
+      return UnimplementedError("gguf writer: '" + key + "' is an array of a type the writer does not write");
+    }
+  } else if (const auto* str = std::get_if<std::string>(&v.scalar)) {
+    AddString(key, *str);
+  } else if (const auto* d = std::get_if<double>(&v.scalar)) {
+    AddFloat(key, *d);
+  } else if (const auto* i = std::get_if<int64_t>(&v.scalar)) {
+    AddInt(key, v.type, *i);
+  } else if (const auto* u = std::get_if<uint64_t>(&v.scalar)) {
+    AddInt(key, v.type, static_cast<int64_t>(*u));
+  } else if (const auto* b = std::get_if<bool>(&v.scalar)) {
+    AddInt(key, GgufType::kBool, *b ? 1 : 0);
+  }
+  return Status::Ok();
 }
 
 void GgufWriter::AddTensor(const std::string& name, GgmlType type, const std::vector<int64_t>& dims,

@@ -100,6 +100,7 @@ class GgufFile {
   Result<int64_t> GetInt(std::string_view key) const;
   Result<double> GetFloat(std::string_view key) const;
   Result<std::string> GetString(std::string_view key) const;
+  Result<bool> GetBool(std::string_view key) const;
 
  private:
   GgufFile() = default;
@@ -123,6 +124,10 @@ class GgufWriter {
   void AddStringArray(const std::string& key, const std::vector<std::string>& values);
   void AddFloatArray(const std::string& key, const std::vector<float>& values);
   void AddIntArray(const std::string& key, const std::vector<int32_t>& values);
+  // A value read from another file (GgufFile::metadata), copied with its
+  // type: any scalar, and arrays of strings, f32 or i32. Errors: another
+  // array element type (nothing added).
+  Status AddValue(const std::string& key, const GgufValue& value);
   // dims in ggml order; data must hold the tensor's bytes.
   void AddTensor(const std::string& name, GgmlType type, const std::vector<int64_t>& dims,
                  const void* data, size_t bytes);

@@ -24,6 +24,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const std::vector<int32_t> ids = tok->Encode("Once upon a time \xe2\x96\x81 \xff", true, true);
     (void)tok->Decode(ids);
   }
-  (void)LlamaModel::FromGguf(std::move(*file));
+  (void)LoadGgufModel(std::move(*file));
   return 0;
 }

@@ -8,6 +8,7 @@
 #include "base/regular_file.h"
 
 #include "model/gguf_file.h"
+#include "model/llama_model.h"
 
 namespace pagekv {
 
@@ -29,7 +30,7 @@ Result<LoadedModel> LoadModel(const std::string& model_path, const std::string& 
       PAGEKV_ASSIGN_OR_RETURN(out.chat_template, file->GetString("tokenizer.chat_template"));
     }
     out.stop_tokens = StopTokens(*out.tokenizer, file.get());
-    PAGEKV_ASSIGN_OR_RETURN(out.model, LlamaModel::FromGguf(std::move(file)));
+    PAGEKV_ASSIGN_OR_RETURN(out.model, LoadGgufModel(std::move(file)));
   } else {
     if (tokenizer_path.empty()) {
       return InvalidArgumentError("'" + model_path + "' is not GGUF, so it is read as a llama2.c checkpoint, which "

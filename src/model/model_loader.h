@@ -6,7 +6,7 @@
 #include <memory>
 #include <string>
 
-#include "model/llama_model.h"
+#include "model/model.h"
 #include "model/tokenizer.h"
 #include "pagekv/status.h"
 
@@ -15,7 +15,7 @@ namespace pagekv {
 // Shared and immutable: several engines (one per cache configuration, as
 // eval kv runs them) may compute with one loaded model.
 struct LoadedModel {
-  std::shared_ptr<const LlamaModel> model;
+  std::shared_ptr<const Model> model;
   std::shared_ptr<const Tokenizer> tokenizer;
   std::string chat_template;  // tokenizer.chat_template (Jinja source), empty when the file has none
   std::vector<int32_t> stop_tokens;  // EOS and the end-of-turn control tokens (chat.h's StopTokens)

@@ -69,6 +69,16 @@ Vocab MakeVocab(int32_t size, SplitMix64& rng) {
 
 int64_t SynthModelSpec::ParameterCount() const {
   const int64_t d = dim, kv = int64_t{num_kv_heads} * (dim / num_heads);
+  if (arch == "deepseek2") {
+    const int64_t H = num_heads, qk = qk_nope_dim + qk_rope_dim, rank = kv_lora_rank;
+    int64_t attn = (q_lora_rank > 0 ? q_lora_rank * d + q_lora_rank + H * qk * q_lora_rank : H * qk * d) +
+                   (rank + qk_rope_dim) * d + rank + H * rank * (qk_nope_dim + v_head_dim) + d * H * v_head_dim;
+    const int64_t dense = 3 * d * hidden_dim;
+    const int64_t moe = num_experts * d + (expert_probs_bias ? num_experts : 0) +
+                        3 * d * expert_hidden_dim * (num_experts + shared_experts);
+    return int64_t{vocab_size} * d * (tied_embeddings ? 1 : 2) + d +
+           num_layers * (attn + 2 * d) + leading_dense_layers * dense + (num_layers - leading_dense_layers) * moe;
+  }
   const int64_t layer = 2 * d + d * d * 2 + 2 * kv * d + 3 * d * hidden_dim;
   return int64_t{vocab_size} * d * (tied_embeddings ? 1 : 2) + num_layers * layer + d;
 }
@@ -81,7 +91,47 @@ const std::vector<SynthModelSpec>& SynthModelPresets() {
       {"small-16k", 256, 768, 2, 4, 2, 32000, 16384, true},
       {"micro-16k", 32, 64, 1, 2, 1, 512, 16384, true},
   };
-  return presets;
+  static const std::vector<SynthModelSpec> all = [] {
+    std::vector<SynthModelSpec> out = presets;
+    SynthModelSpec ds{"tiny-deepseek2", 64, 160, 3, 4, 1, 512, 512, false};
+    ds.arch = "deepseek2";
+    ds.q_lora_rank = 32;
+    ds.kv_lora_rank = 64;
+    ds.qk_nope_dim = 32;
+    ds.qk_rope_dim = 16;
+    ds.v_head_dim = 32;
+    ds.leading_dense_layers = 1;
+    ds.num_experts = 4;
+    ds.experts_used = 2;
+    ds.expert_hidden_dim = 32;
+    ds.shared_experts = 1;
+    ds.expert_groups = 2;
+    ds.expert_groups_used = 1;
+    ds.expert_sigmoid = true;
+    ds.expert_probs_bias = true;
+    ds.expert_weights_norm = true;
+    ds.expert_weights_scale = 2.5;
+    ds.rope_scaling = "yarn";
+    ds.rope_factor = 4.0;
+    ds.rope_orig_context = 128;
+    ds.yarn_log_multiplier = 0.0707;
+    out.push_back(ds);
+    SynthModelSpec lite = ds;
+    lite.name = "tiny-deepseek2-lite";
+    lite.q_lora_rank = 0;
+    lite.legacy_kv_b = true;
+    lite.expert_groups = lite.expert_groups_used = 0;
+    lite.expert_sigmoid = lite.expert_probs_bias = lite.expert_weights_norm = false;
+    lite.expert_weights_scale = 1.0;
+    lite.rope_scaling.clear();
+    lite.rope_factor = 1.0;
+    lite.rope_orig_context = 0;
+    lite.yarn_log_multiplier = 0.0;
+    lite.tied_embeddings = true;
+    out.push_back(lite);
+    return out;
+  }();
+  return all;
 }
 
 Result<SynthModelSpec> FindSynthModelPreset(const std::string& name) {
@@ -92,6 +142,156 @@ Result<SynthModelSpec> FindSynthModelPreset(const std::string& name) {
   }
   return InvalidArgumentError("unknown model preset '" + name + "': choose one of " + names);
 }
+
+namespace {
+
+// Writes random tensors of one weight type (norms and vectors in f32).
+class TensorWriter {
+ public:
+  TensorWriter(GgufWriter& w, SplitMix64& rng, GgmlType type) : w_(w), rng_(rng), type_(type) {}
+
+  // `count` [rows][cols] matrices (a 3-D tensor {cols, rows, count} when
+  // count > 1) of uniform values with variance 1 / cols, so activations
+  // keep their scale through the layers.
+  void Matrix(const std::string& name, int64_t rows, int64_t cols, int64_t count = 1) {
+    values_.resize(static_cast<size_t>(rows * cols * count));
+    const float a = std::sqrt(3.0f / static_cast<float>(cols));
+    for (float& x : values_) x = a * rng_.Symmetric();
+    const auto n = static_cast<int64_t>(values_.size());
+    std::vector<int64_t> dims = {cols, rows};
+    if (count > 1) dims.push_back(count);
+    switch (type_) {
+      case GgmlType::kF32:
+        w_.AddTensor(name, type_, dims, values_.data(), values_.size() * 4);
+        return;
+      case GgmlType::kF16:
+      case GgmlType::kBF16:
+        bytes_.resize(values_.size() * 2);
+        for (int64_t i = 0; i < n; ++i) {
+          const float v = values_[static_cast<size_t>(i)];
+          const uint16_t h = type_ == GgmlType::kF16 ? F32ToF16(v) : F32ToBF16(v);
+          std::memcpy(bytes_.data() + 2 * i, &h, 2);
+        }
+        break;
+      case GgmlType::kQ8_0:
+        bytes_.resize(static_cast<size_t>(n / 32 * 34));
+        EncodeQ8_0(values_.data(), n, bytes_.data());
+        break;
+      default:
+        break;  // the weight type was checked to be one of the four above
+    }
+    w_.AddTensor(name, type_, dims, bytes_.data(), bytes_.size());
+  }
+  void Ones(const std::string& name, int64_t n) {
+    values_.assign(static_cast<size_t>(n), 1.0f);
+    w_.AddTensor(name, GgmlType::kF32, {n}, values_.data(), values_.size() * 4);
+  }
+  void Vector(const std::string& name, int64_t n, float lo, float hi) {
+    values_.resize(static_cast<size_t>(n));
+    for (float& x : values_) x = lo + (hi - lo) * 0.5f * (rng_.Symmetric() + 1.0f);
+    w_.AddTensor(name, GgmlType::kF32, {n}, values_.data(), values_.size() * 4);
+  }
+
+ private:
+  GgufWriter& w_;
+  SplitMix64& rng_;
+  GgmlType type_;
+  std::vector<float> values_;
+  std::vector<std::byte> bytes_;
+};
+
+Status CheckDeepseekShape(const SynthModelSpec& s, GgmlType type) {
+  if (s.kv_lora_rank <= 0 || s.qk_nope_dim <= 0 || s.qk_rope_dim <= 0 || s.qk_rope_dim % 2 != 0 ||
+      s.v_head_dim <= 0 || s.q_lora_rank < 0 || s.leading_dense_layers < 0 || s.leading_dense_layers > s.num_layers ||
+      (s.leading_dense_layers < s.num_layers &&
+       (s.num_experts <= 0 || s.experts_used <= 0 || s.experts_used > s.num_experts || s.expert_hidden_dim <= 0))) {
+    return InvalidArgumentError("synthetic deepseek2 model '" + s.name + "' has an inconsistent shape");
+  }
+  if (type == GgmlType::kQ8_0) {
+    for (int32_t cols : {s.qk_nope_dim, s.kv_lora_rank, s.q_lora_rank, s.num_heads * s.v_head_dim, s.expert_hidden_dim}) {
+      if (cols % 32 != 0) {
+        return InvalidArgumentError("q8_0 needs every matrix's row (nope, rank, q LoRA, heads x v, expert width) to be a "
+                                    "multiple of 32");
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+void AddDeepseekMetadata(const SynthModelSpec& s, GgufWriter& w) {
+  const std::string a = "deepseek2.";
+  const int32_t qk = s.qk_nope_dim + s.qk_rope_dim;
+  if (s.legacy_kv_b) {
+    w.AddInt(a + "attention.head_count_kv", GgufType::kU32, s.num_heads);
+    w.AddInt(a + "attention.key_length", GgufType::kU32, qk);
+    w.AddInt(a + "attention.value_length", GgufType::kU32, s.v_head_dim);
+  } else {
+    w.AddInt(a + "attention.head_count_kv", GgufType::kU32, 1);
+    w.AddInt(a + "attention.key_length", GgufType::kU32, s.kv_lora_rank + s.qk_rope_dim);
+    w.AddInt(a + "attention.value_length", GgufType::kU32, s.kv_lora_rank);
+    w.AddInt(a + "attention.key_length_mla", GgufType::kU32, qk);
+    w.AddInt(a + "attention.value_length_mla", GgufType::kU32, s.v_head_dim);
+  }
+  if (s.q_lora_rank > 0) w.AddInt(a + "attention.q_lora_rank", GgufType::kU32, s.q_lora_rank);
+  w.AddInt(a + "attention.kv_lora_rank", GgufType::kU32, s.kv_lora_rank);
+  w.AddInt(a + "leading_dense_block_count", GgufType::kU32, s.leading_dense_layers);
+  if (s.leading_dense_layers < s.num_layers) {
+    w.AddInt(a + "expert_count", GgufType::kU32, s.num_experts);
+    w.AddInt(a + "expert_used_count", GgufType::kU32, s.experts_used);
+    w.AddInt(a + "expert_feed_forward_length", GgufType::kU32, s.expert_hidden_dim);
+    w.AddInt(a + "expert_shared_count", GgufType::kU32, s.shared_experts);
+    w.AddFloat(a + "expert_weights_scale", s.expert_weights_scale);
+    w.AddInt(a + "expert_weights_norm", GgufType::kBool, s.expert_weights_norm ? 1 : 0);
+    w.AddInt(a + "expert_gating_func", GgufType::kU32, s.expert_sigmoid ? 2 : 1);
+    if (s.expert_groups > 0) {
+      w.AddInt(a + "expert_group_count", GgufType::kU32, s.expert_groups);
+      w.AddInt(a + "expert_group_used_count", GgufType::kU32, s.expert_groups_used);
+    }
+  }
+  if (s.yarn_log_multiplier != 0.0) w.AddFloat(a + "rope.scaling.yarn_log_multiplier", s.yarn_log_multiplier);
+}
+
+void AddDeepseekLayer(const SynthModelSpec& s, int32_t l, TensorWriter& t) {
+  const std::string p = "blk." + std::to_string(l) + ".";
+  const int64_t H = s.num_heads, qk = s.qk_nope_dim + s.qk_rope_dim, rank = s.kv_lora_rank;
+  t.Ones(p + "attn_norm.weight", s.dim);
+  if (s.q_lora_rank > 0) {
+    t.Matrix(p + "attn_q_a.weight", s.q_lora_rank, s.dim);
+    t.Vector(p + "attn_q_a_norm.weight", s.q_lora_rank, 0.8f, 1.2f);
+    t.Matrix(p + "attn_q_b.weight", H * qk, s.q_lora_rank);
+  } else {
+    t.Matrix(p + "attn_q.weight", H * qk, s.dim);
+  }
+  t.Matrix(p + "attn_kv_a_mqa.weight", rank + s.qk_rope_dim, s.dim);
+  t.Vector(p + "attn_kv_a_norm.weight", rank, 0.8f, 1.2f);
+  if (s.legacy_kv_b) {
+    t.Matrix(p + "attn_kv_b.weight", H * (s.qk_nope_dim + s.v_head_dim), rank);
+  } else {
+    t.Matrix(p + "attn_k_b.weight", rank, s.qk_nope_dim, H);
+    t.Matrix(p + "attn_v_b.weight", s.v_head_dim, rank, H);
+  }
+  t.Matrix(p + "attn_output.weight", s.dim, H * s.v_head_dim);
+  t.Ones(p + "ffn_norm.weight", s.dim);
+  if (l < s.leading_dense_layers) {
+    t.Matrix(p + "ffn_gate.weight", s.hidden_dim, s.dim);
+    t.Matrix(p + "ffn_up.weight", s.hidden_dim, s.dim);
+    t.Matrix(p + "ffn_down.weight", s.dim, s.hidden_dim);
+    return;
+  }
+  t.Matrix(p + "ffn_gate_inp.weight", s.num_experts, s.dim);
+  if (s.expert_probs_bias) t.Vector(p + "exp_probs_b.bias", s.num_experts, -0.1f, 0.1f);
+  t.Matrix(p + "ffn_gate_exps.weight", s.expert_hidden_dim, s.dim, s.num_experts);
+  t.Matrix(p + "ffn_up_exps.weight", s.expert_hidden_dim, s.dim, s.num_experts);
+  t.Matrix(p + "ffn_down_exps.weight", s.dim, s.expert_hidden_dim, s.num_experts);
+  if (s.shared_experts > 0) {
+    const int64_t sff = int64_t{s.expert_hidden_dim} * s.shared_experts;
+    t.Matrix(p + "ffn_gate_shexp.weight", sff, s.dim);
+    t.Matrix(p + "ffn_up_shexp.weight", sff, s.dim);
+    t.Matrix(p + "ffn_down_shexp.weight", s.dim, sff);
+  }
+}
+
+}  // namespace
 
 Status WriteSynthModel(const SynthModelSpec& s, uint64_t seed, const std::string& weight_type,
                        const std::string& path) {
@@ -107,22 +307,25 @@ Status WriteSynthModel(const SynthModelSpec& s, uint64_t seed, const std::string
   } else {
     return InvalidArgumentError("weight type '" + weight_type + "': use f32, f16, bf16 or q8_0");
   }
-  if (s.dim <= 0 || s.num_heads <= 0 || s.num_kv_heads <= 0 || s.dim % s.num_heads != 0 ||
-      s.num_heads % s.num_kv_heads != 0 || (s.dim / s.num_heads) % 2 != 0 || s.hidden_dim <= 0 ||
-      s.num_layers <= 0 || s.vocab_size < 512 || s.context_len <= 0) {
+  if (s.arch != "llama" && s.arch != "qwen2" && s.arch != "deepseek2") {
+    return InvalidArgumentError("synthetic model architecture '" + s.arch + "': use llama, qwen2 or deepseek2");
+  }
+  const bool deepseek = s.arch == "deepseek2";
+  if (s.dim <= 0 || s.num_heads <= 0 || s.hidden_dim <= 0 || s.num_layers <= 0 || s.vocab_size < 512 ||
+      s.context_len <= 0 ||
+      (!deepseek && (s.num_kv_heads <= 0 || s.dim % s.num_heads != 0 || s.num_heads % s.num_kv_heads != 0 ||
+                     (s.dim / s.num_heads) % 2 != 0))) {
     return InvalidArgumentError("synthetic model '" + s.name + "' has an inconsistent shape");
   }
   if (type == GgmlType::kQ8_0 && (s.dim % 32 != 0 || s.hidden_dim % 32 != 0)) {
     return InvalidArgumentError("q8_0 needs dim and hidden_dim to be multiples of 32");
   }
+  if (deepseek) PAGEKV_RETURN_IF_ERROR(CheckDeepseekShape(s, type));
   SplitMix64 rng(seed);
   const Vocab vocab = MakeVocab(s.vocab_size, rng);
   GgufWriter w;
-  if (s.arch != "llama" && s.arch != "qwen2") {
-    return InvalidArgumentError("synthetic model architecture '" + s.arch + "': use llama or qwen2");
-  }
-  const int32_t head_dim = s.dim / s.num_heads;
-  const int32_t rope_dims = s.rope_dims == 0 ? head_dim : s.rope_dims;
+  const int32_t head_dim = deepseek ? s.qk_nope_dim + s.qk_rope_dim : s.dim / s.num_heads;
+  const int32_t rope_dims = deepseek ? s.qk_rope_dim : s.rope_dims == 0 ? head_dim : s.rope_dims;
   if (rope_dims <= 0 || rope_dims > head_dim || rope_dims % 2 != 0) {
     return InvalidArgumentError("synthetic model rope_dims must be even and at most the head size");
   }
@@ -136,7 +339,11 @@ Status WriteSynthModel(const SynthModelSpec& s, uint64_t seed, const std::string
   w.AddInt(a + "feed_forward_length", GgufType::kU32, s.hidden_dim);
   w.AddInt(a + "rope.dimension_count", GgufType::kU32, rope_dims);
   w.AddInt(a + "attention.head_count", GgufType::kU32, s.num_heads);
-  w.AddInt(a + "attention.head_count_kv", GgufType::kU32, s.num_kv_heads);
+  if (deepseek) {
+    AddDeepseekMetadata(s, w);
+  } else {
+    w.AddInt(a + "attention.head_count_kv", GgufType::kU32, s.num_kv_heads);
+  }
   w.AddFloat(a + "attention.layer_norm_rms_epsilon", 1e-5);
   w.AddFloat(a + "rope.freq_base", 10000.0);
   if (!s.rope_scaling.empty()) {
@@ -151,67 +358,33 @@ Status WriteSynthModel(const SynthModelSpec& s, uint64_t seed, const std::string
   w.AddInt("tokenizer.ggml.bos_token_id", GgufType::kU32, 1);
   w.AddInt("tokenizer.ggml.eos_token_id", GgufType::kU32, 2);
 
-  std::vector<float> values;
-  std::vector<std::byte> bytes;
-  // A [rows][cols] matrix of uniform values with variance 1 / cols, so
-  // activations keep their scale through the layers.
-  auto matrix = [&](const std::string& name, int64_t rows, int64_t cols) {
-    values.resize(static_cast<size_t>(rows * cols));
-    const float a = std::sqrt(3.0f / static_cast<float>(cols));
-    for (float& x : values) x = a * rng.Symmetric();
-    const auto n = static_cast<int64_t>(values.size());
-    switch (type) {
-      case GgmlType::kF32:
-        w.AddTensor(name, type, {cols, rows}, values.data(), values.size() * 4);
-        return;
-      case GgmlType::kF16:
-      case GgmlType::kBF16:
-        bytes.resize(values.size() * 2);
-        for (int64_t i = 0; i < n; ++i) {
-          const uint16_t h = type == GgmlType::kF16 ? F32ToF16(values[static_cast<size_t>(i)]) : F32ToBF16(values[static_cast<size_t>(i)]);
-          std::memcpy(bytes.data() + 2 * i, &h, 2);
-        }
-        break;
-      case GgmlType::kQ8_0:
-        bytes.resize(static_cast<size_t>(n / 32 * 34));
-        EncodeQ8_0(values.data(), n, bytes.data());
-        break;
-      default:
-        break;  // the weight type was checked to be one of the four above
-    }
-    w.AddTensor(name, type, {cols, rows}, bytes.data(), bytes.size());
-  };
-  auto norm = [&](const std::string& name) {
-    values.assign(static_cast<size_t>(s.dim), 1.0f);
-    w.AddTensor(name, GgmlType::kF32, {s.dim}, values.data(), values.size() * 4);
-  };
-  auto vector = [&](const std::string& name, int64_t n, float lo, float hi) {
-    values.resize(static_cast<size_t>(n));
-    for (float& x : values) x = lo + (hi - lo) * 0.5f * (rng.Symmetric() + 1.0f);
-    w.AddTensor(name, GgmlType::kF32, {n}, values.data(), values.size() * 4);
-  };
+  TensorWriter t(w, rng, type);
   const int64_t kv = int64_t{s.num_kv_heads} * head_dim;
-  matrix("token_embd.weight", s.vocab_size, s.dim);
-  if (s.rope_freqs) vector("rope_freqs.weight", rope_dims / 2, 1.0f, 8.0f);
+  t.Matrix("token_embd.weight", s.vocab_size, s.dim);
+  if (s.rope_freqs) t.Vector("rope_freqs.weight", rope_dims / 2, 1.0f, 8.0f);
   for (int32_t l = 0; l < s.num_layers; ++l) {
-    const std::string p = "blk." + std::to_string(l) + ".";
-    norm(p + "attn_norm.weight");
-    matrix(p + "attn_q.weight", s.dim, s.dim);
-    matrix(p + "attn_k.weight", kv, s.dim);
-    matrix(p + "attn_v.weight", kv, s.dim);
-    matrix(p + "attn_output.weight", s.dim, s.dim);
-    if (s.arch == "qwen2") {
-      vector(p + "attn_q.bias", s.dim, -0.5f, 0.5f);
-      vector(p + "attn_k.bias", kv, -0.5f, 0.5f);
-      vector(p + "attn_v.bias", kv, -0.5f, 0.5f);
+    if (deepseek) {
+      AddDeepseekLayer(s, l, t);
+      continue;
     }
-    norm(p + "ffn_norm.weight");
-    matrix(p + "ffn_gate.weight", s.hidden_dim, s.dim);
-    matrix(p + "ffn_up.weight", s.hidden_dim, s.dim);
-    matrix(p + "ffn_down.weight", s.dim, s.hidden_dim);
+    const std::string p = "blk." + std::to_string(l) + ".";
+    t.Ones(p + "attn_norm.weight", s.dim);
+    t.Matrix(p + "attn_q.weight", s.dim, s.dim);
+    t.Matrix(p + "attn_k.weight", kv, s.dim);
+    t.Matrix(p + "attn_v.weight", kv, s.dim);
+    t.Matrix(p + "attn_output.weight", s.dim, s.dim);
+    if (s.arch == "qwen2") {
+      t.Vector(p + "attn_q.bias", s.dim, -0.5f, 0.5f);
+      t.Vector(p + "attn_k.bias", kv, -0.5f, 0.5f);
+      t.Vector(p + "attn_v.bias", kv, -0.5f, 0.5f);
+    }
+    t.Ones(p + "ffn_norm.weight", s.dim);
+    t.Matrix(p + "ffn_gate.weight", s.hidden_dim, s.dim);
+    t.Matrix(p + "ffn_up.weight", s.hidden_dim, s.dim);
+    t.Matrix(p + "ffn_down.weight", s.dim, s.hidden_dim);
   }
-  norm("output_norm.weight");
-  if (!s.tied_embeddings) matrix("output.weight", s.vocab_size, s.dim);
+  t.Ones("output_norm.weight", s.dim);
+  if (!s.tied_embeddings) t.Matrix("output.weight", s.vocab_size, s.dim);
   return w.WriteFile(path);
 }
 

@@ -32,7 +32,7 @@ TEST(SynthModelTest, EveryWeightTypeLoadsWithThePresetShape) {
     EXPECT_EQ(tok->Decode(tok->Encode("Hello, world! 42", true, false)), "Hello, world! 42");
     auto model = LlamaModel::FromGguf(std::move(*file));
     ASSERT_TRUE(model.ok()) << model.status().ToString();
-    const LlamaConfig& c = (*model)->config();
+    const ModelConfig& c = (*model)->config();
     EXPECT_EQ(c.dim, spec.dim);
     EXPECT_EQ(c.num_layers, spec.num_layers);
     EXPECT_EQ(c.num_kv_heads, spec.num_kv_heads);
