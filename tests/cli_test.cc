@@ -293,6 +293,24 @@ TEST(CliSynthModelTest, WritesADeterministicModelThatGenerates) {
   for (const auto& p : {a, b, c}) std::remove(p.c_str());
 }
 
+// A deepseek2 preset writes a model that generates on the latent cache, and
+// generate reports the latent rows' bytes against a per-head cache's.
+TEST(CliSynthModelTest, ADeepseek2PresetGeneratesOnTheLatentCache) {
+  const std::string m = TempPath("ds.gguf");
+  ASSERT_EQ(RunCli("synth-model --preset tiny-deepseek2 --out " + m).exit_code, 0);
+  RunResult r = RunCli("generate --model " + m + " --prompt 'hello world' -n 6 --kv-dtype bf16");
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("latent (MLA) rows       480 B per token; per-head K and V of every query head would be "
+                       "1.88 KiB (4.0x)"),
+            std::string::npos)
+      << r.out;
+  r = RunCli("generate --model " + m + " --prompt 'hello' -n 2 --kv-dtype int4 --block-len 32");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("MLA"), std::string::npos) << r.out;
+  EXPECT_EQ(RunCli("synth-model --preset tiny-deepseek2 --arch qwen2 --out " + TempPath("x.gguf")).exit_code, 2);
+  std::remove(m.c_str());
+}
+
 TEST(CliSynthModelTest, BadInputExitsTwo) {
   EXPECT_EQ(RunCli("synth-model --preset gpt-9 --out " + TempPath("x.gguf")).exit_code, 2);
   EXPECT_EQ(RunCli("synth-model --preset tiny --weight-type q4_k --out " + TempPath("x.gguf")).exit_code, 2);

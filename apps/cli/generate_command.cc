@@ -128,6 +128,8 @@ int RunGenerate(const GenerateArgs& a) {
     st["blocks_total"] = s.blocks_total;
     st["peak_blocks_used"] = s.peak_blocks_used;
     st["bytes_per_block"] = s.bytes_per_block;
+    st["kv_bytes_per_token"] = s.kv_bytes_per_token;
+    if (s.per_head_bytes_per_token > 0) st["per_head_bytes_per_token"] = s.per_head_bytes_per_token;
     st["peak_bytes"] = s.peak_bytes;
     st["peak_utilization"] = s.peak_utilization;
     st["shared_prefix_tokens"] = s.shared_prefix_tokens;
@@ -197,6 +199,11 @@ int RunGenerate(const GenerateArgs& a) {
               "                          %s even if each reserved exactly prompt + max tokens (%.1fx)\n",
               FormatBytes(s.contiguous_max_len_bytes).c_str(), times(s.contiguous_max_len_bytes),
               FormatBytes(s.contiguous_bytes).c_str(), times(s.contiguous_bytes));
+  if (s.per_head_bytes_per_token > 0) {
+    std::printf("  latent (MLA) rows       %s per token; per-head K and V of every query head would be %s (%.1fx)\n",
+                FormatBytes(s.kv_bytes_per_token).c_str(), FormatBytes(s.per_head_bytes_per_token).c_str(),
+                static_cast<double>(s.per_head_bytes_per_token) / static_cast<double>(std::max<int64_t>(1, s.kv_bytes_per_token)));
+  }
   std::printf("  speed                   prefill %.1f ms, decode %.1f tokens/s\n", s.prefill_seconds * 1e3,
               s.decode_seconds > 0 ? static_cast<double>(s.decode_tokens) / s.decode_seconds : 0.0);
   return kExitOk;

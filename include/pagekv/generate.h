@@ -98,6 +98,10 @@ struct GenerateStats {
   int64_t shared_prefix_tokens = 0;      // prefilled once, shared by every prompt
   int64_t contiguous_bytes = 0;          // what reserving (prompt + max_new_tokens) per prompt costs
   int64_t contiguous_max_len_bytes = 0;  // what reserving the model's whole context per prompt costs
+  int64_t kv_bytes_per_token = 0;        // the cache's, every layer
+  // A latent (MLA) cache: what per-head K and V for every query head would
+  // cost per token (the planner's per_head_bytes_per_token); 0 otherwise.
+  int64_t per_head_bytes_per_token = 0;
   int64_t copy_on_write_blocks = 0;
   double prefill_seconds = 0;
   double decode_seconds = 0;

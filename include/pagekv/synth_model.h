@@ -72,6 +72,11 @@ struct SynthModelSpec {
 //   tiny-deepseek2-lite  DeepSeek-V2-Lite's variant: no q LoRA, a legacy
 //               attn_kv_b, softmax gating without groups or bias, no rope
 //               scaling
+//   small-deepseek2-16k  small-16k's hidden size (256) and depth with a
+//               latent cache: 4 heads, rank 128 + rope 32, nope 64, v 64 (320
+//               bytes of f16 KV per token and layer against small-16k's
+//               512), 4 experts of 256 (2 used, 1 shared), 16384-token
+//               context: the serving comparison of MLA with GQA
 const std::vector<SynthModelSpec>& SynthModelPresets();
 Result<SynthModelSpec> FindSynthModelPreset(const std::string& name);
 

@@ -174,8 +174,8 @@ Result<KvEvalReport> EvalKv(const KvEvalOptions& o) {
   // The format must be one the cache stores: check before any work.
   PAGEKV_ASSIGN_OR_RETURN(
       std::vector<KvFormat> layers,
-      ParseLayerFormats(o.layer_dtypes, model.config().num_layers, model.config().head_dim,
-                        KvFormat::ForDType(o.kv_dtype, model.config().head_dim)));
+      ParseLayerFormats(o.layer_dtypes, model.config().num_layers, model.config().kv_row_elems(),
+                        KvFormat::ForDType(o.kv_dtype, model.config().kv_row_elems())));
   {
     KvCacheOptions co;
     co.config = model.CacheGeometry(o.block_len, o.kv_dtype, 1);

@@ -23,6 +23,7 @@
 #include "model/model.h"
 #include "model/model_loader.h"
 #include "pagekv/engine.h"
+#include "pagekv/eviction.h"
 #include "pagekv/synth_model.h"
 #include "testing/file_digest.h"
 
@@ -320,6 +321,83 @@ TEST_F(DeepseekModelTest, TheEngineSharesLatentBlocksThroughThePrefixCache) {
           << "the engine's default products give the reference's greedy tokens";
     }
   }
+}
+
+// Token eviction on the latent cache (one list per layer): every request
+// keeps its budget of latent rows, the evicted rows' blocks go back to the
+// pool, and keeping every token gives the tokens of no eviction at all.
+TEST_F(DeepseekModelTest, TokenEvictionOnTheLatentCacheHoldsEachRequestsBudget) {
+  const std::string path = Write("tiny-deepseek2");
+  auto run = [&](const std::string& policy, double budget, int64_t* peak_blocks, int64_t* evicted) {
+    EngineOptions o;
+    o.model_path = path;
+    o.block_len = 8;
+    o.num_blocks = 128;
+    o.prefix_cache = false;
+    o.eviction = *ParseEvictionPolicy(policy, budget);
+    auto e = std::move(*Engine::Create(o));
+    std::vector<RequestId> ids;
+    for (int i = 0; i < 3; ++i) {
+      EngineRequest r;
+      r.prompt = std::vector<int32_t>(ids_.begin() + i, ids_.end());
+      r.max_tokens = 120;
+      r.ignore_eos = true;
+      ids.push_back(*e->Submit(r));
+    }
+    *peak_blocks = 0;
+    while (*e->Step()) {
+      e->CheckInvariants();
+      *peak_blocks = std::max(*peak_blocks, e->Metrics().blocks_used);
+    }
+    *evicted = e->Metrics().tokens_evicted;
+    std::vector<std::vector<int32_t>> out;
+    for (RequestId id : ids) out.push_back(e->Wait(id).tokens);
+    return out;
+  };
+  int64_t peak = 0, evicted = 0, peak_all = 0, evicted_all = 0, peak_none = 0, none_evicted = 0;
+  const auto kept = run("h2o", 0.25, &peak, &evicted);
+  const auto all = run("h2o", 1.0, &peak_all, &evicted_all);
+  const auto none = run("none", 1.0, &peak_none, &none_evicted);
+  // ~160 tokens each: a quarter is 40 rows, 5 blocks of 8 and a partial one;
+  // without eviction 20 blocks each.
+  EXPECT_LE(peak, 3 * 7);
+  EXPECT_GE(peak_none, 3 * 19);
+  EXPECT_GT(evicted, 3 * 100);
+  EXPECT_EQ(evicted_all, 0);
+  EXPECT_EQ(all, none) << "a budget of every token changes nothing";
+  for (const auto& t : kept) EXPECT_EQ(t.size(), 120u);
+}
+
+// Latent blocks through the tiers: an engine writes its published latent
+// blocks to disk; a new engine over the same file finds them there and
+// generates the same tokens without recomputing the prompt.
+TEST_F(DeepseekModelTest, LatentBlocksComeBackFromDiskAfterARestart) {
+  const std::string path = Write("tiny-deepseek2");
+  EngineOptions o;
+  o.model_path = path;
+  o.block_len = 8;
+  o.num_blocks = 32;
+  o.kv_dtype = DType::kBF16;
+  o.tiers.disk_path = (dir_ / "tier.bin").string();
+  o.tiers.disk_bytes = 4 << 20;
+  EngineRequest r;
+  r.prompt = ids_;
+  r.max_tokens = 16;
+  r.ignore_eos = true;
+  std::vector<int32_t> first;
+  {
+    auto e = std::move(*Engine::Create(o));
+    const RequestId id = *e->Submit(r);
+    ASSERT_TRUE(e->RunUntilIdle().ok());
+    first = e->Wait(id).tokens;
+  }
+  auto e = std::move(*Engine::Create(o));
+  const RequestId id = *e->Submit(r);
+  ASSERT_TRUE(e->RunUntilIdle().ok());
+  const RequestResult again = e->Wait(id);
+  EXPECT_EQ(again.tokens, first);
+  EXPECT_GE(e->Metrics().prefix.tier_hit_blocks[2], 4) << "the prompt's latent blocks came back from disk";
+  EXPECT_GE(again.cached_prompt_tokens, 32);
 }
 
 }  // namespace

@@ -93,7 +93,7 @@ Result<std::unique_ptr<Engine>> CreateEngineWithModel(const EngineOptions& o, Lo
   co.config.budget_bytes = o.kv_budget_bytes;
   PAGEKV_ASSIGN_OR_RETURN(co.config.layer_formats,
                           ParseLayerFormats(o.kv_layer_dtypes, st->m.model->config().num_layers,
-                                            st->m.model->config().head_dim, co.config.format));
+                                            st->m.model->config().kv_row_elems(), co.config.format));
   if (o.kv_hadamard) PAGEKV_RETURN_IF_ERROR(RotateQuantizedRows(co.config));
   PAGEKV_ASSIGN_OR_RETURN(st->cache, KvCache::Create(co));
   if (o.eviction.policy != EvictionPolicy::kNone) {

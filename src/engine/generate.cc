@@ -16,6 +16,7 @@
 #include "model/sampler.h"
 #include "model/tokenizer.h"
 #include "pagekv/generate.h"
+#include "pagekv/plan.h"
 
 namespace pagekv {
 
@@ -107,10 +108,16 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
   eo.kv_events = o.kv_events;
   ExtraKeys extra = o.extra_keys;
   if (sharing) PAGEKV_RETURN_IF_ERROR(PrefixCache::ValidateExtraKeys(extra));
+  if (loaded.model->config().mla()) {
+    PlanRequest pr;
+    pr.config = loaded.model->CacheGeometry(o.block_len, o.kv_dtype, 1);
+    if (Result<Plan> plan = MakePlan(pr); plan.ok()) st.per_head_bytes_per_token = plan->per_head_bytes_per_token;
+  }
   PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, CreateEngineWithModel(eo, std::move(loaded)));
   const EngineMetrics geometry = engine->Metrics();
   st.blocks_total = geometry.blocks_total > 0 ? geometry.blocks_total : eo.num_blocks;
   st.bytes_per_block = geometry.bytes_per_block;
+  st.kv_bytes_per_token = geometry.bytes_per_token;
   for (size_t i = 0; i < ids.size(); ++i) {
     st.contiguous_bytes += (static_cast<int64_t>(ids[i].size()) + max_new[i]) * geometry.bytes_per_token;
     st.contiguous_max_len_bytes += context * geometry.bytes_per_token;

@@ -67,12 +67,12 @@ Result<EvictionOptions> ParseEvictionPolicy(std::string_view name, double budget
 
 Result<std::unique_ptr<TokenEvictor>> TokenEvictor::Create(const EvictionOptions& options, const KvLayout& layout) {
   PAGEKV_RETURN_IF_ERROR(options.Validate());
-  if (layout.config().kind == CacheKind::kMla) {
-    return UnimplementedError("token eviction needs per-head K and V rows; an MLA latent cache has none");
-  }
+  // An MLA latent cache is one list per layer (its one latent row per token
+  // is what every query head reads; the kernels' weights are summed over
+  // all of them).
   for (int32_t l = 0; l < layout.num_layers() && options.policy != EvictionPolicy::kNone; ++l) {
     const KvFormat& f = layout.format(l);
-    if (!f.IsPlainFloat() && !f.IsStoredQuantized(layout.config().head_dim)) {
+    if (!f.IsPlainFloat() && !f.IsStoredQuantized(layout.row_elems())) {
       return UnimplementedError("token eviction moves whole rows; format " + f.ToString() +
                                 " shares scales between tokens");
     }

@@ -115,7 +115,10 @@ class MlaFixture {
 
   // The unabsorbed attention of sequence i's queries q ([nq][heads][nope +
   // rope], query j at position n - nq + j) in double: [nq][heads][vdim].
-  std::vector<double> Reference(size_t i, const float* q, int64_t nq, double scale) const {
+  // weights, when given: [n] += the softmax weight every head of every query
+  // gave each token (what the kernels report for token eviction).
+  std::vector<double> Reference(size_t i, const float* q, int64_t nq, double scale,
+                                std::vector<double>* weights = nullptr) const {
     const int64_t n = lengths_[i];
     const int32_t row = g_.rank + g_.rope;
     const std::vector<double>& lat = rows_[i];
@@ -164,6 +167,10 @@ class MlaFixture {
           for (int32_t a = 0; a < g_.vdim; ++a) o[a] += p * vt[a];
         }
         for (int32_t a = 0; a < g_.vdim; ++a) o[a] /= denom;
+        if (weights != nullptr) {
+          weights->resize(static_cast<size_t>(n), 0.0);
+          for (int64_t t = 0; t <= last; ++t) (*weights)[static_cast<size_t>(t)] += std::exp(logit[static_cast<size_t>(t)] - m) / denom;
+        }
       }
     }
     return out;
@@ -222,6 +229,40 @@ TEST_P(MlaTargetTest, DecodeMatchesTheUnabsorbedReference) {
       }
     }
   }
+}
+
+// Token eviction on a latent cache: the weights the kernels report per
+// cached token are the sum over every query head (all share the one latent
+// row), in decode with flash-decoding splits and in prefill.
+TEST_P(MlaTargetTest, ReportedWeightsAreEveryHeadsSoftmaxWeightPerToken) {
+  MlaGeometry g;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(g.nope + g.rope));
+  const int32_t qk = g.nope + g.rope;
+  const int64_t n = 3 * g.block_len + 7;
+  MlaFixture f(g, DType::kF32, {n}, 41);
+  std::vector<float> q = RandomQ(f.rng(), static_cast<size_t>(n) * g.heads * qk);
+  for (const int64_t split : {int64_t{0}, int64_t{g.block_len}}) {
+    std::vector<float> scores(static_cast<size_t>(n), 0.0f), out(static_cast<size_t>(g.heads) * g.vdim);
+    const DecodeSeq seq{f.Table(0), n, scores.data()};
+    AttentionOptions o;
+    o.split_tokens = split;
+    ASSERT_TRUE(MlaDecodeAttention(f.Kv(), std::span(&seq, 1), q.data(), f.Weights(), out.data(), o).ok());
+    std::vector<double> want;
+    f.Reference(0, q.data(), 1, scale, &want);
+    double total = 0;
+    for (int64_t t = 0; t < n; ++t) {
+      EXPECT_NEAR(scores[static_cast<size_t>(t)], want[static_cast<size_t>(t)], 1e-5) << "token " << t << " split " << split;
+      total += scores[static_cast<size_t>(t)];
+    }
+    EXPECT_NEAR(total, g.heads, 1e-4) << "every head's weights sum to one";
+  }
+  // Prefill: the last 5 queries' weights.
+  std::vector<float> scores(static_cast<size_t>(n), 0.0f), out(static_cast<size_t>(n) * g.heads * g.vdim);
+  const PrefillSeq seq{f.Table(0), n, n, scores.data(), 5};
+  ASSERT_TRUE(MlaPrefillAttention(f.Kv(), std::span(&seq, 1), q.data(), f.Weights(), out.data()).ok());
+  std::vector<double> want;
+  f.Reference(0, q.data() + (n - 5) * g.heads * qk, 5, scale, &want);
+  for (int64_t t = 0; t < n; ++t) EXPECT_NEAR(scores[static_cast<size_t>(t)], want[static_cast<size_t>(t)], 1e-5) << "token " << t;
 }
 
 TEST_P(MlaTargetTest, ChunkedPrefillAtEveryPositionOfABlockMatchesTheReference) {

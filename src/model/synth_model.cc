@@ -129,6 +129,22 @@ const std::vector<SynthModelSpec>& SynthModelPresets() {
     lite.yarn_log_multiplier = 0.0;
     lite.tied_embeddings = true;
     out.push_back(lite);
+    // small-16k's hidden size and depth with DeepSeek-V2-Lite's attention
+    // ratios (latent rank = 2 x the per-head size, rope = half of it): the
+    // serving comparison of a latent cache with a GQA one.
+    SynthModelSpec small{"small-deepseek2-16k", 256, 768, 2, 4, 1, 32000, 16384, true};
+    small.arch = "deepseek2";
+    small.kv_lora_rank = 128;
+    small.qk_nope_dim = 64;
+    small.qk_rope_dim = 32;
+    small.v_head_dim = 64;
+    small.legacy_kv_b = false;
+    small.leading_dense_layers = 1;
+    small.num_experts = 4;
+    small.experts_used = 2;
+    small.expert_hidden_dim = 256;
+    small.shared_experts = 1;
+    out.push_back(small);
     return out;
   }();
   return all;
