@@ -182,6 +182,7 @@ struct GenerateBenchArgs {
   int64_t prompt_len = 128, steps = 32;
   int32_t block_len = 16;
   bool busy_neighbour = false;
+  std::string mla_prefill = "auto";
 };
 
 int RunGenerateBenchCommand(const GenerateBenchArgs& a) {
@@ -195,6 +196,9 @@ int RunGenerateBenchCommand(const GenerateBenchArgs& a) {
   o.block_len = a.block_len;
   o.num_threads = a.threads;
   o.busy_neighbour = a.busy_neighbour;
+  o.mla_prefill = a.mla_prefill == "absorbed"     ? EngineOptions::MlaPrefill::kAbsorbed
+                  : a.mla_prefill == "unabsorbed" ? EngineOptions::MlaPrefill::kUnabsorbed
+                                                  : EngineOptions::MlaPrefill::kAuto;
   Result<DType> dt = ParseDType(a.kv_dtype);
   if (!dt.ok()) {
     std::fprintf(stderr, "error: --kv-dtype: %s\n", dt.status().message().c_str());
@@ -553,6 +557,10 @@ CLI::App* AddBenchCommand(CLI::App& app, int& exit_code) {
   g->add_option("--threads", gen.threads, "Threads (default: all cores)")->check(CLI::Range(0, 4096));
   g->add_flag("--busy-neighbour", gen.busy_neighbour,
               "Run each batch on 1 thread and on --threads while another process keeps one core busy");
+  g->add_option("--mla-prefill", gen.mla_prefill,
+                "deepseek2 models' prompt chunks: auto (default: the form with fewer multiply-adds per chunk), "
+                "absorbed or unabsorbed")
+      ->check(CLI::IsMember({"auto", "absorbed", "unabsorbed"}));
   g->callback([&exit_code] { exit_code = RunGenerateBenchCommand(gen); });
   return bench;
 }

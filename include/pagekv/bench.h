@@ -164,6 +164,7 @@ struct GenerateBenchOptions {
   // process keeps one core busy (a spinning child, started for the run and
   // killed after it): what a shared machine does to a thread pool.
   bool busy_neighbour = false;
+  EngineOptions::MlaPrefill mla_prefill = EngineOptions::MlaPrefill::kAuto;  // deepseek2 models' prompt chunks
   std::function<void(const GenerateBenchResult&)> on_result;  // progress, optional
 };
 

@@ -169,6 +169,13 @@ struct EngineOptions {
   // (and later tokens) may differ from an uninterrupted run.
   EvictionOptions eviction;
   int threads = 0;
+  // Multi-head latent attention models (deepseek2) over a prompt chunk: the
+  // absorbed form (latent rows read by every head), the unabsorbed one
+  // (per-head keys and values materialised from the latent rows once, then
+  // read by the chunk's queries), or kAuto: per chunk, the one with fewer
+  // multiply-adds (unabsorbed for long chunks). Decode is always absorbed.
+  enum class MlaPrefill : uint8_t { kAuto, kAbsorbed, kUnabsorbed };
+  MlaPrefill mla_prefill = MlaPrefill::kAuto;
   // The chat template: empty = the model's (tokenizer.chat_template; ChatML
   // when the model has none), else a built-in name (chatml, llama3, llama2,
   // mistral, gemma, phi3, zephyr) or a Jinja file.

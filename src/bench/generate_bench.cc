@@ -136,6 +136,7 @@ Result<GenerateBenchReport> RunGenerateBench(const GenerateBenchOptions& o) {
     eo.max_running = static_cast<int32_t>(batch);
     eo.max_queue = batch;
     eo.threads = threads;
+    eo.mla_prefill = o.mla_prefill;
     PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, CreateEngineWithModel(eo, loaded));
     for (int64_t i = 0; i < batch; ++i) {
       EngineRequest r;

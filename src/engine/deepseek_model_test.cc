@@ -57,22 +57,24 @@ class DeepseekModelTest : public ::testing::Test {
   }
 
   // Every position's logits of `ids` in one step (exact products).
-  static std::vector<float> AllLogits(const Model& m, const std::vector<int32_t>& ids, DType dtype = DType::kF32) {
+  static std::vector<float> AllLogits(const Model& m, const std::vector<int32_t>& ids, DType dtype = DType::kF32,
+                                      ForwardOptions::MlaPrefill form = ForwardOptions::MlaPrefill::kAuto) {
     const int32_t vocab = m.config().vocab_size;
     auto cache = Cache(m, dtype);
     EXPECT_TRUE(cache.ok()) << cache.status().ToString();
     const SeqId seq = (*cache)->AddSequence();
     std::vector<float> logits(ids.size() * static_cast<size_t>(vocab));
     ForwardItem item{seq, ids, logits.data(), true};
-    const Result<bool> r = ForwardStep(m, **cache, {&item, 1}, {.activations = Activations::kF32});
+    const Result<bool> r = ForwardStep(m, **cache, {&item, 1}, {.activations = Activations::kF32, .mla_prefill = form});
     EXPECT_TRUE(r.ok() && *r) << r.status().ToString();
     return logits;
   }
 
   // The last token's logits of one sequence's next tokens (exact products).
-  static bool Last(const Model& m, KvCache& cache, SeqId seq, std::span<const int32_t> tokens, float* logits) {
+  static bool Last(const Model& m, KvCache& cache, SeqId seq, std::span<const int32_t> tokens, float* logits,
+                   ForwardOptions::MlaPrefill form = ForwardOptions::MlaPrefill::kAuto) {
     const ForwardItem item{seq, tokens, logits, false};
-    const Result<bool> r = ForwardStep(m, cache, {&item, 1}, {.activations = Activations::kF32});
+    const Result<bool> r = ForwardStep(m, cache, {&item, 1}, {.activations = Activations::kF32, .mla_prefill = form});
     EXPECT_TRUE(r.ok()) << r.status().ToString();
     return r.ok() && *r;
   }
@@ -398,6 +400,80 @@ TEST_F(DeepseekModelTest, LatentBlocksComeBackFromDiskAfterARestart) {
   EXPECT_EQ(again.tokens, first);
   EXPECT_GE(e->Metrics().prefix.tier_hit_blocks[2], 4) << "the prompt's latent blocks came back from disk";
   EXPECT_GE(again.cached_prompt_tokens, 32);
+}
+
+// The unabsorbed prefill (keys and values materialised per head, the
+// per-head kernel) against the reference and against the absorbed form:
+// every case, every latent format, chunks at every position of a block,
+// and a step mixing an unabsorbed chunk with absorbed ones.
+TEST_F(DeepseekModelTest, TheUnabsorbedPrefillMatchesTheReferenceAndTheAbsorbedForm) {
+  using Form = ForwardOptions::MlaPrefill;
+  const auto rows = goldens_["rows"].get<std::vector<int64_t>>();
+  for (const auto& c : goldens_["cases"]) {
+    SCOPED_TRACE(c["name"].get<std::string>());
+    Result<LoadedModel> m = LoadModel(Write(c["preset"], c["weight_type"]));
+    ASSERT_TRUE(m.ok());
+    const int32_t vocab = m->model->config().vocab_size;
+    const std::vector<float> logits = AllLogits(*m->model, ids_, DType::kF32, Form::kUnabsorbed);
+    double worst = 0;
+    for (size_t r = 0; r < rows.size(); ++r) {
+      worst = std::max(worst, RowError(&logits[static_cast<size_t>(rows[r] * vocab)], c["logits"][r].get<std::vector<double>>()));
+    }
+    EXPECT_LE(worst, 1e-4);
+    std::printf("%-22s unabsorbed prefill: prompt logits %.2e from the reference\n", c["name"].get<std::string>().c_str(), worst);
+  }
+  Result<LoadedModel> m = LoadModel(Write("tiny-deepseek2"));
+  ASSERT_TRUE(m.ok());
+  const Model& model = *m->model;
+  const auto vocab = static_cast<size_t>(model.config().vocab_size);
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kInt8, DType::kFP8E5M2}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    const std::vector<float> a = AllLogits(model, ids_, dtype, Form::kAbsorbed);
+    const std::vector<float> u = AllLogits(model, ids_, dtype, Form::kUnabsorbed);
+    double worst = 0;
+    for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, static_cast<double>(std::fabs(a[i] - u[i])));
+    EXPECT_LE(worst, 5e-5) << "both forms read the same stored rows";
+  }
+  const std::span<const int32_t> all(ids_);
+  const std::vector<float> one_pass = AllLogits(model, ids_, DType::kF32, Form::kAbsorbed);
+  const float* want = &one_pass[(ids_.size() - 1) * vocab];
+  for (size_t split = 1; split <= 17; ++split) {
+    auto cache = Cache(model, DType::kF32, 16);
+    const SeqId seq = (*cache)->AddSequence();
+    std::vector<float> last(vocab);
+    ASSERT_TRUE(Last(model, **cache, seq, all.first(split), last.data(), Form::kUnabsorbed));
+    ASSERT_TRUE(Last(model, **cache, seq, all.subspan(split), last.data(), Form::kUnabsorbed));
+    double worst = 0;
+    for (size_t t = 0; t < vocab; ++t) worst = std::max(worst, static_cast<double>(std::fabs(last[t] - want[t])));
+    EXPECT_LE(worst, 5e-5) << "split at " << split;
+  }
+  // kAuto on tiny-deepseek2 (rank 64, nope 32, v 32: unabsorbed from 65
+  // queries): a 70-token chunk beside a decode and a short chunk.
+  std::vector<int32_t> long_prompt;
+  for (int i = 0; i < 70; ++i) long_prompt.push_back(ids_[static_cast<size_t>(i) % ids_.size()]);
+  auto cache = Cache(model);
+  const SeqId a = (*cache)->AddSequence(), b = (*cache)->AddSequence(), d = (*cache)->AddSequence();
+  std::vector<float> a_out(vocab), b_out(vocab), d_out(vocab);
+  ASSERT_TRUE(Last(model, **cache, d, all.first(10), d_out.data()));
+  const ForwardItem items[] = {{a, long_prompt, a_out.data()}, {b, all.first(12), b_out.data()}, {d, all.subspan(10, 1), d_out.data()}};
+  ASSERT_TRUE(*ForwardStep(model, **cache, items, {.activations = Activations::kF32}));
+  auto alone = [&](std::span<const int32_t> first, std::span<const int32_t> then) {
+    auto c2 = Cache(model);
+    const SeqId s = (*c2)->AddSequence();
+    std::vector<float> out(vocab);
+    EXPECT_TRUE(Last(model, **c2, s, first, out.data(), Form::kAbsorbed));
+    if (!then.empty()) {
+      EXPECT_TRUE(Last(model, **c2, s, then, out.data(), Form::kAbsorbed));
+    }
+    return out;
+  };
+  const std::vector<float> a_alone = alone(long_prompt, {}), b_alone = alone(all.first(12), {}),
+                           d_alone = alone(all.first(10), all.subspan(10, 1));
+  for (size_t t = 0; t < vocab; ++t) {
+    ASSERT_NEAR(a_out[t], a_alone[t], 5e-5);
+    ASSERT_NEAR(b_out[t], b_alone[t], 2e-5);
+    ASSERT_NEAR(d_out[t], d_alone[t], 2e-5);
+  }
 }
 
 }  // namespace

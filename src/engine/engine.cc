@@ -363,7 +363,11 @@ Result<bool> Engine::Step() {
       items[i].score_queries = sc.score_queries;
     }
   }
-  Result<bool> fit = ForwardStep(*st.m.model, *st.cache, items, {st.o.threads, &st.timings});
+  static_assert(static_cast<int>(ForwardOptions::MlaPrefill::kAbsorbed) == static_cast<int>(EngineOptions::MlaPrefill::kAbsorbed) &&
+                static_cast<int>(ForwardOptions::MlaPrefill::kUnabsorbed) == static_cast<int>(EngineOptions::MlaPrefill::kUnabsorbed));
+  ForwardOptions fo{st.o.threads, &st.timings};
+  fo.mla_prefill = static_cast<ForwardOptions::MlaPrefill>(st.o.mla_prefill);
+  Result<bool> fit = ForwardStep(*st.m.model, *st.cache, items, fo);
   if (!fit.ok() || !*fit) {
     const Status error = fit.ok() ? InternalError("scheduler planned a step the pool could not hold") : fit.status();
     for (const StepPlan::Item& p : plan.items) st.Finish(static_cast<Seq*>(p.seq), FinishReason::kError, error);

@@ -9,6 +9,8 @@
 #include <numeric>
 
 #include "base/thread_pool.h"
+#include "layout/float16.h"
+#include "layout/quantize.h"
 #include "model/model_internal.h"
 #include "pagekv/attention.h"
 
@@ -212,6 +214,17 @@ Status DeepseekModel::LoadLayer(int32_t l, Layer& L) {
     // {nope, rank, heads}: per head rank rows of nope; {rank, v, heads}.
     PAGEKV_ASSIGN_OR_RETURN(L.wk_b, LoadMatrices(p + "attn_k_b.weight", H, rank, nope));
     PAGEKV_ASSIGN_OR_RETURN(L.wv_b, LoadMatrices(p + "attn_v_b.weight", H, v, rank));
+    // The unabsorbed prefill needs W_UK itself ([nope][rank] per head):
+    // decoded and transposed once, as f32.
+    std::vector<float> row(static_cast<size_t>(nope));
+    for (int64_t h = 0; h < H; ++h) {
+      std::vector<float>& t = converted_.emplace_back(static_cast<size_t>(nope * rank));
+      for (int64_t r = 0; r < rank; ++r) {
+        WeightRow(L.wk_b[static_cast<size_t>(h)], r, row.data());
+        for (int64_t a = 0; a < nope; ++a) t[static_cast<size_t>(a * rank + r)] = row[static_cast<size_t>(a)];
+      }
+      L.wk_b_t.push_back(Matrix{reinterpret_cast<const std::byte*>(t.data()), WeightType::kF32, nope, rank});
+    }
   } else {
     // A legacy attn_kv_b {rank, heads * (nope + v)}: per head nope rows of
     // k_nope = row . c_kv, then v rows. W_UK is needed transposed (q_nope
@@ -227,6 +240,7 @@ Status DeepseekModel::LoadLayer(int32_t l, Layer& L) {
         for (int64_t r = 0; r < rank; ++r) t[static_cast<size_t>(r * nope + a)] = row[static_cast<size_t>(r)];
       }
       L.wk_b.push_back(Matrix{reinterpret_cast<const std::byte*>(t.data()), WeightType::kF32, rank, nope});
+      L.wk_b_t.push_back(Matrix{kv_b.data + h * (nope + v) * row_bytes, kv_b.type, nope, rank});
       L.wv_b.push_back(Matrix{kv_b.data + (h * (nope + v) + nope) * row_bytes, kv_b.type, v, rank});
     }
   }
@@ -279,6 +293,7 @@ Status DeepseekModel::PackWeights() {
   PAGEKV_RETURN_IF_ERROR(PackHead());
   for (Layer& L : layers_) {
     for (Matrix* m : Matrices(L)) PAGEKV_RETURN_IF_ERROR(Pack(*m));
+    for (Matrix& m : L.wk_b_t) PAGEKV_RETURN_IF_ERROR(Pack(m));
   }
   return Status::Ok();
 }
@@ -417,6 +432,129 @@ void DeepseekModel::Route(const Layer& L, const float* logits, int64_t T, int32_
   }
 }
 
+bool DeepseekModel::Unabsorbed(int64_t n, const ForwardOptions& options) const {
+  switch (options.mla_prefill) {
+    case ForwardOptions::MlaPrefill::kAbsorbed: return false;
+    case ForwardOptions::MlaPrefill::kUnabsorbed: return true;
+    case ForwardOptions::MlaPrefill::kAuto: break;
+  }
+  // Per cached token and head: absorbed, 2 (rank + rope) multiply-adds per
+  // query; unabsorbed, rank (nope + v) once to materialise the key and value
+  // plus 2 D per query (D = max(nope + rope, v): values padded to the key's
+  // width for the per-head kernel).
+  const ModelConfig& c = config_;
+  const int64_t lat = c.kv_lora_rank + c.qk_rope_dim, D = std::max(c.head_dim, c.v_head_dim);
+  if (lat <= D) return false;
+  return n * 2 * (lat - D) > int64_t{c.kv_lora_rank} * (c.qk_nope_dim + c.v_head_dim);
+}
+
+namespace {
+
+struct alignas(kSlabAlignment) ArenaLine {
+  std::byte b[kSlabAlignment];
+};
+
+// A stored latent row of any plain or 8-bit format back to f32.
+void DecodeLatentRow(const KvFormat& f, const std::byte* row, int32_t n, float* out) {
+  switch (f.dtype) {
+    case DType::kF32: std::memcpy(out, row, static_cast<size_t>(n) * 4); return;
+    case DType::kF16:
+    case DType::kBF16:
+      for (int32_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, row + 2 * i, 2);
+        out[i] = f.dtype == DType::kF16 ? F16ToF32(h) : BF16ToF32(h);
+      }
+      return;
+    case DType::kInt8: quant::DecodeInt8Row(row, n, out); return;
+    default: quant::DecodeFp8Row(row, n, f.dtype == DType::kFP8E4M3, out); return;
+  }
+}
+
+}  // namespace
+
+Status DeepseekModel::UnabsorbedAttention(const Layer& L, const PagedKv& kv, const KvSpan& view, const float* q,
+                                          int64_t n, float* o, const ForwardOptions& options, const Backend& be) const {
+  const ModelConfig& c = config_;
+  const KvLayout& layout = *kv.layout;
+  const int64_t N = view.num_tokens, H = c.num_heads, nope = c.qk_nope_dim, rope = c.qk_rope_dim;
+  const int64_t rank = c.kv_lora_rank, vdim = c.v_head_dim, qk = c.head_dim, lat = rank + rope;
+  const int32_t D = std::max(c.head_dim, c.v_head_dim);
+  // Scratch slots past Compute's (20 of them).
+  float* rows = Scratch<float>(40, static_cast<size_t>(N * lat)).data();
+  float* c_kv = Scratch<float>(41, static_cast<size_t>(N * rank)).data();
+  float* k_nope = Scratch<float>(42, static_cast<size_t>(H * N * nope)).data();
+  float* v = Scratch<float>(43, static_cast<size_t>(H * N * vdim)).data();
+  const KvFormat& format = layout.format(kv.layer);
+  const int64_t bl = layout.block_len();
+  ForRows(N, options.threads, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const BlockId b = view.blocks[static_cast<size_t>(t / bl)];
+      DecodeLatentRow(format, kv.arena + layout.RowOffset(kv.layer, 0, 0, ToInt(b), static_cast<int32_t>(t % bl)),
+                      static_cast<int32_t>(lat), rows + t * lat);
+      std::memcpy(c_kv + t * rank, rows + t * lat, static_cast<size_t>(rank) * 4);
+    }
+  });
+  {
+    std::vector<Status> errors(static_cast<size_t>(2 * H));
+    ThreadPool::Shared().ParallelFor(2 * H, options.threads, [&](int64_t job) {
+      const auto h = static_cast<size_t>(job / 2);
+      errors[static_cast<size_t>(job)] =
+          job % 2 == 0 ? be.MatMul(L.wk_b_t[h], c_kv, N, k_nope + static_cast<int64_t>(h) * N * nope, 1, options.activations)
+                       : be.MatMul(L.wv_b[h], c_kv, N, v + static_cast<int64_t>(h) * N * vdim, 1, options.activations);
+    });
+    for (const Status& s : errors) PAGEKV_RETURN_IF_ERROR(s);
+  }
+  // A per-head f32 scratch cache of N tokens: K = [k_nope, k_pe], V = v,
+  // both padded with zeros to D.
+  CacheConfig cc;
+  cc.num_layers = 1;
+  cc.num_q_heads = c.num_heads;
+  cc.num_kv_heads = c.num_heads;
+  cc.head_dim = D;
+  cc.block_len = 128;
+  cc.format = KvFormat::Plain(DType::kF32);
+  cc.num_blocks = (N + cc.block_len - 1) / cc.block_len;
+  PAGEKV_ASSIGN_OR_RETURN(const KvLayout per_head, KvLayout::Create(cc));
+  std::byte* arena = reinterpret_cast<std::byte*>(
+      Scratch<ArenaLine>(0, static_cast<size_t>((per_head.total_bytes() + kSlabAlignment - 1) / kSlabAlignment)).data());
+  std::vector<BlockId> table(static_cast<size_t>(cc.num_blocks));
+  for (int64_t b = 0; b < cc.num_blocks; ++b) table[static_cast<size_t>(b)] = BlockId{static_cast<int32_t>(b)};
+  ForRows(N, options.threads, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const auto block = static_cast<int32_t>(t / cc.block_len);
+      const auto slot = static_cast<int32_t>(t % cc.block_len);
+      for (int64_t h = 0; h < H; ++h) {
+        auto* k = reinterpret_cast<float*>(arena + per_head.RowOffset(0, 0, static_cast<int32_t>(h), block, slot));
+        auto* vv = reinterpret_cast<float*>(arena + per_head.RowOffset(0, 1, static_cast<int32_t>(h), block, slot));
+        std::memcpy(k, k_nope + (h * N + t) * nope, static_cast<size_t>(nope) * 4);
+        std::memcpy(k + nope, rows + t * lat + rank, static_cast<size_t>(rope) * 4);
+        std::fill(k + qk, k + D, 0.0f);
+        std::memcpy(vv, v + (h * N + t) * vdim, static_cast<size_t>(vdim) * 4);
+        std::fill(vv + vdim, vv + D, 0.0f);
+      }
+    }
+  });
+  const float* q_in = q;
+  float* q_pad = nullptr;
+  if (D != qk) {
+    q_pad = Scratch<float>(44, static_cast<size_t>(n * H * D)).data();
+    for (int64_t r = 0; r < n * H; ++r) {
+      std::memcpy(q_pad + r * D, q + r * qk, static_cast<size_t>(qk) * 4);
+      std::fill(q_pad + r * D + qk, q_pad + (r + 1) * D, 0.0f);
+    }
+    q_in = q_pad;
+  }
+  float* out = Scratch<float>(45, static_cast<size_t>(n * H * D)).data();
+  AttentionOptions ao;
+  ao.num_threads = options.threads;
+  ao.scale = c.attn_scale;
+  const PrefillSeq seq{table, N, n};
+  PAGEKV_RETURN_IF_ERROR(be.PrefillAttention(PagedKv{&per_head, arena, 0}, {&seq, 1}, q_in, out, ao));
+  for (int64_t r = 0; r < n * H; ++r) std::memcpy(o + r * vdim, out + r * D, static_cast<size_t>(vdim) * 4);
+  return Status::Ok();
+}
+
 Status DeepseekModel::Compute(std::span<const StepItem> items, StepKv& kv, const Batch& batch,
                               const ForwardOptions& options) const {
   const ModelConfig& c = config_;
@@ -439,9 +577,9 @@ Status DeepseekModel::Compute(std::span<const StepItem> items, StepKv& kv, const
   float* latent = rows(T, lat);
   float* k_pe = rows(T, rope);
   float* q_pe = rows(T, H * rope);
-  float* by_head = rows(T, H * std::max(nope, rank));  // [H][T][...]: a head's rows together for its product
+  float* by_head = rows(T, H * std::max(nope, rank));  // [H][rows][...]: a head's rows together for its product
   float* by_head_out = rows(T, H * std::max(rank, vdim));
-  float* q_lat = rows(T, H * lat);
+  float* q_lat = rows(T, H * lat);  // the absorbed rows' ([absorbed rows][H][lat], compact)
   float* o_lat = rows(T, H * lat);
   float* o = rows(T, H * vdim);
   float* tmp = rows(T, d);
@@ -465,33 +603,48 @@ Status DeepseekModel::Compute(std::span<const StepItem> items, StepKv& kv, const
     Stopwatch watch(matmul_time);
     return be.MatMulShared({outputs.begin(), outputs.size()}, in, n, options.threads, options.activations);
   };
-  // One product per head (W_UK in, W_UV out), the heads over the pool and
-  // each product on its worker: in = [H][T][cols], out = [H][T][rows].
-  auto per_head = [&](const std::vector<Matrix>& w, const float* in, float* out) -> Status {
-    Stopwatch watch(attention_time);
-    std::vector<Status> errors(static_cast<size_t>(H));
-    const int64_t cols = w.front().cols, out_rows = w.front().rows;
-    ThreadPool::Shared().ParallelFor(H, options.threads, [&](int64_t h) {
-      errors[static_cast<size_t>(h)] = be.MatMul(w[static_cast<size_t>(h)], in + h * T * cols, T, out + h * T * out_rows, 1,
-                                                 options.activations);
-    });
-    for (const Status& s : errors) PAGEKV_RETURN_IF_ERROR(s);
-    return Status::Ok();
-  };
   auto swiglu_ffn = [&](const Ffn& f, const float* in, int64_t n, float* out) -> Status {
     PAGEKV_RETURN_IF_ERROR(matmul_shared({{f.gate, h1}, {f.up, h2}}, in, n));
     const int64_t width = f.gate.rows;
     ForRows(n, options.threads, [&](int64_t t0, int64_t t1) { be.SwiGluInPlace(h1 + t0 * width, h2 + t0 * width, (t1 - t0) * width); });
     return matmul(f.down, h1, n, out);
   };
+  // Which items run the unabsorbed form (prompt chunks long enough, without
+  // eviction weights to report), and the absorbed rest's rows in order.
+  const bool decode_only = static_cast<int64_t>(items.size()) == T;
+  std::vector<char> unabsorbed(items.size(), 0);
+  std::vector<int64_t> absorbed_rows;  // step row of each absorbed row
+  std::vector<size_t> absorbed_items;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const auto n = static_cast<int64_t>(items[i].tokens.size());
+    unabsorbed[i] = !decode_only && items[i].scores == nullptr && Unabsorbed(n, options);
+    if (unabsorbed[i]) continue;
+    absorbed_items.push_back(i);
+    for (int64_t j = 0; j < n; ++j) absorbed_rows.push_back(batch.first[i] + j);
+  }
+  const auto A = static_cast<int64_t>(absorbed_rows.size());
+  // One product per head over the absorbed rows (W_UK in, W_UV out), the
+  // heads over the pool and each product on its worker: in = [H][A][cols],
+  // out = [H][A][rows].
+  auto per_head = [&](const std::vector<Matrix>& w, const float* in, float* out) -> Status {
+    Stopwatch watch(attention_time);
+    std::vector<Status> errors(static_cast<size_t>(H));
+    const int64_t cols = w.front().cols, out_rows = w.front().rows;
+    ThreadPool::Shared().ParallelFor(H, options.threads, [&](int64_t h) {
+      errors[static_cast<size_t>(h)] = be.MatMul(w[static_cast<size_t>(h)], in + h * A * cols, A, out + h * A * out_rows, 1,
+                                                 options.activations);
+    });
+    for (const Status& s : errors) PAGEKV_RETURN_IF_ERROR(s);
+    return Status::Ok();
+  };
   Embed(items, batch, be, x);
   ForRows(T, options.threads, [&](int64_t t0, int64_t t1) {
     be.RopeTables(*rope_, std::span<const int64_t>(batch.pos).subspan(static_cast<size_t>(t0), static_cast<size_t>(t1 - t0)),
                   cos + t0 * rope, sin + t0 * rope);
   });
-  const bool decode_only = static_cast<int64_t>(items.size()) == T;
-  std::vector<PrefillSeq> prefill(items.size());
-  std::vector<DecodeSeq> decode(items.size());
+  std::vector<PrefillSeq> prefill;
+  std::vector<DecodeSeq> decode;
+  std::vector<KvSpan> views(items.size());
   AttentionOptions attention_options;
   attention_options.num_threads = options.threads;
   attention_options.scale = c.attn_scale;
@@ -518,59 +671,83 @@ Status DeepseekModel::Compute(std::span<const StepItem> items, StepKv& kv, const
       be.RopeApply(*rope_, k_pe + t0 * rope, t1 - t0, static_cast<int32_t>(rope), cos + t0 * rope, sin + t0 * rope);
       for (int64_t t = t0; t < t1; ++t) std::memcpy(latent + t * lat + rank, k_pe + t * rope, static_cast<size_t>(rope) * 4);
       be.EncodeKvRows(format, static_cast<int32_t>(lat), latent + t0 * lat, t1 - t0, latent_rows.data() + t0 * row_bytes);
-      // q: q_nope by head for W_UK; q_pe rotated into q_lat's tail.
+      // q_pe rotated, back into q (q is then each head's [q_nope, q_pe]).
       for (int64_t t = t0; t < t1; ++t) {
         for (int64_t h = 0; h < H; ++h) {
-          const float* qh = q + (t * H + h) * qk;
-          std::memcpy(by_head + (h * T + t) * nope, qh, static_cast<size_t>(nope) * 4);
-          std::memcpy(q_pe + (t * H + h) * rope, qh + nope, static_cast<size_t>(rope) * 4);
+          std::memcpy(q_pe + (t * H + h) * rope, q + (t * H + h) * qk + nope, static_cast<size_t>(rope) * 4);
         }
       }
       be.RopeApply(*rope_, q_pe + t0 * H * rope, t1 - t0, static_cast<int32_t>(H * rope), cos + t0 * rope, sin + t0 * rope);
       for (int64_t t = t0; t < t1; ++t) {
         for (int64_t h = 0; h < H; ++h) {
-          std::memcpy(q_lat + (t * H + h) * lat + rank, q_pe + (t * H + h) * rope, static_cast<size_t>(rope) * 4);
+          std::memcpy(q + (t * H + h) * qk + nope, q_pe + (t * H + h) * rope, static_cast<size_t>(rope) * 4);
         }
       }
     });
+    prefill.clear();
+    decode.clear();
     for (size_t i = 0; i < items.size(); ++i) {
-      const auto n = static_cast<int64_t>(items[i].tokens.size());
-      PAGEKV_ASSIGN_OR_RETURN(const KvSpan view, kv.Store(i, l, latent_rows.data() + batch.first[i] * row_bytes, nullptr));
+      PAGEKV_ASSIGN_OR_RETURN(views[i], kv.Store(i, l, latent_rows.data() + batch.first[i] * row_bytes, nullptr));
+    }
+    for (size_t i : absorbed_items) {
+      const KvSpan& view = views[i];
       float* scores = items[i].scores == nullptr ? nullptr : items[i].scores + static_cast<int64_t>(l) * view.num_tokens;
-      prefill[i] = {view.blocks, view.num_tokens, n, scores, items[i].score_queries, view.tail};
-      decode[i] = {view.blocks, view.num_tokens, scores, view.tail};
+      prefill.push_back({view.blocks, view.num_tokens, static_cast<int64_t>(items[i].tokens.size()), scores,
+                         items[i].score_queries, view.tail});
+      decode.push_back({view.blocks, view.num_tokens, scores, view.tail});
     }
-    // Absorbed attention: q_nope into latent space, the latent kernels,
-    // the latent output back out per head.
-    PAGEKV_RETURN_IF_ERROR(per_head(L.wk_b, by_head, by_head_out));
-    ForRows(T, options.threads, [&](int64_t t0, int64_t t1) {
-      for (int64_t t = t0; t < t1; ++t) {
-        for (int64_t h = 0; h < H; ++h) {
-          std::memcpy(q_lat + (t * H + h) * lat, by_head_out + (h * T + t) * rank, static_cast<size_t>(rank) * 4);
+    const PagedKv paged{&layout, kv.arena(), l};
+    if (A > 0) {
+      // Absorbed: q_nope into latent space, the latent kernels, the latent
+      // output back out per head.
+      ForRows(A, options.threads, [&](int64_t j0, int64_t j1) {
+        for (int64_t j = j0; j < j1; ++j) {
+          const int64_t t = absorbed_rows[static_cast<size_t>(j)];
+          for (int64_t h = 0; h < H; ++h) {
+            std::memcpy(by_head + (h * A + j) * nope, q + (t * H + h) * qk, static_cast<size_t>(nope) * 4);
+          }
         }
+      });
+      PAGEKV_RETURN_IF_ERROR(per_head(L.wk_b, by_head, by_head_out));
+      ForRows(A, options.threads, [&](int64_t j0, int64_t j1) {
+        for (int64_t j = j0; j < j1; ++j) {
+          const int64_t t = absorbed_rows[static_cast<size_t>(j)];
+          for (int64_t h = 0; h < H; ++h) {
+            std::memcpy(q_lat + (j * H + h) * lat, by_head_out + (h * A + j) * rank, static_cast<size_t>(rank) * 4);
+            std::memcpy(q_lat + (j * H + h) * lat + rank, q + (t * H + h) * qk + nope, static_cast<size_t>(rope) * 4);
+          }
+        }
+      });
+      {
+        Stopwatch watch(attention_time);
+        PAGEKV_RETURN_IF_ERROR(decode_only ? be.DecodeAttention(paged, decode, q_lat, o_lat, attention_options)
+                                           : be.PrefillAttention(paged, prefill, q_lat, o_lat, attention_options));
       }
-    });
-    {
+      ForRows(A, options.threads, [&](int64_t j0, int64_t j1) {
+        for (int64_t j = j0; j < j1; ++j) {
+          for (int64_t h = 0; h < H; ++h) {
+            std::memcpy(by_head + (h * A + j) * rank, o_lat + (j * H + h) * lat, static_cast<size_t>(rank) * 4);
+          }
+        }
+      });
+      PAGEKV_RETURN_IF_ERROR(per_head(L.wv_b, by_head, by_head_out));
+      ForRows(A, options.threads, [&](int64_t j0, int64_t j1) {
+        for (int64_t j = j0; j < j1; ++j) {
+          const int64_t t = absorbed_rows[static_cast<size_t>(j)];
+          for (int64_t h = 0; h < H; ++h) {
+            std::memcpy(o + (t * H + h) * vdim, by_head_out + (h * A + j) * vdim, static_cast<size_t>(vdim) * 4);
+          }
+        }
+      });
+    }
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (!unabsorbed[i]) continue;
       Stopwatch watch(attention_time);
-      const PagedKv paged{&layout, kv.arena(), l};
-      PAGEKV_RETURN_IF_ERROR(decode_only ? be.DecodeAttention(paged, decode, q_lat, o_lat, attention_options)
-                                         : be.PrefillAttention(paged, prefill, q_lat, o_lat, attention_options));
+      const int64_t first = batch.first[i];
+      PAGEKV_RETURN_IF_ERROR(UnabsorbedAttention(L, paged, views[i], q + first * H * qk,
+                                                 static_cast<int64_t>(items[i].tokens.size()), o + first * H * vdim,
+                                                 options, be));
     }
-    ForRows(T, options.threads, [&](int64_t t0, int64_t t1) {
-      for (int64_t t = t0; t < t1; ++t) {
-        for (int64_t h = 0; h < H; ++h) {
-          std::memcpy(by_head + (h * T + t) * rank, o_lat + (t * H + h) * lat, static_cast<size_t>(rank) * 4);
-        }
-      }
-    });
-    PAGEKV_RETURN_IF_ERROR(per_head(L.wv_b, by_head, by_head_out));
-    ForRows(T, options.threads, [&](int64_t t0, int64_t t1) {
-      for (int64_t t = t0; t < t1; ++t) {
-        for (int64_t h = 0; h < H; ++h) {
-          std::memcpy(o + (t * H + h) * vdim, by_head_out + (h * T + t) * vdim, static_cast<size_t>(vdim) * 4);
-        }
-      }
-    });
     PAGEKV_RETURN_IF_ERROR(matmul(L.wo, o, T, tmp));
     ForRows(T, options.threads, [&](int64_t t0, int64_t t1) {
       be.AddInPlace(x + t0 * d, tmp + t0 * d, (t1 - t0) * d);

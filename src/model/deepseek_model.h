@@ -17,7 +17,11 @@
 // rope)), and the weighted latent sum comes back per head through W_UV
 // (attn_v_b) before the output projection. The unabsorbed formula (per-head
 // keys [W_UK c_kv, k_pe] and values W_UV c_kv) is what tools/reference.py
-// computes; the two agree to rounding.
+// computes; the two agree to rounding. Long prompt chunks run that
+// unabsorbed form instead when it costs fewer multiply-adds
+// (ForwardOptions::mla_prefill): keys and values materialised once per
+// cached token and head, then read by the chunk's queries at nope + rope
+// (and v) elements per head instead of rank + rope twice.
 //
 // Routing: softmax or sigmoid gate probabilities (expert_gating_func), an
 // optional selection bias (exp_probs_b, DeepSeek-V3) added for the choice
@@ -61,6 +65,7 @@ class DeepseekModel final : public Model {
     Matrix wkv_a;                      // [rank + rope][dim]
     const float* kv_a_norm = nullptr;  // [rank]
     std::vector<Matrix> wk_b;          // per head [rank][nope]: q_lat = wk_b[h] q_nope
+    std::vector<Matrix> wk_b_t;        // per head [nope][rank]: k_nope = wk_b_t[h] c_kv (unabsorbed prefill)
     std::vector<Matrix> wv_b;          // per head [v][rank]: v = wv_b[h] o_lat
     Matrix wo;                         // [dim][heads * v]
     const float* ffn_norm = nullptr;   // [dim]
@@ -77,6 +82,15 @@ class DeepseekModel final : public Model {
   Status Compute(std::span<const StepItem> items, StepKv& kv, const Batch& batch,
                  const ForwardOptions& options) const override;
   Status LoadLayer(int32_t l, Layer& L);
+  // Whether a chunk of n queries runs the unabsorbed form.
+  bool Unabsorbed(int64_t n, const ForwardOptions& options) const;
+  // One sequence's chunk in the unabsorbed form: its cached latent rows
+  // (the chunk's included) read back, per-head keys [W_UK c_kv, k_pe] and
+  // values W_UV c_kv materialised into a per-head scratch cache, the
+  // per-head paged kernel over them. q: [n][heads][nope + rope] (q_pe
+  // rotated); o: [n][heads][v].
+  Status UnabsorbedAttention(const Layer& L, const PagedKv& kv, const KvSpan& view, const float* q, int64_t n, float* o,
+                             const ForwardOptions& options, const Backend& be) const;
   // Per token: the experts chosen and their weights ([T][experts_used]).
   void Route(const Layer& L, const float* logits, int64_t T, int32_t* chosen, float* weights) const;
   Status PackWeights();

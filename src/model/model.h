@@ -107,6 +107,14 @@ struct ForwardOptions {
   Activations activations = Activations::kInt16;
   // Runs the math (kernels/backend.h); null = the CPU backend.
   const Backend* backend = nullptr;
+  // Multi-head latent attention over a prompt chunk (deepseek_model.h):
+  // kAuto takes, per chunk, the form with fewer multiply-adds (absorbed for
+  // short chunks and decode, unabsorbed from about rank x (nope + v) / (2 x
+  // (rank + rope - nope - rope)) queries up); the others force one
+  // (tests, benchmarks). Decode steps are always absorbed.
+  // (EngineOptions::MlaPrefill has the same values in the same order.)
+  enum class MlaPrefill : uint8_t { kAuto, kAbsorbed, kUnabsorbed };
+  MlaPrefill mla_prefill = MlaPrefill::kAuto;
 };
 
 class Model {
