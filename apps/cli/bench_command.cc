@@ -174,6 +174,20 @@ int RunBench(const BenchArgs& a) {
   return kExitOk;
 }
 
+// --mla-prefill (EngineOptions::MlaPrefill), for the commands that run the engine.
+EngineOptions::MlaPrefill ParseMlaPrefill(const std::string& s) {
+  return s == "absorbed"     ? EngineOptions::MlaPrefill::kAbsorbed
+         : s == "unabsorbed" ? EngineOptions::MlaPrefill::kUnabsorbed
+                             : EngineOptions::MlaPrefill::kAuto;
+}
+
+void AddMlaPrefillOption(CLI::App& cmd, std::string& value) {
+  cmd.add_option("--mla-prefill", value,
+                 "deepseek2 models' prompt chunks: auto (default: per chunk, the form with fewer multiply-adds), "
+                 "absorbed or unabsorbed")
+      ->check(CLI::IsMember({"auto", "absorbed", "unabsorbed"}));
+}
+
 struct GenerateBenchArgs {
   bool json = false, quick = false;
   int threads = 0;
@@ -196,9 +210,7 @@ int RunGenerateBenchCommand(const GenerateBenchArgs& a) {
   o.block_len = a.block_len;
   o.num_threads = a.threads;
   o.busy_neighbour = a.busy_neighbour;
-  o.mla_prefill = a.mla_prefill == "absorbed"     ? EngineOptions::MlaPrefill::kAbsorbed
-                  : a.mla_prefill == "unabsorbed" ? EngineOptions::MlaPrefill::kUnabsorbed
-                                                  : EngineOptions::MlaPrefill::kAuto;
+  o.mla_prefill = ParseMlaPrefill(a.mla_prefill);
   Result<DType> dt = ParseDType(a.kv_dtype);
   if (!dt.ok()) {
     std::fprintf(stderr, "error: --kv-dtype: %s\n", dt.status().message().c_str());
@@ -287,6 +299,7 @@ struct ServeBenchArgs {
   int64_t max_requests = 0, step_tokens = 2048;
   double time_scale = 0.01;
   int32_t max_tokens = 0, block_len = 16, max_running = 256;
+  std::string mla_prefill = "auto";
   int threads = 0;
   bool json = false;
   std::string tiers, host_cache = "256MiB", disk_cache_size = "1GiB", redis, redis_password_env = "PAGEKV_REDIS_PASSWORD";
@@ -329,6 +342,7 @@ int RunServeBenchCommand(const ServeBenchArgs& a) {
   o.block_len = a.block_len;
   o.max_step_tokens = a.step_tokens;
   o.max_running = a.max_running;
+  o.mla_prefill = ParseMlaPrefill(a.mla_prefill);
   o.threads = a.threads;
   if (!a.tiers.empty()) {
     std::stringstream list(a.tiers);
@@ -520,6 +534,7 @@ CLI::App* AddBenchCommand(CLI::App& app, int& exit_code) {
   sv->add_option("--kv-dtype", serve.kv_dtype, "KV storage (default f16)");
   sv->add_option("--max-step-tokens", serve.step_tokens, "Tokens per engine step (default 2048)")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   sv->add_option("--max-running", serve.max_running, "Sequences per step (default 256)")->check(CLI::Range(1, 1 << 16));
+  AddMlaPrefillOption(*sv, serve.mla_prefill);
   sv->add_option("--threads", serve.threads, "Threads (default: all cores)")->check(CLI::Range(0, 4096));
   sv->add_option("--tiers", serve.tiers,
                   "Compare lower KV tiers, one paged run each: a comma list of none, host, disk, redis or '+' joins, "
@@ -557,10 +572,7 @@ CLI::App* AddBenchCommand(CLI::App& app, int& exit_code) {
   g->add_option("--threads", gen.threads, "Threads (default: all cores)")->check(CLI::Range(0, 4096));
   g->add_flag("--busy-neighbour", gen.busy_neighbour,
               "Run each batch on 1 thread and on --threads while another process keeps one core busy");
-  g->add_option("--mla-prefill", gen.mla_prefill,
-                "deepseek2 models' prompt chunks: auto (default: the form with fewer multiply-adds per chunk), "
-                "absorbed or unabsorbed")
-      ->check(CLI::IsMember({"auto", "absorbed", "unabsorbed"}));
+  AddMlaPrefillOption(*g, gen.mla_prefill);
   g->callback([&exit_code] { exit_code = RunGenerateBenchCommand(gen); });
   return bench;
 }

@@ -194,6 +194,7 @@ struct ServeBenchOptions {
   int64_t max_step_tokens = 2048;
   int32_t max_running = 256;
   int threads = 0;
+  EngineOptions::MlaPrefill mla_prefill = EngineOptions::MlaPrefill::kAuto;  // deepseek2 models' prompt chunks
   // Lower KV tiers to compare, each a paged run of its own (the allocators
   // are then ignored): "none", "host", "disk", "redis", or a '+' join such
   // as "host+redis"; "+inline" moves blocks on the stepping thread instead

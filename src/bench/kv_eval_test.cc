@@ -1,12 +1,17 @@
 // EvalKv on the real stories260K model: f32 against itself agrees, every
 // format and eviction policy is measured within regression bounds, a full
 // budget changes nothing, and bad configurations are named before any work.
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdio>
+#include <filesystem>
 #include <string>
 
 #include <gtest/gtest.h>
 
 #include "pagekv/eval.h"
+#include "pagekv/synth_model.h"
 
 namespace pagekv {
 namespace {
@@ -166,6 +171,39 @@ TEST(KvEvalTest, HadamardRotatedInt8MeetsTheNllTarget) {
   EXPECT_GE(r->top1_agreement, plain->top1_agreement);
   o.kv_dtype = DType::kF16;  // nothing to rotate: named before any work
   EXPECT_EQ(EvalKv(o).status().code(), StatusCode::kInvalidArgument);
+}
+
+// A deepseek2 model's latent cache through the same evaluation: f32
+// against itself agrees, int8 latent rows cost 82 bytes per row and layer
+// and stay close, and eviction keeps its budget of latent rows.
+TEST(KvEvalTest, ALatentCacheModelIsEvaluatedLikeAnyOther) {
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("pagekv-eval-deepseek-" + std::to_string(::getpid()) + ".gguf")).string();
+  ASSERT_TRUE(WriteSynthModel(*FindSynthModelPreset("tiny-deepseek2"), 3, "f32", path).ok());
+  auto options = [&](DType d) {
+    KvEvalOptions o = Options(d);
+    o.model_path = path;
+    o.continuations = 1;
+    o.max_len = 128;
+    return o;
+  };
+  Result<KvEvalReport> f32 = EvalKv(options(DType::kF32));
+  ASSERT_TRUE(f32.ok()) << f32.status().ToString();
+  EXPECT_LT(f32->kl_mean, 1e-9);
+  EXPECT_EQ(f32->bytes_per_token, 3 * 80 * 4);
+  Result<KvEvalReport> int8 = EvalKv(options(DType::kInt8));
+  ASSERT_TRUE(int8.ok()) << int8.status().ToString();
+  EXPECT_EQ(int8->bytes_per_token, 3 * 82);
+  EXPECT_LT(int8->kl_mean, 0.05);
+  EXPECT_GT(int8->kl_mean, 0.0);
+  KvEvalOptions h2o = options(DType::kF16);
+  h2o.policy = "h2o";
+  h2o.budget = 0.5;
+  Result<KvEvalReport> evicted = EvalKv(h2o);
+  ASSERT_TRUE(evicted.ok()) << evicted.status().ToString();
+  EXPECT_LT(evicted->kept_fraction, 0.6);
+  EXPECT_GT(evicted->kept_fraction, 0.4);
+  std::remove(path.c_str());
 }
 
 TEST(KvEvalTest, BadConfigurationsAreNamedUpFront) {

@@ -72,6 +72,7 @@ Result<ServeBenchResult> RunOne(const ServeBenchOptions& o, const std::string& m
   eo.allocator = allocator;
   eo.watermark_blocks = 0;
   eo.threads = o.threads;
+  eo.mla_prefill = o.mla_prefill;
   PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(eo));
   ServeBenchResult r;
   r.allocator = allocator == Allocator::kPaged ? "paged" : "contiguous";
