@@ -59,18 +59,12 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::FromGguf(std::unique_ptr<GgufFil
     return UnimplementedError("model metadata general.architecture = '" + arch +
                               "' is not supported: PageKV runs llama (also Mistral-style files), qwen2 and deepseek2");
   }
-  PAGEKV_RETURN_IF_ERROR(model_internal::CheckArchKeys(*file, arch, kKnownKeys));
   auto m = std::unique_ptr<LlamaModel>(new LlamaModel());
-  m->file_ = std::move(file);
+  PAGEKV_RETURN_IF_ERROR(m->ReadCommonMetadata(std::move(file), kKnownKeys));
   const GgufFile& f = *m->file_;
   ModelConfig& c = m->config_;
-  c.arch = arch;
   const std::string a = arch + ".";
-  PAGEKV_RETURN_IF_ERROR(ReadDim(f, a + "embedding_length", c.dim));
   PAGEKV_RETURN_IF_ERROR(ReadDim(f, a + "feed_forward_length", c.hidden_dim));
-  PAGEKV_RETURN_IF_ERROR(ReadDim(f, a + "block_count", c.num_layers));
-  PAGEKV_RETURN_IF_ERROR(ReadDim(f, a + "attention.head_count", c.num_heads));
-  PAGEKV_RETURN_IF_ERROR(ReadDim(f, a + "context_length", c.context_len));
   c.num_kv_heads = c.num_heads;
   PAGEKV_RETURN_IF_ERROR(ReadDim(f, a + "attention.head_count_kv", c.num_kv_heads, false));
   if (c.dim % c.num_heads != 0 || c.num_heads % c.num_kv_heads != 0) {
@@ -94,7 +88,6 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::FromGguf(std::unique_ptr<GgufFil
                                 ": mixture-of-experts models are not supported by the " + arch + " runner");
     }
   }
-  if (Result<double> eps = f.GetFloat(a + "attention.layer_norm_rms_epsilon"); eps.ok()) c.norm_eps = static_cast<float>(*eps);
   c.rope_dims = c.head_dim;
   PAGEKV_RETURN_IF_ERROR(ReadDim(f, a + "rope.dimension_count", c.rope_dims, false));
   if (c.rope_dims > c.head_dim || c.rope_dims % 2 != 0) {

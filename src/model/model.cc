@@ -169,6 +169,22 @@ Status Model::Logits(std::span<const StepItem> items, const Batch& batch, const 
   return Status::Ok();
 }
 
+Status Model::ReadCommonMetadata(std::unique_ptr<GgufFile> file, std::span<const std::string_view> known_keys) {
+  using model_internal::ReadDim;
+  file_ = std::move(file);
+  const GgufFile& f = *file_;
+  ModelConfig& c = config_;
+  PAGEKV_ASSIGN_OR_RETURN(c.arch, f.GetString("general.architecture"));
+  PAGEKV_RETURN_IF_ERROR(model_internal::CheckArchKeys(f, c.arch, known_keys));
+  const std::string a = c.arch + ".";
+  PAGEKV_RETURN_IF_ERROR(ReadDim(f, a + "embedding_length", c.dim));
+  PAGEKV_RETURN_IF_ERROR(ReadDim(f, a + "block_count", c.num_layers));
+  PAGEKV_RETURN_IF_ERROR(ReadDim(f, a + "attention.head_count", c.num_heads));
+  PAGEKV_RETURN_IF_ERROR(ReadDim(f, a + "context_length", c.context_len));
+  if (Result<double> eps = f.GetFloat(a + "attention.layer_norm_rms_epsilon"); eps.ok()) c.norm_eps = static_cast<float>(*eps);
+  return Status::Ok();
+}
+
 Result<Model::Matrix> Model::LoadMatrix(const std::string& name, int64_t rows, int64_t cols) const {
   const GgufTensor* t = file_->FindTensor(name);
   if (t == nullptr) return DataLossError("model tensor '" + name + "' is missing");

@@ -178,6 +178,11 @@ class Model {
   Status Logits(std::span<const StepItem> items, const Batch& batch, const Backend& be, const float* x, float* xb,
                 const ForwardOptions& options) const;
 
+  // The start of every runner's FromGguf: takes the file, refuses any
+  // "<arch>.*" key outside known_keys by name, and reads the architecture,
+  // embedding_length, block_count, attention.head_count, context_length
+  // and the RMSNorm epsilon into config_.
+  Status ReadCommonMetadata(std::unique_ptr<GgufFile> file, std::span<const std::string_view> known_keys);
   // Loading helpers over file_ (valid while loading):
   // A matrix of the file (ggml dims {cols, rows}), checked.
   Result<Matrix> LoadMatrix(const std::string& name, int64_t rows, int64_t cols) const;
