@@ -304,5 +304,36 @@ TEST(PrefixCacheHashTest, KeysAreStableForAFixedSeedAndDifferAcrossSeeds) {
   EXPECT_EQ((*ps->Keys(Tokens(1, B), {}))[0].size, 32);
 }
 
+// An MLA latent cache (one latent row per token and layer, no per-head K
+// and V) is cached, shared and reported like any other: the prefix cache
+// keys blocks by tokens, never by what their rows hold.
+TEST(PrefixCacheLatentTest, ALatentCacheIsSharedAndItsEventsAreThePerHeadOnes) {
+  CacheConfig c;
+  c.kind = CacheKind::kMla;
+  c.num_layers = 2;
+  c.num_q_heads = 4;
+  c.head_dim = 16;
+  c.kv_lora_rank = 32;
+  c.rope_dim = 8;
+  c.block_len = kBlockLen;
+  c.format = KvFormat::ForDType(DType::kInt8, 40);
+  c.num_blocks = 8;
+  auto cache = std::move(*KvCache::Create({.config = c, .prefault = false}));
+  PrefixCacheOptions o;
+  o.record_events = true;
+  auto pc = std::move(*PrefixCache::Create(*cache, o));
+  const std::vector<int32_t> prompt = Tokens(5, 2 * B + 3);
+  EXPECT_EQ(Serve(*cache, *pc, prompt), 0);
+  EXPECT_EQ(Serve(*cache, *pc, prompt), 2 * B) << "the second request finds both full latent blocks";
+  const std::vector<KvEvent> ev = pc->DrainEvents();
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].type, KvEvent::Type::kBlockStored);
+  ASSERT_EQ(ev[0].keys.size(), 2u);
+  EXPECT_EQ(ev[0].keys[1].Hex(), (*pc->Keys(prompt, {}))[1].Hex());
+  EXPECT_EQ(ev[0].token_ids, Tokens(5, 2 * B));
+  pc->CheckInvariants();
+  cache->CheckInvariants();
+}
+
 }  // namespace
 }  // namespace pagekv
