@@ -249,3 +249,20 @@ def test_closing_from_another_thread_while_one_waits_never_crashes(stories, star
     with pytest.raises(pagekv.FailedPreconditionError, match="closed"):
         e.generate("hi")
     e.close()  # twice: nothing
+
+
+def test_a_deepseek2_model_runs_on_the_latent_cache_from_python(cli, tmp_path):
+    """A deepseek2 (MLA) file through the same Python engine: the CLI's
+    tokens for the same prompt, a latent cache the prefix cache shares."""
+    model = str(tmp_path / "ds.gguf")
+    subprocess.run([cli, "synth-model", "--preset", "tiny-deepseek2", "--out", model], check=True,
+                   capture_output=True)
+    prompt = "hello there, latent world: one row per token and layer, shared by every head of the model"
+    want = cli_generate(cli, model, prompt, "-n", "12", "--block-len", "16", "--threads", "1")
+    with pagekv.Engine(model, block_len=16, num_blocks=64, threads=1) as e:
+        first = e.generate(prompt, max_tokens=12, ignore_eos=True)
+        again = e.generate(prompt, max_tokens=12, ignore_eos=True)
+    assert first["tokens"] == want["generated_ids"]
+    assert again["tokens"] == first["tokens"]
+    assert len(want["prompt_ids"]) > 16
+    assert again["cached_prompt_tokens"] >= 16, "the first request's full latent block was found"
