@@ -352,14 +352,7 @@ Status DeepseekModel::CheckGeometry(const KvLayout& layout) const {
                                 std::to_string(c.kv_lora_rank) + " + rope " + std::to_string(c.qk_rope_dim) +
                                 "): build it from CacheGeometry()");
   }
-  for (int32_t l = 0; l < cc.num_layers; ++l) {
-    const KvFormat& f = cc.FormatOf(l);
-    if (!f.IsPlainFloat() && !f.IsStoredQuantized(c.kv_row_elems())) {
-      return UnimplementedError("forward: KV format " + f.ToString() + " (layer " + std::to_string(l) +
-                                ") is not read on latent rows: use f32, f16, bf16, int8 or fp8");
-    }
-  }
-  return Status::Ok();
+  return CheckLayerFormats(cc, c.kv_row_elems(), false, ") is not read on latent rows: use f32, f16, bf16, int8 or fp8");
 }
 
 void DeepseekModel::Route(const Layer& L, const float* logits, int64_t T, int32_t* chosen, float* weights) const {
@@ -619,26 +612,25 @@ Status DeepseekModel::Compute(std::span<const StepItem> items, StepKv& kv, const
     PAGEKV_RETURN_IF_ERROR(matmul(L.gate_inp, xb, T, gate_logits));
     Route(L, gate_logits, T, chosen.data(), route_w.data());
     std::fill(acc, acc + T * d, 0.0f);
-    const int32_t K = c.experts_used;
-    std::vector<int64_t> token_of;
-    std::vector<float> weight_of;
+    // The (token, slot) pairs bucketed by expert in one pass, each bucket in
+    // token order: pairs [start[e], start[e + 1]) of `pair` go to expert e.
+    const int64_t pairs = T * c.experts_used;
+    std::vector<int64_t> start(static_cast<size_t>(c.num_experts) + 1, 0), pair(static_cast<size_t>(pairs));
+    for (int64_t p = 0; p < pairs; ++p) ++start[static_cast<size_t>(chosen[static_cast<size_t>(p)]) + 1];
+    for (size_t e = 1; e < start.size(); ++e) start[e] += start[e - 1];
+    {
+      std::vector<int64_t> next(start.begin(), start.end() - 1);
+      for (int64_t p = 0; p < pairs; ++p) pair[static_cast<size_t>(next[static_cast<size_t>(chosen[static_cast<size_t>(p)])]++)] = p;
+    }
     for (int32_t e = 0; e < c.num_experts; ++e) {
-      token_of.clear();
-      weight_of.clear();
-      for (int64_t t = 0; t < T; ++t) {
-        for (int32_t k = 0; k < K; ++k) {
-          if (chosen[static_cast<size_t>(t * K + k)] != e) continue;
-          token_of.push_back(t);
-          weight_of.push_back(route_w[static_cast<size_t>(t * K + k)]);
-        }
-      }
-      if (token_of.empty()) continue;
-      const auto n = static_cast<int64_t>(token_of.size());
-      for (int64_t j = 0; j < n; ++j) std::memcpy(xs + j * d, xb + token_of[static_cast<size_t>(j)] * d, static_cast<size_t>(d) * 4);
+      const int64_t first = start[static_cast<size_t>(e)], n = start[static_cast<size_t>(e) + 1] - first;
+      if (n == 0) continue;
+      auto token = [&](int64_t j) { return pair[static_cast<size_t>(first + j)] / c.experts_used; };
+      for (int64_t j = 0; j < n; ++j) std::memcpy(xs + j * d, xb + token(j) * d, static_cast<size_t>(d) * 4);
       PAGEKV_RETURN_IF_ERROR(swiglu_ffn(L.experts[static_cast<size_t>(e)], xs, n, tmp));
       for (int64_t j = 0; j < n; ++j) {
-        float* dst = acc + token_of[static_cast<size_t>(j)] * d;
-        const float w = weight_of[static_cast<size_t>(j)];
+        float* dst = acc + token(j) * d;
+        const float w = route_w[static_cast<size_t>(pair[static_cast<size_t>(first + j)])];
         const float* src = tmp + j * d;
         for (int64_t i = 0; i < d; ++i) dst[i] += w * src[i];
       }

@@ -262,13 +262,7 @@ Status LlamaModel::CheckGeometry(const KvLayout& layout) const {
       cc.head_dim != c.head_dim || cc.num_q_heads != c.num_heads) {
     return InvalidArgumentError("the cache's geometry does not match the model: build it from CacheGeometry()");
   }
-  for (int32_t l = 0; l < cc.num_layers; ++l) {
-    const KvFormat& f = cc.FormatOf(l);
-    if (!f.IsPlainFloat() && !f.IsStoredQuantized(c.head_dim) && !f.IsKivi()) {
-      return UnimplementedError("forward: KV format " + f.ToString() + " (layer " + std::to_string(l) + ") not supported");
-    }
-  }
-  return Status::Ok();
+  return CheckLayerFormats(cc, c.head_dim, true, ") not supported");
 }
 
 Status LlamaModel::Compute(std::span<const StepItem> items, StepKv& kv, const Batch& batch,

@@ -118,6 +118,16 @@ Status Model::CheckStep(std::span<const StepItem> items, const KvLayout& layout)
   return Status::Ok();
 }
 
+Status Model::CheckLayerFormats(const CacheConfig& cc, int32_t row_elems, bool kivi, const std::string& refusal) {
+  for (int32_t l = 0; l < cc.num_layers; ++l) {
+    const KvFormat& f = cc.FormatOf(l);
+    if (!f.IsPlainFloat() && !f.IsStoredQuantized(row_elems) && !(kivi && f.IsKivi())) {
+      return UnimplementedError("forward: KV format " + f.ToString() + " (layer " + std::to_string(l) + refusal);
+    }
+  }
+  return Status::Ok();
+}
+
 Status Model::Forward(std::span<const StepItem> items, StepKv& kv, const ForwardOptions& options) const {
   model_internal::Stopwatch total(options.timings != nullptr ? &options.timings->total : nullptr);
   PAGEKV_RETURN_IF_ERROR(CheckStep(items, kv.layout()));

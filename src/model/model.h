@@ -163,6 +163,10 @@ class Model {
 
   Model() = default;
 
+  // Every layer's KV format is one the runner reads: plain float, int8 /
+  // fp8 rows of row_elems, and INT4 KIVI when `kivi`; else an error ending
+  // in "(layer N<refusal>".
+  static Status CheckLayerFormats(const CacheConfig& cc, int32_t row_elems, bool kivi, const std::string& refusal);
   // The architecture's part of CheckStep: the cache's geometry and formats.
   virtual Status CheckGeometry(const KvLayout& layout) const = 0;
   // The forward pass proper, after Forward's checks.
