@@ -66,6 +66,11 @@ struct DecodeSeq {
   float* scores = nullptr;          // optional [num_kv_heads][num_tokens], accumulated into
   const std::byte* tail = nullptr;  // INT4 KIVI layers: SequenceView::tail (needed when
                                     // num_tokens is not a multiple of the group)
+  // Sliding-window layers: the query sees only the last `window` positions
+  // (itself included): [num_tokens - window, num_tokens). 0 = all of them.
+  // Blocks wholly before the window are never read (their table entries
+  // may be kNoBlock: a hybrid cache frees them).
+  int64_t window = 0;
 };
 
 // Decode attention for a batch of sequences, one query token each.
@@ -73,7 +78,9 @@ struct DecodeSeq {
 //   out: [num_seqs][num_q_heads][head_dim] f32 (fully written)
 // Errors (nothing written): null pointers, a layer out of range, a
 // sequence with no tokens, a block table shorter than its length
-// or holding an id outside the pool.
+// or holding an id outside the pool (in the window, for a windowed
+// sequence), a negative window, attention weights asked of a windowed
+// sequence (token eviction and sliding windows do not combine).
 Status PagedDecodeAttention(const PagedKv& kv, std::span<const DecodeSeq> seqs, const float* q,
                             float* out, const AttentionOptions& options = {});
 
@@ -92,6 +99,9 @@ struct PrefillSeq {
   float* scores = nullptr;  // [num_kv_heads][num_tokens], accumulated into
   int64_t score_queries = 0;
   const std::byte* tail = nullptr;  // INT4 KIVI layers: SequenceView::tail
+  // Sliding-window layers: query j at position p sees [p - window + 1, p]
+  // (0 = [0, p]); blocks before the first query's window are never read.
+  int64_t window = 0;
 };
 
 // Prefill attention.

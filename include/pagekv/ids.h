@@ -14,6 +14,10 @@ namespace pagekv {
 enum class BlockId : int32_t {};
 enum class SeqId : int64_t {};
 
+// A block-table entry that names no block: a sliding-window layer's block
+// that fell wholly outside every future query's window and was freed.
+inline constexpr BlockId kNoBlock{-1};
+
 constexpr int32_t ToInt(BlockId id) { return static_cast<int32_t>(id); }
 constexpr int64_t ToInt(SeqId id) { return static_cast<int64_t>(id); }
 

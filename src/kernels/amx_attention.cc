@@ -503,7 +503,8 @@ bool SetAmxForTest(bool allowed) {
 }
 
 bool AmxAttendRows(const RowTask& task) {
-  if (task.dtype != DType::kBF16 || task.rows < kMinRows || task.softcap > 0 || task.block_len % 16 != 0 ||
+  if (task.dtype != DType::kBF16 || task.rows < kMinRows || task.softcap > 0 || task.begin != nullptr ||
+      task.block_len % 16 != 0 ||
       task.head_dim % 32 != 0 || task.head_dim > 256 || task.row_bytes != int64_t{task.head_dim} * 2) {
     return false;
   }

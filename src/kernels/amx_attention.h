@@ -12,7 +12,7 @@ namespace pagekv::kernels {
 // nothing) where the path does not apply: the CPU or kernel lacks AMX-BF16,
 // a test turned it off, or the task is outside the path's shapes (K/V not
 // bf16, fewer than 8 rows, head_dim not a multiple of 32 or above 256,
-// block_len not a multiple of 16, soft-capping).
+// block_len not a multiple of 16, soft-capping, a sliding window).
 bool AmxAttendRows(const RowTask& task);
 
 // Whether AmxAttendRows may run: the CPU has AMX-TILE and AMX-BF16,

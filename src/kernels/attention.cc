@@ -90,14 +90,17 @@ Status ValidateCommon(const PagedKv& kv, const float* q, const float* out, Geome
   return Status::Ok();
 }
 
-Status ValidateTable(const KvLayout& l, std::span<const BlockId> blocks, int64_t num_tokens, size_t index) {
+// Entries [first_token / block_len, ceil(num_tokens / block_len)) must name
+// blocks of the pool (the ones before a sliding window's first may not).
+Status ValidateTable(const KvLayout& l, std::span<const BlockId> blocks, int64_t num_tokens, size_t index,
+                     int64_t first_token = 0) {
   const int64_t need = CeilDiv(num_tokens, l.block_len());
   if (static_cast<int64_t>(blocks.size()) < need) {
     return InvalidArgumentError("attention: sequence " + std::to_string(index) + " has " +
                                 std::to_string(num_tokens) + " tokens but a block table of " +
                                 std::to_string(blocks.size()) + " blocks (needs " + std::to_string(need) + ")");
   }
-  for (int64_t i = 0; i < need; ++i) {
+  for (int64_t i = first_token / l.block_len(); i < need; ++i) {
     const int64_t b = ToInt(blocks[static_cast<size_t>(i)]);
     if (b < 0 || b >= l.num_blocks()) {
       return InvalidArgumentError("attention: sequence " + std::to_string(index) + " block table entry " +
@@ -121,6 +124,23 @@ Status ValidateKivi(const Geometry& g, int64_t num_tokens, const std::byte* tail
   }
   return Status::Ok();
 }
+
+// A sliding window: non-negative, and no attention weights (token eviction
+// moves positions, which a window counts in).
+Status ValidateWindow(int64_t window, bool scores, size_t index) {
+  if (window < 0) {
+    return InvalidArgumentError("attention: sequence " + std::to_string(index) + " has window " +
+                                std::to_string(window) + ": must be >= 0 (0 = no sliding window)");
+  }
+  if (window > 0 && scores) {
+    return UnimplementedError("attention: sequence " + std::to_string(index) +
+                              " asks for attention weights (token eviction) on a sliding-window layer: not supported");
+  }
+  return Status::Ok();
+}
+
+// The first position a query at `pos` sees under `window` (0 = none).
+int64_t WindowBegin(int64_t pos, int64_t window) { return window > 0 ? std::max<int64_t>(0, pos + 1 - window) : 0; }
 
 int Threads(const AttentionOptions& o) {
   return o.num_threads > 0 ? o.num_threads : ThreadPool::Shared().num_threads();
@@ -150,7 +170,7 @@ struct WorkItem {
 // Per-thread scratch, reused across calls.
 struct Scratch {
   std::vector<float> q, scores, m, l, acc, weights, block_max;
-  std::vector<int64_t> limit;
+  std::vector<int64_t> limit, begin;
 };
 
 // Where one sequence's attention weights go (token eviction).
@@ -185,7 +205,7 @@ void AddWeights(const float* weights, const float* block_max, int64_t n, int32_t
 // `partials` for the merge.
 void RunItem(const WorkItem& w, const PagedKv& kv, const Geometry& g, std::span<const BlockId> blocks,
              int64_t num_tokens, int64_t num_queries_total, const float* q_seq, float* out_seq,
-             float* partial_state, float softcap, const ScoreOut* so, const std::byte* tail) {
+             float* partial_state, float softcap, const ScoreOut* so, const std::byte* tail, int64_t window) {
   thread_local Scratch s;
   const int32_t rows = w.num_queries * g.group;
   const int32_t d = g.head_dim;
@@ -193,6 +213,7 @@ void RunItem(const WorkItem& w, const PagedKv& kv, const Geometry& g, std::span<
   s.q.resize(static_cast<size_t>(rows) * d);
   s.scores.resize(static_cast<size_t>(rows) * stride);
   s.limit.resize(static_cast<size_t>(rows));
+  s.begin.resize(static_cast<size_t>(rows));
   float* m;
   float* l;
   float* acc;
@@ -217,6 +238,7 @@ void RunItem(const WorkItem& w, const PagedKv& kv, const Geometry& g, std::span<
       const float* src = q_seq + (query * g.q_heads + w.kv_head * g.group + i) * d;
       for (int32_t x = 0; x < d; ++x) s.q[static_cast<size_t>(r) * d + x] = src[x] * g.scale;
       s.limit[static_cast<size_t>(r)] = pos + 1;
+      s.begin[static_cast<size_t>(r)] = WindowBegin(pos, window);
       m[r] = -std::numeric_limits<float>::infinity();
       l[r] = 0.0f;
       // (H q) . (H k) = q . k for the orthonormal H the rows were stored with.
@@ -233,6 +255,7 @@ void RunItem(const WorkItem& w, const PagedKv& kv, const Geometry& g, std::span<
   t.head_dim = d;
   t.q = s.q.data();
   t.limit = s.limit.data();
+  t.begin = window > 0 ? s.begin.data() : nullptr;
   t.k_region = kv.arena + layout.SlabOffset(kv.layer, 0, w.kv_head, 0);
   t.v_region = kv.arena + layout.SlabOffset(kv.layer, g.v_plane, w.kv_head, 0);
   t.slab_stride = g.slab_stride;
@@ -320,9 +343,11 @@ Status PagedDecodeAttention(const PagedKv& kv, std::span<const DecodeSeq> seqs, 
       return InvalidArgumentError("attention: decode sequence " + std::to_string(i) +
                                   " has no tokens: append the new token's K and V first");
     }
-    PAGEKV_RETURN_IF_ERROR(ValidateTable(*kv.layout, seqs[i].blocks, seqs[i].num_tokens, i));
+    PAGEKV_RETURN_IF_ERROR(ValidateWindow(seqs[i].window, seqs[i].scores != nullptr, i));
+    const int64_t first = WindowBegin(seqs[i].num_tokens - 1, seqs[i].window);
+    PAGEKV_RETURN_IF_ERROR(ValidateTable(*kv.layout, seqs[i].blocks, seqs[i].num_tokens, i, first));
     PAGEKV_RETURN_IF_ERROR(ValidateKivi(g, seqs[i].num_tokens, seqs[i].tail, seqs[i].scores != nullptr, i));
-    total_tokens += seqs[i].num_tokens;
+    total_tokens += seqs[i].num_tokens - first;
   }
   g.scale = options.scale != 0 ? options.scale : g.default_scale;
   const int64_t kv_bytes = total_tokens * g.kv_heads * (g.v_plane + 1) * g.row_bytes;
@@ -341,9 +366,16 @@ Status PagedDecodeAttention(const PagedKv& kv, std::span<const DecodeSeq> seqs, 
   std::vector<WorkItem> items;
   std::vector<int64_t> first_partial(seqs.size(), -1);
   int64_t num_partials = 0;
+  // A sequence's chunks start at the block of its window's first position
+  // (position 0 without a window).
+  auto chunk_base = [&](const DecodeSeq& sq) {
+    return WindowBegin(sq.num_tokens - 1, sq.window) / g.block_len * g.block_len;
+  };
+  auto chunks_of = [&](const DecodeSeq& sq) { return CeilDiv(sq.num_tokens - chunk_base(sq), chunk); };
   for (size_t i = 0; i < seqs.size(); ++i) {
     const int64_t n = seqs[i].num_tokens;
-    const int64_t chunks = CeilDiv(n, chunk);
+    const int64_t base = chunk_base(seqs[i]);
+    const int64_t chunks = chunks_of(seqs[i]);
     if (chunks > 1) first_partial[i] = num_partials;
     for (int32_t h = 0; h < g.kv_heads; ++h) {
       for (int64_t c = 0; c < chunks; ++c) {
@@ -351,8 +383,8 @@ Status PagedDecodeAttention(const PagedKv& kv, std::span<const DecodeSeq> seqs, 
         w.seq = static_cast<int64_t>(i);
         w.kv_head = h;
         w.num_queries = 1;
-        w.tok_begin = c * chunk;
-        w.tok_end = std::min(n, (c + 1) * chunk);
+        w.tok_begin = base + c * chunk;
+        w.tok_end = std::min(n, base + (c + 1) * chunk);
         if (chunks > 1) w.partial = num_partials++;
         items.push_back(w);
       }
@@ -394,7 +426,7 @@ Status PagedDecodeAttention(const PagedKv& kv, std::span<const DecodeSeq> seqs, 
     const DecodeSeq& sq = seqs[static_cast<size_t>(w.seq)];
     RunItem(w, kv, g, sq.blocks, sq.num_tokens, 1, q + w.seq * per_seq, out + w.seq * per_seq,
             w.partial >= 0 ? partials.data() + w.partial * state_floats : nullptr, options.softcap,
-            sq.scores != nullptr ? &score_out[static_cast<size_t>(w.seq)] : nullptr, sq.tail);
+            sq.scores != nullptr ? &score_out[static_cast<size_t>(w.seq)] : nullptr, sq.tail, sq.window);
   });
 
   // Merge chunk partials: out = sum_c e^(m_c - M) acc_c / sum_c e^(m_c - M) l_c.
@@ -402,7 +434,7 @@ Status PagedDecodeAttention(const PagedKv& kv, std::span<const DecodeSeq> seqs, 
     ThreadPool::Shared().ParallelFor(static_cast<int64_t>(seqs.size()), threads, [&](int64_t si) {
       const auto i = static_cast<size_t>(si);
       if (first_partial[i] < 0) return;
-      const int64_t chunks = CeilDiv(seqs[i].num_tokens, chunk);
+      const int64_t chunks = chunks_of(seqs[i]);
       for (int32_t h = 0; h < g.kv_heads; ++h) {
         const float* base = partials.data() + (first_partial[i] + h * chunks) * state_floats;
         for (int32_t r = 0; r < g.group; ++r) {
@@ -458,13 +490,16 @@ Status PagedPrefillAttention(const PagedKv& kv, std::span<const PrefillSeq> seqs
                                   std::to_string(s.score_queries) + ": must be in [0, num_queries = " +
                                   std::to_string(s.num_queries) + "] (0 scores every query)");
     }
-    PAGEKV_RETURN_IF_ERROR(ValidateTable(*kv.layout, s.blocks, s.num_tokens, i));
+    PAGEKV_RETURN_IF_ERROR(ValidateWindow(s.window, s.scores != nullptr, i));
+    PAGEKV_RETURN_IF_ERROR(
+        ValidateTable(*kv.layout, s.blocks, s.num_tokens, i, WindowBegin(s.num_tokens - s.num_queries, s.window)));
     PAGEKV_RETURN_IF_ERROR(ValidateKivi(g, s.num_tokens, s.tail, s.scores != nullptr, i));
   }
   g.scale = options.scale != 0 ? options.scale : g.default_scale;
   double macs = 0;  // q.k and p.v of every query over the positions it sees
   for (const PrefillSeq& s : seqs) {
-    const double seen = static_cast<double>(s.num_tokens) - 0.5 * static_cast<double>(s.num_queries - 1);
+    double seen = static_cast<double>(s.num_tokens) - 0.5 * static_cast<double>(s.num_queries - 1);
+    if (s.window > 0) seen = std::min(seen, static_cast<double>(s.window));
     macs += 2.0 * static_cast<double>(s.num_queries) * seen * g.q_heads * g.head_dim;
   }
   const int wanted = Threads(options);
@@ -494,23 +529,26 @@ Status PagedPrefillAttention(const PagedKv& kv, std::span<const PrefillSeq> seqs
         w.kv_head = h;
         w.first_query = first;
         w.num_queries = static_cast<int32_t>(std::min<int64_t>(tile, seqs[i].num_queries - first));
-        w.tok_begin = 0;
-        // The tile's last query sees up to its own position.
-        w.tok_end = seqs[i].num_tokens - seqs[i].num_queries + first + w.num_queries;
+        // The tile's first query's window starts earliest; its last query
+        // sees up to its own position.
+        const int64_t first_pos = seqs[i].num_tokens - seqs[i].num_queries + first;
+        w.tok_begin = WindowBegin(first_pos, seqs[i].window) / g.block_len * g.block_len;
+        w.tok_end = first_pos + w.num_queries;
         items.push_back(w);
       }
     }
   }
   const int64_t per_query = static_cast<int64_t>(g.q_heads) * g.head_dim;
   // Longest tiles first, so the tail of the parallel loop is short ones.
-  std::sort(items.begin(), items.end(),
-            [](const WorkItem& a, const WorkItem& b) { return a.tok_end > b.tok_end; });
+  std::sort(items.begin(), items.end(), [](const WorkItem& a, const WorkItem& b) {
+    return a.tok_end - a.tok_begin > b.tok_end - b.tok_begin;
+  });
   ThreadPool::Shared().ParallelFor(static_cast<int64_t>(items.size()), threads, [&](int64_t it) {
     const WorkItem& w = items[static_cast<size_t>(it)];
     const PrefillSeq& sq = seqs[static_cast<size_t>(w.seq)];
     const int64_t base = q_offset[static_cast<size_t>(w.seq)] * per_query;
     RunItem(w, kv, g, sq.blocks, sq.num_tokens, sq.num_queries, q + base, out + base, nullptr, options.softcap,
-            sq.scores != nullptr ? &score_out[static_cast<size_t>(w.seq)] : nullptr, sq.tail);
+            sq.scores != nullptr ? &score_out[static_cast<size_t>(w.seq)] : nullptr, sq.tail, sq.window);
   });
   return Status::Ok();
 }

@@ -258,21 +258,26 @@ void AttendRowsT(DF df, const RowTask& task) {
     // First every row's max, then every row's exps: a row's exps wait on
     // its max (a chain of maxes and a reduction), so the rows' chains are
     // left to overlap instead of running one row after another.
+    // A row sees [lo, valid) of this block: lo > 0 only in the block where
+    // its sliding window starts.
     int64_t group_n = 0;  // the longest valid prefix among the rows
     float corr_all[kMaxRows], m_new_all[kMaxRows];
-    int64_t valid_all[kMaxRows];
+    int64_t valid_all[kMaxRows], lo_all[kMaxRows];
     const auto neg_inf = hn::Set(df, -std::numeric_limits<float>::infinity());
     for (r = 0; r < rows; ++r) {
       float* HWY_RESTRICT s = scores + r * stride;
-      const int64_t valid = std::clamp<int64_t>(task.limit[r] - start, 0, n);
+      int64_t valid = std::clamp<int64_t>(task.limit[r] - start, 0, n);
+      const int64_t lo = task.begin == nullptr ? 0 : std::clamp<int64_t>(task.begin[r] - start, 0, n);
+      if (lo >= valid) valid = 0;
       valid_all[r] = valid;
+      lo_all[r] = lo;
       if (valid == 0) continue;
       group_n = std::max(group_n, valid);
       if (task.softcap > 0) {
-        for (int64_t t = 0; t < valid; ++t) s[t] = task.softcap * std::tanh(s[t] / task.softcap);
+        for (int64_t t = lo; t < valid; ++t) s[t] = task.softcap * std::tanh(s[t] / task.softcap);
       }
       auto vmax_acc = neg_inf;
-      int64_t t = 0;
+      int64_t t = lo;
       for (; t + lanes <= valid; t += lanes) vmax_acc = hn::Max(vmax_acc, hn::LoadU(df, s + t));
       if (t < valid) {
         vmax_acc = hn::Max(vmax_acc, hn::IfThenElse(hn::FirstN(df, static_cast<size_t>(valid - t)), hn::LoadU(df, s + t), neg_inf));
@@ -294,6 +299,16 @@ void AttendRowsT(DF df, const RowTask& task) {
       const auto vmax = hn::Set(df, m_new);
       auto vsum = hn::Zero(df);
       int64_t t = 0;
+      if (const int64_t lo = lo_all[r]; lo > 0) {
+        // The window's first block: positions before lo weigh exactly 0.
+        for (; t < n; t += lanes) {
+          const auto mask = hn::AndNot(hn::FirstN(df, static_cast<size_t>(std::max<int64_t>(0, lo - t))),
+                                       hn::FirstN(df, static_cast<size_t>(std::max<int64_t>(0, valid - t))));
+          const auto e = hn::IfThenElseZero(mask, hn::CallExp(df, hn::IfThenElseZero(mask, hn::Sub(hn::LoadU(df, s + t), vmax))));
+          hn::StoreU(e, df, s + t);
+          vsum = hn::Add(vsum, e);
+        }
+      }
       // Four independent exps per step: one alone is a chain of dependent
       // polynomial steps and leaves the pipes idle (docs/PERFORMANCE.md).
       for (; t + kExpBatch * lanes <= valid; t += kExpBatch * lanes) {
@@ -480,7 +495,7 @@ void AttendRowsKiviT(DF df, const RowTask& task) {
   float* HWY_RESTRICT ktile = ktile_buf.data();
   float* HWY_RESTRICT vtile = vtile_buf.data();
   float kscale[kMaxKiviHeadDim], kmin[kMaxKiviHeadDim];
-  int64_t limit[kMaxRows];
+  int64_t limit[kMaxRows], begin[kMaxRows];
   int64_t max_limit = 0;
   for (int32_t r = 0; r < task.rows; ++r) max_limit = std::max(max_limit, task.limit[r]);
   const int64_t end = std::min(task.tok_end, max_limit);
@@ -493,9 +508,13 @@ void AttendRowsKiviT(DF df, const RowTask& task) {
   sub.v_slab_stride = 0;
   sub.tok_begin = 0;
   sub.limit = limit;
+  sub.begin = task.begin != nullptr ? begin : nullptr;
   sub.weights_out = nullptr;
   auto run = [&](int64_t first, int64_t n) {
     for (int32_t r = 0; r < task.rows; ++r) limit[r] = std::clamp<int64_t>(task.limit[r] - first, 0, n);
+    if (task.begin != nullptr) {
+      for (int32_t r = 0; r < task.rows; ++r) begin[r] = std::clamp<int64_t>(task.begin[r] - first, 0, n);
+    }
     sub.tok_end = n;
     sub.block_len = static_cast<int32_t>(std::max<int64_t>(n, 1));
   };

@@ -5,11 +5,12 @@
 // A RowTask is one unit of work: R query rows that share one KV head, run
 // over the key positions [tok_begin, tok_end) of one sequence, updating each
 // row's online-softmax state (m, l, acc). Rows may stop at different
-// positions (the causal limit of prefill queries).
+// positions (the causal limit of prefill queries) and, under a sliding
+// window, start at different positions (begin).
 //
 //   positions   tok_begin (block-aligned)                     tok_end
 //               |---- block ----|---- block ----|-- partial --|
-//   row r sees  [tok_begin, min(limit[r], tok_end))
+//   row r sees  [max(tok_begin, begin[r]), min(limit[r], tok_end))
 #pragma once
 
 #include <cstddef>
@@ -29,6 +30,9 @@ struct RowTask {
   int32_t head_dim = 0;       // D
   const float* q = nullptr;   // [R][D], already multiplied by the scale
   const int64_t* limit = nullptr;  // [R] exclusive end position of each row
+  // [R] first position each row sees (a sliding window), or null: every
+  // row starts at tok_begin. Masked positions weigh exactly 0.
+  const int64_t* begin = nullptr;
   const std::byte* k_region = nullptr;  // slab of block 0 in this (layer, K, head)
   const std::byte* v_region = nullptr;  // slab of block 0 in this (layer, V, head)
   int64_t slab_stride = 0;     // between blocks' K slabs

@@ -100,7 +100,23 @@ class PagedFixture {
       k_.push_back(std::move(k));
       v_.push_back(std::move(v));
     }
+    spare_ = BlockId{ids[next]};
+    // The spare block is all ones: NaN in every float format and in the
+    // int8 / fp8 rows' scales, so a kernel that reads it gives NaN.
+    for (int32_t l = 0; l < layers; ++l) {
+      for (int32_t plane = 0; plane < 2; ++plane) {
+        for (int32_t h = 0; h < kv_heads; ++h) {
+          for (int32_t t = 0; t < block_len; ++t) {
+            std::memset(arena() + layout_->RowOffset(l, plane, h, ToInt(spare_), t), 0xFF,
+                        static_cast<size_t>(layout_->row_bytes(l)));
+          }
+        }
+      }
+    }
   }
+
+  // A block of the pool no sequence uses, holding NaN everywhere.
+  BlockId PoisonBlock() const { return spare_; }
 
   std::byte* arena() { return reinterpret_cast<std::byte*>(arena_.data()); }
   const KvLayout& layout() const { return *layout_; }
@@ -139,6 +155,7 @@ class PagedFixture {
   std::vector<Line> arena_;
   std::vector<std::vector<BlockId>> tables_;
   std::vector<std::vector<std::vector<double>>> k_, v_;  // [seq][layer][token][head][dim]
+  BlockId spare_{0};
 };
 
 std::vector<float> RandomQ(std::mt19937& rng, size_t n) {
@@ -340,6 +357,76 @@ TEST_P(AttentionTargetTest, ChunkedPrefillSplitAtEveryPositionOfABlockMatchesRef
   }
 }
 
+// Sliding windows: every query sees only its last `window` positions; the
+// table entries of blocks wholly before the window point at a block of NaN
+// (a hybrid cache has freed them), so reading one fails the comparison.
+TEST_P(AttentionTargetTest, SlidingWindowMatchesReferenceAndNeverReadsBlocksBeforeIt) {
+  const int32_t bl = 16;
+  const std::vector<int64_t> lengths = {1, bl - 1, bl, bl + 1, 5 * bl + 3, 200};
+  uint32_t seed = 300;
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16, DType::kInt8, DType::kFP8E4M3, DType::kFP8E5M2}) {
+    for (Shape s : {Shape{8, 8, 32}, Shape{8, 2, 64}, Shape{16, 2, 32}}) {
+      PagedFixture f(1, s.q_heads, s.kv_heads, s.head_dim, bl, dtype, lengths, ++seed);
+      const size_t per_query = static_cast<size_t>(s.q_heads) * s.head_dim;
+      for (int64_t window : {int64_t{1}, int64_t{7}, int64_t{bl}, int64_t{bl + 1}, int64_t{40}}) {
+        // Decode, in one call (chunks of two blocks for the long ones).
+        std::vector<std::vector<BlockId>> tables;
+        std::vector<DecodeSeq> seqs;
+        for (size_t i = 0; i < lengths.size(); ++i) {
+          std::vector<BlockId> t(f.Table(i).begin(), f.Table(i).end());
+          const int64_t first = std::max<int64_t>(0, lengths[i] - window);
+          for (int64_t b = 0; b < first / bl; ++b) t[static_cast<size_t>(b)] = f.PoisonBlock();
+          tables.push_back(std::move(t));
+        }
+        for (size_t i = 0; i < lengths.size(); ++i) {
+          DecodeSeq d{tables[i], lengths[i]};
+          d.window = window;
+          seqs.push_back(d);
+        }
+        std::vector<float> q = RandomQ(f.rng(), per_query * lengths.size());
+        std::vector<float> out(q.size(), std::nanf(""));
+        AttentionOptions opts;
+        opts.split_tokens = 2 * bl;
+        opts.num_threads = 2;
+        Status st = PagedDecodeAttention(f.Kv(0), seqs, q.data(), out.data(), opts);
+        ASSERT_TRUE(st.ok()) << st.ToString();
+        for (size_t i = 0; i < lengths.size(); ++i) {
+          std::vector<double> qd(q.begin() + static_cast<std::ptrdiff_t>(i * per_query),
+                                 q.begin() + static_cast<std::ptrdiff_t>((i + 1) * per_query));
+          testing::ReferenceShape rs{s.q_heads, s.kv_heads, s.head_dim, 0, 0, window};
+          const std::vector<double> ref = testing::ReferenceAttention(rs, qd, 1, f.K(i, 0), f.V(i, 0), lengths[i]);
+          EXPECT_LE(testing::MaxRowRelError(out.data() + i * per_query, ref, s.q_heads, s.head_dim), Tolerance(dtype))
+              << "decode " << DTypeName(dtype) << " G=" << s.q_heads / s.kv_heads << " window " << window
+              << " context " << lengths[i];
+        }
+        // Chunked prefill of the 200-token sequence, split in two at several
+        // points; each call's table is poisoned before its first query's window.
+        const size_t last = lengths.size() - 1;
+        const int64_t n = lengths[last];
+        std::vector<float> pq = RandomQ(f.rng(), per_query * static_cast<size_t>(n));
+        std::vector<double> pqd(pq.begin(), pq.end());
+        testing::ReferenceShape rs{s.q_heads, s.kv_heads, s.head_dim, 0, 0, window};
+        const std::vector<double> ref = testing::ReferenceAttention(rs, pqd, n, f.K(last, 0), f.V(last, 0), n);
+        for (int64_t split : {int64_t{1}, int64_t{23}, int64_t{bl * 5}, n - 1}) {
+          std::vector<float> out2(pq.size(), std::nanf(""));
+          for (const auto& [from, to] : {std::pair{int64_t{0}, split}, std::pair{split, n}}) {
+            std::vector<BlockId> t(f.Table(last).begin(), f.Table(last).end());
+            for (int64_t b = 0; b < std::max<int64_t>(0, from + 1 - window) / bl; ++b) t[static_cast<size_t>(b)] = f.PoisonBlock();
+            PrefillSeq p{t, to, to - from};
+            p.window = window;
+            st = PagedPrefillAttention(f.Kv(0), {&p, 1}, pq.data() + from * per_query, out2.data() + from * per_query,
+                                       opts);
+            ASSERT_TRUE(st.ok()) << st.ToString();
+          }
+          EXPECT_LE(testing::MaxRowRelError(out2.data(), ref, n * s.q_heads, s.head_dim), Tolerance(dtype))
+              << "prefill " << DTypeName(dtype) << " G=" << s.q_heads / s.kv_heads << " window " << window
+              << " split at " << split;
+        }
+      }
+    }
+  }
+}
+
 TEST_P(AttentionTargetTest, PrefillBatchOfDifferentLengthsAndGroups) {
   const int32_t bl = 16;
   for (Shape s : {Shape{4, 4, 64}, Shape{8, 2, 128}, Shape{16, 2, 16}, Shape{8, 1, 24}}) {
@@ -448,6 +535,32 @@ TEST_P(AttentionTargetTest, Int4KiviMatchesReferenceOverSealedGroupsAndTheTail) 
       const std::vector<double> ref = testing::ReferenceAttention({s.q_heads, s.kv_heads, d, 0, 0}, qd, 1, ks[i], vs[i], lengths[i]);
       EXPECT_LE(testing::MaxRowRelError(out.data() + i * per_seq, ref, s.q_heads, d), 1e-4)
           << "context " << lengths[i] << " split " << split;
+    }
+  }
+  // Sliding windows over sealed groups and the tail; blocks wholly before
+  // the window are kNoBlock (reading one would fault, or fail under ASan).
+  for (int64_t window : {int64_t{5}, int64_t{20}, int64_t{33}}) {
+    std::vector<std::vector<BlockId>> cut_tables;
+    std::vector<DecodeSeq> seqs;
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      std::vector<BlockId> t = tables[i];
+      for (int64_t b = 0; b < std::max<int64_t>(0, lengths[i] - window) / bl; ++b) t[static_cast<size_t>(b)] = kNoBlock;
+      cut_tables.push_back(std::move(t));
+    }
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      DecodeSeq sq{cut_tables[i], lengths[i], nullptr, tails[i].data()};
+      sq.window = window;
+      seqs.push_back(sq);
+    }
+    std::vector<float> out(q.size(), std::nanf(""));
+    ASSERT_TRUE(PagedDecodeAttention(kv, seqs, q.data(), out.data()).ok());
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      std::vector<double> qd(q.begin() + static_cast<std::ptrdiff_t>(i * per_seq),
+                             q.begin() + static_cast<std::ptrdiff_t>((i + 1) * per_seq));
+      const std::vector<double> ref =
+          testing::ReferenceAttention({s.q_heads, s.kv_heads, d, 0, 0, window}, qd, 1, ks[i], vs[i], lengths[i]);
+      EXPECT_LE(testing::MaxRowRelError(out.data() + i * per_seq, ref, s.q_heads, d), 1e-4)
+          << "context " << lengths[i] << " window " << window;
     }
   }
   // Prefill of the longest sequence in two chunks (split inside a group).
@@ -658,6 +771,29 @@ TEST_F(AttentionBadInputTest, BlockIdOutsideThePoolIsAnError) {
   EXPECT_EQ(PagedDecodeAttention(f_.Kv(0), {&s, 1}, q_.data(), out_.data()).code(), StatusCode::kInvalidArgument);
   PrefillSeq p{table, 20, 20};
   EXPECT_EQ(PagedPrefillAttention(f_.Kv(0), {&p, 1}, q_.data(), out_.data()).code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(AttentionBadInputTest, SlidingWindowTablesAndArguments) {
+  // 20 tokens, window 3: block 0 is wholly before the window and may be
+  // kNoBlock; block 1 may not.
+  std::vector<BlockId> table = {kNoBlock, f_.Table(0)[1]};
+  DecodeSeq s{table, 20};
+  EXPECT_EQ(PagedDecodeAttention(f_.Kv(0), {&s, 1}, q_.data(), out_.data()).code(), StatusCode::kInvalidArgument);
+  s.window = 3;
+  EXPECT_TRUE(PagedDecodeAttention(f_.Kv(0), {&s, 1}, q_.data(), out_.data()).ok());
+  PrefillSeq p{table, 20, 2};
+  p.window = 3;
+  EXPECT_TRUE(PagedPrefillAttention(f_.Kv(0), {&p, 1}, q_.data(), out_.data()).ok());
+  p.num_queries = 4;  // the first query (position 16) sees from 14: block 0
+  EXPECT_EQ(PagedPrefillAttention(f_.Kv(0), {&p, 1}, q_.data(), out_.data()).code(), StatusCode::kInvalidArgument);
+  s.window = -1;
+  Status st = PagedDecodeAttention(f_.Kv(0), {&s, 1}, q_.data(), out_.data());
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("window"), std::string::npos) << st.message();
+  std::vector<float> scores(2 * 20);
+  DecodeSeq scored{f_.Table(0), 20, scores.data()};
+  scored.window = 3;
+  EXPECT_EQ(PagedDecodeAttention(f_.Kv(0), {&scored, 1}, q_.data(), out_.data()).code(), StatusCode::kUnimplemented);
 }
 
 TEST_F(AttentionBadInputTest, NullArenaLayerOutOfRangeAndEmptySequence) {

@@ -69,7 +69,7 @@ void AttendRowsLanesT(DF df, const RowTask& task) {
   float* HWY_RESTRICT st = sc.st.data();
   // Transposed state: qt/at[tile][j][lane], m/l/limit per tile as vectors.
   HWY_ALIGN float m_in[kMaxRows], l_in[kMaxRows];
-  HWY_ALIGN int32_t lim[kMaxRows];
+  HWY_ALIGN int32_t lim[kMaxRows], beg[kMaxRows];
   int64_t max_limit = 0;
   for (int32_t r = 0; r < tiles * N; ++r) {
     const bool real = r < R;
@@ -82,6 +82,7 @@ void AttendRowsLanesT(DF df, const RowTask& task) {
     l_in[r] = real ? task.l[r] : 0.0f;
     const int64_t limit = real ? std::min(task.limit[r], task.tok_end) : 0;
     lim[r] = static_cast<int32_t>(limit);
+    beg[r] = real && task.begin != nullptr ? static_cast<int32_t>(task.begin[r]) : 0;
     max_limit = std::max(max_limit, limit);
   }
   const V neg_inf = hn::Set(df, -std::numeric_limits<float>::infinity());
@@ -119,7 +120,11 @@ void AttendRowsLanesT(DF df, const RowTask& task) {
         const float* HWY_RESTRICT q_t = qt + static_cast<size_t>(tile) * d * N;
         float* HWY_RESTRICT a_t = at + static_cast<size_t>(tile) * d * N;
         const auto limit = hn::LoadU(di, lim + tile * N);
-        if (hn::AllFalse(di, hn::Gt(limit, hn::Set(di, static_cast<int32_t>(pos))))) continue;  // no row sees these tokens
+        const auto first = hn::LoadU(di, beg + tile * N);  // sliding windows: the first position each row sees
+        if (hn::AllFalse(di, hn::Gt(limit, hn::Set(di, static_cast<int32_t>(pos)))) ||
+            hn::AllFalse(di, hn::Gt(hn::Set(di, static_cast<int32_t>(pos + n)), first))) {
+          continue;  // no row sees these tokens
+        }
         // 1. Scores, 8 tokens at a time: st[t] = sum_j q^T[j] * k[t][j].
         int64_t t = 0;
         for (; t + 8 <= n; t += 8) {
@@ -140,7 +145,9 @@ void AttendRowsLanesT(DF df, const RowTask& task) {
         // row's limit, new max, rescale factor, probabilities in place.
         V bmax = neg_inf;
         for (t = 0; t < n; ++t) {
-          const auto seen = hn::RebindMask(df, hn::Gt(limit, hn::Set(di, static_cast<int32_t>(pos + t))));
+          const auto at = hn::Set(di, static_cast<int32_t>(pos + t));
+          const auto after = hn::Set(di, static_cast<int32_t>(pos + t + 1));
+          const auto seen = hn::RebindMask(df, hn::And(hn::Gt(limit, at), hn::Gt(after, first)));
           const V sv = hn::IfThenElse(seen, hn::LoadU(df, st + t * N), neg_inf);
           hn::StoreU(sv, df, st + t * N);
           bmax = hn::Max(bmax, sv);

@@ -19,11 +19,12 @@ std::vector<double> ReferenceAttention(const ReferenceShape& s, const std::vecto
   const int64_t first_scored = score_queries == 0 ? 0 : num_queries - score_queries;
   for (int64_t j = 0; j < num_queries; ++j) {
     const int64_t last = num_tokens - num_queries + j;  // inclusive
+    const int64_t first = s.window > 0 ? std::max<int64_t>(0, last - s.window + 1) : 0;
     for (int64_t qh = 0; qh < s.num_q_heads; ++qh) {
       const int64_t kh = qh / group;
       const double* qv = &q[static_cast<size_t>((j * s.num_q_heads + qh) * d)];
       double max_logit = -std::numeric_limits<double>::infinity();
-      for (int64_t t = 0; t <= last; ++t) {
+      for (int64_t t = first; t <= last; ++t) {
         const double* kv = &k[static_cast<size_t>((t * s.num_kv_heads + kh) * d)];
         double dot = 0;
         for (int64_t i = 0; i < d; ++i) dot += qv[i] * kv[i];
@@ -33,12 +34,12 @@ std::vector<double> ReferenceAttention(const ReferenceShape& s, const std::vecto
         max_logit = std::max(max_logit, x);
       }
       double sum = 0;
-      for (int64_t t = 0; t <= last; ++t) {
+      for (int64_t t = first; t <= last; ++t) {
         logits[static_cast<size_t>(t)] = std::exp(logits[static_cast<size_t>(t)] - max_logit);
         sum += logits[static_cast<size_t>(t)];
       }
       double* o = &out[static_cast<size_t>((j * s.num_q_heads + qh) * d)];
-      for (int64_t t = 0; t <= last; ++t) {
+      for (int64_t t = first; t <= last; ++t) {
         const double w = logits[static_cast<size_t>(t)] / sum;
         if (weights != nullptr && j >= first_scored) (*weights)[static_cast<size_t>(kh * num_tokens + t)] += w;
         const double* vv = &v[static_cast<size_t>((t * s.num_kv_heads + kh) * d)];

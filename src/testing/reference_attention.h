@@ -14,11 +14,13 @@ struct ReferenceShape {
   int32_t head_dim = 0;
   double scale = 0;    // 0 means 1 / sqrt(head_dim)
   double softcap = 0;  // 0 means off
+  int64_t window = 0;  // > 0: query at position p sees only [p - window + 1, p]
 };
 
 // k, v: [num_tokens][num_kv_heads][head_dim] as double.
 // q:    [num_queries][num_q_heads][head_dim]; query j attends to tokens
-//       [0, num_tokens - num_queries + j] (decode: num_queries = 1, all tokens).
+//       [0, num_tokens - num_queries + j] (decode: num_queries = 1, all tokens),
+//       or the last `window` of those.
 // Returns [num_queries][num_q_heads][head_dim].
 // weights (optional): [num_kv_heads][num_tokens], the softmax weights each
 // token got, summed over the group's query heads and the last score_queries
