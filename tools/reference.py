@@ -84,10 +84,76 @@ QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
                r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
+class SpmTokenizer:
+    """SentencePiece (tokenizer.ggml.model "llama") through Google's
+    `sentencepiece` library, its model rebuilt from the GGUF's pieces, scores
+    and types: BPE, byte fallback, spaces escaped to U+2581, the dummy prefix
+    as tokenizer.ggml.add_space_prefix says. Control and user-defined pieces
+    written in the text are cut out of the raw text first (longest match at
+    each position), as Hugging Face matches its added tokens: the converter
+    stores user-defined pieces pre-normalized (Gemma's runs of spaces as
+    literal spaces, not U+2581), which SentencePiece's own matcher, running
+    after the escaping, would never find."""
+
+    def __init__(self, g):
+        import sentencepiece as spm
+        from sentencepiece import sentencepiece_model_pb2 as pb
+
+        tokens = g.value("tokenizer.ggml.tokens")
+        scores = g.value("tokenizer.ggml.scores") or [0.0] * len(tokens)
+        types = g.value("tokenizer.ggml.token_type") or [1] * len(tokens)
+        unk = g.value("tokenizer.ggml.unknown_token_id", 0)
+        m = pb.ModelProto()
+        for i, (t, sc, ty) in enumerate(zip(tokens, scores, types)):
+            p = m.pieces.add()
+            p.piece = t
+            p.score = sc
+            p.type = pb.ModelProto.SentencePiece.UNKNOWN if i == unk else (ty if ty in (1, 3, 4, 5, 6) else 1)
+        m.trainer_spec.model_type = pb.TrainerSpec.BPE
+        m.trainer_spec.byte_fallback = 6 in types
+        m.trainer_spec.unk_id = unk
+        m.trainer_spec.bos_id = g.value("tokenizer.ggml.bos_token_id", -1)
+        m.trainer_spec.eos_id = g.value("tokenizer.ggml.eos_token_id", -1)
+        m.trainer_spec.pad_id = g.value("tokenizer.ggml.padding_token_id", -1)
+        m.normalizer_spec.name = "identity"
+        m.normalizer_spec.add_dummy_prefix = g.value("tokenizer.ggml.add_space_prefix", True)
+        m.normalizer_spec.escape_whitespaces = True
+        m.normalizer_spec.remove_extra_whitespaces = False
+        self.sp = spm.SentencePieceProcessor(model_proto=m.SerializeToString())
+        self.controls = {}  # first character -> pieces, longest first
+        for t in sorted({t for t, ty in zip(tokens, types) if ty in (3, 4) and t}, key=len, reverse=True):
+            self.controls.setdefault(t[0], []).append(t)
+        self.ids = {t: i for i, t in reversed(list(enumerate(tokens)))}
+
+    class Encoding:
+        def __init__(self, ids):
+            self.ids = ids
+
+    def encode(self, text, add_special_tokens=False):
+        out, i, begin = [], 0, 0
+        while i < len(text):
+            hit = next((c for c in self.controls.get(text[i], ()) if text.startswith(c, i)), None)
+            if hit is None:
+                i += 1
+                continue
+            if i > begin:
+                out += self.sp.encode(text[begin:i])
+            out.append(self.ids[hit])
+            i = begin = i + len(hit)
+        if begin < len(text):
+            out += self.sp.encode(text[begin:])
+        return SpmTokenizer.Encoding(out)
+
+    def decode(self, ids):
+        return self.sp.decode(ids)
+
+
 def make_tokenizer(g):
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
     model = g.value("tokenizer.ggml.model")
+    if model == "llama":
+        return SpmTokenizer(g)
     if model != "gpt2":
         raise SystemExit(f"reference: tokenizer.ggml.model {model!r}: only gpt2 (byte-level BPE) is implemented here")
     tokens = g.value("tokenizer.ggml.tokens")
@@ -429,8 +495,107 @@ class DeepseekModel(Model):
         return self.norm(x, self.out_norm) @ self.out.T
 
 
+class Gemma3Model(Model):
+    """gemma3 as llama.cpp reads the GGUF (and Hugging Face's Gemma3 computes):
+    embeddings times sqrt(dim); per layer RMSNorm, q / k / v, per-head
+    RMSNorm of q and k, NEOX rotary (sliding layers at rope.freq_base_swa,
+    default 10000, unscaled; global ones at rope.freq_base with linear
+    scaling), attention scaled by 1 / sqrt(head_dim) (dim / heads for the
+    62-layer 27B) over the last sliding_window positions on sliding layers
+    (l % P < P - 1 for the pattern P, 6 by default), output projection,
+    post-attention RMSNorm, residual, RMSNorm, GELU(tanh) gate times up, down,
+    post-FFN RMSNorm, residual; final RMSNorm, tied classifier, optional
+    final soft-capping. Norm weights as stored (the converter added 1)."""
+
+    def __init__(self, g):  # noqa: C901
+        a = "gemma3"
+        self.arch = a
+        self.dim = g.value(f"{a}.embedding_length")
+        self.n_layers = g.value(f"{a}.block_count")
+        self.n_heads = g.value(f"{a}.attention.head_count")
+        self.n_kv = g.value(f"{a}.attention.head_count_kv", self.n_heads)
+        self.head_dim = g.value(f"{a}.attention.key_length", self.dim // self.n_heads)
+        self.eps = g.value(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)
+        self.n_rot = self.head_dim
+        self.neox = True
+        self.base_global = g.value(f"{a}.rope.freq_base", 10000.0)
+        self.base_local = g.value(f"{a}.rope.freq_base_swa", 10000.0)
+        scaling = g.value(f"{a}.rope.scaling.type", "none")
+        if scaling not in ("none", "linear"):
+            raise SystemExit(f"reference: gemma3 rope scaling {scaling!r} is not implemented here")
+        factor = g.value(f"{a}.rope.scaling.factor", 1.0) or 1.0
+        self.scale_global = 1.0 / factor if scaling == "linear" else 1.0
+        self.freq_factors, self.yarn, self.attn_factor = None, False, 1.0
+        self.window = g.value(f"{a}.attention.sliding_window", 0) or 0
+        pattern = g.value(f"{a}.attention.sliding_window_pattern", 6)
+        if isinstance(pattern, list):
+            self.sliding = [bool(x) and self.window > 0 for x in pattern]
+        else:
+            self.sliding = [self.window > 0 and pattern > 1 and l % pattern < pattern - 1 for l in range(self.n_layers)]
+        self.q_scale = 1.0 / math.sqrt(self.dim // self.n_heads if self.n_layers == 62 else self.head_dim)
+        self.softcap = g.value(f"{a}.final_logit_softcapping", 0.0) or 0.0
+        self.emb = g.tensor("token_embd.weight")
+        self.out = g.tensor("output.weight") if g.has("output.weight") else self.emb
+        self.out_norm = g.tensor("output_norm.weight")
+        names = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm", "attn_output",
+                 "post_attention_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm")
+        self.layers = [{k: g.tensor(f"blk.{l}.{k}.weight") for k in names} for l in range(self.n_layers)]
+        self.vocab = self.emb.shape[0]
+
+    def forward(self, tokens, cache, start, rows=None):
+        """Logits of the positions `rows` (indices into tokens; all when None)."""
+        n = len(tokens)
+        pos = np.arange(start, start + n, dtype=np.float64)
+        x = self.emb[np.asarray(tokens)] * math.sqrt(self.dim)
+        hd, G = self.head_dim, self.n_heads // self.n_kv
+        for l, L in enumerate(self.layers):
+            sliding = self.sliding[l]
+            self.base = self.base_local if sliding else self.base_global
+            self.freq_scale = 1.0 if sliding else self.scale_global
+            h = self.norm(x, L["attn_norm"])
+            q = self.norm((h @ L["attn_q"].T).reshape(n, self.n_heads, hd), L["attn_q_norm"])
+            k = self.norm((h @ L["attn_k"].T).reshape(n, self.n_kv, hd), L["attn_k_norm"])
+            v = (h @ L["attn_v"].T).reshape(n, self.n_kv, hd)
+            q = self.rope(q, pos) * self.q_scale
+            k = self.rope(k, pos)
+            if len(cache) <= l:
+                cache.append((k, v))
+            else:
+                cache[l] = (np.concatenate([cache[l][0], k]), np.concatenate([cache[l][1], v]))
+            K, V = cache[l]
+            total = K.shape[0]
+            s = np.einsum("thd,Thd->htT", q, np.repeat(K, G, axis=1))
+            qpos = (start + np.arange(n))[:, None]
+            kpos = np.arange(total)[None, :]
+            mask = kpos > qpos
+            if sliding:
+                mask |= kpos <= qpos - self.window  # a query sees its last `window` positions
+            s = np.where(mask[None, :, :], -np.inf, s)
+            s = s - s.max(axis=-1, keepdims=True)
+            p = np.exp(s)
+            p = p / p.sum(axis=-1, keepdims=True)
+            att = np.einsum("htT,Thd->thd", p, np.repeat(V, G, axis=1)).reshape(n, self.n_heads * hd)
+            x = x + self.norm(att @ L["attn_output"].T, L["post_attention_norm"])
+            h = self.norm(x, L["ffn_norm"])
+            gate = h @ L["ffn_gate"].T
+            up = h @ L["ffn_up"].T
+            gelu = 0.5 * gate * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (gate + 0.044715 * gate ** 3)))
+            x = x + self.norm((gelu * up) @ L["ffn_down"].T, L["post_ffw_norm"])
+        if rows is not None:
+            x = x[rows]
+        logits = self.norm(x, self.out_norm) @ self.out.T
+        if self.softcap > 0:
+            logits = self.softcap * np.tanh(logits / self.softcap)
+        return logits
+
+
 def load_model(g):
-    return DeepseekModel(g) if g.value("general.architecture") == "deepseek2" else Model(g)
+    arch = g.value("general.architecture")
+    if arch == "deepseek2":
+        return DeepseekModel(g)
+    if arch == "gemma3":
+        return Gemma3Model(g)
+    return Model(g)
 
 
 def log_softmax(z):

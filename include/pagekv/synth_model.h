@@ -50,6 +50,12 @@ struct SynthModelSpec {
   bool expert_weights_norm = false;
   double expert_weights_scale = 1.0;
   double yarn_log_multiplier = 0.0;  // rope.scaling.yarn_log_multiplier as stored (0.1 * mscale_all_dim); 0 = not written
+  // gemma3 (arch = "gemma3"): heads of head_dim (key_length, may differ
+  // from dim / heads), sliding windows of sliding_window tokens on every
+  // layer but each sliding_pattern-th, q / k norms, post-norms, GELU.
+  int32_t head_dim = 0;
+  int32_t sliding_window = 0;
+  int32_t sliding_pattern = 0;
 
   int64_t ParameterCount() const;
 };
@@ -72,6 +78,9 @@ struct SynthModelSpec {
 //   tiny-deepseek2-lite  DeepSeek-V2-Lite's variant: no q LoRA, a legacy
 //               attn_kv_b, softmax gating without groups or bias, no rope
 //               scaling
+//   tiny-gemma3  gemma3: 6 layers (sliding windows of 32 tokens, every
+//               third layer full), dim 64, 4 heads of 32 over 1 KV head,
+//               FFN 160, vocab 512, context 2048
 //   small-deepseek2-16k  small-16k's hidden size (256) and depth with a
 //               latent cache: 4 heads, rank 128 + rope 32, nope 64, v 64 (320
 //               bytes of f16 KV per token and layer against small-16k's

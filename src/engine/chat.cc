@@ -62,6 +62,10 @@ const char* ChatTemplate::BuiltIn(std::string_view name) {
   return nullptr;
 }
 
+std::string ChatTemplate::FallbackTemplateName(std::string_view arch) {
+  return arch.rfind("gemma", 0) == 0 ? "gemma" : "";
+}
+
 Result<ChatTemplate> ChatTemplate::Create(const std::string& source, const std::string& override_name,
                                           const Tokenizer& tokenizer, const GgufFile* file) {
   std::string text = source, name = "model";

@@ -5,7 +5,8 @@
 //
 // Built-in templates (for files without one, or to override it): chatml,
 // llama3, llama2, mistral, gemma, phi3, zephyr. A template file may be given
-// instead of a name.
+// instead of a name. A gemma-family file without a template gets the gemma
+// one (the family's format is fixed: FallbackTemplateName).
 //
 // Stop tokens: the end-of-sequence id and every control token the vocabulary
 // has among the end-of-turn markers of the common templates (<|im_end|>,
@@ -56,6 +57,10 @@ class ChatTemplate {
 
   // The built-in template of a name, or nullptr.
   static const char* BuiltIn(std::string_view name);
+  // The built-in a model of this architecture (general.architecture) chats
+  // in when its file has no template: "gemma" for the gemma family (whose
+  // converted files often lack one), else empty (none implied).
+  static std::string FallbackTemplateName(std::string_view arch);
 
  private:
   ChatTemplate() = default;

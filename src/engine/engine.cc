@@ -69,9 +69,14 @@ Result<std::unique_ptr<Engine>> CreateEngineWithModel(const EngineOptions& o, Lo
   st->o = o;
   st->m = std::move(model);
   st->stop_tokens = st->m.stop_tokens;
-  // A model without a template (a base model) chats in ChatML, as llama.cpp's
-  // server does; the name says so.
-  const std::string chat_name = o.chat_template.empty() && st->m.chat_template.empty() ? "chatml" : o.chat_template;
+  // A model without a template (a base model) chats in its family's format
+  // when that is fixed (gemma), else in ChatML, as llama.cpp's server does;
+  // the name says so.
+  std::string chat_name = o.chat_template;
+  if (chat_name.empty() && st->m.chat_template.empty()) {
+    chat_name = ChatTemplate::FallbackTemplateName(st->m.model->config().arch);
+    if (chat_name.empty()) chat_name = "chatml";
+  }
   if (Result<ChatTemplate> chat = ChatTemplate::Create(st->m.chat_template, chat_name, *st->m.tokenizer); chat.ok()) {
     st->chat = std::move(*chat);
     for (int32_t t : st->chat->stop_tokens()) {

@@ -44,7 +44,10 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
   std::vector<std::vector<int32_t>> ids;
   std::optional<ChatTemplate> chat;
   if (o.chat) {
-    PAGEKV_ASSIGN_OR_RETURN(ChatTemplate c, ChatTemplate::Create(loaded.chat_template, o.chat_template, tok));
+    const std::string name = o.chat_template.empty() && loaded.chat_template.empty()
+                                 ? ChatTemplate::FallbackTemplateName(loaded.model->config().arch)
+                                 : o.chat_template;
+    PAGEKV_ASSIGN_OR_RETURN(ChatTemplate c, ChatTemplate::Create(loaded.chat_template, name, tok));
     chat = std::move(c);
   }
   // 0 new tokens: until a stop token or the end of the context.

@@ -76,6 +76,8 @@ class Backend {
   virtual void AddBiasRows(float* x, const float* bias, int64_t rows, int64_t width) const = 0;
   virtual void AddInPlace(float* x, const float* y, int64_t n) const = 0;
   virtual void SwiGluInPlace(float* gate, const float* up, int64_t n) const = 0;
+  virtual void GeluGluInPlace(float* gate, const float* up, int64_t n) const = 0;
+  virtual void ScaleInPlace(float* x, float s, int64_t n) const = 0;
   virtual void RopeTables(const Rope& rope, std::span<const int64_t> positions, float* cos, float* sin) const = 0;
   virtual void RopeApply(const Rope& rope, float* x, int64_t rows, int32_t width, const float* cos,
                          const float* sin) const = 0;

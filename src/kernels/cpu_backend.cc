@@ -76,6 +76,8 @@ class Cpu final : public Backend {
   }
   void AddInPlace(float* x, const float* y, int64_t n) const override { pagekv::AddInPlace(x, y, n); }
   void SwiGluInPlace(float* gate, const float* up, int64_t n) const override { pagekv::SwiGluInPlace(gate, up, n); }
+  void GeluGluInPlace(float* gate, const float* up, int64_t n) const override { pagekv::GeluGluInPlace(gate, up, n); }
+  void ScaleInPlace(float* x, float s, int64_t n) const override { pagekv::ScaleInPlace(x, s, n); }
   void RopeTables(const Rope& rope, std::span<const int64_t> positions, float* cos, float* sin) const override {
     rope.Tables(positions, cos, sin);
   }

@@ -96,6 +96,37 @@ void SwiGluImpl(float* gate, const float* up, int64_t n) {
   }
 }
 
+void GeluGluImpl(float* gate, const float* up, int64_t n) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  const auto one = hn::Set(df, 1.0f);
+  const auto c1 = hn::Set(df, -2.0f * 0.7978845608028654f), c3 = hn::Set(df, -2.0f * 0.7978845608028654f * 0.044715f);
+  const auto lo = hn::Set(df, -88.0f), hi = hn::Set(df, 88.0f);
+  int64_t i = 0;
+  for (; i + N <= n; i += N) {
+    const auto g = hn::LoadU(df, gate + i);
+    // -2u = g * (c1 + c3 g^2), clamped as SwiGLU's exponent; NaN kept out of Exp.
+    const auto m2u = hn::Mul(g, hn::MulAdd(c3, hn::Mul(g, g), c1));
+    const auto e = hn::IfThenElseZero(hn::Eq(g, g), hn::Min(hn::Max(m2u, lo), hi));
+    const auto gelu = hn::Div(g, hn::Add(one, hn::CallExp(df, e)));
+    hn::StoreU(hn::Mul(gelu, hn::LoadU(df, up + i)), df, gate + i);
+  }
+  for (; i < n; ++i) {
+    const float g = gate[i];
+    const float m2u = std::min(88.0f, std::max(-88.0f, -2.0f * 0.7978845608028654f * (g + 0.044715f * g * g * g)));
+    gate[i] = g / (1.0f + std::exp(m2u)) * up[i];
+  }
+}
+
+void ScaleImpl(float* x, float s, int64_t n) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  const auto vs = hn::Set(df, s);
+  int64_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(hn::Mul(hn::LoadU(df, x + i), vs), df, x + i);
+  for (; i < n; ++i) x[i] *= s;
+}
+
 void RopeApplyImpl(float* x, int64_t rows, int32_t width, int32_t head_dim, int32_t rope_dims, bool halves,
                    const float* cos, const float* sin) {
   const DF df;
@@ -292,6 +323,8 @@ HWY_EXPORT(RmsNormImpl);
 HWY_EXPORT(AddBiasImpl);
 HWY_EXPORT(AddInPlaceImpl);
 HWY_EXPORT(SwiGluImpl);
+HWY_EXPORT(GeluGluImpl);
+HWY_EXPORT(ScaleImpl);
 HWY_EXPORT(RopeApplyImpl);
 HWY_EXPORT(EncodeKvRowsImpl);
 // The dispatches name the exported functions unqualified, from their own
@@ -305,6 +338,8 @@ void AddBias(float* x, const float* bias, int64_t rows, int64_t width) {
 }
 void Add(float* x, const float* y, int64_t n) { HWY_DYNAMIC_DISPATCH(AddInPlaceImpl)(x, y, n); }
 void SwiGlu(float* gate, const float* up, int64_t n) { HWY_DYNAMIC_DISPATCH(SwiGluImpl)(gate, up, n); }
+void GeluGlu(float* gate, const float* up, int64_t n) { HWY_DYNAMIC_DISPATCH(GeluGluImpl)(gate, up, n); }
+void Scale(float* x, float s, int64_t n) { HWY_DYNAMIC_DISPATCH(ScaleImpl)(x, s, n); }
 void RopeApply(float* x, int64_t rows, int32_t width, int32_t head_dim, int32_t rope_dims, bool halves,
                const float* cos, const float* sin) {
   HWY_DYNAMIC_DISPATCH(RopeApplyImpl)(x, rows, width, head_dim, rope_dims, halves, cos, sin);
@@ -325,6 +360,10 @@ void AddBiasRows(float* x, const float* bias, int64_t rows, int64_t width) {
 void AddInPlace(float* x, const float* y, int64_t n) { kernels::Add(x, y, n); }
 
 void SwiGluInPlace(float* gate, const float* up, int64_t n) { kernels::SwiGlu(gate, up, n); }
+
+void GeluGluInPlace(float* gate, const float* up, int64_t n) { kernels::GeluGlu(gate, up, n); }
+
+void ScaleInPlace(float* x, float s, int64_t n) { kernels::Scale(x, s, n); }
 
 Rope::Rope(RopeParams params) : p_(std::move(params)) {
   const int32_t half = p_.rope_dims / 2;

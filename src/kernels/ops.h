@@ -32,6 +32,14 @@ void AddInPlace(float* x, const float* y, int64_t n);
 // gate[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)).
 void SwiGluInPlace(float* gate, const float* up, int64_t n);
 
+// gate[i] = gelu(gate[i]) * up[i] with GELU's tanh approximation (Gemma's
+// GeGLU, ggml_gelu): gelu(g) = 0.5 g (1 + tanh(u)), u = sqrt(2 / pi) (g +
+// 0.044715 g^3), computed as g / (1 + exp(-2u)).
+void GeluGluInPlace(float* gate, const float* up, int64_t n);
+
+// x[i] *= s.
+void ScaleInPlace(float* x, float s, int64_t n);
+
 // Rotary position embedding of the first rope_dims dimensions of each head:
 // pairs (2i, 2i + 1) (llama's GGUF convention) or, with halves, (i, i +
 // rope_dims / 2) (NEOX: qwen2) turn by pos * theta^(-2i / rope_dims), each

@@ -97,6 +97,36 @@ TEST_P(OpsTargetTest, SwiGluMatchesDoublePrecision) {
   }
 }
 
+TEST_P(OpsTargetTest, GeluGluMatchesTheTanhFormulaInDoublePrecision) {
+  for (int64_t n : {1, 7, 8, 64, 1000}) {
+    std::vector<float> g = Random(static_cast<size_t>(n), 23u, 6.0f), up = Random(static_cast<size_t>(n), 24u);
+    if (n >= 8) {  // far tails: gelu(-100) ~ -0, gelu(100) = 100, overflowing cubes
+      g[0] = -100.0f;
+      g[1] = 100.0f;
+      g[2] = -1e30f;
+      g[3] = 0.0f;
+      g[4] = 1e30f;
+    }
+    const std::vector<float> g0 = g;
+    GeluGluInPlace(g.data(), up.data(), n);
+    for (size_t i = 0; i < g.size(); ++i) {
+      const double x = g0[i];
+      const double want = std::fabs(x) > 1e10 ? (x > 0 ? x : 0.0) * up[i]
+                                               : 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x))) * up[i];
+      EXPECT_NEAR(g[i], want, 2e-6 * (1 + std::fabs(want))) << "n " << n << " i " << i << " g " << g0[i];
+    }
+  }
+}
+
+TEST_P(OpsTargetTest, ScaleMultipliesEveryElement) {
+  for (int64_t n : {1, 7, 8, 64, 1000}) {
+    std::vector<float> x = Random(static_cast<size_t>(n), 25u), want = x;
+    for (float& v : want) v *= 25.298221f;
+    ScaleInPlace(x.data(), 25.298221f, n);
+    EXPECT_EQ(x, want);
+  }
+}
+
 // Rotary embedding straight from its definition, in double.
 std::vector<double> RopeReference(const RopeParams& p, const std::vector<float>& x, int64_t rows, int32_t width,
                                   const std::vector<int64_t>& pos) {

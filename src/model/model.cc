@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "model/deepseek_model.h"
+#include "model/gemma_model.h"
 #include "model/llama_model.h"
 #include "model/model_internal.h"
 
@@ -147,6 +148,7 @@ void Model::Embed(std::span<const StepItem> items, const Batch& batch, const Bac
   for (int64_t t = 0; t < batch.rows; ++t) {
     const size_t item = batch.ItemOf(t);
     be.WeightRow(embedding_, items[item].tokens[static_cast<size_t>(t - batch.first[item])], x + t * d);
+    if (config_.embed_scale > 0) be.ScaleInPlace(x + t * d, config_.embed_scale, d);
   }
 }
 
@@ -168,6 +170,10 @@ Status Model::Logits(std::span<const StepItem> items, const Batch& batch, const 
   {
     model_internal::Stopwatch watch(options.timings != nullptr ? &options.timings->matmul : nullptr);
     PAGEKV_RETURN_IF_ERROR(be.MatMul(classifier_, xb, W, logits.data(), options.threads, options.activations));
+  }
+  if (c.final_softcap > 0) {
+    const float cap = c.final_softcap;
+    for (float& z : logits) z = cap * std::tanh(z / cap);
   }
   size_t r = 0;
   for (const StepItem& item : items) {
@@ -384,6 +390,10 @@ Result<std::unique_ptr<Model>> LoadGgufModel(std::unique_ptr<GgufFile> file) {
   PAGEKV_ASSIGN_OR_RETURN(std::string arch, file->GetString("general.architecture"));
   if (arch == "deepseek2") {
     PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<DeepseekModel> m, DeepseekModel::FromGguf(std::move(file)));
+    return std::unique_ptr<Model>(std::move(m));
+  }
+  if (arch == "gemma3") {
+    PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<GemmaModel> m, GemmaModel::FromGguf(std::move(file)));
     return std::unique_ptr<Model>(std::move(m));
   }
   PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> m, LlamaModel::FromGguf(std::move(file)));

@@ -3,7 +3,8 @@
 // The engine, the benchmarks and the loaders hold a `Model`; each runner
 // (llama_model.h: llama / qwen2 with per-head K and V; deepseek_model.h:
 // deepseek2 with multi-head latent attention over a latent cache and
-// mixture-of-experts feed-forward layers) implements its layers and shares
+// mixture-of-experts feed-forward layers; gemma_model.h: gemma3 with
+// sliding-window layers interleaved with full-attention ones) implements its layers and shares
 // the rest here: the hyper-parameters every caller reads (ModelConfig), the
 // step's checks, the token embedding and the classifier.
 //
@@ -14,6 +15,7 @@
 // is immutable once loaded.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -32,7 +34,7 @@
 namespace pagekv {
 
 struct ModelConfig {
-  std::string arch = "llama";  // general.architecture: "llama", "qwen2" or "deepseek2"
+  std::string arch = "llama";  // general.architecture: "llama", "qwen2", "deepseek2" or "gemma3"
   int32_t dim = 0;
   int32_t hidden_dim = 0;    // dense feed-forward width
   int32_t num_layers = 0;
@@ -81,7 +83,24 @@ struct ModelConfig {
   bool expert_weights_norm = false;
   bool expert_sigmoid = false;     // sigmoid gating (DeepSeek-V3) instead of softmax
 
+  // Sliding-window attention (gemma3; empty elsewhere): layer_windows[l] is
+  // the window of layer l in tokens (a query sees its last W positions,
+  // itself included), 0 for a full-attention layer. Sliding layers rotate
+  // with rope_theta_local and no scaling; full ones with rope_theta and the
+  // file's scaling.
+  std::vector<int32_t> layer_windows;
+  float rope_theta_local = 10000.0f;
+  float embed_scale = 0.0f;    // > 0: the token embedding times this (gemma: sqrt(dim))
+  float final_softcap = 0.0f;  // > 0: logits = c * tanh(logits / c)
+
   bool mla() const { return kv_lora_rank > 0; }
+  // The sliding window of layer l (0: full attention).
+  int32_t window(int32_t l) const {
+    return static_cast<size_t>(l) < layer_windows.size() ? layer_windows[static_cast<size_t>(l)] : 0;
+  }
+  bool hybrid() const {
+    return std::any_of(layer_windows.begin(), layer_windows.end(), [](int32_t w) { return w > 0; });
+  }
   // Elements of one cached row: a K or V head row, or the latent row
   // (kv_lora_rank + qk_rope_dim) of an MLA cache.
   int32_t kv_row_elems() const { return mla() ? kv_lora_rank + qk_rope_dim : head_dim; }

@@ -79,6 +79,11 @@ int64_t SynthModelSpec::ParameterCount() const {
     return int64_t{vocab_size} * d * (tied_embeddings ? 1 : 2) + d +
            num_layers * (attn + 2 * d) + leading_dense_layers * dense + (num_layers - leading_dense_layers) * moe;
   }
+  if (arch == "gemma3") {
+    const int64_t q = int64_t{num_heads} * head_dim, kvg = int64_t{num_kv_heads} * head_dim;
+    const int64_t layer = 4 * d + 2 * head_dim + 2 * q * d + 2 * kvg * d + 3 * d * hidden_dim;
+    return int64_t{vocab_size} * d * (tied_embeddings ? 1 : 2) + num_layers * layer + d;
+  }
   const int64_t layer = 2 * d + d * d * 2 + 2 * kv * d + 3 * d * hidden_dim;
   return int64_t{vocab_size} * d * (tied_embeddings ? 1 : 2) + num_layers * layer + d;
 }
@@ -132,6 +137,12 @@ const std::vector<SynthModelSpec>& SynthModelPresets() {
     // small-16k's hidden size and depth with DeepSeek-V2-Lite's attention
     // ratios (latent rank = 2 x the per-head size, rope = half of it): the
     // serving comparison of a latent cache with a GQA one.
+    SynthModelSpec gemma{"tiny-gemma3", 64, 160, 6, 4, 1, 512, 2048, true};
+    gemma.arch = "gemma3";
+    gemma.head_dim = 32;
+    gemma.sliding_window = 32;
+    gemma.sliding_pattern = 3;
+    out.push_back(gemma);
     SynthModelSpec small{"small-deepseek2-16k", 256, 768, 2, 4, 1, 32000, 16384, true};
     small.arch = "deepseek2";
     small.kv_lora_rank = 128;
@@ -323,14 +334,17 @@ Status WriteSynthModel(const SynthModelSpec& s, uint64_t seed, const std::string
   } else {
     return InvalidArgumentError("weight type '" + weight_type + "': use f32, f16, bf16 or q8_0");
   }
-  if (s.arch != "llama" && s.arch != "qwen2" && s.arch != "deepseek2") {
-    return InvalidArgumentError("synthetic model architecture '" + s.arch + "': use llama, qwen2 or deepseek2");
+  if (s.arch != "llama" && s.arch != "qwen2" && s.arch != "deepseek2" && s.arch != "gemma3") {
+    return InvalidArgumentError("synthetic model architecture '" + s.arch + "': use llama, qwen2, deepseek2 or gemma3");
   }
   const bool deepseek = s.arch == "deepseek2";
+  const bool gemma = s.arch == "gemma3";
   if (s.dim <= 0 || s.num_heads <= 0 || s.hidden_dim <= 0 || s.num_layers <= 0 || s.vocab_size < 512 ||
       s.context_len <= 0 ||
-      (!deepseek && (s.num_kv_heads <= 0 || s.dim % s.num_heads != 0 || s.num_heads % s.num_kv_heads != 0 ||
-                     (s.dim / s.num_heads) % 2 != 0))) {
+      (!deepseek && !gemma && (s.num_kv_heads <= 0 || s.dim % s.num_heads != 0 || s.num_heads % s.num_kv_heads != 0 ||
+                               (s.dim / s.num_heads) % 2 != 0)) ||
+      (gemma && (s.num_kv_heads <= 0 || s.num_heads % s.num_kv_heads != 0 || s.head_dim <= 0 || s.head_dim % 2 != 0 ||
+                 s.sliding_window < 0 || s.sliding_pattern < 0))) {
     return InvalidArgumentError("synthetic model '" + s.name + "' has an inconsistent shape");
   }
   if (type == GgmlType::kQ8_0 && (s.dim % 32 != 0 || s.hidden_dim % 32 != 0)) {
@@ -340,7 +354,7 @@ Status WriteSynthModel(const SynthModelSpec& s, uint64_t seed, const std::string
   SplitMix64 rng(seed);
   const Vocab vocab = MakeVocab(s.vocab_size, rng);
   GgufWriter w;
-  const int32_t head_dim = deepseek ? s.qk_nope_dim + s.qk_rope_dim : s.dim / s.num_heads;
+  const int32_t head_dim = deepseek ? s.qk_nope_dim + s.qk_rope_dim : gemma ? s.head_dim : s.dim / s.num_heads;
   const int32_t rope_dims = deepseek ? s.qk_rope_dim : s.rope_dims == 0 ? head_dim : s.rope_dims;
   if (rope_dims <= 0 || rope_dims > head_dim || rope_dims % 2 != 0) {
     return InvalidArgumentError("synthetic model rope_dims must be even and at most the head size");
@@ -360,8 +374,15 @@ Status WriteSynthModel(const SynthModelSpec& s, uint64_t seed, const std::string
   } else {
     w.AddInt(a + "attention.head_count_kv", GgufType::kU32, s.num_kv_heads);
   }
+  if (gemma) {
+    w.AddInt(a + "attention.key_length", GgufType::kU32, head_dim);
+    w.AddInt(a + "attention.value_length", GgufType::kU32, head_dim);
+    w.AddInt(a + "attention.sliding_window", GgufType::kU32, s.sliding_window);
+    if (s.sliding_pattern > 0) w.AddInt(a + "attention.sliding_window_pattern", GgufType::kU32, s.sliding_pattern);
+    w.AddInt("tokenizer.ggml.add_space_prefix", GgufType::kBool, 0);
+  }
   w.AddFloat(a + "attention.layer_norm_rms_epsilon", 1e-5);
-  w.AddFloat(a + "rope.freq_base", 10000.0);
+  w.AddFloat(a + "rope.freq_base", gemma ? 1e6 : 10000.0);
   if (!s.rope_scaling.empty()) {
     w.AddString(a + "rope.scaling.type", s.rope_scaling);
     w.AddFloat(a + "rope.scaling.factor", s.rope_factor);
@@ -384,6 +405,23 @@ Status WriteSynthModel(const SynthModelSpec& s, uint64_t seed, const std::string
       continue;
     }
     const std::string p = "blk." + std::to_string(l) + ".";
+    if (gemma) {
+      const int64_t q = int64_t{s.num_heads} * head_dim;
+      t.Vector(p + "attn_norm.weight", s.dim, 0.5f, 1.5f);
+      t.Matrix(p + "attn_q.weight", q, s.dim);
+      t.Matrix(p + "attn_k.weight", kv, s.dim);
+      t.Matrix(p + "attn_v.weight", kv, s.dim);
+      t.Vector(p + "attn_q_norm.weight", head_dim, 0.5f, 1.5f);
+      t.Vector(p + "attn_k_norm.weight", head_dim, 0.5f, 1.5f);
+      t.Matrix(p + "attn_output.weight", s.dim, q);
+      t.Vector(p + "post_attention_norm.weight", s.dim, 0.5f, 1.5f);
+      t.Vector(p + "ffn_norm.weight", s.dim, 0.5f, 1.5f);
+      t.Matrix(p + "ffn_gate.weight", s.hidden_dim, s.dim);
+      t.Matrix(p + "ffn_up.weight", s.hidden_dim, s.dim);
+      t.Matrix(p + "ffn_down.weight", s.dim, s.hidden_dim);
+      t.Vector(p + "post_ffw_norm.weight", s.dim, 0.5f, 1.5f);
+      continue;
+    }
     t.Ones(p + "attn_norm.weight", s.dim);
     t.Matrix(p + "attn_q.weight", s.dim, s.dim);
     t.Matrix(p + "attn_k.weight", kv, s.dim);

@@ -11,6 +11,7 @@
 
 #include "model/gguf_file.h"
 #include "model/llama_model.h"
+#include "model/model.h"
 #include "model/tokenizer.h"
 
 namespace pagekv {
@@ -47,6 +48,41 @@ TEST(SynthModelTest, TheBenchmarkPresetIsAbout110MParametersWithGqa) {
   EXPECT_GT(spec.ParameterCount(), 100'000'000);
   EXPECT_LT(spec.ParameterCount(), 125'000'000);
   EXPECT_GT(spec.num_heads, spec.num_kv_heads);
+}
+
+// gemma3: the sliding pattern, the windows, the rope bases and the
+// tokenizer without a dummy prefix come back from the file; a window larger
+// than the context is refused at load, naming the key.
+TEST(SynthModelTest, TheGemma3PresetLoadsWithItsSlidingLayers) {
+  SynthModelSpec spec = *FindSynthModelPreset("tiny-gemma3");
+  const std::string path = Temp("gemma3");
+  ASSERT_TRUE(WriteSynthModel(spec, 3, "q8_0", path).ok());
+  auto file = GgufFile::Open(path);
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  auto tok = Tokenizer::FromGguf(**file);
+  ASSERT_TRUE(tok.ok());
+  EXPECT_EQ(tok->Encode("hi", false, false).size(), tok->Encode(" hi", false, false).size() - 1)
+      << "no dummy prefix: ' hi' is one more piece than 'hi'";
+  EXPECT_EQ(tok->Decode(tok->Encode("Hello, world! 42", true, false)), "Hello, world! 42");
+  auto model = LoadGgufModel(std::move(*file));
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  const ModelConfig& c = (*model)->config();
+  EXPECT_EQ(c.arch, "gemma3");
+  EXPECT_EQ(c.head_dim, 32);
+  EXPECT_EQ(c.layer_windows, (std::vector<int32_t>{32, 32, 0, 32, 32, 0}));
+  EXPECT_TRUE(c.hybrid());
+  EXPECT_EQ(c.rope_theta, 1e6f);
+  EXPECT_EQ(c.rope_theta_local, 1e4f);
+  EXPECT_FLOAT_EQ(c.embed_scale, 8.0f);
+  EXPECT_EQ((*model)->ParameterCount(), spec.ParameterCount());
+  std::remove(path.c_str());
+
+  spec.sliding_window = spec.context_len + 1;
+  ASSERT_TRUE(WriteSynthModel(spec, 3, "f32", path).ok());
+  auto wide = LoadGgufModel(*GgufFile::Open(path));
+  ASSERT_FALSE(wide.ok());
+  EXPECT_NE(wide.status().message().find("attention.sliding_window"), std::string::npos) << wide.status().message();
+  std::remove(path.c_str());
 }
 
 TEST(SynthModelTest, BadRequestsAreErrorsAndLeaveNoFile) {

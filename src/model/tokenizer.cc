@@ -201,6 +201,10 @@ void Tokenizer::Index() {
   std::stable_sort(specials_.begin(), specials_.end(), [&](int32_t a, int32_t b) {
     return pieces_[static_cast<size_t>(a)].size() > pieces_[static_cast<size_t>(b)].size();
   });
+  specials_by_byte_.assign(256, {});
+  for (int32_t sp : specials_) {
+    specials_by_byte_[static_cast<unsigned char>(pieces_[static_cast<size_t>(sp)][0])].push_back(sp);
+  }
 }
 
 std::optional<int32_t> Tokenizer::TokenId(std::string_view piece) const {
@@ -341,6 +345,7 @@ Result<Tokenizer> Tokenizer::FromGguf(const GgufFile& file) {
   t.types_ = std::move(types);
   t.add_bos_ = flag("tokenizer.ggml.add_bos_token", true);
   t.add_eos_ = flag("tokenizer.ggml.add_eos_token", false);
+  t.add_space_prefix_ = flag("tokenizer.ggml.add_space_prefix", true);
   t.Index();
   return t;
 }
@@ -402,10 +407,14 @@ std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool bos, bool eos
     }
   };
   // Special tokens cut out first; the text between them is encoded alone.
+  // User-defined pieces (Gemma's "\n", runs of tabs) always are, as
+  // SentencePiece, llama.cpp and Hugging Face match them; control ones only
+  // when asked.
   size_t begin = 0;
-  if (parse_special && !specials_.empty()) {
+  if (!specials_.empty()) {
     for (size_t i = 0; i < text.size(); ++i) {
-      for (int32_t sp : specials_) {
+      for (int32_t sp : specials_by_byte_[static_cast<unsigned char>(text[i])]) {
+        if (!parse_special && types_[static_cast<size_t>(sp)] != kTypeUserDefined) continue;
         const std::string& p = pieces_[static_cast<size_t>(sp)];
         if (text.compare(i, p.size(), p) != 0) continue;
         if (i > begin) span(text.substr(begin, i - begin));
@@ -474,7 +483,7 @@ void Tokenizer::EncodeBpeSpan(std::string_view text, std::vector<int32_t>& out) 
 
 std::vector<int32_t> Tokenizer::EncodeSentencePiece(std::string_view text) const {
   std::vector<int32_t> tokens;
-  if (!text.empty()) {
+  if (!text.empty() && add_space_prefix_) {
     const int32_t prefix = Lookup(" ");
     if (prefix >= 0) tokens.push_back(prefix);
   }
@@ -570,7 +579,7 @@ std::string Tokenizer::DecodePiece(int32_t prev, int32_t token, bool specials) c
     return out;
   }
   std::string_view p = pieces_[static_cast<size_t>(token)];
-  if (prev == bos_id_ && !p.empty() && p[0] == ' ') p.remove_prefix(1);
+  if (add_space_prefix_ && prev == bos_id_ && !p.empty() && p[0] == ' ') p.remove_prefix(1);
   const int byte = ByteOfPiece(std::string(p));
   if (byte >= 0) return std::string(1, static_cast<char>(byte));
   return std::string(p);

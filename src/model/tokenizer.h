@@ -3,8 +3,9 @@
 // SentencePiece (tokenizer.ggml.model = "llama"; also llama2.c's
 // tokenizer.bin), with the exact conventions of llama2.c's run.c (which
 // ../shared/goldens follow):
-//   Encode: optional BOS; a dummy-prefix " " token when the text is not
-//   empty; every UTF-8 character looked up as a piece, or its bytes as byte
+//   Encode: optional BOS; user-defined pieces (GGUF token type 4) cut out
+//   of the text; a dummy-prefix " " token when a span is not empty (unless
+//   tokenizer.ggml.add_space_prefix is false: Gemma); every UTF-8 character looked up as a piece, or its bytes as byte
 //   tokens (<0xXX>) when it has none; then, repeatedly, the adjacent pair
 //   whose concatenation is a piece with the highest score (leftmost on ties)
 //   is merged, until no pair merges; optional EOS.
@@ -112,12 +113,14 @@ class Tokenizer {
   std::unordered_map<std::string, int32_t> ids_;
   int32_t byte_ids_[256] = {};  // SentencePiece: id of the piece <0xXX>, or -1
   std::vector<int32_t> specials_;  // ids matched in the text when parse_special, longest first
+  std::vector<std::vector<int32_t>> specials_by_byte_;  // specials_ by their first byte, longest first
   std::shared_ptr<const Bpe> bpe_;
   std::string pre_;
   int32_t bos_id_ = 1;
   int32_t eos_id_ = 2;
   bool add_bos_ = true;
   bool add_eos_ = false;
+  bool add_space_prefix_ = true;  // SentencePiece: tokenizer.ggml.add_space_prefix (Gemma: false)
 };
 
 // Joins the bytes of streamed tokens into whole UTF-8 characters: Push

@@ -1,0 +1,223 @@
+// Gemma 3 270M (a real Q4_K_M GGUF: gemma3 architecture, 15 sliding-window
+// layers of 512 tokens and 3 full-attention ones, 4 query heads over 1 KV
+// head of 256, SentencePiece without a dummy prefix, no template in the
+// file) against the independent float64 reference
+// (tools/make_gemma_goldens.py -> tests/data/gemma3_goldens.json): token ids
+// of tricky texts and of every prompt, the built-in gemma chat template's
+// rendering, 64 greedy steps with their top-5 logits (one prompt of 701
+// tokens, so decode runs past the window), and the mean NLL of 2,048 tokens.
+//
+// The model comes from scripts/fetch-model.sh gemma3 (make test fetches it):
+// $PAGEKV_GEMMA3, else the fetch script's cache.
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "engine/chat.h"
+#include "engine/forward_step.h"
+#include "model/model_loader.h"
+#include "testing/models.h"
+
+namespace pagekv {
+namespace {
+
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define PAGEKV_SANITIZED 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__) || defined(PAGEKV_SANITIZED)
+constexpr bool kSanitized = true;  // a subset: the same checks on fewer prompts, steps and tokens
+#else
+constexpr bool kSanitized = false;
+#endif
+
+const ForwardOptions kExact{.activations = Activations::kF32};
+
+class Gemma3Test : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    std::ifstream in("tests/data/gemma3_goldens.json");
+    ASSERT_TRUE(in) << "tests/data/gemma3_goldens.json is missing";
+    goldens_ = new nlohmann::ordered_json(nlohmann::ordered_json::parse(in));
+    const std::string path = testing::Gemma3Path();
+    struct stat st {};
+    ASSERT_EQ(::stat(path.c_str(), &st), 0) << path << " is missing: run scripts/fetch-model.sh gemma3 (make test does)";
+    Result<LoadedModel> m = LoadModel(path);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    model_ = new LoadedModel(std::move(*m));
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    delete goldens_;
+    model_ = nullptr;
+    goldens_ = nullptr;
+  }
+  void SetUp() override {
+    if (model_ == nullptr) GTEST_FAIL() << "the model did not load";
+  }
+
+  std::unique_ptr<KvCache> Cache(int64_t tokens) const {
+    const int32_t bl = 16;
+    auto cache = KvCache::Create({.config = model_->model->CacheGeometry(bl, DType::kF32, (tokens + bl - 1) / bl + 1),
+                                  .prefault = false});
+    EXPECT_TRUE(cache.ok()) << cache.status().ToString();
+    return std::move(*cache);
+  }
+
+  static inline nlohmann::ordered_json* goldens_ = nullptr;
+  static inline LoadedModel* model_ = nullptr;
+};
+
+TEST_F(Gemma3Test, TheFileIsTheOneTheGoldensWereMadeFrom) {
+  const ModelConfig& c = model_->model->config();
+  EXPECT_EQ(c.arch, "gemma3");
+  EXPECT_EQ(c.num_layers, 18);
+  EXPECT_EQ(c.dim, 640);
+  EXPECT_EQ(c.num_heads, 4);
+  EXPECT_EQ(c.num_kv_heads, 1);
+  EXPECT_EQ(c.head_dim, 256);
+  EXPECT_EQ(c.vocab_size, 262144);
+  // Five sliding layers of 512 tokens, then one full one, three times.
+  for (int32_t l = 0; l < 18; ++l) EXPECT_EQ(c.window(l), l % 6 == 5 ? 0 : 512) << "layer " << l;
+  EXPECT_EQ(c.rope_theta, 1e6f);
+  EXPECT_EQ(c.rope_theta_local, 1e4f);
+  EXPECT_EQ(model_->tokenizer->kind(), Tokenizer::Kind::kSentencePiece);
+  EXPECT_TRUE(model_->tokenizer->add_bos());
+  EXPECT_TRUE(model_->chat_template.empty());
+}
+
+TEST_F(Gemma3Test, TokenizerGivesSentencePiecesIdsOnEveryText) {
+  const Tokenizer& tok = *model_->tokenizer;
+  int n = 0;
+  for (const auto& t : (*goldens_)["tokenize"]) {
+    const std::string text = t["text"];
+    EXPECT_EQ(tok.Encode(text, false, false, /*parse_special=*/true), t["ids"].get<std::vector<int32_t>>()) << text;
+    ++n;
+  }
+  EXPECT_EQ(n, 8);
+  for (const auto& p : (*goldens_)["prompts"]) {
+    const std::vector<int32_t> want = p["ids"].get<std::vector<int32_t>>();
+    const std::string prompt = p["prompt"];
+    if (p["kind"] == "chat") {
+      EXPECT_EQ(tok.Encode(prompt, false, false, true), want) << prompt;  // the template writes <bos>
+    } else if (p["kind"] == "plain") {
+      EXPECT_EQ(tok.EncodePrompt(prompt, true), want) << prompt;
+      EXPECT_EQ(tok.Decode(want), prompt);  // lossless: no dummy prefix to strip
+    }
+  }
+  const auto& nll = (*goldens_)["nll"];
+  std::ifstream in(nll["file"].get<std::string>(), std::ios::binary);
+  ASSERT_TRUE(in) << nll["file"] << " is missing (Debian's base-files package carries it)";
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::vector<int32_t> ids = tok.EncodePrompt(text, true);
+  const std::vector<int32_t> want = nll["ids"].get<std::vector<int32_t>>();
+  ASSERT_GE(ids.size(), want.size());
+  EXPECT_EQ(std::vector<int32_t>(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(want.size())), want);
+}
+
+// The file has no template: the engine falls back to the built-in gemma
+// one, which renders every conversation as the reference's Gemma 3 template.
+TEST_F(Gemma3Test, TheBuiltInGemmaTemplateRendersAsTheReference) {
+  EXPECT_EQ(ChatTemplate::FallbackTemplateName(model_->model->config().arch), "gemma");
+  Result<ChatTemplate> chat = ChatTemplate::Create(model_->chat_template, "gemma", *model_->tokenizer);
+  ASSERT_TRUE(chat.ok()) << chat.status().ToString();
+  int n = 0;
+  for (const auto& p : (*goldens_)["prompts"]) {
+    if (p["kind"] != "chat") continue;
+    Result<std::string> out = chat->Render(p["messages"], true);
+    ASSERT_TRUE(out.ok()) << out.status().ToString();
+    EXPECT_EQ(*out, p["prompt"].get<std::string>());
+    Result<std::vector<int32_t>> ids = chat->Encode(p["messages"], true);
+    ASSERT_TRUE(ids.ok());
+    EXPECT_EQ(*ids, p["ids"].get<std::vector<int32_t>>());
+    ++n;
+  }
+  EXPECT_EQ(n, 6);
+  const std::vector<int32_t>& stops = chat->stop_tokens();
+  EXPECT_NE(std::find(stops.begin(), stops.end(), *model_->tokenizer->TokenId("<end_of_turn>")), stops.end());
+}
+
+// The exact path (f32 activations): every greedy step equals the
+// reference's and its top-5 logits agree within 1e-3 relative, the long
+// prompt's included (the sliding layers then read only their last 512).
+TEST_F(Gemma3Test, GreedyStepsAndLogitsMatchTheReference) {
+  const int32_t vocab = model_->model->config().vocab_size;
+  double worst = 0;
+  size_t prompts = 0;
+  for (const auto& p : (*goldens_)["prompts"]) {
+    if (kSanitized && prompts >= 1 && p["kind"] != "long") continue;
+    ++prompts;
+    const std::vector<int32_t> ids = p["ids"].get<std::vector<int32_t>>();
+    const std::vector<int32_t> want = p["greedy"].get<std::vector<int32_t>>();
+    const size_t steps = kSanitized ? 4 : want.size();
+    auto cache = Cache(static_cast<int64_t>(ids.size() + steps));
+    const SeqId seq = cache->AddSequence();
+    std::vector<float> logits(static_cast<size_t>(vocab));
+    ForwardItem item{seq, ids, logits.data(), false};
+    ASSERT_TRUE(*ForwardStep(*model_->model, *cache, {&item, 1}, kExact));
+    for (size_t k = 0; k < steps; ++k) {
+      const auto& top = p["top5"][k];
+      for (size_t j = 0; j < 5; ++j) {
+        const int32_t id = top["ids"][j];
+        const double ref = top["logits"][j];
+        const double err = std::fabs(logits[static_cast<size_t>(id)] - ref) / std::max(1.0, std::fabs(ref));
+        worst = std::max(worst, err);
+        ASSERT_LE(err, 1e-3) << "step " << k << " of " << p["prompt"] << ": token " << id << " logit "
+                             << logits[static_cast<size_t>(id)] << ", reference " << ref;
+      }
+      const auto next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      ASSERT_EQ(next, want[k]) << "step " << k << " of " << p["prompt"] << " (reference margin " << top["margin"] << ")";
+      const std::vector<int32_t> one{next};
+      ForwardItem step{seq, one, logits.data(), false};
+      ASSERT_TRUE(*ForwardStep(*model_->model, *cache, {&step, 1}, kExact));
+    }
+  }
+  EXPECT_EQ(prompts, kSanitized ? 2u : 13u);
+  std::printf("worst relative logit error over the reference's top-5: %.2e\n", worst);
+}
+
+// One forward pass over 2,048 tokens (its last 1,536 positions see only
+// their window on the sliding layers), in prompt chunks of 300 so that the
+// windows also cross chunk boundaries.
+TEST_F(Gemma3Test, MeanNllOfTheLicenceTextMatchesTheReference) {
+  const auto& nll = (*goldens_)["nll"];
+  std::vector<int32_t> ids = nll["ids"].get<std::vector<int32_t>>();
+  if (kSanitized) ids.resize(600);
+  const int32_t vocab = model_->model->config().vocab_size;
+  auto cache = Cache(static_cast<int64_t>(ids.size()));
+  const SeqId seq = cache->AddSequence();
+  std::vector<float> logits;
+  double total = 0;
+  for (size_t at = 0; at < ids.size(); at += 300) {
+    const std::vector<int32_t> chunk(ids.begin() + static_cast<std::ptrdiff_t>(at),
+                                     ids.begin() + static_cast<std::ptrdiff_t>(std::min(ids.size(), at + 300)));
+    logits.assign(chunk.size() * static_cast<size_t>(vocab), 0.0f);
+    ForwardItem item{seq, chunk, logits.data(), true};
+    ASSERT_TRUE(*ForwardStep(*model_->model, *cache, {&item, 1}, kExact));
+    for (size_t j = 0; j < chunk.size() && at + j + 1 < ids.size(); ++j) {
+      const float* row = logits.data() + j * static_cast<size_t>(vocab);
+      const float mx = *std::max_element(row, row + vocab);
+      double sum = 0;
+      for (int32_t t = 0; t < vocab; ++t) sum += std::exp(static_cast<double>(row[t]) - mx);
+      total += -(static_cast<double>(row[ids[at + j + 1]]) - mx - std::log(sum));
+    }
+  }
+  const double mean = total / static_cast<double>(ids.size() - 1);
+  if (!kSanitized) {
+    const double ref = nll["mean_nll"];
+    EXPECT_NEAR(mean, ref, 1e-4 * ref) << "mean NLL over " << ids.size() << " tokens";
+    std::printf("mean NLL %.6f, reference %.6f\n", mean, ref);
+  } else {
+    EXPECT_GT(mean, 0.5);
+    EXPECT_LT(mean, 8.0);
+  }
+}
+
+}  // namespace
+}  // namespace pagekv
