@@ -103,6 +103,11 @@ Result<std::unique_ptr<Engine>> CreateEngineWithModel(const EngineOptions& o, Lo
   PAGEKV_ASSIGN_OR_RETURN(st->cache, KvCache::Create(co));
   if (o.eviction.policy != EvictionPolicy::kNone) {
     PAGEKV_RETURN_IF_ERROR(o.eviction.Validate());
+    if (st->m.model->config().hybrid()) {
+      return InvalidArgumentError("engine: token eviction (--kv-policy) on a model with sliding-window layers (" +
+                                  st->m.model->config().arch +
+                                  ") is not supported: eviction moves the positions a window counts; use --kv-policy none");
+    }
     if (o.allocator != Allocator::kPaged || o.prefix_cache || TiersConfigured(o.tiers)) {
       return InvalidArgumentError(
           "engine: token eviction rewrites a sequence's blocks, so it needs the paged allocator without the prefix "
