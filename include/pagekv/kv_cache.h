@@ -24,8 +24,9 @@
 //
 // Invariants (CheckInvariants): every block's reference count equals the
 // number of block tables holding it; free + used == total; a sequence of
-// length n holds exactly ceil(n / block_len) blocks; no block appears twice in
-// one table.
+// length n has exactly ceil(n / block_len) table entries, its first
+// `released` kNoBlock (ReleaseBefore) and the rest blocks; no block appears
+// twice in one table.
 //
 // Thread safety: not thread-safe; one thread (the engine loop) owns a KvCache,
 // or the caller serialises every call. Ownership: the cache owns its arena;
@@ -88,6 +89,9 @@ struct SequenceView {
   SeqId id{};
   int64_t num_tokens = 0;
   std::span<const BlockId> blocks;  // [ceil(num_tokens / block_len)]
+  // Leading entries of `blocks` that are kNoBlock (ReleaseBefore: a sliding
+  // window has passed them); the kernels read such a table with the window.
+  int64_t released_blocks = 0;
   // Tokens dropped by Compact (token eviction): the next token's position
   // (for rotary embeddings and the context limit) is num_tokens + evicted.
   int64_t evicted = 0;
@@ -322,6 +326,17 @@ class KvCache {
   // a row that would move into a block shared with another sequence or
   // published to the prefix cache (their content must not change).
   Status Compact(SeqId id, std::span<const int32_t> keep, int64_t keep_count);
+
+  // Sliding-window layers: gives back every block of `id` that lies wholly
+  // before position first_pos (no future query's window reaches it), oldest
+  // first; their table entries become kNoBlock and the sequence keeps its
+  // length. A block another sequence shares only loses this reference; a
+  // published one waits on the prefix cache's evictable list. Returns how
+  // many blocks were released by this call. Afterwards the released
+  // positions cannot be read, written, forked into a compaction or
+  // truncated into (FailedPrecondition naming them). Errors: unknown id,
+  // first_pos outside [0, length].
+  Result<int64_t> ReleaseBefore(SeqId id, int64_t first_pos);
 
   // Releases all of the sequence's blocks and forgets it. Error: unknown id
   // (including a sequence already freed).

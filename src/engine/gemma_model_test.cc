@@ -10,10 +10,14 @@
 // The model comes from scripts/fetch-model.sh gemma3 (make test fetches it):
 // $PAGEKV_GEMMA3, else the fetch script's cache.
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <fstream>
+#include <random>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -21,6 +25,7 @@
 #include "engine/chat.h"
 #include "engine/forward_step.h"
 #include "model/model_loader.h"
+#include "pagekv/synth_model.h"
 #include "testing/models.h"
 
 namespace pagekv {
@@ -217,6 +222,71 @@ TEST_F(Gemma3Test, MeanNllOfTheLicenceTextMatchesTheReference) {
     EXPECT_GT(mean, 0.5);
     EXPECT_LT(mean, 8.0);
   }
+}
+
+}  // namespace
+}  // namespace pagekv
+
+namespace pagekv {
+namespace {
+
+// A model whose every layer slides (tiny-gemma3 with no full layer: one
+// cache group, Mistral-style): after each step the blocks no future query's
+// window reaches are released (KvCache::ReleaseBefore), so a sequence never
+// holds more than ceil(W / block_len) + 1 blocks, and every step's logits
+// are bit for bit those of the same run on a cache that keeps everything
+// (the kernels read only the window either way).
+TEST(SlidingWindowCacheTest, ReleasingOutOfWindowBlocksChangesNoLogit) {
+  SynthModelSpec spec = *FindSynthModelPreset("tiny-gemma3");
+  spec.sliding_pattern = spec.num_layers + 1;  // every layer slides
+  const std::string path = "/tmp/pagekv-gemma3-all-sliding-" + std::to_string(::getpid()) + ".gguf";
+  ASSERT_TRUE(WriteSynthModel(spec, 8, "f32", path).ok());
+  Result<LoadedModel> m = LoadModel(path);
+  std::remove(path.c_str());
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  const Model& model = *m->model;
+  const int32_t window = spec.sliding_window, bl = 8;
+  for (int32_t l = 0; l < spec.num_layers; ++l) ASSERT_EQ(model.config().window(l), window);
+  const int32_t vocab = model.config().vocab_size;
+  std::mt19937 rng(4);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 50; ++i) prompt.push_back(static_cast<int32_t>(3 + rng() % 500));
+  auto run = [&](bool release, std::vector<std::vector<float>>& steps, int64_t& most_blocks) {
+    auto cache = std::move(*KvCache::Create({.config = model.CacheGeometry(bl, DType::kF16, 64), .prefault = false}));
+    const SeqId seq = cache->AddSequence();
+    std::vector<float> logits(static_cast<size_t>(vocab));
+    int64_t len = 0;
+    auto step = [&](std::span<const int32_t> tokens) {
+      ForwardItem item{seq, {tokens.begin(), tokens.end()}, logits.data(), false};
+      ASSERT_TRUE(*ForwardStep(model, *cache, {&item, 1}));
+      len += static_cast<int64_t>(tokens.size());
+      steps.push_back(logits);
+      if (release && len + 1 - window > 0) {
+        ASSERT_TRUE(cache->ReleaseBefore(seq, len + 1 - window).ok());
+      }
+      cache->CheckInvariants();
+      most_blocks = std::max(most_blocks, cache->StatsFor(seq)->num_blocks);
+    };
+    for (size_t at = 0; at < prompt.size(); at += 16) {
+      step(std::span<const int32_t>(prompt).subspan(at, std::min<size_t>(16, prompt.size() - at)));
+    }
+    for (int k = 0; k < 60; ++k) {
+      const int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      step(std::span<const int32_t>(&next, 1));
+    }
+  };
+  std::vector<std::vector<float>> kept, released;
+  int64_t kept_blocks = 0, released_blocks = 0;
+  run(false, kept, kept_blocks);
+  run(true, released, released_blocks);
+  ASSERT_EQ(kept.size(), released.size());
+  for (size_t i = 0; i < kept.size(); ++i) {
+    ASSERT_EQ(std::memcmp(kept[i].data(), released[i].data(), kept[i].size() * sizeof(float)), 0) << "step " << i;
+  }
+  // The window's blocks (ceil(32 / 8) = 4) plus the one being filled, plus
+  // a prompt chunk's: a chunk of 16 reserves its blocks before the release.
+  EXPECT_LE(released_blocks, (window + bl - 1) / bl + 1 + 16 / bl);
+  EXPECT_EQ(kept_blocks, (50 + 60 + bl - 1) / bl);
 }
 
 }  // namespace

@@ -158,6 +158,10 @@ Status KvCache::WriteLayer(SeqId id, int32_t layer, int64_t pos, const KvTokens&
     return InvalidArgumentError("write: k (and v for a per-head cache) must be set; v must be null for MLA");
   }
   const int64_t bl = layout_.block_len();
+  if (pos < s.released * bl) {
+    return FailedPreconditionError("write: position " + std::to_string(pos) + " of " + SeqName(id) +
+                                   " is in a block released by ReleaseBefore");
+  }
   for (int64_t b = pos / bl; b <= (pos + rows.num_tokens - 1) / bl; ++b) {
     const BlockId block = s.blocks[static_cast<size_t>(b)];
     if (state_->pool.RefCount(block) > 1 || state_->pool.IsCached(block)) {
@@ -282,10 +286,13 @@ bool KvCache::HasCutListener() const { return static_cast<bool>(state_->on_cut);
 Result<SeqId> KvCache::Fork(SeqId parent, std::string label) {
   auto it = state_->sequences.find(ToInt(parent));
   if (it == state_->sequences.end()) return NotFoundError("fork: " + SeqName(parent) + " does not exist");
-  for (BlockId b : it->second.blocks) PAGEKV_CHECK(state_->pool.IncRef(b).ok());
+  for (BlockId b : it->second.blocks) {
+    if (b != kNoBlock) PAGEKV_CHECK(state_->pool.IncRef(b).ok());
+  }
   const int64_t id = state_->next_seq_id++;
   Sequence child;
   child.blocks = it->second.blocks;
+  child.released = it->second.released;
   child.num_tokens = it->second.num_tokens;
   child.evicted = it->second.evicted;
   child.tail = it->second.tail;
@@ -302,6 +309,11 @@ Status KvCache::Shorten(SeqId id, int64_t new_len) {
     return OutOfRangeError("truncate: new length " + std::to_string(new_len) + " of " + SeqName(id) +
                            " must be in [0, " + std::to_string(s.num_tokens) + "]");
   }
+  if (new_len > 0 && CeilDiv(new_len, layout_.block_len()) <= s.released) {
+    return FailedPreconditionError("truncate: " + SeqName(id) + " released its first " + std::to_string(s.released) +
+                                   " blocks (a sliding window passed them); it cannot end inside them (new length " +
+                                   std::to_string(new_len) + "): free it and prefill again");
+  }
   if (layout_.tail_bytes_per_sequence() > 0 && new_len < s.num_tokens) {
     for (int32_t l = 0; l < layout_.num_layers(); ++l) {
       if (layout_.kivi(l)) {
@@ -312,10 +324,32 @@ Status KvCache::Shorten(SeqId id, int64_t new_len) {
   const auto keep = static_cast<size_t>(CeilDiv(new_len, layout_.block_len()));
   // Deepest block first: blocks released together age in chain order, so an
   // LRU over freed blocks evicts a chain from its end.
-  for (size_t i = s.blocks.size(); i > keep; --i) PAGEKV_CHECK(state_->pool.Release(s.blocks[i - 1]).ok());
+  for (size_t i = s.blocks.size(); i > keep; --i) {
+    if (s.blocks[i - 1] != kNoBlock) PAGEKV_CHECK(state_->pool.Release(s.blocks[i - 1]).ok());
+  }
   s.blocks.resize(keep);
+  s.released = std::min<int64_t>(s.released, static_cast<int64_t>(keep));
   s.num_tokens = new_len;
   return Status::Ok();
+}
+
+Result<int64_t> KvCache::ReleaseBefore(SeqId id, int64_t first_pos) {
+  auto it = state_->sequences.find(ToInt(id));
+  if (it == state_->sequences.end()) return NotFoundError("release: " + SeqName(id) + " does not exist");
+  Sequence& s = it->second;
+  if (first_pos < 0 || first_pos > s.num_tokens) {
+    return OutOfRangeError("release: position " + std::to_string(first_pos) + " of " + SeqName(id) +
+                           " must be in [0, " + std::to_string(s.num_tokens) + "]");
+  }
+  const int64_t before = first_pos / layout_.block_len();  // blocks wholly before first_pos
+  int64_t released = 0;
+  for (int64_t i = s.released; i < before; ++i) {  // oldest first: the LRU of freed blocks evicts them first
+    PAGEKV_CHECK(state_->pool.Release(s.blocks[static_cast<size_t>(i)]).ok());
+    s.blocks[static_cast<size_t>(i)] = kNoBlock;
+    ++released;
+  }
+  s.released = std::max(s.released, before);
+  return released;
 }
 
 Status KvCache::Unreserve(const ReserveUndo& undo) {
@@ -323,7 +357,7 @@ Status KvCache::Unreserve(const ReserveUndo& undo) {
   if (it == state_->sequences.end()) return NotFoundError("unreserve: " + SeqName(undo.seq) + " does not exist");
   Sequence& s = it->second;
   if (undo.num_tokens > s.num_tokens || undo.num_blocks > s.blocks.size() ||
-      (undo.copied && undo.num_blocks == 0)) {
+      static_cast<int64_t>(undo.num_blocks) < s.released || (undo.copied && undo.num_blocks == 0)) {
     return FailedPreconditionError("unreserve: " + SeqName(undo.seq) + " changed since the reservation");
   }
   // Deepest first, as Truncate releases.
@@ -351,7 +385,9 @@ Status KvCache::Free(SeqId id) {
     return NotFoundError("free: " + SeqName(id) + " does not exist (never added, or already freed)");
   }
   const std::vector<BlockId>& blocks = it->second.blocks;
-  for (auto b = blocks.rbegin(); b != blocks.rend(); ++b) PAGEKV_CHECK(state_->pool.Release(*b).ok());  // deepest first
+  for (auto b = blocks.rbegin(); b != blocks.rend(); ++b) {  // deepest first
+    if (*b != kNoBlock) PAGEKV_CHECK(state_->pool.Release(*b).ok());
+  }
   state_->sequences.erase(it);
   state_->Cut(id, SequenceCut::Kind::kFreed, 0);
   return Status::Ok();
@@ -360,7 +396,7 @@ Status KvCache::Free(SeqId id) {
 Result<SequenceView> KvCache::View(SeqId id) const {
   auto it = state_->sequences.find(ToInt(id));
   if (it == state_->sequences.end()) return NotFoundError(SeqName(id) + " does not exist");
-  return SequenceView{id, it->second.num_tokens, it->second.blocks, it->second.evicted,
+  return SequenceView{id, it->second.num_tokens, it->second.blocks, it->second.released, it->second.evicted,
                       it->second.tail.empty() ? nullptr : it->second.tail.data()};
 }
 
@@ -392,6 +428,10 @@ Status KvCache::Compact(SeqId id, std::span<const int32_t> keep, int64_t keep_co
   if (keep_count < 0 || keep_count > s.num_tokens) {
     return OutOfRangeError("compact: keep_count " + std::to_string(keep_count) + " of " + SeqName(id) +
                            " must be in [0, " + std::to_string(s.num_tokens) + "]");
+  }
+  if (s.released > 0) {
+    return FailedPreconditionError("compact: " + SeqName(id) + " released blocks to a sliding window; token eviction "
+                                   "and sliding windows do not combine");
   }
   for (int32_t l = 0; l < layout_.num_layers(); ++l) {
     if (layout_.kivi(l)) {
@@ -500,6 +540,10 @@ Status KvCache::WriteBlock(SeqId id, int64_t index, std::span<const std::byte> d
     return OutOfRangeError("write block: block " + std::to_string(index) + " outside " + SeqName(id) + "'s " +
                            std::to_string(s.blocks.size()) + " blocks");
   }
+  if (index < s.released) {
+    return FailedPreconditionError("write block: block " + std::to_string(index) + " of " + SeqName(id) +
+                                   " was released by ReleaseBefore");
+  }
   if (static_cast<int64_t>(data.size()) != block_payload_bytes()) {
     return InvalidArgumentError("write block: " + std::to_string(data.size()) + " bytes; a block has " +
                                 std::to_string(block_payload_bytes()));
@@ -538,6 +582,10 @@ Status KvCache::Read(SeqId id, int64_t begin, const KvTokensOut& out) const {
   const bool per_head = layout_.num_planes() == 2;
   if (out.num_tokens == 0) return Status::Ok();
   if (out.k == nullptr || (per_head && out.v == nullptr)) return InvalidArgumentError("read: null output");
+  if (begin < s.released * layout_.block_len()) {
+    return FailedPreconditionError("read: position " + std::to_string(begin) + " of " + SeqName(id) +
+                                   " is in a block released by ReleaseBefore");
+  }
   const std::byte* base = state_->arena->data();
   const int64_t n = out.num_tokens;
   const int64_t heads = layout_.num_heads();
@@ -580,7 +628,14 @@ void KvCache::CheckInvariants() const {
     PAGEKV_CHECK_MSG(s.num_tokens >= 0, "negative sequence length");
     PAGEKV_CHECK_MSG(static_cast<int64_t>(s.blocks.size()) == CeilDiv(s.num_tokens, layout_.block_len()),
                      "a sequence holds a block count other than ceil(length / block_len)");
-    for (BlockId b : s.blocks) {
+    PAGEKV_CHECK_MSG(s.released >= 0 && s.released <= static_cast<int64_t>(s.blocks.size()),
+                     "a sequence's released count is outside its table");
+    for (size_t i = 0; i < s.blocks.size(); ++i) {
+      const BlockId b = s.blocks[i];
+      if (static_cast<int64_t>(i) < s.released) {
+        PAGEKV_CHECK_MSG(b == kNoBlock, "a released table entry names a block");
+        continue;
+      }
       PAGEKV_CHECK_MSG(pool.IsValid(b), "a block table holds an id outside the pool");
       PAGEKV_CHECK_MSG(seen_in[ToInt(b)] != id, "a block appears twice in one block table");
       seen_in[ToInt(b)] = id;

@@ -21,7 +21,7 @@ CacheStats KvCache::Stats() const {
   CacheStats st;
   for (const auto& [id, s] : state_->sequences) {
     st.tokens_logical += s.num_tokens;
-    for (size_t i = 0; i < s.blocks.size(); ++i) {
+    for (size_t i = static_cast<size_t>(s.released); i < s.blocks.size(); ++i) {
       const auto in_block = static_cast<int32_t>(std::min<int64_t>(bl, s.num_tokens - static_cast<int64_t>(i) * bl));
       int32_t& f = fill[ToInt(s.blocks[i])];
       f = std::max(f, in_block);
@@ -57,12 +57,12 @@ Result<SequenceStats> KvCache::StatsFor(SeqId id) const {
   st.id = id;
   st.label = s.label;
   st.num_tokens = s.num_tokens;
-  st.num_blocks = static_cast<int64_t>(s.blocks.size());
+  st.num_blocks = static_cast<int64_t>(s.blocks.size()) - s.released;
   for (BlockId b : s.blocks) {
-    if (state_->pool.RefCount(b) > 1) ++st.num_shared_blocks;
+    if (b != kNoBlock && state_->pool.RefCount(b) > 1) ++st.num_shared_blocks;
   }
   st.bytes_allocated = st.num_blocks * layout_.bytes_per_block();
-  st.bytes_holding_tokens = st.num_tokens * layout_.bytes_per_token();
+  st.bytes_holding_tokens = (st.num_tokens - s.released * layout_.block_len()) * layout_.bytes_per_token();
   return st;
 }
 
@@ -115,6 +115,7 @@ std::vector<BlockHolders> KvCache::ReferencedBlocks() const {
   std::map<int32_t, BlockHolders> by_block;
   for (const auto& [id, s] : state_->sequences) {
     for (BlockId b : s.blocks) {
+      if (b == kNoBlock) continue;
       BlockHolders& h = by_block[ToInt(b)];
       h.block = b;
       h.ref_count = state_->pool.RefCount(b);

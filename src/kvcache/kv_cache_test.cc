@@ -235,6 +235,73 @@ TEST_F(KvCacheTest, CopyOnWriteHappensExactlyWhenASharedPartialBlockIsAppendedTo
   cache_->CheckInvariants();
 }
 
+// Sliding windows: ReleaseBefore gives back the blocks wholly before a
+// position (their entries become kNoBlock, the length stays), keeps the
+// rest readable bit for bit, lets forks and appends go on, sends a
+// published block to the evictable list, and refuses what would need the
+// released rows (reading, writing, compacting, truncating into them).
+TEST_F(KvCacheTest, ReleaseBeforeFreesWholeBlocksOutsideAWindowAndKeepsTheRest) {
+  const KvLayout& l = cache_->layout();
+  const SeqId a = cache_->AddSequence();
+  const Tokens first = Random(20);  // [0, 8) [8, 16) [16, 20)
+  ASSERT_TRUE(Append(a, first));
+  const BlockId b0 = cache_->View(a)->blocks[0], b1 = cache_->View(a)->blocks[1];
+  EXPECT_EQ(*cache_->ReleaseBefore(a, 7), 0);  // no block wholly before position 7
+  ASSERT_TRUE(cache_->SetBlockCached(b0, true).ok());  // as if published
+  EXPECT_EQ(*cache_->ReleaseBefore(a, 8), 1);
+  EXPECT_EQ(*cache_->ReleaseBefore(a, 8), 0);  // idempotent
+  SequenceView v = *cache_->View(a);
+  EXPECT_EQ(v.num_tokens, 20);
+  EXPECT_EQ(v.released_blocks, 1);
+  EXPECT_EQ(v.blocks[0], kNoBlock);
+  EXPECT_EQ(cache_->Stats().blocks_used, 2);
+  EXPECT_EQ(cache_->CachedFreeBlockCount(), 1);  // b0 waits on the evictable list
+  EXPECT_EQ(cache_->StatsFor(a)->num_blocks, 2);
+  cache_->CheckInvariants();
+  // What is left reads back bit for bit; the released rows are refused.
+  Tokens rest;
+  rest.n = 12;
+  rest.k.assign(static_cast<size_t>(l.num_layers() * 12 * l.num_heads() * l.row_bytes()), 0);
+  rest.v = rest.k;
+  ASSERT_TRUE(cache_->Read(a, 8, {12, rest.k.data(), rest.v.data()}).ok());
+  EXPECT_EQ(rest.k, Slice(l, first.k, 20, 8, 12));
+  EXPECT_EQ(rest.v, Slice(l, first.v, 20, 8, 12));
+  EXPECT_EQ(cache_->Read(a, 0, {12, rest.k.data(), rest.v.data()}).code(), StatusCode::kFailedPrecondition);
+  const Tokens one = Random(1);
+  EXPECT_EQ(cache_->WriteLayer(a, 0, 3, {1, one.k.data(), one.v.data()}).code(), StatusCode::kFailedPrecondition);
+  std::vector<std::byte> payload(static_cast<size_t>(cache_->block_payload_bytes()));
+  EXPECT_EQ(cache_->WriteBlock(a, 0, payload).code(), StatusCode::kFailedPrecondition);
+  const std::vector<int32_t> keep(static_cast<size_t>(l.num_layers() * l.num_heads() * 10), 0);
+  EXPECT_EQ(cache_->Compact(a, keep, 10).code(), StatusCode::kFailedPrecondition);
+  // A fork shares what is left; both go on appending (copy-on-write of the
+  // shared partial block), and the parent passes its window on.
+  const SeqId b = *cache_->Fork(a);
+  EXPECT_EQ(cache_->View(b)->released_blocks, 1);
+  EXPECT_EQ(cache_->Stats().blocks_used, 2);
+  ASSERT_TRUE(Append(b, Random(1)));
+  const Tokens more = Random(12);  // a: 32 tokens, [kNoBlock] [8, 16) [16, 24) [24, 32)
+  ASSERT_TRUE(Append(a, more));
+  cache_->CheckInvariants();
+  EXPECT_EQ(*cache_->ReleaseBefore(a, 17), 1);  // b1: b still holds it
+  EXPECT_EQ(cache_->BlockRefCount(b1), 1);
+  ASSERT_TRUE(cache_->Read(a, 16, {12, rest.k.data(), rest.v.data()}).ok());
+  EXPECT_EQ(rest.k, Slice(l, Concat(l, {first, more}, false), 32, 16, 12));
+  // Truncating into the released blocks is refused; above them it works,
+  // and to zero it frees everything.
+  EXPECT_EQ(cache_->Truncate(a, 16).code(), StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(cache_->Truncate(a, 17).ok());
+  EXPECT_EQ(cache_->View(a)->blocks.size(), 3u);
+  cache_->CheckInvariants();
+  EXPECT_EQ(cache_->ReleaseBefore(a, 18).status().code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(cache_->ReleaseBefore(SeqId{77}, 0).status().code(), StatusCode::kNotFound);
+  EXPECT_TRUE(cache_->Truncate(a, 0).ok());
+  EXPECT_EQ(cache_->View(a)->released_blocks, 0);
+  ASSERT_TRUE(cache_->Free(a).ok());
+  ASSERT_TRUE(cache_->Free(b).ok());
+  EXPECT_EQ(cache_->Stats().blocks_used, 0);
+  cache_->CheckInvariants();
+}
+
 TEST_F(KvCacheTest, UnreservePutsBackTheBlockTableTheSharedBlockAndTheLength) {
   const SeqId a = cache_->AddSequence();
   ASSERT_TRUE(Append(a, Random(12)));  // [full 8][partial 4]
