@@ -148,6 +148,8 @@ Result<std::unique_ptr<Engine>> CreateEngineWithModel(const EngineOptions& o, Lo
   st->metrics.bytes_per_block = st->cache->layout().bytes_per_block();
   st->metrics.bytes_per_token = st->cache->layout().bytes_per_token();
   const int64_t blocks = st->cache->layout().num_blocks();
+  st->metrics.blocks_total = blocks;  // before the first step's snapshot too (/props, /metrics)
+  st->metrics.blocks_free = st->cache->FreeBlockCount();
   st->watermark = o.watermark_blocks >= 0 ? o.watermark_blocks : blocks / 100;
   if (st->watermark >= blocks) return InvalidArgumentError("engine: the watermark leaves no block to allocate");
   SchedulerOptions so;
