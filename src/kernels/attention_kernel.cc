@@ -277,7 +277,16 @@ void AttendRowsT(DF df, const RowTask& task) {
         for (int64_t t = lo; t < valid; ++t) s[t] = task.softcap * std::tanh(s[t] / task.softcap);
       }
       auto vmax_acc = neg_inf;
-      int64_t t = lo;
+      int64_t t = 0;
+      if (lo > 0) {
+        // The window's first block: whole vectors from slot 0 (so no load
+        // passes the row's end), positions before lo masked out.
+        for (; t < valid; t += lanes) {
+          const auto mask = hn::AndNot(hn::FirstN(df, static_cast<size_t>(std::max<int64_t>(0, lo - t))),
+                                       hn::FirstN(df, static_cast<size_t>(valid - t)));
+          vmax_acc = hn::Max(vmax_acc, hn::IfThenElse(mask, hn::LoadU(df, s + t), neg_inf));
+        }
+      }
       for (; t + lanes <= valid; t += lanes) vmax_acc = hn::Max(vmax_acc, hn::LoadU(df, s + t));
       if (t < valid) {
         vmax_acc = hn::Max(vmax_acc, hn::IfThenElse(hn::FirstN(df, static_cast<size_t>(valid - t)), hn::LoadU(df, s + t), neg_inf));
