@@ -197,6 +197,7 @@ struct GenerateBenchArgs {
   int32_t block_len = 16;
   bool busy_neighbour = false;
   std::string mla_prefill = "auto";
+  std::string kv_cache = "auto";
 };
 
 int RunGenerateBenchCommand(const GenerateBenchArgs& a) {
@@ -217,6 +218,12 @@ int RunGenerateBenchCommand(const GenerateBenchArgs& a) {
     return kExitBadInput;
   }
   o.kv_dtype = *dt;
+  Result<KvGroups> groups = ParseKvGroups(a.kv_cache);
+  if (!groups.ok()) {
+    std::fprintf(stderr, "error: --kv-cache: %s\n", groups.status().message().c_str());
+    return kExitBadInput;
+  }
+  o.kv_groups = *groups;
   if (!a.json) {
     PrintMachine();
     if (a.busy_neighbour) std::printf("with a busy neighbour: another process spins on one core throughout\n");
@@ -252,6 +259,7 @@ int RunGenerateBenchCommand(const GenerateBenchArgs& a) {
     j["weight_type"] = r->weight_type;
     j["kv_dtype"] = r->kv_dtype;
     j["block_len"] = r->block_len;
+    j["kv_cache"] = r->kv_cache;
     j["simd_target"] = r->simd_target;
     j["threads"] = r->threads;
     j["stream_read_gbps"] = r->stream_read_gbps;
@@ -285,10 +293,10 @@ int RunGenerateBenchCommand(const GenerateBenchArgs& a) {
     }
     std::printf("%s\n", j.dump(2).c_str());
   } else {
-    std::printf("%s, %.1fM parameters, %s weights, %s KV, block_len %d; %d threads (%s): stream read %.1f GB/s, "
+    std::printf("%s, %.1fM parameters, %s weights, %s KV, block_len %d, %s cache; %d threads (%s): stream read %.1f GB/s, "
                 "fp32 FMA %.1f GFLOP/s\n",
                 r->model.c_str(), static_cast<double>(r->parameters) / 1e6, r->weight_type.c_str(),
-                r->kv_dtype.c_str(), r->block_len, r->threads, r->simd_target.c_str(), r->stream_read_gbps,
+                r->kv_dtype.c_str(), r->block_len, r->kv_cache.c_str(), r->threads, r->simd_target.c_str(), r->stream_read_gbps,
                 r->fma_gflops);
   }
   return kExitOk;
@@ -568,6 +576,9 @@ CLI::App* AddBenchCommand(CLI::App& app, int& exit_code) {
   g->add_option("--prompt-len", gen.prompt_len, "Prompt tokens per sequence (default 128)")->check(CLI::Range(1, 1 << 20));
   g->add_option("--steps", gen.steps, "Decode steps (default 32)")->check(CLI::Range(1, 1 << 20));
   g->add_option("--block-len", gen.block_len, "Tokens per KV block (default 16)")->check(CLI::Range(1, 4096));
+  g->add_option("--kv-cache", gen.kv_cache,
+                "Sliding-window models: auto (default: hybrid), hybrid (a block table per group of layers, sliding "
+                "groups keep only their window) or uniform (every layer keeps every token, the windows as a mask)");
   g->add_option("--kv-dtype", gen.kv_dtype, "KV storage: f32, f16 (default), bf16, int8, fp8_e4m3, fp8_e5m2, int4 (KIVI: --block-len a multiple of 32)");
   g->add_option("--threads", gen.threads, "Threads (default: all cores)")->check(CLI::Range(0, 4096));
   g->add_flag("--busy-neighbour", gen.busy_neighbour,

@@ -18,7 +18,7 @@ namespace pagekv::cli {
 namespace {
 
 struct GenerateArgs {
-  std::string model, tokenizer, prompts_file, kv_dtype = "f32", kv_layer_dtypes;
+  std::string model, tokenizer, prompts_file, kv_dtype = "f32", kv_layer_dtypes, kv_cache = "auto";
   std::vector<std::string> prompts;
   int32_t n = -1, top_k = 0, block_len = 16, dump_logits = 0;  // n: -1 = the default (64; chat: until the turn ends)
   float temp = 0.0f, top_p = 1.0f, repeat_penalty = 1.0f;
@@ -73,6 +73,12 @@ int RunGenerate(const GenerateArgs& a) {
     return kExitBadInput;
   }
   o.kv_dtype = *dt;
+  Result<KvGroups> groups = ParseKvGroups(a.kv_cache);
+  if (!groups.ok()) {
+    std::fprintf(stderr, "error: --kv-cache: %s\n", groups.status().message().c_str());
+    return kExitBadInput;
+  }
+  o.kv_groups = *groups;
   Result<EvictionOptions> ev = ParseEvictionPolicy(a.kv_policy, a.kv_keep);
   if (!ev.ok()) {
     std::fprintf(stderr, "error: --kv-policy / --kv-keep: %s\n", ev.status().message().c_str());
@@ -236,6 +242,8 @@ CLI::App* AddGenerateCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--seed", args.seed, "Sampling seed (default: a fresh one from the OS each run)");
   cmd->add_option("--block-len", args.block_len, "Tokens per KV block (default 16)");
   cmd->add_option("--blocks", args.blocks, "KV blocks in the pool (default: enough for the batch)")->check(CLI::Range(int64_t{1}, int64_t{1} << 31));
+  cmd->add_option("--kv-cache", args.kv_cache,
+                  "Sliding-window models: auto (default: hybrid without the prefix cache or tiers), hybrid or uniform");
   cmd->add_option("--kv-dtype", args.kv_dtype,
                   "KV storage: f32 (default), f16, bf16, int8, fp8_e4m3, fp8_e5m2 (one f16 scale per row), int4 (KIVI; --block-len a multiple of 32)");
   cmd->add_option("--kv-layer-dtypes", args.kv_layer_dtypes,

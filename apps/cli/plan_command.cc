@@ -16,7 +16,8 @@ struct PlanArgs {
   std::string preset;
   int64_t layers = 0, q_heads = 0, kv_heads = 0, head_dim = 0, block_len = 0, max_blocks = 0;
   int64_t mla_rank = 0, rope_dim = 0, seq_len = 0, batch = 0;
-  std::string dtype, budget, layer_dtypes;
+  int64_t sliding_window = 0, sliding_pattern = 6;
+  std::string dtype, budget, layer_dtypes, kv_cache = "auto";
   bool json = false, explain = false;
 };
 
@@ -55,6 +56,12 @@ Result<PlanRequest> BuildRequest(const PlanArgs& a, const CLI::App& cmd, std::st
   }
   if (given("--seq-len")) g.seq_len = a.seq_len;
   if (given("--batch")) g.batch = a.batch;
+  if (given("--sliding-window")) g.sliding_window = a.sliding_window;
+  if (given("--sliding-pattern")) g.sliding_pattern = a.sliding_pattern;
+  if (a.kv_cache != "auto" && a.kv_cache != "hybrid" && a.kv_cache != "uniform") {
+    return InvalidArgumentError("--kv-cache " + a.kv_cache + ": use auto, hybrid or uniform");
+  }
+  g.uniform = a.kv_cache == "uniform";
   GeometryNames names;
   names.preset = "--preset";
   names.num_layers = "--layers";
@@ -117,6 +124,21 @@ nlohmann::ordered_json ToJson(const Plan& p, const std::string& preset) {
   if (p.batch > 0) {
     j["batch"] = p.batch;
     j["fits_batch"] = p.fits_batch;
+  }
+  if (!p.groups.empty()) {
+    nlohmann::ordered_json groups = nlohmann::ordered_json::array();
+    for (const Plan::Group& g : p.groups) {
+      groups.push_back({{"window", g.window}, {"kind", g.window > 0 ? "sliding_window" : "full_attention"},
+                        {"layers", g.layers}, {"bytes_per_token", g.bytes_per_token}});
+    }
+    j["layers_per_block"] = p.layers_per_block;
+    j["groups"] = groups;
+    nlohmann::ordered_json savings = nlohmann::ordered_json::array();
+    for (const Plan::Saving& s : p.savings) {
+      savings.push_back({{"tokens", s.tokens}, {"uniform_bytes", s.uniform_bytes}, {"hybrid_bytes", s.hybrid_bytes},
+                         {"ratio", static_cast<double>(s.uniform_bytes) / static_cast<double>(s.hybrid_bytes)}});
+    }
+    j["per_sequence_vs_uniform"] = savings;
   }
   if (p.per_head_bytes_per_token > 0) {
     j["per_head_bytes_per_token"] = p.per_head_bytes_per_token;
@@ -181,6 +203,26 @@ void PrintTable(const Plan& p, const std::string& title) {
                                                                       : fmt::format(" (batch {} DOES NOT FIT)", p.batch))
                                                       : std::string()));
   }
+  if (!p.groups.empty()) {
+    std::printf("\n");
+    int32_t sliding = 0, full = 0;
+    for (const Plan::Group& g : p.groups) (g.window > 0 ? sliding : full)++;
+    PrintRow("hybrid cache", fmt::format("{} groups of {} layers (one block table each, one pool): {} full-attention, "
+                                         "{} sliding", p.groups.size(), p.layers_per_block, full, sliding));
+    for (size_t i = 0; i < p.groups.size(); ++i) {
+      const Plan::Group& g = p.groups[i];
+      std::string layers;
+      for (int32_t l : g.layers) layers += (layers.empty() ? "" : ",") + std::to_string(l);
+      PrintRow(fmt::format("group {}", i), fmt::format("{} layers {}: {} per token", g.window > 0 ? fmt::format("window {},", g.window) : std::string("full,"),
+                                                       layers, FormatBytes(g.bytes_per_token)));
+    }
+    std::printf("\n  %-10s %16s %16s %8s\n", "tokens", "uniform cache", "hybrid cache", "saving");
+    for (const Plan::Saving& s : p.savings) {
+      std::printf("  %-10s %16s %16s %7.1fx\n", Group(s.tokens).c_str(), FormatBytes(s.uniform_bytes).c_str(),
+                  FormatBytes(s.hybrid_bytes).c_str(), static_cast<double>(s.uniform_bytes) / static_cast<double>(s.hybrid_bytes));
+    }
+    std::printf("  (one sequence; a sliding group keeps ceil((W - 1) / block_len) + 1 blocks while decoding)\n");
+  }
   if (p.per_head_bytes_per_token > 0) {
     std::printf("\n");
     PrintRow("MLA vs per-head", fmt::format("{} per token instead of {} for K and V of {} query heads: {:.1f}x smaller",
@@ -205,7 +247,8 @@ void PrintExplain(const Plan& p, const PlanArgs& a) {
               c.block_len, p.row_bytes, p.slab_bytes, p.slab_stride);
   std::printf("  bytes_per_token  = layers %d x planes %ld (%s) x heads %ld x row_bytes %ld = %s\n", c.num_layers,
               planes, mla ? "latent" : "K and V", heads, p.row_bytes, Group(p.bytes_per_token).c_str());
-  std::printf("  bytes_per_block  = layers %d x planes %ld x heads %ld x slab %ld = %s\n", c.num_layers, planes,
+  std::printf("  bytes_per_block  = layers %d x planes %ld x heads %ld x slab %ld = %s\n",
+              p.layers_per_block > 0 ? p.layers_per_block : c.num_layers, planes,
               heads, p.slab_stride, Group(p.bytes_per_block).c_str());
   if (a.max_blocks > 0) {
     std::printf("  num_blocks       = --max-blocks = %ld\n", p.num_blocks);
@@ -285,6 +328,11 @@ CLI::App* AddPlanCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--budget", args->budget, "Byte budget for the pool, e.g. 24GiB, 512MiB, 1073741824");
   cmd->add_option("--seq-len", args->seq_len, "Tokens per sequence (default with --batch: the model's context)");
   cmd->add_option("--batch", args->batch, "Sequences wanted at once");
+  cmd->add_option("--sliding-window", args->sliding_window,
+                  "Sliding-window layers: tokens each sees (a hybrid cache: sliding groups keep only their window)");
+  cmd->add_option("--sliding-pattern", args->sliding_pattern,
+                  "With --sliding-window: every Nth layer attends fully (default 6, as Gemma 3; 1 = every layer slides)");
+  cmd->add_option("--kv-cache", args->kv_cache, "auto (default), hybrid, or uniform: every layer keeps every token");
   cmd->add_flag("--json", args->json, "Print one JSON object");
   cmd->add_flag("--explain", args->explain, "Show how each number is derived and what to change");
   cmd->callback([args, cmd, &exit_code] { exit_code = RunPlan(*args, *cmd); });

@@ -142,6 +142,7 @@ struct GenerateBenchReport {
   std::string weight_type;       // of the matrices
   std::string kv_dtype;
   int32_t block_len = 0;
+  std::string kv_cache;          // "uniform", or "hybrid (G groups of k layers)"
   std::string simd_target;
   int threads = 0;
   double stream_read_gbps = 0;
@@ -159,6 +160,7 @@ struct GenerateBenchOptions {
   int64_t decode_steps = 32;
   int32_t block_len = 16;
   DType kv_dtype = DType::kF16;
+  KvGroups kv_groups = KvGroups::kAuto;  // sliding-window models: hybrid (auto) or uniform cache
   int num_threads = 0;  // 0 = every hardware thread
   // Run every batch twice, on 1 thread and on num_threads, while another
   // process keeps one core busy (a spinning child, started for the run and

@@ -36,6 +36,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -147,11 +148,25 @@ std::vector<TokenLogprob> TokenLogprobs(const RequestResult& r);
 
 enum class Allocator : uint8_t { kPaged, kContiguous };
 
+// Models with sliding-window layers (gemma3): how the cache holds them.
+//   kHybrid: cache groups (CacheConfig::layer_windows): one block table per
+//     group of layers in the one pool; a sliding group holds only the
+//     blocks its window reaches (about W tokens), a full group every token.
+//   kUniform: one table for every layer, every layer keeping every token;
+//     the kernels apply the windows as a mask (the same results, bit for
+//     bit; for comparison and for what hybrid caches do not support yet).
+//   kAuto: hybrid, except with KV tiers (not yet stored per group): uniform.
+// Models without windows always get one uniform table.
+enum class KvGroups : uint8_t { kAuto, kHybrid, kUniform };
+std::string_view KvGroupsName(KvGroups g);           // "auto", "hybrid", "uniform"
+Result<KvGroups> ParseKvGroups(std::string_view s);  // the names above
+
 struct EngineOptions {
   std::string model_path;      // GGUF, or llama2.c .bin with tokenizer_path
   std::string tokenizer_path;
   int32_t block_len = 16;
   DType kv_dtype = DType::kF32;
+  KvGroups kv_groups = KvGroups::kAuto;  // sliding-window models: hybrid or uniform cache
   std::string kv_layer_dtypes;  // per-layer overrides, e.g. "0=f16,-1=f16" (ParseLayerFormats)
   bool kv_hadamard = false;     // int8 / fp8 rows stored Hadamard-rotated (RotateQuantizedRows)
   int64_t num_blocks = 0;        // the pool; or
@@ -225,6 +240,7 @@ struct EngineMetrics {
   int64_t peak_blocks_used = 0;     // the most blocks in use right after a step's forward pass
   int64_t copy_on_write_blocks = 0; // shared partly filled blocks copied before a write
   int64_t bytes_per_block = 0, bytes_per_token = 0;  // the pool's geometry
+  int32_t kv_groups = 1;            // cache groups (a hybrid cache of a sliding-window model: more than 1)
   int64_t kv_event_batches = 0;     // published to kv_events_endpoint
   // Of the running sequences' block tables: entries whose block is the one
   // right after the previous entry's in memory (id + 1), over all entries

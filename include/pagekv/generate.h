@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "pagekv/dtype.h"
+#include "pagekv/engine.h"
 #include "pagekv/eviction.h"
 #include "pagekv/prefix_cache.h"
 #include "pagekv/sampling.h"
@@ -50,6 +51,7 @@ struct GenerateOptions {
   SamplingOptions sampling;
   int32_t block_len = 16;
   DType kv_dtype = DType::kF32;
+  KvGroups kv_groups = KvGroups::kAuto;  // sliding-window models (EngineOptions::kv_groups)
   std::string kv_layer_dtypes;  // per-layer overrides, e.g. "0=f16,-1=f16" (ParseLayerFormats in kv_layout.h)
   bool kv_hadamard = false;     // int8 / fp8 rows stored Hadamard-rotated (RotateQuantizedRows)
   int64_t num_blocks = 0;  // 0 = enough for every prompt plus max_new_tokens

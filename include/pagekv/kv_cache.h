@@ -83,8 +83,8 @@ struct KvTokensOut {
   void* v = nullptr;
 };
 
-// A sequence's block table, for kernels. Valid until the sequence is next
-// mutated or freed.
+// A sequence's block table (of one cache group), for kernels. Valid until
+// the sequence is next mutated or freed.
 struct SequenceView {
   SeqId id{};
   int64_t num_tokens = 0;
@@ -95,6 +95,8 @@ struct SequenceView {
   // Tokens dropped by Compact (token eviction): the next token's position
   // (for rotary embeddings and the context limit) is num_tokens + evicted.
   int64_t evicted = 0;
+  int32_t group = 0;   // the cache group whose table this is (KvLayout::num_groups)
+  int32_t window = 0;  // its layers' sliding window (0: full attention)
   // INT4 KIVI layers: the sequence's f16 tail (KvLayout::TailOffset) holding
   // its last num_tokens % G tokens of each such layer; null when none.
   const std::byte* tail = nullptr;
@@ -108,10 +110,12 @@ struct SequenceView {
 std::vector<std::pair<int32_t, int32_t>> CompactionMoves(std::span<const int32_t> keep);
 
 // What an Append of n tokens would take.
+// A hybrid cache counts every group's table.
 struct AppendNeed {
   int64_t new_blocks = 0;  // blocks for positions past the current last block
-  bool copy_on_write = false;  // the shared, partly filled last block must be copied first
-  int64_t total() const { return new_blocks + (copy_on_write ? 1 : 0); }
+  bool copy_on_write = false;  // a shared, partly filled last block must be copied first
+  int64_t copies = 0;          // how many (one per group at most)
+  int64_t total() const { return new_blocks + copies; }
 };
 
 // What one Reserve changed in a sequence, to put it back exactly
@@ -119,9 +123,13 @@ struct AppendNeed {
 struct ReserveUndo {
   SeqId seq{};
   int64_t num_tokens = 0;          // the length before
-  size_t num_blocks = 0;           // block-table entries before
-  bool copied = false;             // a copy-on-write replaced the last block:
-  BlockId shared{};                //   the shared block it replaced
+  struct Group {
+    size_t num_blocks = 0;         // block-table entries before
+    bool copied = false;           // a copy-on-write replaced the last block:
+    BlockId shared{};              //   the shared block it replaced
+  };
+  std::vector<Group> groups;       // per cache group
+  bool copied = false;             // any group's last block was copied
   // INT4 KIVI layers' f16 tail before, saved when the reservation reaches a
   // group's end (sealing it overwrites rows the sequence had); else the
   // rows it had are not touched and nothing is saved.
@@ -253,7 +261,7 @@ class KvCache {
   // of it, full or not). Same writability rule as WriteLayer: the block must
   // not be shared or published. Errors (nothing written): unknown id, index
   // out of range, a shared block, data of the wrong size.
-  Status WriteBlock(SeqId id, int64_t index, std::span<const std::byte> data);
+  Status WriteBlock(SeqId id, int64_t index, std::span<const std::byte> data, int32_t group = 0);
   // Overwrites pool block `block` with data without reading or changing any
   // bookkeeping, so a background mover may call it (and ReadBlock) from its
   // own thread while the owner works on other blocks. The caller guarantees
@@ -271,6 +279,13 @@ class KvCache {
   // list, so allocations that follow can never evict it. Errors (nothing
   // changed): an id outside the pool, a block listed twice.
   Result<SeqId> AddSequenceSharing(std::span<const BlockId> blocks, std::string label = {});
+  // The same for a hybrid cache: one table per group (KvLayout::num_groups),
+  // each of the same length n (the sequence's length is n * block_len). A
+  // sliding group's table may start with kNoBlock entries, but only before
+  // the window of the next query (position n * block_len). Errors (nothing
+  // changed): a wrong group count or table length, an id outside the pool, a
+  // block listed twice, a kNoBlock where a window or a full group needs KV.
+  Result<SeqId> AddSequenceSharingGroups(std::span<const std::vector<BlockId>> tables, std::string label = {});
 
   // Prefix-cache hooks. A block marked cached keeps its KV when freed: it
   // waits on an LRU list of evictable blocks, reused only when no unmarked
@@ -335,8 +350,15 @@ class KvCache {
   // many blocks were released by this call. Afterwards the released
   // positions cannot be read, written, forked into a compaction or
   // truncated into (FailedPrecondition naming them). Errors: unknown id,
-  // first_pos outside [0, length].
-  Result<int64_t> ReleaseBefore(SeqId id, int64_t first_pos);
+  // first_pos outside [0, length], a group outside the cache's. `group`:
+  // one cache group's table, or -1 for every group's.
+  Result<int64_t> ReleaseBefore(SeqId id, int64_t first_pos, int32_t group = -1);
+  // Hybrid caches: every sliding group of window W releases the blocks
+  // wholly before the next query's window (positions < length - W + 1);
+  // full groups keep everything. The engine calls this after each step, so
+  // a sliding group holds at most ceil(W / block_len) + 1 blocks between
+  // steps. Returns how many blocks were released. Error: unknown id.
+  Result<int64_t> ReleaseOutOfWindow(SeqId id);
 
   // Releases all of the sequence's blocks and forgets it. Error: unknown id
   // (including a sequence already freed).
@@ -344,7 +366,10 @@ class KvCache {
 
   // --- reading ------------------------------------------------------------
 
+  // Group 0's table (the only one of a uniform cache; a full-attention
+  // group's when the cache has one), or one group's.
   Result<SequenceView> View(SeqId id) const;
+  Result<SequenceView> View(SeqId id, int32_t group) const;
 
   // Copies tokens [begin, begin + out.num_tokens) of `id` out of the arena.
   Status Read(SeqId id, int64_t begin, const KvTokensOut& out) const;

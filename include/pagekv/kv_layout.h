@@ -27,6 +27,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -70,6 +71,24 @@ struct CacheConfig {
   // The format of one layer. REQUIRES: layer in [0, num_layers).
   const KvFormat& FormatOf(int32_t layer) const {
     return layer_formats.empty() ? format : layer_formats[static_cast<size_t>(layer)];
+  }
+
+  // Hybrid caches (sliding-window models): one entry per layer, 0 for a
+  // full-attention layer, W > 0 for a layer whose query at position p sees
+  // only positions [p - W + 1, p]. Empty = every layer full attention, one
+  // block table per sequence. When set, layers of the same window form cache
+  // groups of k layers each (k = the gcd of the per-window layer counts);
+  // a block holds k layers' slabs and belongs to one group at a time, each
+  // group has its own block table per sequence, and a sliding group gives
+  // back the blocks its window has passed (KvCache::ReleaseOutOfWindow).
+  // Gemma 3 270M: 15 sliding (512) + 3 full layers -> 6 groups of 3 layers.
+  // Each window must be at least block_len; layers that share a slot of the
+  // block (the i-th layer of every group) must share a format.
+  std::vector<int32_t> layer_windows;
+
+  // The window of one layer (0 = full attention).
+  int32_t WindowOf(int32_t layer) const {
+    return layer_windows.empty() ? 0 : layer_windows[static_cast<size_t>(layer)];
   }
 
   // Pool size: exactly one of the two must be set (> 0).
@@ -150,14 +169,41 @@ class KvLayout {
 
   int64_t total_bytes() const { return total_bytes_; }  // the whole arena
 
-  // Bytes one block occupies across all layers, planes and heads (with padding).
+  // Bytes one block occupies across its layers, planes and heads (with
+  // padding). A block holds layers_per_block() layers: every layer of a
+  // uniform cache, one group's of a hybrid one.
   int64_t bytes_per_block() const { return bytes_per_block_; }
   // Bytes one token's rows occupy across all layers, planes and heads (no
   // padding; a KIVI layer's key-group parameters are shared out over the
-  // group's tokens, rounded up to whole bytes).
+  // group's tokens, rounded up to whole bytes): what a token costs in a
+  // cache that keeps every layer's every token.
   int64_t bytes_per_token() const { return bytes_per_token_; }
-  // Number of slabs a block id names: num_layers * num_planes * num_heads.
+  // Bytes one token's rows occupy in one block (its group's layers only):
+  // bytes_per_token() / num_groups().
+  int64_t bytes_per_block_token() const { return bytes_per_block_token_; }
+  // Number of slabs a block id names: layers_per_block * num_planes * num_heads.
   int64_t slabs_per_block() const { return slabs_per_block_; }
+
+  // --- cache groups (CacheConfig::layer_windows) ----------------------------
+  // One group (every layer, window 0) for a uniform cache.
+  int32_t num_groups() const { return static_cast<int32_t>(groups_.size()); }
+  int32_t layers_per_block() const { return layers_per_block_; }
+  // The group a layer's rows live in, and its slot among the group's layers.
+  int32_t group_of(int32_t layer) const { return layers_[static_cast<size_t>(layer)].group; }
+  // A group's window (0: full attention) and its layers, ascending.
+  int32_t group_window(int32_t group) const { return groups_[static_cast<size_t>(group)].window; }
+  std::span<const int32_t> group_layers(int32_t group) const { return groups_[static_cast<size_t>(group)].layers; }
+  // The layers whose slabs make up one block, in payload order: group 0's
+  // (every group's i-th layer shares the i-th layer's offsets and format).
+  std::span<const int32_t> block_layers() const { return group_layers(0); }
+  // True when the cache has more than one group or any window.
+  bool hybrid() const { return groups_.size() > 1 || groups_[0].window > 0; }
+  // Blocks one sequence of `tokens` tokens holds across its groups while a
+  // step of up to `step_tokens` new tokens runs: ceil(tokens / block_len)
+  // per full group; per sliding group of window W at most that and at most
+  // ceil((W - 1 + step_tokens) / block_len) + 1 (the window of the step's
+  // first query to its last token, straddling block edges).
+  int64_t BlocksHeld(int64_t tokens, int64_t step_tokens) const;
 
   // Slab alignment padding inside one block, all slabs together.
   int64_t padding_bytes_per_block() const { return padding_bytes_per_block_; }
@@ -177,6 +223,7 @@ class KvLayout {
   KvLayout() = default;
 
   struct Layer {
+    int32_t group = 0;
     bool kivi = false;
     int64_t row_bytes = 0;
     int64_t slab_bytes[2] = {0, 0}, slab_stride[2] = {0, 0}, head_stride[2] = {0, 0}, plane_offset[2] = {0, 0};
@@ -195,6 +242,13 @@ class KvLayout {
   int64_t bytes_per_block_ = 0;
   int64_t bytes_per_token_ = 0;
   int64_t slabs_per_block_ = 0;
+  int64_t bytes_per_block_token_ = 0;
+  int32_t layers_per_block_ = 0;
+  struct Group {
+    int32_t window = 0;
+    std::vector<int32_t> layers;
+  };
+  std::vector<Group> groups_;
   int64_t padding_bytes_per_block_ = 0;
   int64_t tail_bytes_per_sequence_ = 0;
 };

@@ -78,6 +78,27 @@ struct Plan {
   int64_t per_head_bytes_per_token = 0;
   double mla_reduction = 0;
 
+  // Hybrid caches (config.layer_windows): the groups (each a window, 0 for
+  // full attention, and its layers), the layers one block holds, and what
+  // one sequence needs against a uniform cache of the same layers (every
+  // layer keeping every token) at 8K, 32K and 128K tokens and at seq_len.
+  // Per sequence, a sliding group holds at most ceil((W - 1) / block_len) + 1
+  // blocks while decoding (a prompt chunk of C tokens: ceil((W - 1 + C) /
+  // block_len) + 1 during its step). Empty for a uniform cache.
+  struct Group {
+    int32_t window = 0;
+    std::vector<int32_t> layers;
+    int64_t bytes_per_token = 0;  // its layers' rows of one token
+  };
+  std::vector<Group> groups;
+  int32_t layers_per_block = 0;
+  struct Saving {
+    int64_t tokens = 0;
+    int64_t uniform_bytes = 0;  // ceil(tokens / block_len) uniform blocks
+    int64_t hybrid_bytes = 0;   // KvLayout::BlocksHeld(tokens, 1) hybrid blocks
+  };
+  std::vector<Saving> savings;
+
   // What to change when something does not fit, each with its numbers.
   std::vector<std::string> advice;
 };
@@ -98,6 +119,12 @@ struct GeometrySpec {
   std::optional<int64_t> num_blocks;
   std::optional<int64_t> budget_bytes;      // a budget without num_blocks sizes the pool (not the preset)
   std::optional<int64_t> seq_len, batch;    // a batch without seq_len: full-context sequences
+  // Sliding-window layers: every layer slides over `sliding_window` tokens
+  // except every sliding_pattern-th (layers P-1, 2P-1, ...: Gemma 3's 6),
+  // which attends fully; a preset with windows keeps them unless
+  // `uniform` (a uniform cache of the same layers, for comparison).
+  std::optional<int64_t> sliding_window, sliding_pattern;
+  bool uniform = false;
 };
 
 // How the caller's interface names each field, for error messages ("--layers"

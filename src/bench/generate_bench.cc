@@ -111,7 +111,12 @@ Result<GenerateBenchReport> RunGenerateBench(const GenerateBenchOptions& o) {
   report.simd_target = AttentionSimdTarget();
   report.threads = o.num_threads > 0 ? o.num_threads : ThreadPool::Shared().num_threads();
   report.busy_neighbour = o.busy_neighbour;
-  PAGEKV_ASSIGN_OR_RETURN(const KvLayout layout, KvLayout::Create(model->CacheGeometry(o.block_len, o.kv_dtype, 1)));
+  CacheConfig geometry = model->CacheGeometry(o.block_len, o.kv_dtype, 1);
+  if (c.hybrid() && o.kv_groups != KvGroups::kUniform) geometry.layer_windows = c.layer_windows;  // as the engine does
+  PAGEKV_ASSIGN_OR_RETURN(const KvLayout layout, KvLayout::Create(geometry));
+  report.kv_cache = layout.hybrid() ? "hybrid (" + std::to_string(layout.num_groups()) + " groups of " +
+                                          std::to_string(layout.layers_per_block()) + " layers)"
+                                    : "uniform";
   std::mt19937 rng(7);
   std::uniform_int_distribution<int32_t> token(3, c.vocab_size - 1);
   BusyNeighbour neighbour;
@@ -129,8 +134,9 @@ Result<GenerateBenchReport> RunGenerateBench(const GenerateBenchOptions& o) {
     eo.model_path = path;
     eo.block_len = o.block_len;
     eo.kv_dtype = o.kv_dtype;
+    eo.kv_groups = o.kv_groups;
     eo.prefix_cache = false;
-    eo.num_blocks = batch * ((per_seq + o.block_len - 1) / o.block_len + 1);
+    eo.num_blocks = batch * (layout.BlocksHeld(per_seq, batch * o.prompt_len) + layout.num_groups());
     eo.watermark_blocks = 0;
     eo.max_step_tokens = batch * o.prompt_len;
     eo.max_running = static_cast<int32_t>(batch);
@@ -187,7 +193,13 @@ Result<GenerateBenchReport> RunGenerateBench(const GenerateBenchOptions& o) {
     // absorbed form's) and the matrices' per token.
     const double mean_ctx = static_cast<double>(o.prompt_len) + static_cast<double>(o.decode_steps + 1) / 2.0;
     r.step_weight_bytes = model->StepWeightBytes();
-    r.step_kv_bytes = static_cast<int64_t>(static_cast<double>(batch) * mean_ctx * static_cast<double>(layout.bytes_per_token()));
+    // A sliding layer reads only its window (uniform cache or hybrid).
+    double token_layers_read = 0;
+    for (int32_t l = 0; l < c.num_layers; ++l) {
+      token_layers_read += c.window(l) > 0 ? std::min<double>(mean_ctx, c.window(l)) : mean_ctx;
+    }
+    r.step_kv_bytes = static_cast<int64_t>(static_cast<double>(batch) * token_layers_read *
+                                           static_cast<double>(layout.bytes_per_token()) / c.num_layers);
     r.step_flops = 2.0 * static_cast<double>(batch) *
                    (static_cast<double>(model->MatrixMultiplyAddsPerToken()) +
                     static_cast<double>(c.num_layers) * c.num_heads * static_cast<double>(c.AttentionMultiplyAdds()) * mean_ctx);

@@ -53,6 +53,22 @@ Engine::~Engine() {
   while (!state_->live.empty()) state_->Finish(state_->live.begin()->second.get(), FinishReason::kCancelled);
 }
 
+std::string_view KvGroupsName(KvGroups g) {
+  switch (g) {
+    case KvGroups::kAuto: return "auto";
+    case KvGroups::kHybrid: return "hybrid";
+    case KvGroups::kUniform: return "uniform";
+  }
+  return "?";
+}
+
+Result<KvGroups> ParseKvGroups(std::string_view s) {
+  for (KvGroups g : {KvGroups::kAuto, KvGroups::kHybrid, KvGroups::kUniform}) {
+    if (s == KvGroupsName(g)) return g;
+  }
+  return InvalidArgumentError("unknown KV cache kind '" + std::string(s) + "': use auto, hybrid or uniform");
+}
+
 Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& o) {
   PAGEKV_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(o.model_path, o.tokenizer_path));
   return CreateEngineWithModel(o, std::move(m));
@@ -88,14 +104,30 @@ Result<std::unique_ptr<Engine>> CreateEngineWithModel(const EngineOptions& o, Lo
     st->chat_error = chat.status();  // chat requests get it; completions still work
   }
   KvCacheOptions co;
+  const ModelConfig& mc = st->m.model->config();
+  co.config = st->m.model->CacheGeometry(o.block_len, o.kv_dtype, 1);
+  if (mc.hybrid()) {
+    bool hybrid = o.kv_groups != KvGroups::kUniform;
+    const char* unsupported = TiersConfigured(o.tiers) ? "KV tiers" : o.prefix_cache ? "the prefix cache" : nullptr;
+    if (unsupported != nullptr) {
+      if (o.kv_groups == KvGroups::kHybrid) {
+        return InvalidArgumentError(std::string("engine: a hybrid cache (--kv-cache hybrid) with ") + unsupported +
+                                    " is not supported yet: use --kv-cache uniform (or auto)");
+      }
+      hybrid = false;  // auto: the uniform cache, the windows as a mask
+    }
+    if (hybrid) co.config.layer_windows = mc.layer_windows;
+  }
   int64_t num_blocks = o.num_blocks;
   if (num_blocks == 0 && o.kv_budget_bytes == 0) {
-    // One full context, and the watermark above it.
-    const int64_t context = (st->m.model->config().context_len + o.block_len - 1) / o.block_len + 1;
+    // One full context (every group's blocks for it), and the watermark above it.
+    PAGEKV_ASSIGN_OR_RETURN(const KvLayout one, KvLayout::Create(co.config));
+    const int64_t context = one.BlocksHeld(mc.context_len, o.max_step_tokens) + one.num_groups();
     num_blocks = o.watermark_blocks >= 0 ? context + o.watermark_blocks : (context * 100 + 98) / 99 + 1;
   }
-  co.config = st->m.model->CacheGeometry(o.block_len, o.kv_dtype, num_blocks);
+  co.config.num_blocks = num_blocks;
   co.config.budget_bytes = o.kv_budget_bytes;
+  if (o.kv_budget_bytes > 0) co.config.num_blocks = 0;
   PAGEKV_ASSIGN_OR_RETURN(co.config.layer_formats,
                           ParseLayerFormats(o.kv_layer_dtypes, st->m.model->config().num_layers,
                                             st->m.model->config().kv_row_elems(), co.config.format));
@@ -145,6 +177,7 @@ Result<std::unique_ptr<Engine>> CreateEngineWithModel(const EngineOptions& o, Lo
     PAGEKV_ASSIGN_OR_RETURN(st->events, KvEventPublisher::Create(ko.endpoint, std::move(wire)));
     if (ko.wait_ms > 0) st->events->WaitForSubscriber(ko.wait_ms);
   }
+  st->metrics.kv_groups = st->cache->layout().num_groups();
   st->metrics.bytes_per_block = st->cache->layout().bytes_per_block();
   st->metrics.bytes_per_token = st->cache->layout().bytes_per_token();
   const int64_t blocks = st->cache->layout().num_blocks();

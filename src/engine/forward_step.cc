@@ -24,7 +24,9 @@ class CacheStepKv final : public StepKv {
     if (fault_ != nullptr && *fault_) PAGEKV_RETURN_IF_ERROR((*fault_)(item, layer));
     PAGEKV_RETURN_IF_ERROR(
         cache_.WriteLayer(it.seq, layer, start_[item], {static_cast<int64_t>(it.tokens.size()), k, v}));
-    PAGEKV_ASSIGN_OR_RETURN(const SequenceView view, cache_.View(it.seq));
+    // A hybrid cache: the table of the layer's group (its block ids index
+    // the same arena at the layer's offsets).
+    PAGEKV_ASSIGN_OR_RETURN(const SequenceView view, cache_.View(it.seq, cache_.layout().group_of(layer)));
     return KvSpan{view.blocks, view.num_tokens, view.tail};
   }
 
@@ -86,6 +88,10 @@ Result<bool> ForwardStep(const Model& model, KvCache& cache, std::span<const For
   if (Status s = model.Forward(step, kv, run); !s.ok()) {
     undo(items.size());  // leave nothing half-written
     return s;
+  }
+  // Sliding groups give back what no later query's window reaches.
+  if (cache.layout().hybrid()) {
+    for (const ForwardItem& item : items) PAGEKV_CHECK(cache.ReleaseOutOfWindow(item.seq).ok());
   }
   return true;
 }

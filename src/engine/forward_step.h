@@ -9,6 +9,11 @@
 // (KvCache::Unreserve: block tables, the shared blocks copies replaced,
 // lengths, KIVI tails; no cut event). A cached prefix block a reservation
 // took stays evicted.
+//
+// A hybrid cache (KvLayout::hybrid): each layer stores into and attends over
+// its group's table, and after the step every sliding group releases the
+// blocks its next query's window no longer reaches
+// (KvCache::ReleaseOutOfWindow).
 #pragma once
 
 #include <cstdint>

@@ -97,6 +97,7 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
   eo.tokenizer_path = o.tokenizer_path;
   eo.block_len = o.block_len;
   eo.kv_dtype = o.kv_dtype;
+  eo.kv_groups = o.kv_groups;
   eo.kv_layer_dtypes = o.kv_layer_dtypes;
   eo.kv_hadamard = o.kv_hadamard;
   eo.num_blocks = o.num_blocks > 0 ? o.num_blocks : blocks_needed;

@@ -7,11 +7,12 @@ namespace pagekv {
 namespace {
 
 // f(arena offset, payload offset, slab bytes) for every slab of a block, in
-// payload order (layer, plane, head).
+// payload order (layer, plane, head); a hybrid cache's block holds its
+// group's layers, at the offsets of group 0's (KvLayout::block_layers).
 template <typename F>
 void ForEachSlab(const KvLayout& layout, int64_t block, F&& f) {
   size_t at = 0;
-  for (int32_t l = 0; l < layout.num_layers(); ++l) {
+  for (const int32_t l : layout.block_layers()) {
     for (int32_t p = 0; p < layout.num_planes(); ++p) {
       const auto slab = static_cast<size_t>(layout.slab_bytes(l, p));
       for (int32_t h = 0; h < layout.num_heads(); ++h, at += slab) f(layout.SlabOffset(l, p, h, block), at, slab);
@@ -29,7 +30,7 @@ class Cpu final : public Backend {
 
   void CopyBlocks(const KvLayout& layout, std::byte* arena, std::span<const BlockCopy> copies) const override {
     for (const BlockCopy& c : copies) {
-      for (int32_t l = 0; l < layout.num_layers(); ++l) {
+      for (const int32_t l : layout.block_layers()) {
         for (int32_t p = 0; p < layout.num_planes(); ++p) {
           const auto bytes = static_cast<size_t>(layout.kivi(l) ? layout.slab_bytes(l, p) : c.filled * layout.row_bytes(l));
           for (int32_t h = 0; h < layout.num_heads(); ++h) {

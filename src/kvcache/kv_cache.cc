@@ -53,7 +53,9 @@ KvCache::~KvCache() {
 
 SeqId KvCache::AddSequence(std::string label) {
   const int64_t id = state_->next_seq_id++;
-  state_->sequences[id].label = std::move(label);
+  Sequence& s = state_->sequences[id];
+  s.label = std::move(label);
+  s.tables.resize(static_cast<size_t>(layout_.num_groups()));
   return SeqId{id};
 }
 
@@ -71,11 +73,16 @@ Result<AppendNeed> KvCache::BlocksNeeded(SeqId id, int64_t n) const {
   if (n == 0) return need;
   auto end = CheckedAdd(s.num_tokens, n);
   if (!end) return InvalidArgumentError("token count " + std::to_string(n) + " overflows");
-  need.new_blocks = CeilDiv(*end, bl) - static_cast<int64_t>(s.blocks.size());
-  // A partly filled last block that is shared, or that a prefix cache has
-  // published (a truncation can leave one), is copied before it is written.
-  need.copy_on_write = s.num_tokens % bl != 0 && (state_->pool.RefCount(s.blocks.back()) > 1 ||
-                                                  state_->pool.IsCached(s.blocks.back()));
+  for (const Sequence::Table& t : s.tables) {
+    need.new_blocks += CeilDiv(*end, bl) - static_cast<int64_t>(t.blocks.size());
+    // A partly filled last block that is shared, or that a prefix cache has
+    // published (a truncation can leave one), is copied before it is written.
+    if (s.num_tokens % bl != 0 &&
+        (state_->pool.RefCount(t.blocks.back()) > 1 || state_->pool.IsCached(t.blocks.back()))) {
+      ++need.copies;
+    }
+  }
+  need.copy_on_write = need.copies > 0;
   return need;
 }
 
@@ -102,7 +109,10 @@ Result<bool> KvCache::Reserve(SeqId id, int64_t n, ReserveUndo* undo) {
   PAGEKV_ASSIGN_OR_RETURN(AppendNeed need, BlocksNeeded(id, n));
   Sequence& s = state_->sequences.at(ToInt(id));
   if (undo != nullptr) {
-    *undo = ReserveUndo{id, s.num_tokens, s.blocks.size(), false, BlockId{}, false, {}};
+    *undo = ReserveUndo{};
+    undo->seq = id;
+    undo->num_tokens = s.num_tokens;
+    for (const Sequence::Table& t : s.tables) undo->groups.push_back({t.blocks.size(), false, BlockId{}});
     for (int32_t l = 0; l < layout_.num_layers() && !undo->tail_saved; ++l) {
       const int64_t g = layout_.kivi(l) ? layout_.config().FormatOf(l).group_size : 0;
       if (g > 0 && s.num_tokens % g + n >= g) {
@@ -119,22 +129,30 @@ Result<bool> KvCache::Reserve(SeqId id, int64_t n, ReserveUndo* undo) {
   PAGEKV_CHECK(state_->pool.Allocate(static_cast<int32_t>(need.total()), fresh));
   std::byte* base = state_->arena->data();
   size_t next = 0;
-  if (need.copy_on_write) {
-    // Copy the filled slots of every slab of the shared last block, then swap
-    // it for the private copy.
-    const BlockId shared = s.blocks.back();
-    const BlockId copy = fresh[next++];
-    const BlockCopy c{shared, copy, static_cast<int32_t>(s.num_tokens % layout_.block_len())};
-    state_->backend.CopyBlocks(layout_, base, {&c, 1});
-    PAGEKV_CHECK(state_->pool.Release(shared).ok());
-    s.blocks.back() = copy;
-    ++state_->copies_on_write;
-    if (undo != nullptr) {
-      undo->copied = true;
-      undo->shared = shared;
+  const int64_t bl = layout_.block_len();
+  const int64_t grown = CeilDiv(s.num_tokens + n, bl);
+  for (size_t g = 0; g < s.tables.size(); ++g) {
+    std::vector<BlockId>& blocks = s.tables[g].blocks;
+    if (s.num_tokens % bl != 0 &&
+        (state_->pool.RefCount(blocks.back()) > 1 || state_->pool.IsCached(blocks.back()))) {
+      // Copy the filled slots of every slab of the shared last block, then
+      // swap it for the private copy.
+      const BlockId shared = blocks.back();
+      const BlockId copy = fresh[next++];
+      const BlockCopy c{shared, copy, static_cast<int32_t>(s.num_tokens % bl)};
+      state_->backend.CopyBlocks(layout_, base, {&c, 1});
+      PAGEKV_CHECK(state_->pool.Release(shared).ok());
+      blocks.back() = copy;
+      ++state_->copies_on_write;
+      if (undo != nullptr) {
+        undo->copied = true;
+        undo->groups[g].copied = true;
+        undo->groups[g].shared = shared;
+      }
     }
+    while (static_cast<int64_t>(blocks.size()) < grown) blocks.push_back(fresh[next++]);
   }
-  s.blocks.insert(s.blocks.end(), fresh.begin() + static_cast<std::ptrdiff_t>(next), fresh.end());
+  PAGEKV_CHECK(next == fresh.size());
   s.num_tokens += n;
   return true;
 }
@@ -158,12 +176,13 @@ Status KvCache::WriteLayer(SeqId id, int32_t layer, int64_t pos, const KvTokens&
     return InvalidArgumentError("write: k (and v for a per-head cache) must be set; v must be null for MLA");
   }
   const int64_t bl = layout_.block_len();
-  if (pos < s.released * bl) {
+  const Sequence::Table& t = s.tables[static_cast<size_t>(layout_.group_of(layer))];
+  if (pos < t.released * bl) {
     return FailedPreconditionError("write: position " + std::to_string(pos) + " of " + SeqName(id) +
                                    " is in a block released by ReleaseBefore");
   }
   for (int64_t b = pos / bl; b <= (pos + rows.num_tokens - 1) / bl; ++b) {
-    const BlockId block = s.blocks[static_cast<size_t>(b)];
+    const BlockId block = t.blocks[static_cast<size_t>(b)];
     if (state_->pool.RefCount(block) > 1 || state_->pool.IsCached(block)) {
       return FailedPreconditionError("write: position " + std::to_string(std::max(pos, b * bl)) + " of " +
                                      SeqName(id) + " is in a block shared with another sequence or published to "
@@ -174,7 +193,7 @@ Status KvCache::WriteLayer(SeqId id, int32_t layer, int64_t pos, const KvTokens&
   const int64_t row = layout_.row_bytes(layer);
   const int64_t heads = layout_.num_heads();
   if (layout_.kivi(layer)) {
-    kivi::WriteRows(layout_, base, s.blocks, TailOf(layout_, s.tail), layer, pos, rows.num_tokens,
+    kivi::WriteRows(layout_, base, t.blocks, TailOf(layout_, s.tail), layer, pos, rows.num_tokens,
                     static_cast<const std::byte*>(rows.k), static_cast<const std::byte*>(rows.v), heads * row);
     return Status::Ok();
   }
@@ -182,7 +201,7 @@ Status KvCache::WriteLayer(SeqId id, int32_t layer, int64_t pos, const KvTokens&
   for (int32_t p = 0; p < layout_.num_planes(); ++p) {
     const auto* src = static_cast<const std::byte*>(planes[p]);
     for (int64_t i = 0; i < rows.num_tokens; ++i) {
-      const BlockId b = s.blocks[static_cast<size_t>((pos + i) / bl)];
+      const BlockId b = t.blocks[static_cast<size_t>((pos + i) / bl)];
       const auto slot = static_cast<int32_t>((pos + i) % bl);
       for (int32_t h = 0; h < heads; ++h) {
         std::memcpy(base + layout_.RowOffset(layer, p, h, ToInt(b), slot), src + (i * heads + h) * row,
@@ -204,10 +223,11 @@ void KvCache::WriteRows(Sequence& s, int64_t first_pos, const KvTokens& tokens) 
   const void* src_planes[2] = {tokens.k, tokens.v};
   int64_t src_layer_offset = 0;  // layers follow each other, each with its own row size
   for (int32_t l = 0; l < layout_.num_layers(); ++l) {
+    const std::vector<BlockId>& blocks = s.tables[static_cast<size_t>(layout_.group_of(l))].blocks;
     const int64_t row = layout_.row_bytes(l);
     const int64_t token_stride = heads * row;
     if (layout_.kivi(l)) {
-      kivi::WriteRows(layout_, base, s.blocks, TailOf(layout_, s.tail), l, first_pos, n,
+      kivi::WriteRows(layout_, base, blocks, TailOf(layout_, s.tail), l, first_pos, n,
                       static_cast<const std::byte*>(tokens.k) + src_layer_offset,
                       static_cast<const std::byte*>(tokens.v) + src_layer_offset, token_stride);
       src_layer_offset += n * token_stride;
@@ -219,7 +239,7 @@ void KvCache::WriteRows(Sequence& s, int64_t first_pos, const KvTokens& tokens) 
         const std::byte* src_h = src + h * row;
         for (int64_t i = 0; i < n; ++i) {
           const int64_t pos = first_pos + i;
-          const BlockId b = s.blocks[static_cast<size_t>(pos >> shift)];
+          const BlockId b = blocks[static_cast<size_t>(pos >> shift)];
           std::memcpy(base + layout_.RowOffset(l, p, h, ToInt(b), static_cast<int32_t>(pos & mask)),
                       src_h + i * token_stride, static_cast<size_t>(row));
         }
@@ -230,6 +250,10 @@ void KvCache::WriteRows(Sequence& s, int64_t first_pos, const KvTokens& tokens) 
 }
 
 Result<SeqId> KvCache::AddSequenceSharing(std::span<const BlockId> blocks, std::string label) {
+  if (layout_.num_groups() > 1) {
+    return FailedPreconditionError("add sequence: the cache has " + std::to_string(layout_.num_groups()) +
+                                   " groups (a hybrid cache): use AddSequenceSharingGroups with one table per group");
+  }
   std::vector<int32_t> seen;
   for (BlockId b : blocks) {
     if (!state_->pool.IsValid(b)) {
@@ -249,8 +273,65 @@ Result<SeqId> KvCache::AddSequenceSharing(std::span<const BlockId> blocks, std::
   }
   const int64_t id = state_->next_seq_id++;
   Sequence s;
-  s.blocks.assign(blocks.begin(), blocks.end());
+  s.tables.resize(1);
+  s.tables[0].blocks.assign(blocks.begin(), blocks.end());
   s.num_tokens = static_cast<int64_t>(blocks.size()) * layout_.block_len();
+  s.label = std::move(label);
+  state_->sequences.emplace(id, std::move(s));
+  return SeqId{id};
+}
+
+Result<SeqId> KvCache::AddSequenceSharingGroups(std::span<const std::vector<BlockId>> tables, std::string label) {
+  if (static_cast<int32_t>(tables.size()) != layout_.num_groups()) {
+    return InvalidArgumentError("add sequence: " + std::to_string(tables.size()) + " tables for a cache of " +
+                                std::to_string(layout_.num_groups()) + " groups: give one per group");
+  }
+  const size_t n = tables[0].size();
+  const int64_t bl = layout_.block_len();
+  const auto len = static_cast<int64_t>(n) * bl;
+  std::vector<int32_t> seen;
+  std::vector<int64_t> released(tables.size(), 0);
+  for (size_t g = 0; g < tables.size(); ++g) {
+    if (tables[g].size() != n) {
+      return InvalidArgumentError("add sequence: group " + std::to_string(g) + "'s table has " +
+                                  std::to_string(tables[g].size()) + " entries, group 0's " + std::to_string(n) +
+                                  ": every group covers the same tokens");
+    }
+    const int32_t w = layout_.group_window(static_cast<int32_t>(g));
+    // The next query (position len) reads from len - w + 1 on.
+    const int64_t may_release = w == 0 ? 0 : std::max<int64_t>(0, len - w + 1) / bl;
+    while (released[g] < static_cast<int64_t>(n) && tables[g][static_cast<size_t>(released[g])] == kNoBlock) ++released[g];
+    if (released[g] > may_release) {
+      return InvalidArgumentError("add sequence: group " + std::to_string(g) + " (window " + std::to_string(w) +
+                                  ") lacks block " + std::to_string(released[g] - 1) +
+                                  ", which the next query's window reads");
+    }
+    for (size_t i = static_cast<size_t>(released[g]); i < n; ++i) {
+      const BlockId b = tables[g][i];
+      if (!state_->pool.IsValid(b)) {
+        return InvalidArgumentError("add sequence: block id " + std::to_string(ToInt(b)) + " (group " +
+                                    std::to_string(g) + ") is not in the pool [0, " +
+                                    std::to_string(layout_.num_blocks()) + ")");
+      }
+      seen.push_back(ToInt(b));
+    }
+  }
+  std::sort(seen.begin(), seen.end());
+  if (std::adjacent_find(seen.begin(), seen.end()) != seen.end()) {
+    return InvalidArgumentError("add sequence: a block appears twice in the shared prefix");
+  }
+  Sequence s;
+  s.tables.resize(tables.size());
+  for (size_t g = 0; g < tables.size(); ++g) {
+    for (size_t i = static_cast<size_t>(released[g]); i < n; ++i) {
+      const BlockId b = tables[g][i];
+      PAGEKV_CHECK((state_->pool.RefCount(b) == 0 ? state_->pool.Reclaim(b) : state_->pool.IncRef(b)).ok());
+    }
+    s.tables[g].blocks = tables[g];
+    s.tables[g].released = released[g];
+  }
+  const int64_t id = state_->next_seq_id++;
+  s.num_tokens = len;
   s.label = std::move(label);
   state_->sequences.emplace(id, std::move(s));
   return SeqId{id};
@@ -286,13 +367,14 @@ bool KvCache::HasCutListener() const { return static_cast<bool>(state_->on_cut);
 Result<SeqId> KvCache::Fork(SeqId parent, std::string label) {
   auto it = state_->sequences.find(ToInt(parent));
   if (it == state_->sequences.end()) return NotFoundError("fork: " + SeqName(parent) + " does not exist");
-  for (BlockId b : it->second.blocks) {
-    if (b != kNoBlock) PAGEKV_CHECK(state_->pool.IncRef(b).ok());
+  for (const Sequence::Table& t : it->second.tables) {
+    for (BlockId b : t.blocks) {
+      if (b != kNoBlock) PAGEKV_CHECK(state_->pool.IncRef(b).ok());
+    }
   }
   const int64_t id = state_->next_seq_id++;
   Sequence child;
-  child.blocks = it->second.blocks;
-  child.released = it->second.released;
+  child.tables = it->second.tables;
   child.num_tokens = it->second.num_tokens;
   child.evicted = it->second.evicted;
   child.tail = it->second.tail;
@@ -309,31 +391,46 @@ Status KvCache::Shorten(SeqId id, int64_t new_len) {
     return OutOfRangeError("truncate: new length " + std::to_string(new_len) + " of " + SeqName(id) +
                            " must be in [0, " + std::to_string(s.num_tokens) + "]");
   }
-  if (new_len > 0 && CeilDiv(new_len, layout_.block_len()) <= s.released) {
-    return FailedPreconditionError("truncate: " + SeqName(id) + " released its first " + std::to_string(s.released) +
-                                   " blocks (a sliding window passed them); it cannot end inside them (new length " +
-                                   std::to_string(new_len) + "): free it and prefill again");
+  const int64_t bl = layout_.block_len();
+  for (size_t g = 0; g < s.tables.size(); ++g) {
+    const int64_t released = s.tables[g].released;
+    if (new_len > 0 && CeilDiv(new_len, bl) <= released) {
+      return FailedPreconditionError("truncate: " + SeqName(id) + " released its first " + std::to_string(released) +
+                                     " blocks (a sliding window passed them); it cannot end inside them (new length " +
+                                     std::to_string(new_len) + "): free it and prefill again");
+    }
+    const int32_t w = layout_.group_window(static_cast<int32_t>(g));
+    if (w > 0 && new_len < s.num_tokens && new_len - w + 1 < released * bl) {
+      return FailedPreconditionError("truncate: the next query of " + SeqName(id) + " at position " +
+                                     std::to_string(new_len) + " would read positions from " +
+                                     std::to_string(std::max<int64_t>(0, new_len - w + 1)) + " on (window " +
+                                     std::to_string(w) + "), which its sliding group released: roll back at most to " +
+                                     std::to_string(released * bl + w - 1) + " tokens, or free it and prefill again");
+    }
   }
   if (layout_.tail_bytes_per_sequence() > 0 && new_len < s.num_tokens) {
     for (int32_t l = 0; l < layout_.num_layers(); ++l) {
       if (layout_.kivi(l)) {
-        kivi::RefillTail(layout_, state_->arena->data(), s.blocks, TailOf(layout_, s.tail), l, s.num_tokens, new_len);
+        kivi::RefillTail(layout_, state_->arena->data(), s.tables[static_cast<size_t>(layout_.group_of(l))].blocks,
+                         TailOf(layout_, s.tail), l, s.num_tokens, new_len);
       }
     }
   }
-  const auto keep = static_cast<size_t>(CeilDiv(new_len, layout_.block_len()));
-  // Deepest block first: blocks released together age in chain order, so an
-  // LRU over freed blocks evicts a chain from its end.
-  for (size_t i = s.blocks.size(); i > keep; --i) {
-    if (s.blocks[i - 1] != kNoBlock) PAGEKV_CHECK(state_->pool.Release(s.blocks[i - 1]).ok());
+  const auto keep = static_cast<size_t>(CeilDiv(new_len, bl));
+  for (Sequence::Table& t : s.tables) {
+    // Deepest block first: blocks released together age in chain order, so
+    // an LRU over freed blocks evicts a chain from its end.
+    for (size_t i = t.blocks.size(); i > keep; --i) {
+      if (t.blocks[i - 1] != kNoBlock) PAGEKV_CHECK(state_->pool.Release(t.blocks[i - 1]).ok());
+    }
+    t.blocks.resize(keep);
+    t.released = std::min<int64_t>(t.released, static_cast<int64_t>(keep));
   }
-  s.blocks.resize(keep);
-  s.released = std::min<int64_t>(s.released, static_cast<int64_t>(keep));
   s.num_tokens = new_len;
   return Status::Ok();
 }
 
-Result<int64_t> KvCache::ReleaseBefore(SeqId id, int64_t first_pos) {
+Result<int64_t> KvCache::ReleaseBefore(SeqId id, int64_t first_pos, int32_t group) {
   auto it = state_->sequences.find(ToInt(id));
   if (it == state_->sequences.end()) return NotFoundError("release: " + SeqName(id) + " does not exist");
   Sequence& s = it->second;
@@ -341,14 +438,36 @@ Result<int64_t> KvCache::ReleaseBefore(SeqId id, int64_t first_pos) {
     return OutOfRangeError("release: position " + std::to_string(first_pos) + " of " + SeqName(id) +
                            " must be in [0, " + std::to_string(s.num_tokens) + "]");
   }
+  if (group < -1 || group >= layout_.num_groups()) {
+    return OutOfRangeError("release: group " + std::to_string(group) + " outside the cache's " +
+                           std::to_string(layout_.num_groups()) + " (or -1 for all)");
+  }
   const int64_t before = first_pos / layout_.block_len();  // blocks wholly before first_pos
   int64_t released = 0;
-  for (int64_t i = s.released; i < before; ++i) {  // oldest first: the LRU of freed blocks evicts them first
-    PAGEKV_CHECK(state_->pool.Release(s.blocks[static_cast<size_t>(i)]).ok());
-    s.blocks[static_cast<size_t>(i)] = kNoBlock;
-    ++released;
+  for (size_t g = 0; g < s.tables.size(); ++g) {
+    if (group >= 0 && static_cast<int32_t>(g) != group) continue;
+    Sequence::Table& t = s.tables[g];
+    for (int64_t i = t.released; i < before; ++i) {  // oldest first: the LRU of freed blocks evicts them first
+      PAGEKV_CHECK(state_->pool.Release(t.blocks[static_cast<size_t>(i)]).ok());
+      t.blocks[static_cast<size_t>(i)] = kNoBlock;
+      ++released;
+    }
+    t.released = std::max(t.released, before);
   }
-  s.released = std::max(s.released, before);
+  return released;
+}
+
+Result<int64_t> KvCache::ReleaseOutOfWindow(SeqId id) {
+  auto it = state_->sequences.find(ToInt(id));
+  if (it == state_->sequences.end()) return NotFoundError("release: " + SeqName(id) + " does not exist");
+  const int64_t len = it->second.num_tokens;
+  int64_t released = 0;
+  for (int32_t g = 0; g < layout_.num_groups(); ++g) {
+    const int32_t w = layout_.group_window(g);
+    if (w == 0 || len - w + 1 <= 0) continue;
+    PAGEKV_ASSIGN_OR_RETURN(const int64_t n, ReleaseBefore(id, len - w + 1, g));
+    released += n;
+  }
   return released;
 }
 
@@ -356,17 +475,28 @@ Status KvCache::Unreserve(const ReserveUndo& undo) {
   auto it = state_->sequences.find(ToInt(undo.seq));
   if (it == state_->sequences.end()) return NotFoundError("unreserve: " + SeqName(undo.seq) + " does not exist");
   Sequence& s = it->second;
-  if (undo.num_tokens > s.num_tokens || undo.num_blocks > s.blocks.size() ||
-      static_cast<int64_t>(undo.num_blocks) < s.released || (undo.copied && undo.num_blocks == 0)) {
+  if (undo.num_tokens > s.num_tokens || undo.groups.size() != s.tables.size()) {
     return FailedPreconditionError("unreserve: " + SeqName(undo.seq) + " changed since the reservation");
   }
-  // Deepest first, as Truncate releases.
-  for (size_t i = s.blocks.size(); i > undo.num_blocks; --i) PAGEKV_CHECK(state_->pool.Release(s.blocks[i - 1]).ok());
-  s.blocks.resize(undo.num_blocks);
-  if (undo.copied) {
-    PAGEKV_RETURN_IF_ERROR(state_->pool.IncRef(undo.shared));  // still held by its other owner
-    PAGEKV_CHECK(state_->pool.Release(s.blocks.back()).ok());  // the private copy
-    s.blocks.back() = undo.shared;
+  for (size_t g = 0; g < s.tables.size(); ++g) {
+    const ReserveUndo::Group& u = undo.groups[g];
+    const Sequence::Table& t = s.tables[g];
+    if (u.num_blocks > t.blocks.size() || static_cast<int64_t>(u.num_blocks) < t.released ||
+        (u.copied && (u.num_blocks == 0 || state_->pool.RefCount(u.shared) == 0))) {
+      return FailedPreconditionError("unreserve: " + SeqName(undo.seq) + " changed since the reservation");
+    }
+  }
+  for (size_t g = 0; g < s.tables.size(); ++g) {
+    const ReserveUndo::Group& u = undo.groups[g];
+    std::vector<BlockId>& blocks = s.tables[g].blocks;
+    // Deepest first, as Truncate releases.
+    for (size_t i = blocks.size(); i > u.num_blocks; --i) PAGEKV_CHECK(state_->pool.Release(blocks[i - 1]).ok());
+    blocks.resize(u.num_blocks);
+    if (u.copied) {
+      PAGEKV_CHECK(state_->pool.IncRef(u.shared).ok());  // still held by its other owner
+      PAGEKV_CHECK(state_->pool.Release(blocks.back()).ok());  // the private copy
+      blocks.back() = u.shared;
+    }
   }
   s.num_tokens = undo.num_tokens;
   if (undo.tail_saved) s.tail = undo.tail;
@@ -384,20 +514,37 @@ Status KvCache::Free(SeqId id) {
   if (it == state_->sequences.end()) {
     return NotFoundError("free: " + SeqName(id) + " does not exist (never added, or already freed)");
   }
-  const std::vector<BlockId>& blocks = it->second.blocks;
-  for (auto b = blocks.rbegin(); b != blocks.rend(); ++b) {  // deepest first
-    if (*b != kNoBlock) PAGEKV_CHECK(state_->pool.Release(*b).ok());
+  for (const Sequence::Table& t : it->second.tables) {
+    for (auto b = t.blocks.rbegin(); b != t.blocks.rend(); ++b) {  // deepest first
+      if (*b != kNoBlock) PAGEKV_CHECK(state_->pool.Release(*b).ok());
+    }
   }
   state_->sequences.erase(it);
   state_->Cut(id, SequenceCut::Kind::kFreed, 0);
   return Status::Ok();
 }
 
-Result<SequenceView> KvCache::View(SeqId id) const {
+Result<SequenceView> KvCache::View(SeqId id) const { return View(id, 0); }
+
+Result<SequenceView> KvCache::View(SeqId id, int32_t group) const {
   auto it = state_->sequences.find(ToInt(id));
   if (it == state_->sequences.end()) return NotFoundError(SeqName(id) + " does not exist");
-  return SequenceView{id, it->second.num_tokens, it->second.blocks, it->second.released, it->second.evicted,
-                      it->second.tail.empty() ? nullptr : it->second.tail.data()};
+  if (group < 0 || group >= layout_.num_groups()) {
+    return OutOfRangeError("view: group " + std::to_string(group) + " outside the cache's " +
+                           std::to_string(layout_.num_groups()));
+  }
+  const Sequence& s = it->second;
+  const Sequence::Table& t = s.tables[static_cast<size_t>(group)];
+  SequenceView v;
+  v.id = id;
+  v.num_tokens = s.num_tokens;
+  v.blocks = t.blocks;
+  v.released_blocks = t.released;
+  v.group = group;
+  v.window = layout_.group_window(group);
+  v.evicted = s.evicted;
+  v.tail = s.tail.empty() ? nullptr : s.tail.data();
+  return v;
 }
 
 std::vector<std::pair<int32_t, int32_t>> CompactionMoves(std::span<const int32_t> keep) {
@@ -429,9 +576,9 @@ Status KvCache::Compact(SeqId id, std::span<const int32_t> keep, int64_t keep_co
     return OutOfRangeError("compact: keep_count " + std::to_string(keep_count) + " of " + SeqName(id) +
                            " must be in [0, " + std::to_string(s.num_tokens) + "]");
   }
-  if (s.released > 0) {
-    return FailedPreconditionError("compact: " + SeqName(id) + " released blocks to a sliding window; token eviction "
-                                   "and sliding windows do not combine");
+  if (layout_.hybrid() || s.tables[0].released > 0) {
+    return FailedPreconditionError("compact: " + SeqName(id) + (layout_.hybrid() ? " is in a hybrid (sliding-window) cache"
+                                   : " released blocks to a sliding window") + "; token eviction and sliding windows do not combine");
   }
   for (int32_t l = 0; l < layout_.num_layers(); ++l) {
     if (layout_.kivi(l)) {
@@ -463,7 +610,7 @@ Status KvCache::Compact(SeqId id, std::span<const int32_t> keep, int64_t keep_co
     }
     moves[static_cast<size_t>(li)] = CompactionMoves(list);
     for (const auto& [from, to] : moves[static_cast<size_t>(li)]) {
-      const BlockId b = s.blocks[static_cast<size_t>(to / bl)];
+      const BlockId b = s.tables[0].blocks[static_cast<size_t>(to / bl)];
       if (state_->pool.RefCount(b) > 1 || state_->pool.IsCached(b)) {
         return FailedPreconditionError("compact: " + SeqName(id) + " would rewrite slot " + std::to_string(to) +
                                        " in a block shared with another sequence or published to the prefix cache;"
@@ -476,15 +623,16 @@ Status KvCache::Compact(SeqId id, std::span<const int32_t> keep, int64_t keep_co
     if (!list_moves.empty()) unchanged = std::min<int64_t>(unchanged, list_moves.front().second);
   }
   std::byte* base = state_->arena->data();
+  const std::vector<BlockId>& blocks = s.tables[0].blocks;
   for (int64_t li = 0; li < lists; ++li) {
     const auto layer = static_cast<int32_t>(li / layout_.num_heads());
     const auto head = static_cast<int32_t>(li % layout_.num_heads());
     const auto row = static_cast<size_t>(layout_.row_bytes(layer));
     for (const auto& [from, to] : moves[static_cast<size_t>(li)]) {
       for (int32_t p = 0; p < layout_.num_planes(); ++p) {
-        std::memcpy(base + layout_.RowOffset(layer, p, head, ToInt(s.blocks[static_cast<size_t>(to / bl)]),
+        std::memcpy(base + layout_.RowOffset(layer, p, head, ToInt(blocks[static_cast<size_t>(to / bl)]),
                                              static_cast<int32_t>(to % bl)),
-                    base + layout_.RowOffset(layer, p, head, ToInt(s.blocks[static_cast<size_t>(from / bl)]),
+                    base + layout_.RowOffset(layer, p, head, ToInt(blocks[static_cast<size_t>(from / bl)]),
                                              static_cast<int32_t>(from % bl)),
                     row);
       }
@@ -507,6 +655,12 @@ uint64_t KvCache::GeometryTag() const {
     const KvFormat& f = layout_.format(l);
     fields.insert(fields.end(), {layout_.row_bytes(l), static_cast<int64_t>(f.dtype), static_cast<int64_t>(f.scale_axis),
                                  f.group_size, static_cast<int64_t>(f.scale_dtype), f.hadamard ? 1 : 0});
+  }
+  if (layout_.hybrid()) {  // the groups' layers and windows (a uniform cache's tag is as before)
+    for (int32_t g = 0; g < layout_.num_groups(); ++g) {
+      fields.push_back(-1 - layout_.group_window(g));
+      for (int32_t l : layout_.group_layers(g)) fields.push_back(l);
+    }
   }
   uint64_t h = 0x9e3779b97f4a7c15ULL;
   for (int64_t v : fields) {  // splitmix64 over the fields
@@ -532,10 +686,14 @@ Status KvCache::ReadBlock(BlockId block, std::span<std::byte> out) const {
   return Status::Ok();
 }
 
-Status KvCache::WriteBlock(SeqId id, int64_t index, std::span<const std::byte> data) {
+Status KvCache::WriteBlock(SeqId id, int64_t index, std::span<const std::byte> data, int32_t group) {
   auto it = state_->sequences.find(ToInt(id));
   if (it == state_->sequences.end()) return NotFoundError("write block: " + SeqName(id) + " does not exist");
-  const Sequence& s = it->second;
+  if (group < 0 || group >= layout_.num_groups()) {
+    return OutOfRangeError("write block: group " + std::to_string(group) + " outside the cache's " +
+                           std::to_string(layout_.num_groups()));
+  }
+  const Sequence::Table& s = it->second.tables[static_cast<size_t>(group)];
   if (index < 0 || index >= static_cast<int64_t>(s.blocks.size())) {
     return OutOfRangeError("write block: block " + std::to_string(index) + " outside " + SeqName(id) + "'s " +
                            std::to_string(s.blocks.size()) + " blocks");
@@ -582,9 +740,11 @@ Status KvCache::Read(SeqId id, int64_t begin, const KvTokensOut& out) const {
   const bool per_head = layout_.num_planes() == 2;
   if (out.num_tokens == 0) return Status::Ok();
   if (out.k == nullptr || (per_head && out.v == nullptr)) return InvalidArgumentError("read: null output");
-  if (begin < s.released * layout_.block_len()) {
-    return FailedPreconditionError("read: position " + std::to_string(begin) + " of " + SeqName(id) +
-                                   " is in a block released by ReleaseBefore");
+  for (const Sequence::Table& t : s.tables) {
+    if (begin < t.released * layout_.block_len()) {
+      return FailedPreconditionError("read: position " + std::to_string(begin) + " of " + SeqName(id) +
+                                     " is in a block released by ReleaseBefore");
+    }
   }
   const std::byte* base = state_->arena->data();
   const int64_t n = out.num_tokens;
@@ -592,9 +752,10 @@ Status KvCache::Read(SeqId id, int64_t begin, const KvTokensOut& out) const {
   void* planes[2] = {out.k, out.v};
   int64_t dst_layer_offset = 0;  // layers follow each other, each with its own row size
   for (int32_t l = 0; l < layout_.num_layers(); ++l) {
+    const std::vector<BlockId>& blocks = s.tables[static_cast<size_t>(layout_.group_of(l))].blocks;
     const int64_t row = layout_.row_bytes(l);
     if (layout_.kivi(l)) {
-      kivi::ReadRows(layout_, base, s.blocks, s.tail.data(), l, s.num_tokens, begin, n,
+      kivi::ReadRows(layout_, base, blocks, s.tail.data(), l, s.num_tokens, begin, n,
                      static_cast<std::byte*>(out.k) + dst_layer_offset, static_cast<std::byte*>(out.v) + dst_layer_offset,
                      heads * row);
       dst_layer_offset += n * heads * row;
@@ -604,7 +765,7 @@ Status KvCache::Read(SeqId id, int64_t begin, const KvTokensOut& out) const {
       auto* dst = static_cast<std::byte*>(planes[p]) + dst_layer_offset;
       for (int64_t i = 0; i < n; ++i) {
         const int64_t pos = begin + i;
-        const BlockId b = s.blocks[static_cast<size_t>(pos / layout_.block_len())];
+        const BlockId b = blocks[static_cast<size_t>(pos / layout_.block_len())];
         const auto slot = static_cast<int32_t>(pos % layout_.block_len());
         for (int32_t h = 0; h < heads; ++h) {
           std::memcpy(dst + (i * heads + h) * row, base + layout_.RowOffset(l, p, h, ToInt(b), slot),
@@ -626,20 +787,24 @@ void KvCache::CheckInvariants() const {
   std::vector<int64_t> seen_in(static_cast<size_t>(pool.num_blocks()), -1);
   for (const auto& [id, s] : state_->sequences) {
     PAGEKV_CHECK_MSG(s.num_tokens >= 0, "negative sequence length");
-    PAGEKV_CHECK_MSG(static_cast<int64_t>(s.blocks.size()) == CeilDiv(s.num_tokens, layout_.block_len()),
-                     "a sequence holds a block count other than ceil(length / block_len)");
-    PAGEKV_CHECK_MSG(s.released >= 0 && s.released <= static_cast<int64_t>(s.blocks.size()),
-                     "a sequence's released count is outside its table");
-    for (size_t i = 0; i < s.blocks.size(); ++i) {
-      const BlockId b = s.blocks[i];
-      if (static_cast<int64_t>(i) < s.released) {
-        PAGEKV_CHECK_MSG(b == kNoBlock, "a released table entry names a block");
-        continue;
+    PAGEKV_CHECK_MSG(static_cast<int32_t>(s.tables.size()) == layout_.num_groups(),
+                     "a sequence holds a table count other than the cache's groups");
+    for (const Sequence::Table& t : s.tables) {
+      PAGEKV_CHECK_MSG(static_cast<int64_t>(t.blocks.size()) == CeilDiv(s.num_tokens, layout_.block_len()),
+                       "a sequence holds a block count other than ceil(length / block_len)");
+      PAGEKV_CHECK_MSG(t.released >= 0 && t.released <= static_cast<int64_t>(t.blocks.size()),
+                       "a sequence's released count is outside its table");
+      for (size_t i = 0; i < t.blocks.size(); ++i) {
+        const BlockId b = t.blocks[i];
+        if (static_cast<int64_t>(i) < t.released) {
+          PAGEKV_CHECK_MSG(b == kNoBlock, "a released table entry names a block");
+          continue;
+        }
+        PAGEKV_CHECK_MSG(pool.IsValid(b), "a block table holds an id outside the pool");
+        PAGEKV_CHECK_MSG(seen_in[ToInt(b)] != id, "a block appears twice in one sequence's tables");
+        seen_in[ToInt(b)] = id;
+        ++refs[ToInt(b)];
       }
-      PAGEKV_CHECK_MSG(pool.IsValid(b), "a block table holds an id outside the pool");
-      PAGEKV_CHECK_MSG(seen_in[ToInt(b)] != id, "a block appears twice in one block table");
-      seen_in[ToInt(b)] = id;
-      ++refs[ToInt(b)];
     }
   }
   for (int32_t b = 0; b < pool.num_blocks(); ++b) {

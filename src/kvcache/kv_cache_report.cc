@@ -21,10 +21,12 @@ CacheStats KvCache::Stats() const {
   CacheStats st;
   for (const auto& [id, s] : state_->sequences) {
     st.tokens_logical += s.num_tokens;
-    for (size_t i = static_cast<size_t>(s.released); i < s.blocks.size(); ++i) {
-      const auto in_block = static_cast<int32_t>(std::min<int64_t>(bl, s.num_tokens - static_cast<int64_t>(i) * bl));
-      int32_t& f = fill[ToInt(s.blocks[i])];
-      f = std::max(f, in_block);
+    for (const Sequence::Table& t : s.tables) {
+      for (size_t i = static_cast<size_t>(t.released); i < t.blocks.size(); ++i) {
+        const auto in_block = static_cast<int32_t>(std::min<int64_t>(bl, s.num_tokens - static_cast<int64_t>(i) * bl));
+        int32_t& f = fill[ToInt(t.blocks[i])];
+        f = std::max(f, in_block);
+      }
     }
   }
   for (int32_t b = 0; b < pool.num_blocks(); ++b) {
@@ -38,7 +40,7 @@ CacheStats KvCache::Stats() const {
   st.num_sequences = static_cast<int64_t>(state_->sequences.size());
   st.bytes_pool = layout_.total_bytes();
   st.bytes_allocated = st.blocks_used * layout_.bytes_per_block();
-  st.bytes_holding_tokens = st.tokens_physical * layout_.bytes_per_token();
+  st.bytes_holding_tokens = st.tokens_physical * layout_.bytes_per_block_token();
   st.internal_fragmentation =
       st.bytes_allocated == 0 ? 0.0
                               : 1.0 - static_cast<double>(st.bytes_holding_tokens) /
@@ -57,12 +59,16 @@ Result<SequenceStats> KvCache::StatsFor(SeqId id) const {
   st.id = id;
   st.label = s.label;
   st.num_tokens = s.num_tokens;
-  st.num_blocks = static_cast<int64_t>(s.blocks.size()) - s.released;
-  for (BlockId b : s.blocks) {
-    if (b != kNoBlock && state_->pool.RefCount(b) > 1) ++st.num_shared_blocks;
+  int64_t slots = 0;  // token slots held over every group's table
+  for (const Sequence::Table& t : s.tables) {
+    st.num_blocks += static_cast<int64_t>(t.blocks.size()) - t.released;
+    for (BlockId b : t.blocks) {
+      if (b != kNoBlock && state_->pool.RefCount(b) > 1) ++st.num_shared_blocks;
+    }
+    slots += s.num_tokens - t.released * layout_.block_len();
   }
   st.bytes_allocated = st.num_blocks * layout_.bytes_per_block();
-  st.bytes_holding_tokens = (st.num_tokens - s.released * layout_.block_len()) * layout_.bytes_per_token();
+  st.bytes_holding_tokens = slots * layout_.bytes_per_block_token();
   return st;
 }
 
@@ -81,7 +87,7 @@ MemoryReport KvCache::Memory() const {
   r.bytes_per_token = layout_.bytes_per_token();
   r.bytes_per_block = layout_.bytes_per_block();
   r.need_unshared_bytes = st.tokens_logical * r.bytes_per_token;
-  r.need_bytes = st.tokens_physical * r.bytes_per_token;
+  r.need_bytes = st.tokens_physical * layout_.bytes_per_block_token();
   r.allocated_bytes = st.bytes_allocated;
   r.pool_bytes = st.bytes_pool;
   r.free_bytes = st.blocks_free * r.bytes_per_block;
@@ -114,12 +120,14 @@ std::string MemoryReport::ToString() const {
 std::vector<BlockHolders> KvCache::ReferencedBlocks() const {
   std::map<int32_t, BlockHolders> by_block;
   for (const auto& [id, s] : state_->sequences) {
-    for (BlockId b : s.blocks) {
-      if (b == kNoBlock) continue;
-      BlockHolders& h = by_block[ToInt(b)];
-      h.block = b;
-      h.ref_count = state_->pool.RefCount(b);
-      h.holders.push_back(SeqId{id});
+    for (const Sequence::Table& t : s.tables) {
+      for (BlockId b : t.blocks) {
+        if (b == kNoBlock) continue;
+        BlockHolders& h = by_block[ToInt(b)];
+        h.block = b;
+        h.ref_count = state_->pool.RefCount(b);
+        h.holders.push_back(SeqId{id});
+      }
     }
   }
   std::vector<BlockHolders> out;
@@ -143,12 +151,16 @@ std::string KvCache::LeakReport() const {
     if (s.num_blocks == 0) continue;
     const Sequence& seq = state_->sequences.at(ToInt(s.id));
     std::string ids;
-    const size_t shown = std::min<size_t>(seq.blocks.size(), 16);
-    for (size_t i = 0; i < shown; ++i) {
-      if (i) ids += ",";
-      ids += std::to_string(ToInt(seq.blocks[i]));
+    for (size_t g = 0; g < seq.tables.size(); ++g) {
+      const std::vector<BlockId>& blocks = seq.tables[g].blocks;
+      if (g > 0) ids += " | ";  // a hybrid cache's groups
+      const size_t shown = std::min<size_t>(blocks.size(), 16);
+      for (size_t i = 0; i < shown; ++i) {
+        if (i) ids += ",";
+        ids += blocks[i] == kNoBlock ? std::string("-") : std::to_string(ToInt(blocks[i]));
+      }
+      if (shown < blocks.size()) ids += fmt::format(",... (+{})", blocks.size() - shown);
     }
-    if (shown < seq.blocks.size()) ids += fmt::format(",... (+{})", seq.blocks.size() - shown);
     out += fmt::format("  sequence {}{}: {} tokens in {} blocks ({} shared): [{}]\n", ToInt(s.id),
                        s.label.empty() ? "" : " '" + s.label + "'", s.num_tokens, s.num_blocks,
                        s.num_shared_blocks, ids);

@@ -17,8 +17,11 @@
 namespace pagekv {
 
 struct KvCache::Sequence {
-  std::vector<BlockId> blocks;  // [ceil(num_tokens / block_len)]; the first `released` are kNoBlock
-  int64_t released = 0;         // leading blocks given back by ReleaseBefore (a sliding window passed them)
+  struct Table {
+    std::vector<BlockId> blocks;  // [ceil(num_tokens / block_len)]; the first `released` are kNoBlock
+    int64_t released = 0;         // leading blocks given back by ReleaseBefore (a sliding window passed them)
+  };
+  std::vector<Table> tables;      // one per cache group (KvLayout::num_groups)
   int64_t num_tokens = 0;
   int64_t evicted = 0;  // tokens dropped by Compact
   std::string label;

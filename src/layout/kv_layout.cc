@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <charconv>
+#include <map>
+#include <numeric>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -170,6 +172,26 @@ Status CacheConfig::Validate() const {
                                   std::to_string(head_dim) + " must be even and at most 512");
     }
   }
+  if (!layer_windows.empty()) {
+    if (static_cast<int64_t>(layer_windows.size()) != num_layers) {
+      return InvalidArgumentError("layer_windows has " + std::to_string(layer_windows.size()) + " entries for " +
+                                  std::to_string(num_layers) +
+                                  " layers: give one per layer (0 = full attention), or none for a uniform cache");
+    }
+    if (kind == CacheKind::kMla) {
+      return UnimplementedError("layer_windows: sliding-window layers over an MLA latent cache are not supported");
+    }
+    for (size_t l = 0; l < layer_windows.size(); ++l) {
+      const int32_t w = layer_windows[l];
+      if (w < 0) return FieldError("layer_windows[" + std::to_string(l) + "]", w, "must be 0 (full attention) or a window > 0");
+      if (w > 0 && w < block_len) {
+        return InvalidArgumentError("block_len " + std::to_string(block_len) + " does not suit the sliding window of " +
+                                    std::to_string(w) + " tokens (layer " + std::to_string(l) +
+                                    "): a block longer than the window keeps tokens no query sees; use a block_len of "
+                                    "at most " + std::to_string(w) + " (a power of two), or a uniform cache");
+      }
+    }
+  }
   if ((num_blocks > 0) == (budget_bytes > 0)) {
     if (num_blocks < 0) return FieldError("num_blocks", num_blocks, "must be positive");
     if (budget_bytes < 0) return FieldError("budget_bytes", budget_bytes, "must be positive");
@@ -200,12 +222,50 @@ Result<KvLayout> KvLayout::Create(const CacheConfig& config) {
                                 " overflows 63 bits: the geometry is far beyond any real model; "
                                 "check num_layers, num_kv_heads, head_dim and num_blocks");
   };
-  // Per layer: row and slab sizes; block and token totals over every slab.
-  const int64_t slabs_per_layer = int64_t{l.num_planes_} * l.num_heads_;
+  // Cache groups: layers of one window, k per group (k = the gcd of the
+  // per-window layer counts), full-attention groups first, then sliding ones
+  // by window; within a kind, layers in order.
+  std::map<int32_t, std::vector<int32_t>> by_window;
+  for (int32_t i = 0; i < config.num_layers; ++i) by_window[config.WindowOf(i)].push_back(i);
+  int32_t k = 0;
+  for (const auto& [w, layers] : by_window) k = std::gcd(k, static_cast<int32_t>(layers.size()));
+  l.layers_per_block_ = k;
   l.layers_.resize(static_cast<size_t>(config.num_layers));
+  std::vector<int32_t> slot_of(static_cast<size_t>(config.num_layers));
+  for (const auto& [w, layers] : by_window) {
+    for (size_t j = 0; j < layers.size(); j += static_cast<size_t>(k)) {
+      Group g;
+      g.window = w;
+      g.layers.assign(layers.begin() + static_cast<std::ptrdiff_t>(j), layers.begin() + static_cast<std::ptrdiff_t>(j) + k);
+      for (int32_t s = 0; s < k; ++s) {
+        l.layers_[static_cast<size_t>(g.layers[static_cast<size_t>(s)])].group = static_cast<int32_t>(l.groups_.size());
+        slot_of[static_cast<size_t>(g.layers[static_cast<size_t>(s)])] = s;
+      }
+      l.groups_.push_back(std::move(g));
+    }
+  }
+  auto same_format = [](const KvFormat& a, const KvFormat& b) {
+    return a.dtype == b.dtype && a.scale_axis == b.scale_axis && a.group_size == b.group_size &&
+           a.scale_dtype == b.scale_dtype && a.hadamard == b.hadamard;
+  };
+  const std::vector<int32_t>& slot_layers = l.groups_[0].layers;  // slot s's geometry: this layer's
+  for (int32_t i = 0; i < config.num_layers; ++i) {
+    const int32_t rep = slot_layers[static_cast<size_t>(slot_of[static_cast<size_t>(i)])];
+    if (!same_format(config.FormatOf(i), config.FormatOf(rep))) {
+      return InvalidArgumentError(
+          "layer_formats: layers " + std::to_string(rep) + " (" + config.FormatOf(rep).ToString() + ") and " +
+          std::to_string(i) + " (" + config.FormatOf(i).ToString() + ") share a slot of the hybrid cache's blocks (" +
+          std::to_string(l.groups_.size()) + " groups of " + std::to_string(k) +
+          " layers) and must share a format: repeat the formats per group, or give every layer one format");
+    }
+  }
+  // Per layer: row and slab sizes; block and token totals over every slab
+  // (a block's over the slot layers, a token's over every layer).
+  const int64_t slabs_per_layer = int64_t{l.num_planes_} * l.num_heads_;
   bool any_kivi = false;
   for (int32_t i = 0; i < config.num_layers; ++i) {
     Layer& L = l.layers_[static_cast<size_t>(i)];
+    const bool in_block = slot_layers[static_cast<size_t>(slot_of[static_cast<size_t>(i)])] == i;
     const KvFormat& f = config.FormatOf(i);
     L.kivi = f.IsKivi();
     int64_t token_bytes = 0;  // this layer's share of bytes_per_token
@@ -213,12 +273,12 @@ Result<KvLayout> KvLayout::Create(const CacheConfig& config) {
       any_kivi = true;
       L.row_bytes = 2 * int64_t{l.row_elems_};  // f16 rows in and out
       const int64_t groups = config.block_len / f.group_size;
-      auto k = CheckedMul(groups, quant::Int4KeyGroupBytes(f.group_size, l.row_elems_));
-      auto v = CheckedMul(config.block_len, quant::Int4ValueRowBytes(l.row_elems_));
-      if (!k || !v) return too_big("block size");
-      L.slab_bytes[0] = *k;
-      L.slab_bytes[1] = *v;
-      token_bytes = l.num_heads_ * CeilDiv(*k + *v, config.block_len);
+      auto kb = CheckedMul(groups, quant::Int4KeyGroupBytes(f.group_size, l.row_elems_));
+      auto vb = CheckedMul(config.block_len, quant::Int4ValueRowBytes(l.row_elems_));
+      if (!kb || !vb) return too_big("block size");
+      L.slab_bytes[0] = *kb;
+      L.slab_bytes[1] = *vb;
+      token_bytes = l.num_heads_ * CeilDiv(*kb + *vb, config.block_len);
       L.tail_offset = l.tail_bytes_per_sequence_;
       l.tail_bytes_per_sequence_ += slabs_per_layer * f.group_size * L.row_bytes;
     } else {
@@ -231,27 +291,28 @@ Result<KvLayout> KvLayout::Create(const CacheConfig& config) {
       if (!per_token) return too_big("bytes per token");
       token_bytes = *per_token;
     }
-    int64_t block_bytes = 0;
+    int64_t block_bytes = 0, padding = 0;
     for (int32_t p = 0; p < l.num_planes_; ++p) {
       L.slab_stride[p] = RoundUp(L.slab_bytes[p], kSlabAlignment);
       auto plane_block = CheckedMul(int64_t{l.num_heads_}, L.slab_stride[p]);
       if (!plane_block) return too_big("bytes per block");
       block_bytes += *plane_block;
-      l.padding_bytes_per_block_ += l.num_heads_ * (L.slab_stride[p] - L.slab_bytes[p]);
+      padding += l.num_heads_ * (L.slab_stride[p] - L.slab_bytes[p]);
     }
-    auto block_sum = CheckedAdd(l.bytes_per_block_, block_bytes);
     auto token_sum = CheckedAdd(l.bytes_per_token_, token_bytes);
-    if (!block_sum || !token_sum) return too_big("bytes per block");
-    l.bytes_per_block_ = *block_sum;
+    if (!token_sum) return too_big("bytes per token");
     l.bytes_per_token_ = *token_sum;
-    const KvFormat& b = config.FormatOf(0);
-    if (f.dtype != b.dtype || f.scale_axis != b.scale_axis || f.group_size != b.group_size ||
-        f.scale_dtype != b.scale_dtype || f.hadamard != b.hadamard) {
-      l.uniform_ = false;
+    if (in_block) {
+      auto block_sum = CheckedAdd(l.bytes_per_block_, block_bytes);
+      if (!block_sum) return too_big("bytes per block");
+      l.bytes_per_block_ = *block_sum;
+      l.bytes_per_block_token_ += token_bytes;
+      l.padding_bytes_per_block_ += padding;
     }
+    if (!same_format(f, config.FormatOf(0))) l.uniform_ = false;
   }
   if (any_kivi) l.uniform_ = false;
-  l.slabs_per_block_ = slabs_per_layer * config.num_layers;
+  l.slabs_per_block_ = slabs_per_layer * k;
 
   if (config.num_blocks > 0) {
     l.num_blocks_ = config.num_blocks;
@@ -265,9 +326,11 @@ Result<KvLayout> KvLayout::Create(const CacheConfig& config) {
     }
     if (l.num_blocks_ > (int64_t{1} << 31) - 2) l.num_blocks_ = (int64_t{1} << 31) - 2;
   }
-  // Strides: [layer][plane][head][block], each layer and plane sized by its own slabs.
+  // Strides: [slot][plane][head][block], each slot and plane sized by its own
+  // slabs; every layer takes its slot's offsets.
   int64_t offset = 0;
-  for (Layer& L : l.layers_) {
+  for (int32_t s = 0; s < k; ++s) {
+    Layer& L = l.layers_[static_cast<size_t>(slot_layers[static_cast<size_t>(s)])];
     L.offset = offset;
     int64_t plane_offset = 0;
     for (int32_t p = 0; p < l.num_planes_; ++p) {
@@ -285,6 +348,16 @@ Result<KvLayout> KvLayout::Create(const CacheConfig& config) {
     if (!next) return too_big("arena size");
     offset = *next;
   }
+  for (int32_t i = 0; i < config.num_layers; ++i) {
+    Layer& L = l.layers_[static_cast<size_t>(i)];
+    const Layer& R = l.layers_[static_cast<size_t>(slot_layers[static_cast<size_t>(slot_of[static_cast<size_t>(i)])])];
+    if (&L == &R) continue;
+    L.offset = R.offset;
+    for (int32_t p = 0; p < 2; ++p) {
+      L.head_stride[p] = R.head_stride[p];
+      L.plane_offset[p] = R.plane_offset[p];
+    }
+  }
   l.total_bytes_ = offset;
   return l;
 }
@@ -295,6 +368,16 @@ const char kUniformOnly[] =
     "this KvLayout accessor is for layouts whose layers share one format; use the per-layer overload";
 
 }  // namespace
+
+int64_t KvLayout::BlocksHeld(int64_t tokens, int64_t step_tokens) const {
+  const int64_t bl = config_.block_len;
+  const int64_t all = CeilDiv(std::max<int64_t>(tokens, 0), bl);
+  int64_t total = 0;
+  for (const Group& g : groups_) {
+    total += g.window == 0 ? all : std::min(all, CeilDiv(g.window - 1 + std::max<int64_t>(step_tokens, 1), bl) + 1);
+  }
+  return total;
+}
 
 int64_t KvLayout::row_bytes() const {
   PAGEKV_CHECK_MSG(uniform_, kUniformOnly);

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <climits>
 #include <string>
 
@@ -65,7 +66,10 @@ Result<Plan> MakePlan(const PlanRequest& req) {
           "--seq-len with --batch to size the pool for that work");
     }
     if (config.block_len <= 0) return config.Validate();
-    auto blocks = CheckedMul(CeilDiv(req.seq_len, config.block_len), req.batch);
+    CacheConfig one = config;
+    one.num_blocks = 1;
+    PAGEKV_ASSIGN_OR_RETURN(const KvLayout sizing, KvLayout::Create(one));
+    auto blocks = CheckedMul(sizing.BlocksHeld(req.seq_len, 1), req.batch);
     if (!blocks) return InvalidArgumentError("seq_len x batch overflows");
     config.num_blocks = *blocks;
   }
@@ -94,7 +98,7 @@ Result<Plan> MakePlan(const PlanRequest& req) {
   plan.seq_len = req.seq_len;
   plan.batch = req.batch;
   if (req.seq_len > 0) {
-    plan.blocks_per_sequence = CeilDiv(req.seq_len, layout.block_len());
+    plan.blocks_per_sequence = layout.BlocksHeld(req.seq_len, 1);  // a hybrid cache's sliding groups: their window
     auto bytes = CheckedMul(plan.blocks_per_sequence, plan.bytes_per_block);
     if (!bytes) return InvalidArgumentError("seq_len " + std::to_string(req.seq_len) + " overflows");
     plan.bytes_per_sequence = *bytes;
@@ -112,6 +116,26 @@ Result<Plan> MakePlan(const PlanRequest& req) {
       plan.per_head_bytes_per_token = *per_token;
       plan.mla_reduction =
           static_cast<double>(plan.per_head_bytes_per_token) / static_cast<double>(plan.bytes_per_token);
+    }
+  }
+  if (layout.hybrid()) {
+    CacheConfig flat = config;
+    flat.layer_windows.clear();
+    flat.num_blocks = 1;
+    flat.budget_bytes = 0;
+    PAGEKV_ASSIGN_OR_RETURN(const KvLayout uniform, KvLayout::Create(flat));
+    plan.layers_per_block = layout.layers_per_block();
+    for (int32_t g = 0; g < layout.num_groups(); ++g) {
+      const auto layers = layout.group_layers(g);
+      plan.groups.push_back({layout.group_window(g), {layers.begin(), layers.end()}, layout.bytes_per_block_token()});
+    }
+    std::vector<int64_t> points = {8192, 32768, 131072};
+    if (req.seq_len > 0 && std::find(points.begin(), points.end(), req.seq_len) == points.end()) points.push_back(req.seq_len);
+    for (int64_t t : points) {
+      auto u = CheckedMul(CeilDiv(t, layout.block_len()), uniform.bytes_per_block());
+      auto h = CheckedMul(layout.BlocksHeld(t, 1), layout.bytes_per_block());
+      if (!u || !h) return InvalidArgumentError("tokens " + std::to_string(t) + " overflow the byte counts");
+      plan.savings.push_back({t, *u, *h});
     }
   }
   AddAdvice(req, plan);
@@ -189,6 +213,25 @@ Result<ResolvedPlanRequest> ResolvePlanRequest(const GeometrySpec& a, const Geom
     req.batch = *a.batch;
     if (req.seq_len == 0) req.seq_len = out.context_len;  // a batch of full-context sequences
   }
+  if (a.sliding_window || a.sliding_pattern) {
+    const int64_t w = a.sliding_window.value_or(0);
+    const int64_t period = a.sliding_pattern.value_or(6);
+    if (!a.sliding_window || w <= 0) {
+      return InvalidArgumentError("a sliding pattern needs --sliding-window W (tokens, > 0)");
+    }
+    if (period < 1 || c.num_layers < 1) {
+      return InvalidArgumentError(fmt::format("sliding pattern {}: must be at least 1 (1: every layer slides)", period));
+    }
+    c.layer_windows.assign(static_cast<size_t>(c.num_layers), Narrow(w));
+    if (period > 1) {
+      for (int32_t l = Narrow(period) - 1; l < c.num_layers; l += Narrow(period)) c.layer_windows[static_cast<size_t>(l)] = 0;
+    }
+  } else if (!c.layer_windows.empty() && static_cast<int64_t>(c.layer_windows.size()) != c.num_layers) {
+    return InvalidArgumentError(fmt::format("the preset's {} sliding-window layers do not match {} layers: give "
+                                            "--sliding-window and --sliding-pattern for the new layer count",
+                                            c.layer_windows.size(), c.num_layers));
+  }
+  if (a.uniform) c.layer_windows.clear();
   const int32_t row_elems = c.kind == CacheKind::kMla ? c.kv_lora_rank + c.rope_dim : c.head_dim;
   if (!c.format.IsPlainFloat()) c.format = KvFormat::ForDType(c.format.dtype, row_elems);
   if (a.layer_dtypes) {

@@ -144,3 +144,44 @@ TEST(ResolvePlanRequestTest, PresetThenFieldsAndErrorsInTheCallersNames) {
 }
 
 }  // namespace pagekv
+
+namespace pagekv {
+namespace {
+
+// Gemma 3 270M in bf16, block_len 128: 18 layers x 1 KV head x 256 x 2 bytes
+// x K and V = 18,432 bytes per token in a uniform cache. The hybrid cache's
+// full group (3 layers) keeps every token, each of the 5 sliding groups
+// (3 layers, window 512) ceil(511 / 128) + 1 = 5 blocks.
+TEST(PlannerTest, GemmaPresetsSayHowMuchLessTheHybridCacheNeeds) {
+  const ResolvedPlanRequest r = *ResolvePlanRequest(GeometrySpec{.preset = "gemma3-270m", .seq_len = 32768, .batch = 1});
+  const Plan p = *MakePlan(r.request);
+  ASSERT_EQ(p.groups.size(), 6u);
+  EXPECT_EQ(p.layers_per_block, 3);
+  EXPECT_EQ(p.groups[0].window, 0);
+  EXPECT_EQ(p.groups[0].layers, (std::vector<int32_t>{5, 11, 17}));
+  EXPECT_EQ(p.bytes_per_block, 3 * 2 * 256 * 2 * 128);
+  EXPECT_EQ(p.blocks_per_sequence, 256 + 5 * 5);
+  ASSERT_EQ(p.savings.size(), 3u);  // 8K, 32K (= seq_len), 128K
+  const int64_t block = 3 * 2 * 256 * 2 * 128;
+  EXPECT_EQ(p.savings[1].tokens, 32768);
+  EXPECT_EQ(p.savings[1].uniform_bytes, int64_t{256} * 6 * block);
+  EXPECT_EQ(p.savings[1].hybrid_bytes, int64_t{256 + 25} * block);
+  EXPECT_EQ(p.savings[2].hybrid_bytes, int64_t{1024 + 25} * block);
+  // The same preset as a uniform cache: no groups, ceil(T / 128) blocks of 6x.
+  const ResolvedPlanRequest u =
+      *ResolvePlanRequest(GeometrySpec{.preset = "gemma3-270m", .seq_len = 32768, .batch = 1, .uniform = true});
+  const Plan q = *MakePlan(u.request);
+  EXPECT_TRUE(q.groups.empty());
+  EXPECT_EQ(q.bytes_per_block, 6 * block);
+  EXPECT_EQ(q.blocks_per_sequence, 256);
+  // Custom windows: every layer but every 4th slides over 1024.
+  const ResolvedPlanRequest c = *ResolvePlanRequest(
+      GeometrySpec{.num_layers = 8, .num_kv_heads = 2, .head_dim = 64, .seq_len = 4096, .batch = 1, .sliding_window = 1024,
+                   .sliding_pattern = 4});
+  EXPECT_EQ(c.request.config.layer_windows, (std::vector<int32_t>{1024, 1024, 1024, 0, 1024, 1024, 1024, 0}));
+  EXPECT_EQ(MakePlan(c.request)->groups.size(), 4u);  // 6 + 2 layers: groups of 2
+  EXPECT_FALSE(ResolvePlanRequest(GeometrySpec{.num_layers = 8, .num_kv_heads = 2, .head_dim = 64, .sliding_pattern = 4}).ok());
+}
+
+}  // namespace
+}  // namespace pagekv

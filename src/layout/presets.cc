@@ -23,6 +23,16 @@ CacheConfig SeedExample() {
   return c;
 }
 
+// Gemma 3: every sixth layer (5, 11, ...) attends fully, the rest slide over
+// `window` tokens (config.json: sliding_window, sliding_window_pattern 6).
+CacheConfig Gemma3(int32_t layers, int32_t q_heads, int32_t kv_heads, int32_t head_dim, int32_t window) {
+  CacheConfig c = PerHead(layers, q_heads, kv_heads, head_dim);
+  c.format = KvFormat::Plain(DType::kBF16);
+  c.layer_windows.assign(static_cast<size_t>(layers), window);
+  for (int32_t l = 5; l < layers; l += 6) c.layer_windows[static_cast<size_t>(l)] = 0;
+  return c;
+}
+
 CacheConfig DeepSeekV3() {
   CacheConfig c;
   c.kind = CacheKind::kMla;
@@ -52,6 +62,16 @@ const ModelPreset kPresets[] = {
      PerHead(32, 32, 8, 128), 32768},
     {"tinyllama-1.1b", "TinyLlama 1.1B: 22 layers, 32 query heads, 4 KV heads (GQA), dim 64",
      PerHead(22, 32, 4, 64), 2048},
+    {"gemma3-270m", "Gemma 3 270M: 18 layers (15 sliding over 512 tokens, 3 full), 4 query heads, 1 KV head, dim 256",
+     Gemma3(18, 4, 1, 256, 512), 32768},
+    {"gemma3-1b", "Gemma 3 1B: 26 layers (22 sliding over 512 tokens, 4 full), 4 query heads, 1 KV head, dim 256",
+     Gemma3(26, 4, 1, 256, 512), 32768},
+    {"gemma3-4b", "Gemma 3 4B: 34 layers (29 sliding over 1024 tokens, 5 full), 8 query heads, 4 KV heads, dim 256",
+     Gemma3(34, 8, 4, 256, 1024), 131072},
+    {"gemma3-12b", "Gemma 3 12B: 48 layers (40 sliding over 1024 tokens, 8 full), 16 query heads, 8 KV heads, dim 256",
+     Gemma3(48, 16, 8, 256, 1024), 131072},
+    {"gemma3-27b", "Gemma 3 27B: 62 layers (52 sliding over 1024 tokens, 10 full), 32 query heads, 16 KV heads, dim 128",
+     Gemma3(62, 32, 16, 128, 1024), 131072},
     {"stories260k", "stories260K (../shared/models): 5 layers, 8 query heads, 4 KV heads, dim 8",
      PerHead(5, 8, 4, 8), 512},
 };

@@ -98,6 +98,19 @@ size_t Model::Batch::ItemOf(int64_t t) const {
 Status Model::CheckStep(std::span<const StepItem> items, const KvLayout& layout) const {
   PAGEKV_RETURN_IF_ERROR(CheckGeometry(layout));
   const ModelConfig& c = config_;
+  // A hybrid cache's groups follow the model's windows exactly: a sliding
+  // group releases what its window has passed, so a layer that reads more
+  // would find those blocks gone.
+  if (!layout.config().layer_windows.empty()) {
+    for (int32_t l = 0; l < c.num_layers; ++l) {
+      if (layout.config().WindowOf(l) != c.window(l)) {
+        return InvalidArgumentError("the cache's layer_windows differ from the model's sliding windows (layer " +
+                                    std::to_string(l) + ": cache " + std::to_string(layout.config().WindowOf(l)) +
+                                    ", model " + std::to_string(c.window(l)) +
+                                    "): take them from the model's config, or give none for a uniform cache");
+      }
+    }
+  }
   for (const StepItem& item : items) {
     const auto n = static_cast<int64_t>(item.tokens.size());
     if (n == 0) return InvalidArgumentError("a step item has no tokens");

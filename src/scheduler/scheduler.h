@@ -135,7 +135,9 @@ class Scheduler {
   void CheckInvariants() const;
 
  private:
-  int64_t BlocksFor(int64_t tokens) const { return (tokens + o_.block_len - 1) / o_.block_len; }
+  // Blocks a sequence of `tokens` tokens holds over its cache groups (a
+  // hybrid cache's sliding groups only their window's).
+  int64_t BlocksFor(int64_t tokens) const { return cache_.layout().BlocksHeld(tokens, o_.max_step_tokens); }
   int64_t Outstanding() const;  // blocks contiguous sequences reserved but do not hold yet
   void Release(Sequence* s);
   void Preempt(Sequence* s, StepPlan& plan);
