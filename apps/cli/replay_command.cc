@@ -15,6 +15,7 @@ struct ReplayArgs {
   std::string trace, format = "auto", hash = "sha256";
   int32_t block_len = 512;
   int64_t capacity = 0;
+  int32_t sliding_window = 0, sliding_pattern = 6;
   bool json = false;
 };
 
@@ -23,6 +24,8 @@ int RunReplay(const ReplayArgs& a) {
   o.trace_path = a.trace;
   o.block_len = a.block_len;
   o.capacity_blocks = a.capacity;
+  o.sliding_window = a.sliding_window;
+  o.sliding_pattern = a.sliding_pattern;
   Result<TraceFormat> format = ParseTraceFormat(a.format);
   if (!format.ok()) {
     std::fprintf(stderr, "error: --format: %s\n", format.status().message().c_str());
@@ -45,6 +48,8 @@ int RunReplay(const ReplayArgs& a) {
     j["format"] = r->format;
     j["block_len"] = a.block_len;
     j["capacity_blocks"] = a.capacity > 0 ? nlohmann::ordered_json(a.capacity) : nlohmann::ordered_json("unlimited");
+    j["sliding_window"] = a.sliding_window;
+    j["kv_groups"] = r->kv_groups;
     j["requests"] = r->requests;
     j["rejected"] = r->rejected;
     j["total_blocks"] = r->total_blocks;
@@ -62,6 +67,10 @@ int RunReplay(const ReplayArgs& a) {
   std::printf("replay of %s (%s): %ld requests, block_len %d, capacity %s blocks\n", a.trace.c_str(),
               r->format.c_str(), static_cast<long>(r->requests), a.block_len,
               a.capacity > 0 ? std::to_string(a.capacity).c_str() : "unlimited");
+  if (a.sliding_window > 0) {
+    std::printf("  hybrid cache      %d groups (6 layers, every %dth full, the rest sliding over %d tokens)\n",
+                r->kv_groups, a.sliding_pattern, a.sliding_window);
+  }
   std::printf("  rejected          %ld\n", static_cast<long>(r->rejected));
   std::printf("  full blocks       %ld, %ld hit (%.2f%%)\n", static_cast<long>(r->total_blocks),
               static_cast<long>(r->hit_blocks), 100 * r->block_hit_rate);
@@ -85,6 +94,9 @@ CLI::App* AddReplayCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--capacity-blocks", args.capacity, "Pool size in blocks (default: unlimited)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   cmd->add_option("--hash", args.hash, "Block key hash: sha256 (default) or xxh3");
+  cmd->add_option("--sliding-window", args.sliding_window,
+                  "A hybrid cache: 6 layers, every --sliding-pattern-th full, the rest sliding over this many tokens");
+  cmd->add_option("--sliding-pattern", args.sliding_pattern, "With --sliding-window: every Nth layer full (default 6)");
   cmd->add_flag("--json", args.json, "Print one JSON object");
   cmd->callback([&exit_code] { exit_code = RunReplay(args); });
   return cmd;

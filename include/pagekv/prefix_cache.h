@@ -210,6 +210,13 @@ struct PrefixMatch {
   std::vector<BlockKey> keys;     // of blocks, then of the lower-tier blocks
   std::vector<Tier> lower;        // Lookup: blocks to load from lower tiers; AddSequence: where loaded blocks came from
   int64_t num_tokens = 0;         // (blocks.size() + lower.size()) * block_len after Lookup; blocks.size() * block_len after AddSequence
+  // A hybrid cache (KvLayout::hybrid): every group's table of the hit,
+  // num_tokens / block_len entries each; a sliding group's start with
+  // kNoBlock up to the window of the first query after the hit. `blocks`
+  // is group 0's. Empty for a uniform cache.
+  std::vector<std::vector<BlockId>> group_blocks;
+  // Every pool block the hit holds, once (blocks, or every group's).
+  std::vector<BlockId> AllBlocks() const;
 };
 
 struct PrefixCacheStats {

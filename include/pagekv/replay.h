@@ -36,6 +36,13 @@ struct ReplayOptions {
   int32_t block_len = 512;
   int64_t capacity_blocks = 0;              // 0 = unlimited (every request's blocks fit)
   BlockHashKind hash = BlockHashKind::kSha256;
+  // A hybrid cache (Gemma 3's shape): 6 layers, every sliding_pattern-th
+  // attending fully, the rest sliding over sliding_window tokens; each
+  // request's sliding groups publish their blocks, then release what the
+  // window passed, before it is freed. 0 = a plain cache. capacity_blocks
+  // then counts blocks of all 6 layers (the same bytes as a plain cache's).
+  int32_t sliding_window = 0;
+  int32_t sliding_pattern = 6;
 };
 
 struct ReplayReport {
@@ -53,6 +60,7 @@ struct ReplayReport {
   int64_t peak_blocks_cached = 0;
   double seconds = 0;
   double lookups_per_second = 0;  // requests (each one lookup + admission + publish) per second
+  int32_t kv_groups = 1;          // the cache's groups (a hybrid cache: more than 1)
 };
 
 // Errors: an unreadable trace; a line that is not JSON or CSV, a missing or

@@ -33,7 +33,14 @@ Result<ReplayReport> ReplayTrace(const ReplayOptions& o) {
   }
   report.capacity_blocks = capacity;
   KvCacheOptions co;
-  co.config.num_layers = 1;
+  if (o.sliding_window > 0) {
+    if (o.sliding_pattern < 1) return InvalidArgumentError("--sliding-pattern must be at least 1");
+    co.config.layer_windows.assign(6, o.sliding_window);
+    for (int32_t l = o.sliding_pattern - 1; o.sliding_pattern > 1 && l < 6; l += o.sliding_pattern) {
+      co.config.layer_windows[static_cast<size_t>(l)] = 0;
+    }
+  }
+  co.config.num_layers = o.sliding_window > 0 ? 6 : 1;
   co.config.num_q_heads = 1;
   co.config.num_kv_heads = 1;
   co.config.head_dim = 8;
@@ -41,7 +48,14 @@ Result<ReplayReport> ReplayTrace(const ReplayOptions& o) {
   co.config.format = KvFormat::Plain(DType::kF16);
   co.config.num_blocks = capacity;
   co.prefault = false;
+  if (o.sliding_window > 0) {
+    // The same bytes: blocks of one group's layers, 6 / layers_per_block
+    // of them for each block of all 6 layers.
+    PAGEKV_ASSIGN_OR_RETURN(const KvLayout probe, KvLayout::Create(co.config));
+    co.config.num_blocks = capacity * (6 / probe.layers_per_block());
+  }
   PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache, KvCache::Create(co));
+  report.kv_groups = cache->layout().num_groups();
   PrefixCacheOptions po;
   po.hasher.kind = o.hash;
   PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<PrefixCache> pc, PrefixCache::Create(*cache, po));
@@ -62,6 +76,7 @@ Result<ReplayReport> ReplayTrace(const ReplayOptions& o) {
     PAGEKV_ASSIGN_OR_RETURN(bool fit, cache->Reserve(a.seq, r.input_length - a.match.num_tokens));
     if (!fit) return InternalError("replay: an admitted request did not fit");
     PAGEKV_RETURN_IF_ERROR(pc->Publish(a.seq, tokens));
+    PAGEKV_RETURN_IF_ERROR(cache->ReleaseOutOfWindow(a.seq).status());  // published first: they stay cached
     PAGEKV_RETURN_IF_ERROR(pc->Free(a.seq));
     report.total_blocks += r.input_length / bl;
     report.hit_blocks += static_cast<int64_t>(a.match.blocks.size());

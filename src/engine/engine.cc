@@ -108,7 +108,7 @@ Result<std::unique_ptr<Engine>> CreateEngineWithModel(const EngineOptions& o, Lo
   co.config = st->m.model->CacheGeometry(o.block_len, o.kv_dtype, 1);
   if (mc.hybrid()) {
     bool hybrid = o.kv_groups != KvGroups::kUniform;
-    const char* unsupported = TiersConfigured(o.tiers) ? "KV tiers" : o.prefix_cache ? "the prefix cache" : nullptr;
+    const char* unsupported = TiersConfigured(o.tiers) ? "KV tiers" : nullptr;
     if (unsupported != nullptr) {
       if (o.kv_groups == KvGroups::kHybrid) {
         return InvalidArgumentError(std::string("engine: a hybrid cache (--kv-cache hybrid) with ") + unsupported +
@@ -412,7 +412,10 @@ Result<bool> Engine::Step() {
                 static_cast<int>(ForwardOptions::MlaPrefill::kUnabsorbed) == static_cast<int>(EngineOptions::MlaPrefill::kUnabsorbed));
   ForwardOptions fo{st.o.threads, &st.timings};
   fo.mla_prefill = static_cast<ForwardOptions::MlaPrefill>(st.o.mla_prefill);
-  Result<bool> fit = ForwardStep(*st.m.model, *st.cache, items, fo);
+  // A hybrid cache's sliding groups release after the step's blocks are
+  // published (below), so that they stay cached for a later hit there.
+  const bool release_after_publish = st.prefix != nullptr && st.cache->layout().hybrid();
+  Result<bool> fit = ForwardStep(*st.m.model, *st.cache, items, fo, nullptr, !release_after_publish);
   if (!fit.ok() || !*fit) {
     const Status error = fit.ok() ? InternalError("scheduler planned a step the pool could not hold") : fit.status();
     for (const StepPlan::Item& p : plan.items) st.Finish(static_cast<Seq*>(p.seq), FinishReason::kError, error);
@@ -426,10 +429,12 @@ Result<bool> Engine::Step() {
     Seq* s = static_cast<Seq*>(plan.items[i].seq);
     s->computed += plan.items[i].count;
     if (s->root) {
+      if (release_after_publish) PAGEKV_RETURN_IF_ERROR(st.cache->ReleaseOutOfWindow(*s->seq).status());
       if (s->computed == static_cast<int64_t>(s->tokens.size())) prefixed.push_back(s);
       continue;
     }
     if (st.prefix) PAGEKV_RETURN_IF_ERROR(st.prefix->Publish(*s->seq, s->tokens));
+    if (release_after_publish) PAGEKV_RETURN_IF_ERROR(st.cache->ReleaseOutOfWindow(*s->seq).status());
     if (s->evictor) {
       const int64_t before = s->evictor->stats().tokens_evicted;
       PAGEKV_RETURN_IF_ERROR(s->evictor->EndStep(*st.cache, *s->seq));

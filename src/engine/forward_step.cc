@@ -40,7 +40,7 @@ class CacheStepKv final : public StepKv {
 }  // namespace
 
 Result<bool> ForwardStep(const Model& model, KvCache& cache, std::span<const ForwardItem> items,
-                         const ForwardOptions& options, const StepFault* fault) {
+                         const ForwardOptions& options, const StepFault* fault, bool release_windows) {
   std::vector<int64_t> start;
   std::vector<StepItem> step;
   start.reserve(items.size());
@@ -90,7 +90,7 @@ Result<bool> ForwardStep(const Model& model, KvCache& cache, std::span<const For
     return s;
   }
   // Sliding groups give back what no later query's window reaches.
-  if (cache.layout().hybrid()) {
+  if (release_windows && cache.layout().hybrid()) {
     for (const ForwardItem& item : items) PAGEKV_CHECK(cache.ReleaseOutOfWindow(item.seq).ok());
   }
   return true;

@@ -53,8 +53,13 @@ using StepFault = std::function<Status(size_t item, int32_t layer)>;
 // left as before the step): an unknown sequence, a sequence twice in one
 // step, anything Forward refuses (token ids, positions past the context, a
 // cache of another geometry).
+// release_windows: whether a hybrid cache's sliding groups release after
+// the step; false for a caller that publishes the step's blocks to a prefix
+// cache first (so that they wait, evictable, for a later hit) and then
+// calls KvCache::ReleaseOutOfWindow itself.
 Result<bool> ForwardStep(const Model& model, KvCache& cache, std::span<const ForwardItem> items,
-                         const ForwardOptions& options = {}, const StepFault* fault = nullptr);
+                         const ForwardOptions& options = {}, const StepFault* fault = nullptr,
+                         bool release_windows = true);
 
 // One sequence's tokens (all their logits into logits[n][vocab]).
 Result<bool> ForwardSequence(const Model& model, KvCache& cache, SeqId seq, std::span<const int32_t> tokens,

@@ -207,3 +207,100 @@ TEST_F(HybridCacheModelTest, EngineWithPreemptionGivesTheUniformCachesTokens) {
 
 }  // namespace
 }  // namespace pagekv
+
+namespace pagekv {
+namespace {
+
+// Prefix caching over a hybrid cache. A multi-turn conversation (each turn's
+// prompt is the last one, its answer and a new message) and, after one long
+// prompt, requests cutting it at every point (block edges and between): the
+// hybrid cache hits exactly as many tokens as the uniform cache (full groups
+// hold the whole prefix, sliding groups the window before the cut: their
+// blocks were published before the window released them, and wait on the
+// evictable list), and every request's tokens are the uniform cache's.
+TEST_F(HybridCacheModelTest, PrefixHitsAtEveryCutPointMatchTheUniformCache) {
+  EngineOptions o;
+  o.model_path = *path_;
+  o.block_len = 8;
+  o.num_blocks = 2000;
+  o.max_step_tokens = 64;
+  std::mt19937 rng(17);
+  auto tokens = [&](int64_t n) {
+    std::vector<int32_t> t;
+    for (int64_t i = 0; i < n; ++i) t.push_back(static_cast<int32_t>(3 + rng() % 500));
+    return t;
+  };
+  // The requests: a conversation of 6 turns, then cuts of a 200-token prompt.
+  struct Turn {
+    std::vector<int32_t> prompt;
+    bool conversation = false;
+  };
+  std::vector<int32_t> first{1};
+  for (int32_t t : tokens(30)) first.push_back(t);
+  std::vector<std::vector<int32_t>> messages;
+  for (int k = 0; k < 6; ++k) messages.push_back(tokens(9 + 7 * k));
+  const std::vector<int32_t> long_prompt = [&] {
+    std::vector<int32_t> p{1};
+    for (int32_t t : tokens(199)) p.push_back(t);
+    return p;
+  }();
+  std::vector<int64_t> cuts;
+  for (int64_t c = 1; c <= 200; c += (c < 48 ? 1 : 13)) cuts.push_back(c);
+  const std::vector<std::vector<int32_t>> tails = [&] {
+    std::vector<std::vector<int32_t>> t;
+    for (size_t i = 0; i < cuts.size(); ++i) t.push_back(tokens(5));
+    return t;
+  }();
+  struct Out {
+    std::vector<std::vector<int32_t>> tokens;
+    std::vector<int64_t> hits;
+    EngineMetrics metrics;
+  };
+  auto run = [&](KvGroups groups) {
+    o.kv_groups = groups;
+    auto e = std::move(*Engine::Create(o));
+    Out out;
+    auto ask = [&](const std::vector<int32_t>& prompt, int32_t max_tokens) {
+      EngineRequest r;
+      r.prompt = prompt;
+      r.max_tokens = max_tokens;
+      r.ignore_eos = true;
+      const RequestId id = *e->Submit(r);
+      EXPECT_TRUE(e->RunUntilIdle().ok());
+      const RequestResult res = e->Wait(id);
+      out.tokens.push_back(res.tokens);
+      out.hits.push_back(res.cached_prompt_tokens);
+      return res.tokens;
+    };
+    std::vector<int32_t> conversation = first;
+    for (const std::vector<int32_t>& m : messages) {
+      conversation.insert(conversation.end(), m.begin(), m.end());
+      const std::vector<int32_t> answer = ask(conversation, 20);
+      conversation.insert(conversation.end(), answer.begin(), answer.end());
+    }
+    ask(long_prompt, 4);
+    for (size_t i = 0; i < cuts.size(); ++i) {
+      std::vector<int32_t> p(long_prompt.begin(), long_prompt.begin() + cuts[i]);
+      p.insert(p.end(), tails[i].begin(), tails[i].end());
+      ask(p, 4);
+    }
+    out.metrics = e->Metrics();
+    return out;
+  };
+  const Out uniform = run(KvGroups::kUniform), hybrid = run(KvGroups::kHybrid);
+  EXPECT_EQ(hybrid.metrics.kv_groups, 3);
+  ASSERT_EQ(uniform.hits.size(), hybrid.hits.size());
+  int64_t hit_tokens = 0;
+  for (size_t i = 0; i < uniform.hits.size(); ++i) {
+    EXPECT_EQ(hybrid.hits[i], uniform.hits[i]) << "request " << i;
+    EXPECT_EQ(hybrid.tokens[i], uniform.tokens[i]) << "request " << i;
+    hit_tokens += hybrid.hits[i];
+  }
+  // Turns 2.. hit the whole conversation so far (to a block edge); cuts hit
+  // floor(cut / 8) * 8 (at least one token is computed).
+  EXPECT_GT(hybrid.hits[5], 150);
+  EXPECT_GT(hit_tokens, 2000);
+}
+
+}  // namespace
+}  // namespace pagekv

@@ -24,6 +24,17 @@ const char* TierName(Tier t) {
   return "pool";
 }
 
+std::vector<BlockId> PrefixMatch::AllBlocks() const {
+  if (group_blocks.empty()) return blocks;
+  std::vector<BlockId> all;
+  for (const std::vector<BlockId>& t : group_blocks) {
+    for (BlockId b : t) {
+      if (b != kNoBlock) all.push_back(b);
+    }
+  }
+  return all;
+}
+
 std::string BlockKey::Hex() const {
   static constexpr char kDigits[] = "0123456789abcdef";
   std::string out;
@@ -60,8 +71,13 @@ Result<std::unique_ptr<PrefixCache>> PrefixCache::Create(KvCache& cache, const P
         "prefix cache: this KvCache already has a prefix cache bound to it (one per KvCache): share that "
         "one, or destroy it before making another");
   }
+  if (cache.layout().hybrid() && options.tiers != nullptr) {
+    return UnimplementedError("prefix cache: lower KV tiers over a hybrid (sliding-window) cache are not supported yet: "
+                              "use a uniform cache (--kv-cache uniform) with tiers");
+  }
   auto state = std::make_unique<State>();
   state->cache = &cache;
+  state->side_index.resize(static_cast<size_t>(cache.layout().num_groups() - 1));
   state->options = options;
   state->hash = prefix::MakeHasher(options.hasher);
   state->sha256_keys = !options.hasher.custom && options.hasher.kind == BlockHashKind::kSha256;
@@ -132,8 +148,75 @@ Result<std::vector<BlockKey>> PrefixCache::Keys(std::span<const int32_t> tokens,
   return keys;
 }
 
+PrefixMatch PrefixCache::State::WalkGroups(std::span<const int32_t> tokens, const ExtraKeys& extra,
+                                           int64_t max_tokens, std::vector<Link>& links) {
+  const KvLayout& layout = cache->layout();
+  const int32_t groups = layout.num_groups();
+  const int64_t bl = block_len;
+  const auto len = static_cast<int64_t>(tokens.size());
+  const int64_t limit = max_tokens < 0 ? std::max<int64_t>(0, len - 1) : std::min(max_tokens, len);
+  const int64_t max_blocks = limit / bl;
+  auto block = [&](int64_t i) { return tokens.subspan(static_cast<size_t>(i * bl), static_cast<size_t>(bl)); };
+  bool any_full = false;
+  for (int32_t g = 0; g < groups; ++g) any_full = any_full || layout.group_window(g) == 0;
+  // Every group's verified block of each prompt block, as far as the full
+  // groups go on (all the way when every group slides: a hit needs only
+  // the blocks under the last window).
+  std::vector<std::vector<BlockId>> found(static_cast<size_t>(groups));
+  links.clear();
+  for (int64_t i = 0; i < max_blocks; ++i) {
+    const Link* parent = links.empty() ? nullptr : &links.back();
+    const Link link = LinkOf(parent, block(i), extra);
+    bool full_ok = true;
+    for (int32_t g = 0; g < groups; ++g) {
+      BlockId b = kNoBlock;
+      auto& idx = IndexOf(g);
+      if (auto it = idx.find(link.key); it != idx.end()) {
+        if (Matches(*entries[static_cast<size_t>(ToInt(it->second))], link, parent, block(i), extra)) {
+          b = it->second;
+        } else {
+          ++stats.collisions;
+        }
+      }
+      found[static_cast<size_t>(g)].push_back(b);
+      if (layout.group_window(g) == 0 && b == kNoBlock) full_ok = false;
+    }
+    if (!full_ok) {
+      for (auto& f : found) f.pop_back();
+      break;
+    }
+    links.push_back(link);
+  }
+  (void)any_full;
+  // The longest N whose sliding windows are all there.
+  auto window_first = [&](int32_t g, int64_t n) {  // first block the query at n * bl reads
+    const int32_t w = layout.group_window(g);
+    return w == 0 ? 0 : std::max<int64_t>(0, n * bl - w + 1) / bl;
+  };
+  int64_t n = static_cast<int64_t>(links.size());
+  for (; n > 0; --n) {
+    bool ok = true;
+    for (int32_t g = 0; g < groups && ok; ++g) {
+      for (int64_t j = window_first(g, n); j < n && ok; ++j) ok = found[static_cast<size_t>(g)][static_cast<size_t>(j)] != kNoBlock;
+    }
+    if (ok) break;
+  }
+  PrefixMatch m;
+  links.resize(static_cast<size_t>(n));
+  for (int32_t g = 0; g < groups; ++g) {
+    std::vector<BlockId> t(found[static_cast<size_t>(g)].begin(), found[static_cast<size_t>(g)].begin() + n);
+    std::fill(t.begin(), t.begin() + window_first(g, n), kNoBlock);
+    m.group_blocks.push_back(std::move(t));
+  }
+  m.blocks = m.group_blocks[0];
+  for (const Link& l : links) m.keys.push_back(l.key);
+  m.num_tokens = n * bl;
+  return m;
+}
+
 PrefixMatch PrefixCache::State::Walk(std::span<const int32_t> tokens, const ExtraKeys& extra, int64_t max_tokens,
                                      std::vector<Link>& links) {
+  if (cache->layout().hybrid()) return WalkGroups(tokens, extra, max_tokens, links);
   const int64_t bl = block_len;
   const auto len = static_cast<int64_t>(tokens.size());
   const int64_t limit = max_tokens < 0 ? std::max<int64_t>(0, len - 1) : std::min(max_tokens, len);
@@ -188,9 +271,12 @@ Result<PrefixMatch> PrefixCache::Lookup(std::span<const int32_t> tokens, const E
 
 bool PrefixCache::CanAdmit(const PrefixMatch& match, int64_t new_tokens) const {
   int64_t claimed_free = 0;
-  for (BlockId b : match.blocks) claimed_free += state_->cache->BlockRefCount(b) == 0 ? 1 : 0;
-  const int64_t bl = state_->block_len;
-  const int64_t need = (match.num_tokens + new_tokens + bl - 1) / bl - static_cast<int64_t>(match.blocks.size());
+  const std::vector<BlockId> hit = match.AllBlocks();
+  for (BlockId b : hit) claimed_free += state_->cache->BlockRefCount(b) == 0 ? 1 : 0;
+  // Every group's blocks for the whole prompt in one step (a sliding
+  // group's window of it), less those the hit gives.
+  const int64_t need = std::max<int64_t>(0, state_->cache->layout().BlocksHeld(match.num_tokens + new_tokens, new_tokens) -
+                                                static_cast<int64_t>(hit.size()));
   return state_->cache->FreeBlockCount() - claimed_free >= need;
 }
 
@@ -199,7 +285,9 @@ Result<PrefixCache::Admitted> PrefixCache::AddSequence(std::span<const int32_t> 
   PAGEKV_RETURN_IF_ERROR(ValidateExtraKeys(extra));
   std::vector<Link> links;
   PrefixMatch match = state_->Walk(tokens, extra, max_tokens, links);
-  PAGEKV_ASSIGN_OR_RETURN(SeqId seq, state_->cache->AddSequenceSharing(match.blocks, std::move(label)));
+  PAGEKV_ASSIGN_OR_RETURN(SeqId seq, match.group_blocks.empty()
+                                         ? state_->cache->AddSequenceSharing(match.blocks, std::move(label))
+                                         : state_->cache->AddSequenceSharingGroups(match.group_blocks, std::move(label)));
   const size_t in_pool = match.blocks.size();
   PrefixCacheStats& st = state_->stats;
   st.tier_hit_blocks[0] += static_cast<int64_t>(in_pool);
@@ -327,11 +415,37 @@ Status PrefixCache::Publish(SeqId seq, std::span<const int32_t> tokens) {
     stored.clear();
     stored_tokens.clear();
   };
+  // A hybrid cache: the other groups' blocks of block i are published under
+  // the same key in their own index (called once link i is in the chain).
+  std::vector<SequenceView> side;
+  for (int32_t g = 1; g < state_->cache->layout().num_groups(); ++g) {
+    PAGEKV_ASSIGN_OR_RETURN(SequenceView v, state_->cache->View(seq, g));
+    side.push_back(v);
+  }
+  auto publish_groups = [&](int64_t i) {
+    for (size_t s = 0; s < side.size(); ++s) {
+      const auto g = static_cast<int32_t>(s + 1);
+      const BlockId b = side[s].blocks[static_cast<size_t>(i)];
+      if (b == kNoBlock || state_->entries[static_cast<size_t>(ToInt(b))].has_value() ||
+          state_->IndexOf(g).count(chain.links[static_cast<size_t>(i)].key) > 0) {
+        continue;
+      }
+      Entry e = state_->EntryOf(tokens, static_cast<size_t>(i), chain.links, chain.extra);
+      e.group = g;
+      state_->Insert(b, std::move(e));
+    }
+  };
   for (auto i = static_cast<int64_t>(chain.links.size()); i < full; ++i) {
     const auto block_tokens = tokens.subspan(static_cast<size_t>(i * bl), static_cast<size_t>(bl));
     const Link* parent = i == 0 ? nullptr : &chain.links.back();
     const Link link = state_->LinkOf(parent, block_tokens, chain.extra);
     const BlockId block = view.blocks[static_cast<size_t>(i)];
+    if (block == kNoBlock) {  // a sliding group 0 released it unpublished: the others may still publish
+      flush();
+      chain.links.push_back(link);
+      publish_groups(i);
+      continue;
+    }
     auto found = state_->index.find(link.key);
     if (found != state_->index.end()) {
       if (!State::Matches(*state_->entries[static_cast<size_t>(ToInt(found->second))], link, parent, block_tokens,
@@ -345,6 +459,7 @@ Status PrefixCache::Publish(SeqId seq, std::span<const int32_t> tokens) {
       // Computed twice (no hit at admission): the first copy stays the cached one.
       flush();
       chain.links.push_back(link);
+      publish_groups(i);
       continue;
     }
     if (state_->entries[static_cast<size_t>(ToInt(block))].has_value()) {
@@ -352,6 +467,7 @@ Status PrefixCache::Publish(SeqId seq, std::span<const int32_t> tokens) {
       // published chain under other extra keys): leave it.
       flush();
       chain.links.push_back(link);
+      publish_groups(i);
       continue;
     }
     if (stored.empty()) stored_parent = parent != nullptr ? std::optional<BlockKey>(parent->key) : std::nullopt;
@@ -362,6 +478,7 @@ Status PrefixCache::Publish(SeqId seq, std::span<const int32_t> tokens) {
       tiers->Published(state_->MetaOf(e), state_->block_bytes);
     }
     state_->Insert(block, std::move(e));
+    publish_groups(i);
     stored.push_back(link.key);
     stored_tokens.insert(stored_tokens.end(), block_tokens.begin(), block_tokens.end());
   }
@@ -400,6 +517,7 @@ void PrefixCache::Clear() {
     state_->entries[b].reset();
   }
   state_->index.clear();
+  for (auto& side : state_->side_index) side.clear();
   for (auto& [id, chain] : state_->chains) chain.stopped = true;  // their blocks are no longer published
   KvEvent ev;
   ev.type = KvEvent::Type::kAllBlocksCleared;
@@ -408,7 +526,7 @@ void PrefixCache::Clear() {
 
 PrefixCacheStats PrefixCache::Stats() const {
   PrefixCacheStats st = state_->stats;
-  st.cached_blocks = static_cast<int64_t>(state_->index.size());
+  st.cached_blocks = static_cast<int64_t>(state_->index.size());  // group 0's (the keys held)
   auto rate = [](int64_t hit, int64_t total) { return total > 0 ? static_cast<double>(hit) / static_cast<double>(total) : 0.0; };
   st.token_hit_rate = rate(st.hit_tokens, st.requested_tokens);
   st.block_hit_rate = rate(st.hit_blocks, st.requested_blocks);
@@ -441,10 +559,13 @@ void PrefixCache::CheckInvariants() const {
     PAGEKV_CHECK_MSG(has || state_->offloading[b] == 0, "an offload is in flight for a block that is not published");
     if (!has) continue;
     ++with_entry;
-    auto it = state_->index.find(state_->entries[b]->key);
-    PAGEKV_CHECK_MSG(it != state_->index.end() && it->second == id, "a published block is missing from the index");
+    auto& idx = state_->IndexOf(state_->entries[b]->group);
+    auto it = idx.find(state_->entries[b]->key);
+    PAGEKV_CHECK_MSG(it != idx.end() && it->second == id, "a published block is missing from the index");
   }
-  PAGEKV_CHECK_MSG(with_entry == state_->index.size(), "the index holds keys of no block");
+  size_t indexed = state_->index.size();
+  for (const auto& side : state_->side_index) indexed += side.size();
+  PAGEKV_CHECK_MSG(with_entry == indexed, "the index holds keys of no block");
 }
 
 }  // namespace pagekv

@@ -48,6 +48,7 @@ struct Entry {
   std::vector<int32_t> tokens;
   ExtraKeys extra;  // salt kept only on a first block
   std::optional<Tier> below;  // where an offload ahead of eviction put a copy
+  int32_t group = 0;          // the cache group the block belongs to (a hybrid cache)
 };
 
 inline bool SameExtra(const ExtraKeys& a, const ExtraKeys& b, bool first) {
@@ -109,7 +110,14 @@ struct PrefixCache::State {
   std::function<BlockKey(std::span<const uint8_t>)> hash;
   bool sha256_keys = false;  // keys are their own digests
   int32_t block_len = 0;
-  std::unordered_map<BlockKey, BlockId, prefix::KeyHash> index;
+  std::unordered_map<BlockKey, BlockId, prefix::KeyHash> index;  // group 0's blocks
+  // A hybrid cache's other groups: group g's blocks in side_index[g - 1]
+  // (the same keys: a key names a token block, each group holds its own
+  // rows of it).
+  std::vector<std::unordered_map<BlockKey, BlockId, prefix::KeyHash>> side_index;
+  std::unordered_map<BlockKey, BlockId, prefix::KeyHash>& IndexOf(int32_t group) {
+    return group == 0 ? index : side_index[static_cast<size_t>(group - 1)];
+  }
   std::vector<std::optional<Entry>> entries;  // [num_blocks]
   std::unordered_map<int64_t, SeqChain> chains;
   PrefixCacheStats stats;
@@ -223,7 +231,7 @@ struct PrefixCache::State {
 
   // Publishes `block` under entry e (the index, the pool's cached mark).
   void Insert(BlockId block, Entry e) {
-    index.emplace(e.key, block);
+    IndexOf(e.group).emplace(e.key, block);
     entries[static_cast<size_t>(ToInt(block))] = std::move(e);
     PAGEKV_CHECK(cache->SetBlockCached(block, true).ok());
     ++stats.inserted;
@@ -255,6 +263,11 @@ struct PrefixCache::State {
            prefix::SameExtra(e.extra, extra, parent == nullptr);
   }
 
+  // A hybrid cache's lookup: the longest N (whole blocks) for which every
+  // full group holds blocks [0, N) and every sliding group of window W the
+  // blocks covering [N - W + 1, N), all verified; also the matched links.
+  PrefixMatch WalkGroups(std::span<const int32_t> tokens, const ExtraKeys& extra, int64_t max_tokens,
+                         std::vector<Link>& links);
   // Lookup, also returning every matched block's link.
   PrefixMatch Walk(std::span<const int32_t> tokens, const ExtraKeys& extra, int64_t max_tokens,
                    std::vector<Link>& links);
@@ -352,11 +365,13 @@ struct PrefixCache::State {
         options.tiers->Evicted(MetaOf(*e), block_bytes);
       }
     }
-    index.erase(e->key);
-    KvEvent ev;
-    ev.type = KvEvent::Type::kBlockRemoved;
-    ev.keys.push_back(e->key);
-    Emit(std::move(ev));
+    IndexOf(e->group).erase(e->key);
+    if (e->group == 0) {  // events describe group 0's blocks (docs/KV_EVENTS.md)
+      KvEvent ev;
+      ev.type = KvEvent::Type::kBlockRemoved;
+      ev.keys.push_back(e->key);
+      Emit(std::move(ev));
+    }
     e.reset();
     ++stats.evicted;
   }

@@ -152,9 +152,10 @@ StepPlan Scheduler::Plan() {
     if (paged) {
       if (prefix_) match = *prefix_->Lookup(s->tokens, s->extra, s->no_prefix_hits ? 0 : -1);
       int64_t claimed = 0;
-      for (BlockId b : match.blocks) claimed += cache_.BlockRefCount(b) == 0 ? 1 : 0;
+      const std::vector<BlockId> hit = match.AllBlocks();  // a hybrid cache's: every group's
+      for (BlockId b : hit) claimed += cache_.BlockRefCount(b) == 0 ? 1 : 0;
       const int64_t n = std::min(static_cast<int64_t>(s->tokens.size()) - match.num_tokens, budget);
-      need = BlocksFor(match.num_tokens + n) - static_cast<int64_t>(match.blocks.size()) + claimed;
+      need = std::max<int64_t>(0, BlocksFor(match.num_tokens + n) - static_cast<int64_t>(hit.size())) + claimed;
       const int64_t rest = BlocksFor(static_cast<int64_t>(s->tokens.size())) - BlocksFor(match.num_tokens + n);
       // Beyond the watermark, one free block per running sequence: each
       // may need its next block before the admission after this one, and
