@@ -187,6 +187,60 @@ TEST_F(Gemma3Test, GreedyStepsAndLogitsMatchTheReference) {
   std::printf("worst relative logit error over the reference's top-5: %.2e\n", worst);
 }
 
+// The hybrid cache (6 groups of 3 layers: the 3 full layers keep every
+// token, the 15 sliding ones only their 512-token window) against the
+// uniform one that keeps everything and masks: the long prompt (701 tokens,
+// in chunks of 128) and greedy steps past the window give the same logits
+// bit for bit, and the reference's greedy ids.
+TEST_F(Gemma3Test, HybridCacheGivesTheUniformCachesLogitsBitForBit) {
+  const Model& model = *model_->model;
+  const int32_t vocab = model.config().vocab_size;
+  for (const auto& p : (*goldens_)["prompts"]) {
+    if (p["kind"] != "long") continue;
+    const std::vector<int32_t> ids = p["ids"].get<std::vector<int32_t>>();
+    const std::vector<int32_t> want = p["greedy"].get<std::vector<int32_t>>();
+    const size_t steps = kSanitized ? 4 : want.size();
+    auto run = [&](bool hybrid, int64_t& held) {
+      const int32_t bl = 16;
+      CacheConfig c = model.CacheGeometry(bl, DType::kF32, 6 * (static_cast<int64_t>(ids.size() + steps) / bl + 2));
+      if (hybrid) c.layer_windows = model.config().layer_windows;
+      auto cache = std::move(*KvCache::Create({.config = c, .prefault = false}));
+      EXPECT_EQ(cache->layout().num_groups(), hybrid ? 6 : 1);
+      const SeqId seq = cache->AddSequence();
+      std::vector<std::vector<float>> out;
+      std::vector<float> logits(static_cast<size_t>(vocab));
+      for (size_t at = 0; at < ids.size(); at += 128) {
+        const std::vector<int32_t> chunk(ids.begin() + static_cast<std::ptrdiff_t>(at),
+                                         ids.begin() + static_cast<std::ptrdiff_t>(std::min(ids.size(), at + 128)));
+        ForwardItem item{seq, chunk, logits.data(), false};
+        EXPECT_TRUE(*ForwardStep(model, *cache, {&item, 1}, kExact));
+      }
+      out.push_back(logits);
+      for (size_t k = 0; k + 1 < steps; ++k) {
+        const int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+        EXPECT_EQ(next, want[k]) << "step " << k;
+        ForwardItem item{seq, std::span<const int32_t>(&next, 1), logits.data(), false};
+        EXPECT_TRUE(*ForwardStep(model, *cache, {&item, 1}, kExact));
+        out.push_back(logits);
+      }
+      held = cache->Stats().blocks_used * cache->layout().bytes_per_block();
+      return out;
+    };
+    int64_t uniform_bytes = 0, hybrid_bytes = 0;
+    const auto uniform = run(false, uniform_bytes), hybrid = run(true, hybrid_bytes);
+    ASSERT_EQ(uniform.size(), hybrid.size());
+    for (size_t i = 0; i < uniform.size(); ++i) {
+      ASSERT_EQ(std::memcmp(uniform[i].data(), hybrid[i].data(), uniform[i].size() * sizeof(float)), 0) << "step " << i;
+    }
+    // 3 of 18 layers keep ~765 tokens, 15 keep ~512 + a block: about 3/4.
+    EXPECT_LT(hybrid_bytes, uniform_bytes * 4 / 5) << uniform_bytes << " vs " << hybrid_bytes;
+    std::printf("KV bytes after %zu steps: uniform %lld, hybrid %lld\n", steps, static_cast<long long>(uniform_bytes),
+                static_cast<long long>(hybrid_bytes));
+    return;
+  }
+  FAIL() << "the goldens have no long prompt";
+}
+
 // One forward pass over 2,048 tokens (its last 1,536 positions see only
 // their window on the sliding layers), in prompt chunks of 300 so that the
 // windows also cross chunk boundaries.
