@@ -307,7 +307,7 @@ struct ServeBenchArgs {
   int64_t max_requests = 0, step_tokens = 2048;
   double time_scale = 0.01;
   int32_t max_tokens = 0, block_len = 16, max_running = 256;
-  std::string mla_prefill = "auto";
+  std::string mla_prefill = "auto", kv_cache = "auto";
   int threads = 0;
   bool json = false;
   std::string tiers, host_cache = "256MiB", disk_cache_size = "1GiB", redis, redis_password_env = "PAGEKV_REDIS_PASSWORD";
@@ -342,6 +342,16 @@ int RunServeBenchCommand(const ServeBenchArgs& a) {
   }
   o.kv_budget_bytes = *budget;
   o.kv_dtype = *dt;
+  if (a.kv_cache == "both") {
+    o.kv_groups = {KvGroups::kHybrid, KvGroups::kUniform};
+  } else {
+    Result<KvGroups> groups = ParseKvGroups(a.kv_cache);
+    if (!groups.ok()) {
+      std::fprintf(stderr, "error: --kv-cache: %s (or both)\n", groups.status().message().c_str());
+      return kExitBadInput;
+    }
+    o.kv_groups = {*groups};
+  }
   o.model_path = a.model == "synthetic" ? "" : a.model;
   o.synth_preset = a.preset;
   o.max_requests = a.max_requests;
@@ -540,6 +550,8 @@ CLI::App* AddBenchCommand(CLI::App& app, int& exit_code) {
       ->check(CLI::Range(0, 1 << 30));
   sv->add_option("--block-len", serve.block_len, "Tokens per KV block (default 16)");
   sv->add_option("--kv-dtype", serve.kv_dtype, "KV storage (default f16)");
+  sv->add_option("--kv-cache", serve.kv_cache,
+                 "Sliding-window models: auto (default), hybrid, uniform, or both (one paged run each, side by side)");
   sv->add_option("--max-step-tokens", serve.step_tokens, "Tokens per engine step (default 2048)")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   sv->add_option("--max-running", serve.max_running, "Sequences per step (default 256)")->check(CLI::Range(1, 1 << 16));
   AddMlaPrefillOption(*sv, serve.mla_prefill);

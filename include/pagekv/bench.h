@@ -188,6 +188,9 @@ struct ServeBenchOptions {
   std::string synth_preset = "small-16k"; // which one (include/pagekv/synth_model.h)
   int64_t kv_budget_bytes = 32ll << 20;
   std::vector<Allocator> allocators = {Allocator::kPaged, Allocator::kContiguous};
+  // Sliding-window models: one paged run per entry (e.g. hybrid and
+  // uniform, in one run: their prefix hit rates and peaks side by side).
+  std::vector<KvGroups> kv_groups = {KvGroups::kAuto};
   int64_t max_requests = 0;               // 0 = the whole trace
   double time_scale = 0.01;               // arrival gaps are multiplied by this
   int32_t max_tokens = 0;                 // per request; 0 = the context left after the prompt

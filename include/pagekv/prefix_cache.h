@@ -256,6 +256,10 @@ struct KvEvent {
   int64_t adapter_id = 0;              // stored
   std::vector<std::string> extra_keys; // stored: salt (first block of a chain), fingerprint, extras
   std::string tier = "pool";           // where the block lives
+  // A hybrid cache's group (KvLayout::num_groups) whose blocks these are,
+  // and its window (0: full attention); 0 and 0 for a uniform cache.
+  int32_t group = 0;
+  int32_t window = 0;
 };
 
 // Publishing a prefix cache's KV events over ZeroMQ in vLLM's wire format

@@ -58,8 +58,10 @@ Result<TierOptions> TiersFor(const ServeBenchOptions& o, const std::string& conf
 
 Result<ServeBenchResult> RunOne(const ServeBenchOptions& o, const std::string& model, Allocator allocator,
                                 const std::vector<bench::TraceRequest>& trace, const TierOptions& tiers = {},
-                                const std::string& tier_name = "none") {
+                                const std::string& tier_name = "none", KvGroups groups = KvGroups::kAuto,
+                                bool name_groups = false) {
   EngineOptions eo;
+  eo.kv_groups = groups;
   eo.tiers = tiers;
   eo.background_tier_moves = tier_name.find("inline") == std::string::npos;
   eo.model_path = model;
@@ -78,6 +80,7 @@ Result<ServeBenchResult> RunOne(const ServeBenchOptions& o, const std::string& m
   r.allocator = allocator == Allocator::kPaged ? "paged" : "contiguous";
   r.tiers = tier_name;
   if (tier_name != "none") r.allocator += "+" + tier_name;
+  if (name_groups) r.allocator += "+" + std::string(KvGroupsName(groups));
 
   // Sampler thread: the engine's state every 20 ms.
   std::atomic<bool> sampling{true};
@@ -209,15 +212,30 @@ Result<ServeBenchReport> RunServeBench(const ServeBenchOptions& o) {
     std::remove(disk.c_str());
     std::remove((disk + ".index").c_str());
   };
-  std::vector<std::pair<Allocator, std::string>> runs;
+  struct Run {
+    Allocator allocator;
+    std::string tiers;
+    KvGroups groups;
+  };
+  std::vector<Run> runs;
+  const std::vector<KvGroups> groups = o.kv_groups.empty() ? std::vector<KvGroups>{KvGroups::kAuto} : o.kv_groups;
   if (o.tier_configs.empty()) {
-    for (Allocator a : o.allocators) runs.push_back({a, "none"});
+    for (Allocator a : o.allocators) {
+      for (KvGroups g : groups) {
+        runs.push_back({a, "none", g});
+        if (a != Allocator::kPaged) break;  // the contiguous allocator once
+      }
+    }
   } else {
-    for (const std::string& c : o.tier_configs) runs.push_back({Allocator::kPaged, c});
+    for (const std::string& c : o.tier_configs) runs.push_back({Allocator::kPaged, c, groups.front()});
   }
-  for (const auto& [a, config] : runs) {
+  for (const Run& run : runs) {
+    const Allocator a = run.allocator;
+    const std::string& config = run.tiers;
     Result<TierOptions> tiers = TiersFor(o, config, disk);
-    Result<ServeBenchResult> r = tiers.ok() ? RunOne(o, model, a, trace, *tiers, config) : Result<ServeBenchResult>(tiers.status());
+    Result<ServeBenchResult> r = tiers.ok() ? RunOne(o, model, a, trace, *tiers, config, run.groups,
+                                                     groups.size() > 1 && a == Allocator::kPaged)
+                                            : Result<ServeBenchResult>(tiers.status());
     remove_disk();
     if (!r.ok()) {
       if (!temp.empty()) std::remove(temp.c_str());
@@ -226,7 +244,7 @@ Result<ServeBenchReport> RunServeBench(const ServeBenchOptions& o) {
     report.results.push_back(std::move(*r));
   }
   if (!temp.empty()) std::remove(temp.c_str());
-  report.blocks = report.results.front().blocks;  // the same budget and geometry for every allocator
+  report.blocks = report.results.front().blocks;  // the first run's pool (a hybrid cache's blocks are smaller)
   return report;
 }
 

@@ -90,7 +90,7 @@ void PackExtraKeys(Packer& pk, const KvEvent& e) {
 void PackEvent(Packer& pk, const KvEvent& e, const KvEventWire& wire) {
   switch (e.type) {
     case KvEvent::Type::kBlockStored:
-      pk.pack_map(11);
+      pk.pack_map(e.window > 0 ? 12 : 11);
       PackStr(pk, "type"), PackStr(pk, "BlockStored");
       PackStr(pk, "block_hashes"), PackKeys(pk, e.keys, wire.hash_bytes);
       PackStr(pk, "parent_block_hash");
@@ -110,15 +110,20 @@ void PackEvent(Packer& pk, const KvEvent& e, const KvEventWire& wire) {
       PackStr(pk, "medium"), PackStr(pk, EventMedium(e.tier));
       PackStr(pk, "lora_name"), pk.pack_nil();  // adapters are ids here, without names
       PackStr(pk, "extra_keys"), PackExtraKeys(pk, e);
-      PackStr(pk, "group_idx"), pk.pack(0);
-      PackStr(pk, "kv_cache_spec_kind"), PackStr(pk, wire.spec_kind);
+      PackStr(pk, "group_idx"), pk.pack(e.group);
+      if (e.window > 0) {  // a hybrid cache's sliding group (vLLM's SlidingWindowSpec)
+        PackStr(pk, "kv_cache_spec_kind"), PackStr(pk, "sliding_window");
+        PackStr(pk, "kv_cache_spec_sliding_window"), pk.pack(e.window);
+      } else {
+        PackStr(pk, "kv_cache_spec_kind"), PackStr(pk, wire.spec_kind);
+      }
       break;
     case KvEvent::Type::kBlockRemoved:
       pk.pack_map(4);
       PackStr(pk, "type"), PackStr(pk, "BlockRemoved");
       PackStr(pk, "block_hashes"), PackKeys(pk, e.keys, wire.hash_bytes);
       PackStr(pk, "medium"), PackStr(pk, EventMedium(e.tier));
-      PackStr(pk, "group_idx"), pk.pack(0);
+      PackStr(pk, "group_idx"), pk.pack(e.group);
       break;
     case KvEvent::Type::kAllBlocksCleared:
       pk.pack_map(1);

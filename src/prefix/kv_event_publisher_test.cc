@@ -171,6 +171,38 @@ TEST(KvEventPublisherTest, HashesAsBytesAndBinarySaltsAsHex) {
   EXPECT_EQ(EventMedium("redis"), "REDIS");
 }
 
+// A hybrid cache's sliding group: its group_idx, vLLM's "sliding_window"
+// kind and the window; a full group keeps the wire's kind and no window.
+TEST(KvEventWireTest, HybridCacheGroupsCarryTheirIndexKindAndWindow) {
+  KvEvent stored;
+  BlockKey k;
+  k.bytes[31] = 7;
+  stored.keys = {k};
+  stored.token_ids = {1, 2};
+  stored.block_len = 2;
+  stored.group = 3;
+  stored.window = 512;
+  KvEvent removed;
+  removed.type = KvEvent::Type::kBlockRemoved;
+  removed.keys = {k};
+  removed.group = 3;
+  KvEvent full = stored;
+  full.group = 0;
+  full.window = 0;
+  const KvEvent events[] = {stored, removed, full};
+  const std::string payload = KvEventPublisher::EncodeBatch(events, 1.0, {});
+  msgpack::object_handle oh = msgpack::unpack(payload.data(), payload.size());
+  const msgpack::object& evs = oh.get().via.array.ptr[1];
+  ASSERT_EQ(evs.via.array.size, 3u);
+  EXPECT_EQ(Field(evs.via.array.ptr[0], "group_idx").as<int>(), 3);
+  EXPECT_EQ(Field(evs.via.array.ptr[0], "kv_cache_spec_kind").as<std::string>(), "sliding_window");
+  EXPECT_EQ(Field(evs.via.array.ptr[0], "kv_cache_spec_sliding_window").as<int>(), 512);
+  EXPECT_EQ(Field(evs.via.array.ptr[1], "group_idx").as<int>(), 3);
+  EXPECT_EQ(Field(evs.via.array.ptr[2], "group_idx").as<int>(), 0);
+  EXPECT_EQ(Field(evs.via.array.ptr[2], "kv_cache_spec_kind").as<std::string>(), "full_attention");
+  EXPECT_EQ(evs.via.array.ptr[2].via.map.size, 11u);  // no window field
+}
+
 // A subscriber that missed batches asks the replay socket for them from a
 // sequence number: every buffered batch from there, then the end marker.
 TEST(KvEventPublisherTest, TheReplaySocketResendsMissedBatches) {

@@ -398,22 +398,39 @@ Status PrefixCache::Publish(SeqId seq, std::span<const int32_t> tokens) {
                                    std::to_string(chain.links.size()) +
                                    "; the KvCache's cut listener was replaced, so nothing more is published for it");
   }
-  std::vector<BlockKey> stored;
-  std::vector<int32_t> stored_tokens;
-  std::optional<BlockKey> stored_parent;
-  auto flush = [&] {
-    if (stored.empty()) return;
+  // Stored events, one batch per group of consecutive newly published
+  // blocks (a hybrid cache's groups each announce their own).
+  struct Batch {
+    std::vector<BlockKey> keys;
+    std::vector<int32_t> tokens;
+    std::optional<BlockKey> parent;
+  };
+  const KvLayout& layout = state_->cache->layout();
+  std::vector<Batch> batches(static_cast<size_t>(layout.num_groups()));
+  auto flush_group = [&](int32_t g) {
+    Batch& b = batches[static_cast<size_t>(g)];
+    if (b.keys.empty()) return;
     KvEvent ev;
     ev.type = KvEvent::Type::kBlockStored;
-    ev.keys = std::move(stored);
-    ev.parent = stored_parent;
-    ev.token_ids = std::move(stored_tokens);
+    ev.keys = std::move(b.keys);
+    ev.parent = b.parent;
+    ev.token_ids = std::move(b.tokens);
     ev.block_len = bl;
     ev.adapter_id = chain.extra.adapter_id;
-    ev.extra_keys = EventExtraKeys(chain.extra, !stored_parent.has_value());
+    ev.extra_keys = EventExtraKeys(chain.extra, !b.parent.has_value());
+    ev.group = g;
+    ev.window = layout.group_window(g);
     state_->Emit(std::move(ev));
-    stored.clear();
-    stored_tokens.clear();
+    b.keys.clear();
+    b.tokens.clear();
+  };
+  auto flush = [&] { flush_group(0); };
+  auto add_stored = [&](int32_t g, int64_t i) {
+    Batch& b = batches[static_cast<size_t>(g)];
+    if (b.keys.empty()) b.parent = i == 0 ? std::nullopt : std::optional<BlockKey>(chain.links[static_cast<size_t>(i - 1)].key);
+    b.keys.push_back(chain.links[static_cast<size_t>(i)].key);
+    const auto t = tokens.subspan(static_cast<size_t>(i * bl), static_cast<size_t>(bl));
+    b.tokens.insert(b.tokens.end(), t.begin(), t.end());
   };
   // A hybrid cache: the other groups' blocks of block i are published under
   // the same key in their own index (called once link i is in the chain).
@@ -428,11 +445,13 @@ Status PrefixCache::Publish(SeqId seq, std::span<const int32_t> tokens) {
       const BlockId b = side[s].blocks[static_cast<size_t>(i)];
       if (b == kNoBlock || state_->entries[static_cast<size_t>(ToInt(b))].has_value() ||
           state_->IndexOf(g).count(chain.links[static_cast<size_t>(i)].key) > 0) {
+        flush_group(g);  // a batch is a run of consecutive blocks
         continue;
       }
       Entry e = state_->EntryOf(tokens, static_cast<size_t>(i), chain.links, chain.extra);
       e.group = g;
       state_->Insert(b, std::move(e));
+      add_stored(g, i);
     }
   };
   for (auto i = static_cast<int64_t>(chain.links.size()); i < full; ++i) {
@@ -470,7 +489,6 @@ Status PrefixCache::Publish(SeqId seq, std::span<const int32_t> tokens) {
       publish_groups(i);
       continue;
     }
-    if (stored.empty()) stored_parent = parent != nullptr ? std::optional<BlockKey>(parent->key) : std::nullopt;
     chain.links.push_back(link);  // `parent` is not used past here
     Entry e = state_->EntryOf(tokens, static_cast<size_t>(i), chain.links, chain.extra);
     LowerTiers* tiers = state_->options.tiers;
@@ -478,11 +496,10 @@ Status PrefixCache::Publish(SeqId seq, std::span<const int32_t> tokens) {
       tiers->Published(state_->MetaOf(e), state_->block_bytes);
     }
     state_->Insert(block, std::move(e));
+    add_stored(0, i);
     publish_groups(i);
-    stored.push_back(link.key);
-    stored_tokens.insert(stored_tokens.end(), block_tokens.begin(), block_tokens.end());
   }
-  flush();
+  for (int32_t g = 0; g < layout.num_groups(); ++g) flush_group(g);
   return Status::Ok();
 }
 

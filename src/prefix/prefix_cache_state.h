@@ -366,12 +366,11 @@ struct PrefixCache::State {
       }
     }
     IndexOf(e->group).erase(e->key);
-    if (e->group == 0) {  // events describe group 0's blocks (docs/KV_EVENTS.md)
-      KvEvent ev;
-      ev.type = KvEvent::Type::kBlockRemoved;
-      ev.keys.push_back(e->key);
-      Emit(std::move(ev));
-    }
+    KvEvent ev;
+    ev.type = KvEvent::Type::kBlockRemoved;
+    ev.keys.push_back(e->key);
+    ev.group = e->group;
+    Emit(std::move(ev));
     e.reset();
     ++stats.evicted;
   }

@@ -337,3 +337,117 @@ TEST(PrefixCacheLatentTest, ALatentCacheIsSharedAndItsEventsAreThePerHeadOnes) {
 
 }  // namespace
 }  // namespace pagekv
+
+namespace pagekv {
+namespace {
+
+// A hybrid cache (4 sliding layers of window 20 and 2 full: 3 groups of 2
+// layers): each group publishes its blocks under the token block's key and
+// announces them with its group_idx and window; a hit needs the full group's
+// whole prefix and the sliding groups' window before the cut, the longest
+// such cut; evicting a sliding group's block near the cut shortens the hit
+// to the next cut whose window is whole; its removal names the group.
+TEST(HybridPrefixCacheTest, HitsNeedTheFullPrefixAndTheWindowBeforeTheCut) {
+  CacheConfig c;
+  c.num_layers = 6;
+  c.num_q_heads = 1;
+  c.num_kv_heads = 1;
+  c.head_dim = 8;
+  c.block_len = B;
+  c.format = KvFormat::Plain(DType::kF16);
+  c.num_blocks = 60;
+  c.layer_windows = {20, 20, 0, 20, 20, 0};
+  auto cache = std::move(*KvCache::Create({.config = c, .prefault = false}));
+  ASSERT_EQ(cache->layout().num_groups(), 3);
+  PrefixCacheOptions o;
+  o.record_events = true;
+  auto pc = std::move(*PrefixCache::Create(*cache, o));
+  const std::vector<int32_t> prompt = Tokens(100, 6 * B + 3);  // 6 full blocks
+  auto a = *pc->AddSequence(prompt, {});
+  ASSERT_TRUE(*cache->Reserve(a.seq, static_cast<int64_t>(prompt.size())));
+  ASSERT_TRUE(pc->Publish(a.seq, prompt).ok());
+  ASSERT_TRUE(cache->ReleaseOutOfWindow(a.seq).ok());  // published first: released blocks stay cached
+  ASSERT_TRUE(pc->Free(a.seq).ok());
+  pc->CheckInvariants();
+  cache->CheckInvariants();
+  std::vector<KvEvent> events = pc->DrainEvents();
+  ASSERT_EQ(events.size(), 3u);  // one batch of 6 blocks per group
+  for (int32_t g = 0; g < 3; ++g) {
+    EXPECT_EQ(events[static_cast<size_t>(g)].group, g);
+    EXPECT_EQ(events[static_cast<size_t>(g)].window, g == 0 ? 0 : 20);
+    EXPECT_EQ(events[static_cast<size_t>(g)].keys.size(), 6u);
+    EXPECT_EQ(events[static_cast<size_t>(g)].keys, events[0].keys);  // the same token blocks
+  }
+  // Every cut point: a prompt sharing the first k tokens hits floor(k / 8) blocks.
+  for (int32_t k = 1; k <= 6 * B; ++k) {
+    std::vector<int32_t> p(prompt.begin(), prompt.begin() + k);
+    for (int32_t t : Tokens(9000, 4)) p.push_back(t);
+    const PrefixMatch m = *pc->Lookup(p, {});
+    EXPECT_EQ(m.num_tokens, (k / B) * B) << "cut " << k;
+    ASSERT_EQ(m.group_blocks.size(), 3u);
+    // The sliding groups' tables start with kNoBlock before the window of
+    // the first query after the hit.
+    const int64_t n = k / B, first = std::max<int64_t>(0, n * B - 20 + 1) / B;
+    for (int64_t j = 0; j < n; ++j) {
+      EXPECT_NE(m.group_blocks[0][static_cast<size_t>(j)], kNoBlock);
+      EXPECT_EQ(m.group_blocks[1][static_cast<size_t>(j)] == kNoBlock, j < first) << "cut " << k << " block " << j;
+    }
+  }
+  // A hit admits a sequence over every group's blocks and computes on.
+  std::vector<int32_t> longer(prompt.begin(), prompt.begin() + 6 * B);
+  for (int32_t t : Tokens(7000, 10)) longer.push_back(t);
+  auto b = *pc->AddSequence(longer, {});
+  EXPECT_EQ(b.match.num_tokens, 6 * B);
+  EXPECT_EQ(cache->View(b.seq, 1)->released_blocks, (6 * B - 20 + 1) / B);
+  ASSERT_TRUE(*cache->Reserve(b.seq, 10));
+  ASSERT_TRUE(pc->Free(b.seq).ok());
+  cache->CheckInvariants();
+  pc->CheckInvariants();
+  (void)pc->DrainEvents();
+  // Evict the whole pool's cached blocks: each removal names its group.
+  const SeqId hog = cache->AddSequence();
+  ASSERT_TRUE(*cache->Reserve(hog, 60 / 3 * B));
+  events = pc->DrainEvents();
+  std::vector<int> removed(3, 0);
+  for (const KvEvent& e : events) {
+    ASSERT_EQ(e.type, KvEvent::Type::kBlockRemoved);
+    ++removed[static_cast<size_t>(e.group)];
+  }
+  EXPECT_EQ(removed[0], 6);
+  EXPECT_GT(removed[1], 0);
+  const PrefixMatch none = *pc->Lookup(longer, {});
+  EXPECT_EQ(none.num_tokens, 0);
+  ASSERT_TRUE(cache->Free(hog).ok());
+  pc->CheckInvariants();
+}
+
+TEST(HybridPrefixCacheTest, TiersOverAHybridCacheAreRefusedByName) {
+  CacheConfig c;
+  c.num_layers = 2;
+  c.num_q_heads = 1;
+  c.num_kv_heads = 1;
+  c.head_dim = 8;
+  c.block_len = B;
+  c.num_blocks = 8;
+  c.layer_windows = {16, 0};
+  auto cache = std::move(*KvCache::Create({.config = c, .prefault = false}));
+  struct NoTiers : LowerTiers {
+    std::vector<Tier> LocatePrefix(std::span<const BlockKey>) override { return {}; }
+    std::optional<Tier> Load(const BlockMeta&, std::span<std::byte>) override { return std::nullopt; }
+    bool write_through() const override { return false; }
+    void Published(const BlockMeta&, std::span<const std::byte>) override {}
+    std::optional<Tier> Evicted(const BlockMeta&, std::span<const std::byte>) override { return std::nullopt; }
+    void Prefetch(std::vector<BlockMeta>) override {}
+    void StartLoads(std::vector<TierLoadJob>) override {}
+    void StartOffloads(std::vector<TierOffloadJob>) override {}
+    bool StillHolds(const BlockKey&, Tier) override { return false; }
+  } tiers;
+  PrefixCacheOptions o;
+  o.tiers = &tiers;
+  const auto pc = PrefixCache::Create(*cache, o);
+  ASSERT_FALSE(pc.ok());
+  EXPECT_NE(pc.status().message().find("--kv-cache uniform"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace pagekv

@@ -35,7 +35,8 @@ def _hash(h, as_bytes):
 
 
 def _stored(e, as_bytes):
-    _check(set(e) == STORED_FIELDS, f"BlockStored fields {sorted(e)} != {sorted(STORED_FIELDS)}")
+    _check(set(e) - {"kv_cache_spec_sliding_window"} == STORED_FIELDS,
+           f"BlockStored fields {sorted(e)} != {sorted(STORED_FIELDS)}")
     hashes = e["block_hashes"]
     _check(isinstance(hashes, list) and hashes, "block_hashes is not a non-empty list")
     for h in hashes:
@@ -58,6 +59,9 @@ def _stored(e, as_bytes):
         _check(x is None or (isinstance(x, list) and all(isinstance(k, str) for k in x)), f"extra keys {x!r}")
     _check(isinstance(e["group_idx"], int), "group_idx")
     _check(isinstance(e["kv_cache_spec_kind"], str), "kv_cache_spec_kind")
+    if e["kv_cache_spec_kind"] == "sliding_window":  # a hybrid cache's sliding group
+        _check(isinstance(e.get("kv_cache_spec_sliding_window"), int) and e["kv_cache_spec_sliding_window"] > 0,
+               "kv_cache_spec_sliding_window")
     return e
 
 
