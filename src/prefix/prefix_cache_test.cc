@@ -347,17 +347,21 @@ namespace {
 // whole prefix and the sliding groups' window before the cut, the longest
 // such cut; evicting a sliding group's block near the cut shortens the hit
 // to the next cut whose window is whole; its removal names the group.
-TEST(HybridPrefixCacheTest, HitsNeedTheFullPrefixAndTheWindowBeforeTheCut) {
+std::unique_ptr<KvCache> MakeHybridCache(std::vector<int32_t> windows, int64_t blocks) {
   CacheConfig c;
-  c.num_layers = 6;
+  c.num_layers = static_cast<int32_t>(windows.size());
   c.num_q_heads = 1;
   c.num_kv_heads = 1;
   c.head_dim = 8;
   c.block_len = B;
   c.format = KvFormat::Plain(DType::kF16);
-  c.num_blocks = 60;
-  c.layer_windows = {20, 20, 0, 20, 20, 0};
-  auto cache = std::move(*KvCache::Create({.config = c, .prefault = false}));
+  c.num_blocks = blocks;
+  c.layer_windows = std::move(windows);
+  return std::move(*KvCache::Create({.config = c, .prefault = false}));
+}
+
+TEST(HybridPrefixCacheTest, HitsNeedTheFullPrefixAndTheWindowBeforeTheCut) {
+  auto cache = MakeHybridCache({20, 20, 0, 20, 20, 0}, 60);
   ASSERT_EQ(cache->layout().num_groups(), 3);
   PrefixCacheOptions o;
   o.record_events = true;
@@ -422,15 +426,7 @@ TEST(HybridPrefixCacheTest, HitsNeedTheFullPrefixAndTheWindowBeforeTheCut) {
 }
 
 TEST(HybridPrefixCacheTest, TiersOverAHybridCacheAreRefusedByName) {
-  CacheConfig c;
-  c.num_layers = 2;
-  c.num_q_heads = 1;
-  c.num_kv_heads = 1;
-  c.head_dim = 8;
-  c.block_len = B;
-  c.num_blocks = 8;
-  c.layer_windows = {16, 0};
-  auto cache = std::move(*KvCache::Create({.config = c, .prefault = false}));
+  auto cache = MakeHybridCache({16, 0}, 8);
   struct NoTiers : LowerTiers {
     std::vector<Tier> LocatePrefix(std::span<const BlockKey>) override { return {}; }
     std::optional<Tier> Load(const BlockMeta&, std::span<std::byte>) override { return std::nullopt; }
