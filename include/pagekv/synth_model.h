@@ -81,6 +81,10 @@ struct SynthModelSpec {
 //   tiny-gemma3  gemma3: 6 layers (sliding windows of 32 tokens, every
 //               third layer full), dim 64, 4 heads of 32 over 1 KV head,
 //               FFN 160, vocab 512, context 2048
+//   small-gemma3-16k  gemma3 at small-16k's width: 6 layers (5 sliding
+//               over 1024 tokens, 1 full), dim 256, 4 heads of 64 over 1 KV
+//               head, FFN 768, vocab 32000, context 16384: serving traces
+//               through a hybrid cache
 //   small-deepseek2-16k  small-16k's hidden size (256) and depth with a
 //               latent cache: 4 heads, rank 128 + rope 32, nope 64, v 64 (320
 //               bytes of f16 KV per token and layer against small-16k's

@@ -143,6 +143,14 @@ const std::vector<SynthModelSpec>& SynthModelPresets() {
     gemma.sliding_window = 32;
     gemma.sliding_pattern = 3;
     out.push_back(gemma);
+    // Gemma 3's pattern at small-16k's width for serving traces: 6 layers,
+    // 5 sliding over 1024 tokens, 1 full.
+    SynthModelSpec gemma16k{"small-gemma3-16k", 256, 768, 6, 4, 1, 32000, 16384, true};
+    gemma16k.arch = "gemma3";
+    gemma16k.head_dim = 64;
+    gemma16k.sliding_window = 1024;
+    gemma16k.sliding_pattern = 6;
+    out.push_back(gemma16k);
     SynthModelSpec small{"small-deepseek2-16k", 256, 768, 2, 4, 1, 32000, 16384, true};
     small.arch = "deepseek2";
     small.kv_lora_rank = 128;
