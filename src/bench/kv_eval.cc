@@ -34,7 +34,10 @@ Result<std::unique_ptr<Engine>> EvalEngine(const KvEvalOptions& o, const LoadedM
   eo.kv_hadamard = hadamard;
   eo.eviction = policy;
   eo.prefix_cache = false;
-  eo.num_blocks = (tokens + o.block_len - 1) / o.block_len + 1;
+  // Every cache group's blocks (a sliding-window model's hybrid cache).
+  PAGEKV_ASSIGN_OR_RETURN(const CacheConfig geometry, EngineCacheGeometry(eo, *m.model));
+  PAGEKV_ASSIGN_OR_RETURN(const KvLayout layout, KvLayout::Create(geometry));
+  eo.num_blocks = layout.BlocksHeld(tokens, std::max<int64_t>(tokens, 1)) + layout.num_groups();
   eo.watermark_blocks = 0;
   eo.max_step_tokens = std::max<int64_t>(tokens, 1);
   eo.max_running = 1;

@@ -74,6 +74,22 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& o) {
   return CreateEngineWithModel(o, std::move(m));
 }
 
+Result<CacheConfig> EngineCacheGeometry(const EngineOptions& o, const Model& model) {
+  CacheConfig c = model.CacheGeometry(o.block_len, o.kv_dtype, 1);
+  const ModelConfig& mc = model.config();
+  if (!mc.hybrid()) return c;
+  bool hybrid = o.kv_groups != KvGroups::kUniform;
+  if (TiersConfigured(o.tiers)) {
+    if (o.kv_groups == KvGroups::kHybrid) {
+      return InvalidArgumentError(
+          "engine: a hybrid cache (--kv-cache hybrid) with KV tiers is not supported yet: use --kv-cache uniform (or auto)");
+    }
+    hybrid = false;  // auto: the uniform cache, the windows as a mask
+  }
+  if (hybrid) c.layer_windows = mc.layer_windows;
+  return c;
+}
+
 Result<std::unique_ptr<Engine>> CreateEngineWithModel(const EngineOptions& o, LoadedModel model) {
   if (o.max_step_tokens < 1) return InvalidArgumentError("engine: max_step_tokens must be at least 1");
   if (o.max_running < 1) return InvalidArgumentError("engine: max_running must be at least 1");
@@ -105,19 +121,7 @@ Result<std::unique_ptr<Engine>> CreateEngineWithModel(const EngineOptions& o, Lo
   }
   KvCacheOptions co;
   const ModelConfig& mc = st->m.model->config();
-  co.config = st->m.model->CacheGeometry(o.block_len, o.kv_dtype, 1);
-  if (mc.hybrid()) {
-    bool hybrid = o.kv_groups != KvGroups::kUniform;
-    const char* unsupported = TiersConfigured(o.tiers) ? "KV tiers" : nullptr;
-    if (unsupported != nullptr) {
-      if (o.kv_groups == KvGroups::kHybrid) {
-        return InvalidArgumentError(std::string("engine: a hybrid cache (--kv-cache hybrid) with ") + unsupported +
-                                    " is not supported yet: use --kv-cache uniform (or auto)");
-      }
-      hybrid = false;  // auto: the uniform cache, the windows as a mask
-    }
-    if (hybrid) co.config.layer_windows = mc.layer_windows;
-  }
+  PAGEKV_ASSIGN_OR_RETURN(co.config, EngineCacheGeometry(o, *st->m.model));
   int64_t num_blocks = o.num_blocks;
   if (num_blocks == 0 && o.kv_budget_bytes == 0) {
     // One full context (every group's blocks for it), and the watermark above it.

@@ -53,6 +53,7 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
   // 0 new tokens: until a stop token or the end of the context.
   std::vector<int32_t> max_new(o.prompts.size(), o.max_new_tokens);
   int64_t blocks_needed = 1;
+  std::vector<int64_t> totals;  // per prompt: its tokens and the new ones
   for (size_t i = 0; i < o.prompts.size(); ++i) {
     if (chat) {
       nlohmann::ordered_json messages = nlohmann::ordered_json::array();
@@ -83,7 +84,7 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
                                                        : ": shorten the prompt, lower -n, or pass --truncate-prompt "
                                                          "to keep its most recent tokens"));
     }
-    blocks_needed += CeilDiv(total, o.block_len);
+    totals.push_back(total);
   }
 
   // The engine: a pool for every prompt plus its tokens (no watermark), and
@@ -100,7 +101,6 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
   eo.kv_groups = o.kv_groups;
   eo.kv_layer_dtypes = o.kv_layer_dtypes;
   eo.kv_hadamard = o.kv_hadamard;
-  eo.num_blocks = o.num_blocks > 0 ? o.num_blocks : blocks_needed;
   eo.max_step_tokens = std::max<int64_t>(1, prompt_tokens);
   eo.max_running = static_cast<int32_t>(std::max<size_t>(1, ids.size()));
   eo.watermark_blocks = 0;
@@ -110,6 +110,14 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
   eo.threads = o.threads;
   eo.tiers = o.tiers;
   eo.kv_events = o.kv_events;
+  {
+    // Every cache group's blocks (a hybrid cache's sliding groups: their
+    // window, during the one prefill step as large as all prompts).
+    PAGEKV_ASSIGN_OR_RETURN(const CacheConfig geometry, EngineCacheGeometry(eo, *loaded.model));
+    PAGEKV_ASSIGN_OR_RETURN(const KvLayout layout, KvLayout::Create(geometry));
+    for (int64_t total : totals) blocks_needed += layout.BlocksHeld(total, std::max<int64_t>(1, prompt_tokens));
+  }
+  eo.num_blocks = o.num_blocks > 0 ? o.num_blocks : blocks_needed;
   ExtraKeys extra = o.extra_keys;
   if (sharing) PAGEKV_RETURN_IF_ERROR(PrefixCache::ValidateExtraKeys(extra));
   if (loaded.model->config().mla()) {
@@ -117,6 +125,10 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
     pr.config = loaded.model->CacheGeometry(o.block_len, o.kv_dtype, 1);
     if (Result<Plan> plan = MakePlan(pr); plan.ok()) st.per_head_bytes_per_token = plan->per_head_bytes_per_token;
   }
+  // What the requests' callbacks touch lives longer than the engine: an
+  // early return destroys the engine, which finishes every request.
+  std::vector<bool> first_seen(ids.size(), false);
+  size_t first_count = 0;
   PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, CreateEngineWithModel(eo, std::move(loaded)));
   const EngineMetrics geometry = engine->Metrics();
   st.blocks_total = geometry.blocks_total > 0 ? geometry.blocks_total : eo.num_blocks;
@@ -130,8 +142,6 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
   // Requests: independent sampling streams, reproducible per prompt.
   const uint64_t run_seed = o.sampling.seed.has_value() ? 0 : Sampler::FreshSeed();
   std::map<RequestId, size_t> prompt_of;
-  std::vector<bool> first_seen(ids.size(), false);
-  size_t first_count = 0;
   std::vector<EngineRequest> requests;
   for (size_t i = 0; i < ids.size(); ++i) {
     EngineRequest r;

@@ -22,6 +22,7 @@
 #include "engine/forward_step.h"
 #include "model/model_loader.h"
 #include "pagekv/engine.h"
+#include "pagekv/generate.h"
 #include "pagekv/synth_model.h"
 
 namespace pagekv {
@@ -300,6 +301,42 @@ TEST_F(HybridCacheModelTest, PrefixHitsAtEveryCutPointMatchTheUniformCache) {
   // floor(cut / 8) * 8 (at least one token is computed).
   EXPECT_GT(hybrid.hits[5], 150);
   EXPECT_GT(hit_tokens, 2000);
+}
+
+}  // namespace
+}  // namespace pagekv
+
+namespace pagekv {
+namespace {
+
+// pagekv::Generate sizes its pool over every cache group (the hybrid
+// cache's short prompts hold a block per group each), gives the uniform
+// cache's tokens with prompts forked from their common prefix or found in
+// the prefix cache, and a pool too small ends in an error, not a crash.
+TEST_F(HybridCacheModelTest, GenerateSizesThePoolForEveryGroupAndMatchesTheUniformCache) {
+  GenerateOptions o;
+  o.model_path = *path_;
+  o.prompts = {"a b c d e f g h i j k l m n o p q r s t u v w x y z a b c d e f g h i j k l",
+               "a b c d e f g h i j k l m n o p q r s t u v w x y z a b c d e f g h i j k l m n o"};
+  o.max_new_tokens = 48;
+  o.block_len = 8;
+  for (bool prefix : {false, true}) {
+    o.prefix_cache = prefix;
+    o.kv_groups = KvGroups::kUniform;
+    const Result<GenerateReport> uniform = Generate(o);
+    ASSERT_TRUE(uniform.ok()) << uniform.status().ToString();
+    o.kv_groups = KvGroups::kAuto;
+    const Result<GenerateReport> hybrid = Generate(o);
+    ASSERT_TRUE(hybrid.ok()) << hybrid.status().ToString();
+    for (size_t i = 0; i < o.prompts.size(); ++i) {
+      ASSERT_EQ(hybrid->outputs[i].generated_ids.size(), 48u);
+      EXPECT_EQ(hybrid->outputs[i].generated_ids, uniform->outputs[i].generated_ids) << "prompt " << i;
+    }
+  }
+  o.num_blocks = 3;  // fewer than one prompt needs
+  const Result<GenerateReport> small = Generate(o);
+  ASSERT_FALSE(small.ok());
+  EXPECT_EQ(small.status().code(), StatusCode::kResourceExhausted) << small.status().ToString();
 }
 
 }  // namespace
