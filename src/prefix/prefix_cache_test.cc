@@ -15,9 +15,11 @@ namespace {
 constexpr int32_t kBlockLen = 8;
 constexpr int32_t B = kBlockLen;
 
-std::unique_ptr<KvCache> MakeCache(int64_t blocks) {
+// One layer, or one per entry of `windows` (a hybrid cache's layer_windows).
+std::unique_ptr<KvCache> MakeCache(int64_t blocks, std::vector<int32_t> windows = {}) {
   CacheConfig c;
-  c.num_layers = 1;
+  c.num_layers = windows.empty() ? 1 : static_cast<int32_t>(windows.size());
+  c.layer_windows = std::move(windows);
   c.num_q_heads = 1;
   c.num_kv_heads = 1;
   c.head_dim = 8;
@@ -347,21 +349,8 @@ namespace {
 // whole prefix and the sliding groups' window before the cut, the longest
 // such cut; evicting a sliding group's block near the cut shortens the hit
 // to the next cut whose window is whole; its removal names the group.
-std::unique_ptr<KvCache> MakeHybridCache(std::vector<int32_t> windows, int64_t blocks) {
-  CacheConfig c;
-  c.num_layers = static_cast<int32_t>(windows.size());
-  c.num_q_heads = 1;
-  c.num_kv_heads = 1;
-  c.head_dim = 8;
-  c.block_len = B;
-  c.format = KvFormat::Plain(DType::kF16);
-  c.num_blocks = blocks;
-  c.layer_windows = std::move(windows);
-  return std::move(*KvCache::Create({.config = c, .prefault = false}));
-}
-
 TEST(HybridPrefixCacheTest, HitsNeedTheFullPrefixAndTheWindowBeforeTheCut) {
-  auto cache = MakeHybridCache({20, 20, 0, 20, 20, 0}, 60);
+  auto cache = MakeCache(60, {20, 20, 0, 20, 20, 0});
   ASSERT_EQ(cache->layout().num_groups(), 3);
   PrefixCacheOptions o;
   o.record_events = true;
@@ -426,7 +415,7 @@ TEST(HybridPrefixCacheTest, HitsNeedTheFullPrefixAndTheWindowBeforeTheCut) {
 }
 
 TEST(HybridPrefixCacheTest, TiersOverAHybridCacheAreRefusedByName) {
-  auto cache = MakeHybridCache({16, 0}, 8);
+  auto cache = MakeCache(8, {16, 0});
   struct NoTiers : LowerTiers {
     std::vector<Tier> LocatePrefix(std::span<const BlockKey>) override { return {}; }
     std::optional<Tier> Load(const BlockMeta&, std::span<std::byte>) override { return std::nullopt; }
