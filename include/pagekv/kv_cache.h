@@ -282,9 +282,14 @@ class KvCache {
   // The same for a hybrid cache: one table per group (KvLayout::num_groups),
   // each of the same length n (the sequence's length is n * block_len). A
   // sliding group's table may start with kNoBlock entries, but only before
-  // the window of the next query (position n * block_len). Errors (nothing
+  // the window of the next query (position n * block_len). An entry
+  // kNewBlock takes a fresh block (as Reserve does: plain free blocks first,
+  // then cached ones, evicted) that the caller fills (FillBlock) before the
+  // sequence is read: a hit partly loaded from a lower tier. Errors (nothing
   // changed): a wrong group count or table length, an id outside the pool, a
-  // block listed twice, a kNoBlock where a window or a full group needs KV.
+  // block listed twice, a kNoBlock where a window or a full group needs KV,
+  // FailedPrecondition when the pool is short of the new blocks.
+  static constexpr BlockId kNewBlock{-2};
   Result<SeqId> AddSequenceSharingGroups(std::span<const std::vector<BlockId>> tables, std::string label = {});
 
   // Prefix-cache hooks. A block marked cached keeps its KV when freed: it

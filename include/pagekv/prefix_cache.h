@@ -99,6 +99,12 @@ struct BlockMeta {
   // these); neither stored in payloads nor checked, since they entered the key.
   int64_t adapter_id = 0;
   std::vector<std::string> event_extra_keys;
+  // A hybrid cache's group (KvLayout::num_groups) whose rows the block
+  // holds, for events only: it entered the key. Group 0's block goes down
+  // under the chain's key; group g > 0's under a key, parent and digest
+  // derived from the chain's and g (so no group's bytes ever load as
+  // another's).
+  int32_t group = 0;
 };
 
 // A change to a lower tier's contents, reported as it happens (per tier and
@@ -215,6 +221,18 @@ struct PrefixMatch {
   // kNoBlock up to the window of the first query after the hit. `blocks`
   // is group 0's. Empty for a uniform cache.
   std::vector<std::vector<BlockId>> group_blocks;
+  // A hybrid cache with lower tiers: the groups' blocks the hit takes from
+  // a tier, by position then group. After Lookup their group_blocks entries
+  // are kNoBlock (no pool block yet) and `lower` lists their tiers in the
+  // same order; AddSequence loads each into a new pool block and lists
+  // those it loaded. Unlike a uniform cache's, a hybrid hit may mix pool
+  // and tier blocks anywhere in [0, num_tokens).
+  struct GroupLoad {
+    int32_t group = 0;
+    int64_t index = 0;  // block position in the sequence
+    Tier from = Tier::kHost;
+  };
+  std::vector<GroupLoad> group_loads;
   // Every pool block the hit holds, once (blocks, or every group's).
   std::vector<BlockId> AllBlocks() const;
 };
@@ -328,7 +346,14 @@ class PrefixCache {
   // are loaded by the tiers' threads (LowerTiers::StartLoads) while the
   // caller goes on; `loading_blocks` says how many. The sequence must not
   // be read, written, forked or run until TakeLoaded names it; match covers
-  // the pool's part only (the statistics wait for TakeLoaded too).
+  // the pool's part only (the statistics wait for TakeLoaded too); a hybrid
+  // cache's match is then empty (num_tokens 0), its pool and tier blocks
+  // being mixed.
+  //
+  // A hybrid cache: the hit's tier blocks (match.group_loads) get new pool
+  // blocks all at once with the shared ones (nothing is loaded when the
+  // pool is short of them: the hit is then the pool's part); a load that
+  // fails cuts the hit back to the longest one its blocks still allow.
   struct Admitted {
     SeqId seq{};
     PrefixMatch match;

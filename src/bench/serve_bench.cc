@@ -227,7 +227,9 @@ Result<ServeBenchReport> RunServeBench(const ServeBenchOptions& o) {
       }
     }
   } else {
-    for (const std::string& c : o.tier_configs) runs.push_back({Allocator::kPaged, c, groups.front()});
+    for (const std::string& c : o.tier_configs) {
+      for (KvGroups g : groups) runs.push_back({Allocator::kPaged, c, g});
+    }
   }
   for (const Run& run : runs) {
     const Allocator a = run.allocator;

@@ -78,15 +78,7 @@ Result<CacheConfig> EngineCacheGeometry(const EngineOptions& o, const Model& mod
   CacheConfig c = model.CacheGeometry(o.block_len, o.kv_dtype, 1);
   const ModelConfig& mc = model.config();
   if (!mc.hybrid()) return c;
-  bool hybrid = o.kv_groups != KvGroups::kUniform;
-  if (TiersConfigured(o.tiers)) {
-    if (o.kv_groups == KvGroups::kHybrid) {
-      return InvalidArgumentError(
-          "engine: a hybrid cache (--kv-cache hybrid) with KV tiers is not supported yet: use --kv-cache uniform (or auto)");
-    }
-    hybrid = false;  // auto: the uniform cache, the windows as a mask
-  }
-  if (hybrid) c.layer_windows = mc.layer_windows;
+  if (o.kv_groups != KvGroups::kUniform) c.layer_windows = mc.layer_windows;
   return c;
 }
 

@@ -197,13 +197,20 @@ TEST_F(HybridCacheModelTest, EngineWithPreemptionGivesTheUniformCachesTokens) {
     EXPECT_EQ(hybrid.tokens[i], uniform.tokens[i]) << "request " << i;
     EXPECT_EQ(hybrid.tokens[i], run(KvGroups::kHybrid, 200, {i}).tokens[0]) << "request " << i << " alone";
   }
-  // Bad input at creation: an explicit hybrid cache with KV tiers.
-  o.kv_groups = KvGroups::kHybrid;
+  // With the prefix cache and a RAM tier under the small pool: a preempted
+  // request's published blocks wait in the pool or go down to RAM, and its
+  // readmission takes them back (every group's, loaded into new blocks)
+  // instead of recomputing; the tokens stay the same.
   o.prefix_cache = true;
-  o.tiers.host_bytes = 1 << 20;
-  const Result<std::unique_ptr<Engine>> tiers = Engine::Create(o);
-  ASSERT_FALSE(tiers.ok());
-  EXPECT_NE(tiers.status().message().find("--kv-cache uniform"), std::string::npos) << tiers.status().message();
+  o.tiers.host_bytes = 64 << 20;
+  for (bool background : {true, false}) {
+    o.background_tier_moves = background;
+    const Out tiered = run(KvGroups::kAuto, 45, {0, 1, 2});
+    EXPECT_EQ(tiered.metrics.kv_groups, 3) << "auto is hybrid with tiers too";
+    EXPECT_GT(tiered.metrics.preemptions, 0);
+    EXPECT_GT(tiered.metrics.prefix.hit_tokens, 0);
+    for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(tiered.tokens[i], uniform.tokens[i]) << "request " << i;
+  }
 }
 
 }  // namespace
@@ -289,6 +296,25 @@ TEST_F(HybridCacheModelTest, PrefixHitsAtEveryCutPointMatchTheUniformCache) {
     return out;
   };
   const Out uniform = run(KvGroups::kUniform), hybrid = run(KvGroups::kHybrid);
+  // The hybrid cache over a pool of 150 blocks (the conversation's last
+  // turn alone holds about 110) with a RAM tier under it: evicted blocks of
+  // every group go down and come back, in the background or on the
+  // stepping thread, and the hits stay the large pool's.
+  o.num_blocks = 150;
+  o.tiers.host_bytes = 64 << 20;
+  std::vector<Out> tiered;
+  for (bool background : {true, false}) {
+    o.background_tier_moves = background;
+    tiered.push_back(run(KvGroups::kHybrid));
+  }
+  for (const Out& t : tiered) {
+    EXPECT_GT(t.metrics.prefix.tier_hit_blocks[static_cast<size_t>(Tier::kHost)], 0);
+    ASSERT_EQ(t.hits.size(), uniform.hits.size());
+    for (size_t i = 0; i < uniform.hits.size(); ++i) {
+      EXPECT_EQ(t.hits[i], uniform.hits[i]) << "request " << i;
+      EXPECT_EQ(t.tokens[i], uniform.tokens[i]) << "request " << i;
+    }
+  }
   EXPECT_EQ(hybrid.metrics.kv_groups, 3);
   ASSERT_EQ(uniform.hits.size(), hybrid.hits.size());
   int64_t hit_tokens = 0;

@@ -291,6 +291,7 @@ Result<SeqId> KvCache::AddSequenceSharingGroups(std::span<const std::vector<Bloc
   const auto len = static_cast<int64_t>(n) * bl;
   std::vector<int32_t> seen;
   std::vector<int64_t> released(tables.size(), 0);
+  int32_t fresh = 0;
   for (size_t g = 0; g < tables.size(); ++g) {
     if (tables[g].size() != n) {
       return InvalidArgumentError("add sequence: group " + std::to_string(g) + "'s table has " +
@@ -308,6 +309,10 @@ Result<SeqId> KvCache::AddSequenceSharingGroups(std::span<const std::vector<Bloc
     }
     for (size_t i = static_cast<size_t>(released[g]); i < n; ++i) {
       const BlockId b = tables[g][i];
+      if (b == kNewBlock) {
+        ++fresh;
+        continue;
+      }
       if (!state_->pool.IsValid(b)) {
         return InvalidArgumentError("add sequence: block id " + std::to_string(ToInt(b)) + " (group " +
                                     std::to_string(g) + ") is not in the pool [0, " +
@@ -320,15 +325,36 @@ Result<SeqId> KvCache::AddSequenceSharingGroups(std::span<const std::vector<Bloc
   if (std::adjacent_find(seen.begin(), seen.end()) != seen.end()) {
     return InvalidArgumentError("add sequence: a block appears twice in the shared prefix");
   }
+  if (fresh > 0) {
+    int64_t claimed_free = 0;
+    for (int32_t b : seen) claimed_free += state_->pool.RefCount(BlockId{b}) == 0 ? 1 : 0;
+    if (state_->pool.num_free() - claimed_free < fresh) {
+      return FailedPreconditionError("add sequence: the pool has " +
+                                     std::to_string(state_->pool.num_free() - claimed_free) +
+                                     " free blocks besides the shared ones; the new ones need " + std::to_string(fresh));
+    }
+  }
   Sequence s;
   s.tables.resize(tables.size());
   for (size_t g = 0; g < tables.size(); ++g) {
     for (size_t i = static_cast<size_t>(released[g]); i < n; ++i) {
       const BlockId b = tables[g][i];
+      if (b == kNewBlock) continue;
       PAGEKV_CHECK((state_->pool.RefCount(b) == 0 ? state_->pool.Reclaim(b) : state_->pool.IncRef(b)).ok());
     }
     s.tables[g].blocks = tables[g];
     s.tables[g].released = released[g];
+  }
+  // The shared blocks are claimed: taking the new ones cannot evict them.
+  if (fresh > 0) {
+    std::vector<BlockId> got;
+    PAGEKV_CHECK(state_->pool.Allocate(fresh, got));
+    size_t next = 0;
+    for (Sequence::Table& t : s.tables) {
+      for (BlockId& b : t.blocks) {
+        if (b == kNewBlock) b = got[next++];
+      }
+    }
   }
   const int64_t id = state_->next_seq_id++;
   s.num_tokens = len;
@@ -400,12 +426,12 @@ Status KvCache::Shorten(SeqId id, int64_t new_len) {
                                      std::to_string(new_len) + "): free it and prefill again");
     }
     const int32_t w = layout_.group_window(static_cast<int32_t>(g));
-    if (w > 0 && new_len < s.num_tokens && new_len - w + 1 < released * bl) {
+    if (w > 0 && new_len > 0 && new_len < s.num_tokens && new_len - w + 1 < released * bl) {
       return FailedPreconditionError("truncate: the next query of " + SeqName(id) + " at position " +
                                      std::to_string(new_len) + " would read positions from " +
                                      std::to_string(std::max<int64_t>(0, new_len - w + 1)) + " on (window " +
                                      std::to_string(w) + "), which its sliding group released: roll back at most to " +
-                                     std::to_string(released * bl + w - 1) + " tokens, or free it and prefill again");
+                                     std::to_string(released * bl + w - 1) + " tokens, or to 0 and prefill again");
     }
   }
   if (layout_.tail_bytes_per_sequence() > 0 && new_len < s.num_tokens) {

@@ -249,6 +249,14 @@ TEST_F(HybridCacheTest, TruncateRefusesToReachBackIntoReleasedBlocks) {
   EXPECT_NE(st.message().find("roll back at most to"), std::string::npos) << st.message();
   EXPECT_EQ(cache_->View(s)->num_tokens, 60);
   cache_->CheckInvariants();
+  // To 0 there is nothing left to read: every block goes, and the sequence
+  // grows again from scratch.
+  ASSERT_TRUE(cache_->Truncate(s, 0).ok());
+  EXPECT_EQ(cache_->View(s, 1)->released_blocks, 0);
+  EXPECT_TRUE(cache_->View(s, 1)->blocks.empty());
+  Grow(s, 20, 2);
+  EXPECT_EQ(cache_->View(s)->num_tokens, 20);
+  cache_->CheckInvariants();
   ASSERT_TRUE(cache_->Free(s).ok());
 }
 

@@ -3,6 +3,8 @@
 // (collected and published here, on the owner's thread), and offloads of
 // cached blocks ahead of their eviction. The tiers' threads only report
 // into State's done lists; everything else runs on the owner's thread.
+#include <algorithm>
+
 #include "prefix/prefix_cache_state.h"
 
 namespace pagekv {
@@ -17,7 +19,13 @@ void PrefixCache::Prefetch(std::span<const int32_t> tokens, const ExtraKeys& ext
   std::vector<Link> links;
   const PrefixMatch m = state_->Walk(tokens, extra, -1, links);
   std::vector<BlockMeta> metas;
-  for (size_t j = 0; j < m.lower.size(); ++j) {
+  for (const PrefixMatch::GroupLoad& l : m.group_loads) {  // a hybrid cache's
+    if (l.from == Tier::kHost) continue;
+    Entry e = state_->EntryOf(tokens, static_cast<size_t>(l.index), links, extra);
+    e.group = l.group;
+    metas.push_back(state_->MetaOf(e));
+  }
+  for (size_t j = 0; j < m.lower.size() && m.group_loads.empty(); ++j) {
     if (m.lower[j] == Tier::kHost) continue;  // already in memory
     metas.push_back(state_->MetaOf(state_->EntryOf(tokens, m.blocks.size() + j, links, extra)));
   }
@@ -37,6 +45,33 @@ std::vector<PrefixCache::Loaded> PrefixCache::TakeLoaded() {
       continue;
     }
     const SeqId seq{static_cast<int32_t>(it->first)};
+    if (l.groups) {
+      // A hybrid hit: publish what loaded (each is right for its key), then
+      // cut back before the first block that did not.
+      int64_t failed_at = l.hit_blocks;
+      for (size_t j = 0; j < l.entries.size(); ++j) {
+        if (!l.results[j]) {
+          failed_at = std::min(failed_at, l.positions[j]);
+          continue;
+        }
+        const int32_t g = l.entries[j].group;
+        const BlockId block = (*st.cache->View(seq, g)).blocks[static_cast<size_t>(l.positions[j])];
+        if (st.IndexOf(g).count(l.entries[j].key) > 0) {
+          st.stats.tier_hit_blocks[static_cast<size_t>(*l.results[j])] += 1;  // loaded twice: this copy stays private
+          continue;
+        }
+        st.PublishLoaded(block, std::move(l.entries[j]), static_cast<size_t>(l.positions[j]), *l.results[j]);
+      }
+      int64_t n = l.hit_blocks;
+      if (failed_at < l.hit_blocks) {
+        ++st.stats.tier_load_failures;
+        n = st.CutBack(seq, failed_at);
+      }
+      st.RecordLookup({l.requested_tokens, n * bl, l.requested_tokens / bl, n});
+      out.push_back({seq, n * bl});
+      it = st.loading.erase(it);
+      continue;
+    }
     SeqChain& chain = st.chains.at(it->first);
     size_t ok = 0;
     for (; ok < l.entries.size() && l.results[ok].has_value(); ++ok) {

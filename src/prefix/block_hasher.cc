@@ -61,6 +61,15 @@ void EncodeBlock(const BlockKey* parent, std::span<const int32_t> tokens, const 
   for (const std::string& e : extra.extra) PutField(out, 4, e.data(), e.size());
 }
 
+void EncodeGroupKey(const BlockKey& key, int32_t group, std::vector<uint8_t>& out) {
+  static constexpr char kGroupDomain[] = "pagekv-group-v1";
+  out.clear();
+  PutBytes(out, kGroupDomain, sizeof(kGroupDomain) - 1);
+  PutU32(out, static_cast<uint32_t>(group));
+  out.push_back(key.size);
+  PutBytes(out, key.bytes.data(), key.size);
+}
+
 std::function<BlockKey(std::span<const uint8_t>)> MakeHasher(const BlockHasherOptions& options) {
   if (options.custom) return options.custom;
   if (options.kind == BlockHashKind::kSha256) return Sha256Key;

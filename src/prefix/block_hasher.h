@@ -23,6 +23,10 @@ namespace pagekv::prefix {
 void EncodeBlock(const BlockKey* parent, std::span<const int32_t> tokens, const ExtraKeys& extra,
                  std::vector<uint8_t>& out);
 
+// What a hybrid cache's group g > 0 stores a block's key (or digest) under
+// in the lower tiers: H("pagekv-group-v1" || u32 g || u8 size || key bytes).
+void EncodeGroupKey(const BlockKey& key, int32_t group, std::vector<uint8_t>& out);
+
 // SHA-256 of `in` as a 32-byte key (the default hash, and every prefix
 // digest whatever the key hash is).
 BlockKey Sha256Key(std::span<const uint8_t> in);

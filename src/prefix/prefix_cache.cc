@@ -71,10 +71,6 @@ Result<std::unique_ptr<PrefixCache>> PrefixCache::Create(KvCache& cache, const P
         "prefix cache: this KvCache already has a prefix cache bound to it (one per KvCache): share that "
         "one, or destroy it before making another");
   }
-  if (cache.layout().hybrid() && options.tiers != nullptr) {
-    return UnimplementedError("prefix cache: lower KV tiers over a hybrid (sliding-window) cache are not supported yet: "
-                              "use a uniform cache (--kv-cache uniform) with tiers");
-  }
   auto state = std::make_unique<State>();
   state->cache = &cache;
   state->side_index.resize(static_cast<size_t>(cache.layout().num_groups() - 1));
@@ -149,64 +145,138 @@ Result<std::vector<BlockKey>> PrefixCache::Keys(std::span<const int32_t> tokens,
 }
 
 PrefixMatch PrefixCache::State::WalkGroups(std::span<const int32_t> tokens, const ExtraKeys& extra,
-                                           int64_t max_tokens, std::vector<Link>& links) {
+                                           int64_t max_tokens, std::vector<Link>& links, bool use_tiers,
+                                           const std::vector<std::pair<int32_t, int64_t>>* exclude) {
   const KvLayout& layout = cache->layout();
   const int32_t groups = layout.num_groups();
   const int64_t bl = block_len;
   const auto len = static_cast<int64_t>(tokens.size());
   const int64_t limit = max_tokens < 0 ? std::max<int64_t>(0, len - 1) : std::min(max_tokens, len);
   const int64_t max_blocks = limit / bl;
+  LowerTiers* tiers = use_tiers ? options.tiers : nullptr;
   auto block = [&](int64_t i) { return tokens.subspan(static_cast<size_t>(i * bl), static_cast<size_t>(bl)); };
-  bool any_full = false;
-  for (int32_t g = 0; g < groups; ++g) any_full = any_full || layout.group_window(g) == 0;
-  // Every group's verified block of each prompt block, as far as the full
-  // groups go on (all the way when every group slides: a hit needs only
-  // the blocks under the last window).
-  std::vector<std::vector<BlockId>> found(static_cast<size_t>(groups));
+  // Where each group's block of each prompt block is: a verified pool
+  // block, a lower tier, nowhere, or not asked yet (a tier is asked only
+  // where the pool misses).
+  enum : int8_t { kUnknown, kNowhere, kInPool, kInTier };
+  struct Place {
+    int8_t at = kUnknown;
+    BlockId block = kNoBlock;
+    Tier tier = Tier::kPool;
+  };
+  std::vector<std::vector<Place>> place(static_cast<size_t>(groups));
+  // Asks the tiers for group g's blocks at `positions` (ascending; each
+  // missing from the pool): the answered prefix is there, the first after
+  // it nowhere, the rest still unknown. True when all were found.
+  auto ask_tiers = [&](int32_t g, const std::vector<int64_t>& positions) {
+    if (positions.empty()) return true;
+    std::vector<Place>& p = place[static_cast<size_t>(g)];
+    if (tiers == nullptr) {
+      p[static_cast<size_t>(positions[0])].at = kNowhere;
+      return false;
+    }
+    std::vector<BlockKey> keys;
+    for (int64_t i : positions) keys.push_back(TierKey(links[static_cast<size_t>(i)].key, g));
+    const std::vector<Tier> found = tiers->LocatePrefix(keys);
+    for (size_t k = 0; k < found.size(); ++k) {
+      p[static_cast<size_t>(positions[k])].at = kInTier;
+      p[static_cast<size_t>(positions[k])].tier = found[k];
+    }
+    if (found.size() < positions.size()) p[static_cast<size_t>(positions[found.size()])].at = kNowhere;
+    return found.size() == positions.size();
+  };
+  // 1. The links and every group's pool blocks, as far as every full group
+  // has its blocks (in the pool, or in a tier), a chunk at a time: a hit
+  // needs a full group's every block. With no full group, all the way.
   links.clear();
-  for (int64_t i = 0; i < max_blocks; ++i) {
-    const Link* parent = links.empty() ? nullptr : &links.back();
-    const Link link = LinkOf(parent, block(i), extra);
-    bool full_ok = true;
+  constexpr int64_t kChunk = 16;
+  int64_t full_end = max_blocks;  // the full groups hold [0, full_end)
+  for (int64_t from = 0; from < max_blocks && full_end == max_blocks; from += kChunk) {
+    const int64_t to = std::min(max_blocks, from + kChunk);
+    for (int64_t i = from; i < to; ++i) {
+      const Link* parent = links.empty() ? nullptr : &links.back();
+      const Link link = LinkOf(parent, block(i), extra);
+      for (int32_t g = 0; g < groups; ++g) {
+        Place p;
+        auto& idx = IndexOf(g);
+        if (auto it = idx.find(link.key); it != idx.end()) {
+          if (Matches(*entries[static_cast<size_t>(ToInt(it->second))], link, parent, block(i), extra)) {
+            p.at = kInPool;
+            p.block = it->second;
+          } else {
+            ++stats.collisions;  // another prefix holds the key in this group: no load may publish under it
+            p.at = kNowhere;
+          }
+        }
+        if (p.at == kUnknown && exclude != nullptr &&
+            std::find(exclude->begin(), exclude->end(), std::pair<int32_t, int64_t>(g, i)) != exclude->end()) {
+          p.at = kNowhere;  // its load failed just now
+        }
+        place[static_cast<size_t>(g)].push_back(p);
+      }
+      links.push_back(link);
+    }
     for (int32_t g = 0; g < groups; ++g) {
-      BlockId b = kNoBlock;
-      auto& idx = IndexOf(g);
-      if (auto it = idx.find(link.key); it != idx.end()) {
-        if (Matches(*entries[static_cast<size_t>(ToInt(it->second))], link, parent, block(i), extra)) {
-          b = it->second;
-        } else {
-          ++stats.collisions;
+      if (layout.group_window(g) != 0) continue;
+      std::vector<Place>& p = place[static_cast<size_t>(g)];
+      std::vector<int64_t> missing;
+      for (int64_t i = from; i < to; ++i) {
+        if (p[static_cast<size_t>(i)].at == kNowhere) break;
+        if (p[static_cast<size_t>(i)].at == kUnknown) missing.push_back(i);
+      }
+      ask_tiers(g, missing);
+      for (int64_t i = from; i < to; ++i) {
+        const int8_t at = p[static_cast<size_t>(i)].at;
+        if (at != kInPool && at != kInTier) {
+          full_end = std::min(full_end, i);
+          break;
         }
       }
-      found[static_cast<size_t>(g)].push_back(b);
-      if (layout.group_window(g) == 0 && b == kNoBlock) full_ok = false;
     }
-    if (!full_ok) {
-      for (auto& f : found) f.pop_back();
-      break;
-    }
-    links.push_back(link);
   }
-  (void)any_full;
-  // The longest N whose sliding windows are all there.
+  // 2. The longest N <= full_end whose sliding windows are all there, from
+  // the pool or a tier. A block found nowhere rules out every N whose window
+  // holds it, so the search goes down past it at once.
   auto window_first = [&](int32_t g, int64_t n) {  // first block the query at n * bl reads
     const int32_t w = layout.group_window(g);
     return w == 0 ? 0 : std::max<int64_t>(0, n * bl - w + 1) / bl;
   };
-  int64_t n = static_cast<int64_t>(links.size());
-  for (; n > 0; --n) {
-    bool ok = true;
-    for (int32_t g = 0; g < groups && ok; ++g) {
-      for (int64_t j = window_first(g, n); j < n && ok; ++j) ok = found[static_cast<size_t>(g)][static_cast<size_t>(j)] != kNoBlock;
+  int64_t n = full_end;
+  while (n > 0) {
+    int64_t blocked = -1;  // the highest block found nowhere in some window of n
+    for (int32_t g = 0; g < groups; ++g) {
+      if (layout.group_window(g) == 0) continue;
+      std::vector<Place>& p = place[static_cast<size_t>(g)];
+      std::vector<int64_t> missing;
+      for (int64_t j = window_first(g, n); j < n; ++j) {
+        if (p[static_cast<size_t>(j)].at == kNowhere) blocked = std::max(blocked, j);
+        if (p[static_cast<size_t>(j)].at == kUnknown) missing.push_back(j);
+      }
+      if (blocked >= 0 || ask_tiers(g, missing)) continue;  // asked only while n may still hold
+      for (int64_t j : missing) {
+        if (p[static_cast<size_t>(j)].at == kNowhere) {
+          blocked = j;
+          break;
+        }
+      }
     }
-    if (ok) break;
+    if (blocked < 0) break;
+    n = blocked;  // every N > blocked whose window reaches it fails too
   }
   PrefixMatch m;
   links.resize(static_cast<size_t>(n));
   for (int32_t g = 0; g < groups; ++g) {
-    std::vector<BlockId> t(found[static_cast<size_t>(g)].begin(), found[static_cast<size_t>(g)].begin() + n);
-    std::fill(t.begin(), t.begin() + window_first(g, n), kNoBlock);
+    std::vector<BlockId> t(static_cast<size_t>(n), kNoBlock);
+    for (int64_t j = window_first(g, n); j < n; ++j) t[static_cast<size_t>(j)] = place[static_cast<size_t>(g)][static_cast<size_t>(j)].block;
     m.group_blocks.push_back(std::move(t));
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    for (int32_t g = 0; g < groups; ++g) {
+      const Place& p = place[static_cast<size_t>(g)][static_cast<size_t>(j)];
+      if (j < window_first(g, n) || p.at != kInTier) continue;
+      m.group_loads.push_back({g, j, p.tier});
+      m.lower.push_back(p.tier);
+    }
   }
   m.blocks = m.group_blocks[0];
   for (const Link& l : links) m.keys.push_back(l.key);
@@ -285,6 +355,10 @@ Result<PrefixCache::Admitted> PrefixCache::AddSequence(std::span<const int32_t> 
   PAGEKV_RETURN_IF_ERROR(ValidateExtraKeys(extra));
   std::vector<Link> links;
   PrefixMatch match = state_->Walk(tokens, extra, max_tokens, links);
+  if (!match.group_loads.empty()) {
+    return state_->AdmitGroups(tokens, extra, std::move(label), max_tokens, background_loads, std::move(match),
+                               std::move(links));
+  }
   PAGEKV_ASSIGN_OR_RETURN(SeqId seq, match.group_blocks.empty()
                                          ? state_->cache->AddSequenceSharing(match.blocks, std::move(label))
                                          : state_->cache->AddSequenceSharingGroups(match.group_blocks, std::move(label)));
@@ -373,6 +447,116 @@ Result<PrefixCache::Admitted> PrefixCache::AddSequence(std::span<const int32_t> 
   return Admitted{seq, std::move(match), loading_blocks};
 }
 
+Result<PrefixCache::Admitted> PrefixCache::State::AdmitGroups(std::span<const int32_t> tokens, const ExtraKeys& extra,
+                                                              std::string label, int64_t max_tokens,
+                                                              bool background_loads, PrefixMatch match,
+                                                              std::vector<Link> links) {
+  // A load that fails (a block the tier lost or found corrupt) is excluded
+  // and the hit looked up again: the blocks loaded so far are in the pool
+  // by then. A few times at most; then the hit is cut back.
+  std::vector<std::pair<int32_t, int64_t>> failed;
+  for (int attempt = 0;; ++attempt) {
+    // New pool blocks for the tier blocks, all at once with the shared ones.
+    std::vector<std::vector<BlockId>> tables = match.group_blocks;
+    for (const PrefixMatch::GroupLoad& l : match.group_loads) {
+      tables[static_cast<size_t>(l.group)][static_cast<size_t>(l.index)] = KvCache::kNewBlock;
+    }
+    int64_t claimed_free = 0;
+    for (BlockId b : match.AllBlocks()) claimed_free += cache->BlockRefCount(b) == 0 ? 1 : 0;
+    if (cache->FreeBlockCount() - claimed_free < static_cast<int64_t>(match.group_loads.size())) {
+      // No room to load into: the pool's part of the hit only.
+      match = WalkGroups(tokens, extra, max_tokens, links, /*use_tiers=*/false);
+      tables = match.group_blocks;
+    }
+    const std::vector<BlockId> hit = match.AllBlocks();
+    PAGEKV_ASSIGN_OR_RETURN(SeqId seq, cache->AddSequenceSharingGroups(tables, label));
+    const int64_t bl = block_len;
+    const auto hit_blocks = static_cast<int64_t>(links.size());
+    std::vector<Entry> loads;
+    std::vector<BlockId> into;
+    for (const PrefixMatch::GroupLoad& l : match.group_loads) {
+      Entry e = EntryOf(tokens, static_cast<size_t>(l.index), links, extra);
+      e.group = l.group;
+      loads.push_back(std::move(e));
+      into.push_back((*cache->View(seq, l.group)).blocks[static_cast<size_t>(l.index)]);
+    }
+    SeqChain chain;
+    chain.extra = extra;
+    chain.links = links;
+    chains.emplace(ToInt(seq), std::move(chain));
+    if (background_loads && !loads.empty()) {
+      Loading l;
+      l.groups = true;
+      l.hit_blocks = hit_blocks;
+      l.requested_tokens = static_cast<int64_t>(tokens.size());
+      std::vector<TierLoadJob> jobs;
+      for (size_t j = 0; j < loads.size(); ++j) {
+        TierLoadJob job;
+        job.meta = MetaOf(loads[j]);
+        KvCache* c = cache;
+        const BlockId block = into[j];
+        job.store = [c, block](std::span<const std::byte> kv) { PAGEKV_CHECK(c->FillBlock(block, kv).ok()); };
+        const int64_t id = ToInt(seq);
+        job.done = [this, id, j](std::optional<Tier> from) {
+          std::lock_guard lock(done_mu);  // notified under the lock, as for a uniform cache's loads
+          loads_done.push_back({id, j, from});
+          done_cv.notify_all();
+        };
+        jobs.push_back(std::move(job));
+        l.positions.push_back(match.group_loads[j].index);
+      }
+      l.entries = std::move(loads);
+      l.results.resize(jobs.size());
+      l.remaining = jobs.size();
+      const auto n = static_cast<int64_t>(jobs.size());
+      loading.emplace(ToInt(seq), std::move(l));
+      stats.tier_hit_blocks[0] += static_cast<int64_t>(hit.size());
+      stats.background_loads += n;
+      options.tiers->StartLoads(std::move(jobs));
+      return Admitted{seq, PrefixMatch{}, n};
+    }
+    // Load in position order; a failure cuts the hit back to the longest one
+    // the blocks before it allow (each loaded block is published either way:
+    // its KV is right for its key).
+    int64_t failed_at = hit_blocks;
+    std::vector<PrefixMatch::GroupLoad> kept;
+    for (size_t j = 0; j < loads.size(); ++j) {
+      const PrefixMatch::GroupLoad& l = match.group_loads[j];
+      if (l.index >= failed_at) break;
+      const std::optional<Tier> from = options.tiers->Load(MetaOf(loads[j]), block_bytes);
+      if (!from || !cache->FillBlock(into[j], block_bytes).ok()) {
+        ++stats.tier_load_failures;
+        failed_at = l.index;
+        failed.emplace_back(l.group, l.index);
+        continue;
+      }
+      PublishLoaded(into[j], std::move(loads[j]), static_cast<size_t>(l.index), *from);
+      kept.push_back({l.group, l.index, *from});
+    }
+    if (failed_at < hit_blocks && attempt < 3) {
+      PAGEKV_CHECK(cache->Free(seq).ok());  // its loaded blocks stay cached; the cut listener drops its chain
+      match = WalkGroups(tokens, extra, max_tokens, links, /*use_tiers=*/true, &failed);
+      continue;
+    }
+    stats.tier_hit_blocks[0] += static_cast<int64_t>(hit.size());
+    int64_t n = hit_blocks;
+    if (failed_at < hit_blocks) n = CutBack(seq, failed_at);  // the cut listener shortens the chain
+    std::erase_if(kept, [&](const PrefixMatch::GroupLoad& l) { return l.index >= n; });
+    PrefixMatch out;
+    for (int32_t g = 0; g < cache->layout().num_groups(); ++g) {
+      const SequenceView v = *cache->View(seq, g);
+      out.group_blocks.emplace_back(v.blocks.begin(), v.blocks.end());
+    }
+    out.blocks = out.group_blocks[0];
+    out.keys.assign(match.keys.begin(), match.keys.begin() + n);
+    out.group_loads = std::move(kept);
+    for (const PrefixMatch::GroupLoad& l : out.group_loads) out.lower.push_back(l.from);
+    out.num_tokens = n * bl;
+    RecordLookup({static_cast<int64_t>(tokens.size()), out.num_tokens, static_cast<int64_t>(tokens.size()) / bl, n});
+    return Admitted{seq, std::move(out), 0};
+  }
+}
+
 Status PrefixCache::Publish(SeqId seq, std::span<const int32_t> tokens) {
   auto it = state_->chains.find(ToInt(seq));
   if (it == state_->chains.end()) {
@@ -432,6 +616,12 @@ Status PrefixCache::Publish(SeqId seq, std::span<const int32_t> tokens) {
     const auto t = tokens.subspan(static_cast<size_t>(i * bl), static_cast<size_t>(bl));
     b.tokens.insert(b.tokens.end(), t.begin(), t.end());
   };
+  LowerTiers* tiers = state_->options.tiers;
+  auto write_through = [&](BlockId b, const Entry& e) {
+    if (tiers != nullptr && tiers->write_through() && state_->cache->ReadBlock(b, state_->block_bytes).ok()) {
+      tiers->Published(state_->MetaOf(e), state_->block_bytes);
+    }
+  };
   // A hybrid cache: the other groups' blocks of block i are published under
   // the same key in their own index (called once link i is in the chain).
   std::vector<SequenceView> side;
@@ -450,6 +640,7 @@ Status PrefixCache::Publish(SeqId seq, std::span<const int32_t> tokens) {
       }
       Entry e = state_->EntryOf(tokens, static_cast<size_t>(i), chain.links, chain.extra);
       e.group = g;
+      write_through(b, e);
       state_->Insert(b, std::move(e));
       add_stored(g, i);
     }
@@ -491,10 +682,7 @@ Status PrefixCache::Publish(SeqId seq, std::span<const int32_t> tokens) {
     }
     chain.links.push_back(link);  // `parent` is not used past here
     Entry e = state_->EntryOf(tokens, static_cast<size_t>(i), chain.links, chain.extra);
-    LowerTiers* tiers = state_->options.tiers;
-    if (tiers != nullptr && tiers->write_through() && state_->cache->ReadBlock(block, state_->block_bytes).ok()) {
-      tiers->Published(state_->MetaOf(e), state_->block_bytes);
-    }
+    write_through(block, e);
     state_->Insert(block, std::move(e));
     add_stored(0, i);
     publish_groups(i);

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <optional>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "base/check.h"
@@ -76,8 +77,11 @@ struct WindowEntry {
 
 // One sequence's lower-tier blocks loading in the background.
 struct Loading {
-  size_t first = 0;                          // block index of entries[0]
+  size_t first = 0;                          // block index of entries[0] (a uniform cache)
   std::vector<Entry> entries;                // to publish, in order, once loaded
+  bool groups = false;                       // a hybrid cache's: entries of any group and position
+  std::vector<int64_t> positions;            // groups: each entry's block position
+  int64_t hit_blocks = 0;                    // groups: the hit's length in blocks, if every load succeeds
   std::vector<std::optional<Tier>> results;  // per entry, as the workers report
   size_t remaining = 0;                      // entries not reported yet
   int64_t requested_tokens = 0;              // the admitted prompt's length
@@ -212,6 +216,8 @@ struct PrefixCache::State {
   void PublishLoaded(BlockId block, Entry e, size_t i, Tier from) {
     KvEvent ev;
     ev.type = KvEvent::Type::kBlockStored;
+    ev.group = e.group;
+    ev.window = cache->layout().group_window(e.group);
     ev.keys.push_back(e.key);
     ev.parent = e.parent;
     ev.token_ids = e.tokens;
@@ -223,10 +229,25 @@ struct PrefixCache::State {
     stats.tier_hit_blocks[static_cast<size_t>(from)] += 1;
   }
 
+  // What the lower tiers store entry e under (BlockMeta::group: group g >
+  // 0 under keys derived from the chain's and g).
   BlockMeta MetaOf(const Entry& e) const {
-    return BlockMeta{e.key,    e.parent,           e.tokens,
-                     geometry, e.digest,           e.extra.adapter_id,
-                     prefix::EventExtraKeys(e.extra, !e.parent.has_value())};
+    BlockMeta m{e.key,    e.parent,           e.tokens,
+                geometry, e.digest,           e.extra.adapter_id,
+                prefix::EventExtraKeys(e.extra, !e.parent.has_value()), e.group};
+    if (e.group != 0) {
+      m.key = TierKey(e.key, e.group);
+      if (m.parent) m.parent = TierKey(*m.parent, e.group);
+      prefix::EncodeGroupKey(e.digest, e.group, scratch);
+      m.digest = prefix::Sha256Key(scratch);
+    }
+    return m;
+  }
+
+  BlockKey TierKey(const BlockKey& key, int32_t group) const {
+    if (group == 0) return key;
+    prefix::EncodeGroupKey(key, group, scratch);
+    return hash(scratch);
   }
 
   // Publishes `block` under entry e (the index, the pool's cached mark).
@@ -266,8 +287,24 @@ struct PrefixCache::State {
   // A hybrid cache's lookup: the longest N (whole blocks) for which every
   // full group holds blocks [0, N) and every sliding group of window W the
   // blocks covering [N - W + 1, N), all verified; also the matched links.
+  // With lower tiers (and use_tiers), a block the pool lacks may come from
+  // a tier (PrefixMatch::group_loads).
   PrefixMatch WalkGroups(std::span<const int32_t> tokens, const ExtraKeys& extra, int64_t max_tokens,
-                         std::vector<Link>& links);
+                         std::vector<Link>& links, bool use_tiers = true,
+                         const std::vector<std::pair<int32_t, int64_t>>* exclude = nullptr);
+  // AddSequence for a hybrid hit with blocks to load (match.group_loads).
+  Result<Admitted> AdmitGroups(std::span<const int32_t> tokens, const ExtraKeys& extra, std::string label,
+                               int64_t max_tokens, bool background_loads, PrefixMatch match, std::vector<Link> links);
+  // Cuts a hybrid sequence back to the longest hit of at most `blocks`
+  // blocks it can continue from (every sliding window still held); returns
+  // its length in blocks.
+  int64_t CutBack(SeqId seq, int64_t blocks) {
+    for (int64_t n = blocks; n > 0; --n) {
+      if (cache->Truncate(seq, n * block_len).ok()) return n;
+    }
+    PAGEKV_CHECK(cache->Truncate(seq, 0).ok());
+    return 0;
+  }
   // Lookup, also returning every matched block's link.
   PrefixMatch Walk(std::span<const int32_t> tokens, const ExtraKeys& extra, int64_t max_tokens,
                    std::vector<Link>& links);
@@ -320,6 +357,10 @@ struct PrefixCache::State {
       KvEvent ev;
       ev.keys.push_back(c.meta.key);
       ev.tier = TierName(c.tier);
+      if (c.meta.group > 0 && c.meta.group < cache->layout().num_groups()) {
+        ev.group = c.meta.group;  // a removal from disk or Redis knows only the key it stored
+        ev.window = cache->layout().group_window(c.meta.group);
+      }
       if (c.kind == TierChange::Kind::kStored) {
         ev.type = KvEvent::Type::kBlockStored;
         ev.parent = c.meta.parent;
@@ -356,7 +397,7 @@ struct PrefixCache::State {
         ++stats.eviction_waits;  // its copy is being made: the caller may write it only after
         WaitOffload(block);
       }
-      if (e->below && options.tiers->StillHolds(e->key, *e->below)) {
+      if (e->below && options.tiers->StillHolds(TierKey(e->key, e->group), *e->below)) {
         ++stats.evictions_precopied;
       } else if (cache->ReadBlock(block, block_bytes).ok()) {
         // Its bytes are intact until the caller writes it. Where the copy

@@ -414,25 +414,5 @@ TEST(HybridPrefixCacheTest, HitsNeedTheFullPrefixAndTheWindowBeforeTheCut) {
   pc->CheckInvariants();
 }
 
-TEST(HybridPrefixCacheTest, TiersOverAHybridCacheAreRefusedByName) {
-  auto cache = MakeCache(8, {16, 0});
-  struct NoTiers : LowerTiers {
-    std::vector<Tier> LocatePrefix(std::span<const BlockKey>) override { return {}; }
-    std::optional<Tier> Load(const BlockMeta&, std::span<std::byte>) override { return std::nullopt; }
-    bool write_through() const override { return false; }
-    void Published(const BlockMeta&, std::span<const std::byte>) override {}
-    std::optional<Tier> Evicted(const BlockMeta&, std::span<const std::byte>) override { return std::nullopt; }
-    void Prefetch(std::vector<BlockMeta>) override {}
-    void StartLoads(std::vector<TierLoadJob>) override {}
-    void StartOffloads(std::vector<TierOffloadJob>) override {}
-    bool StillHolds(const BlockKey&, Tier) override { return false; }
-  } tiers;
-  PrefixCacheOptions o;
-  o.tiers = &tiers;
-  const auto pc = PrefixCache::Create(*cache, o);
-  ASSERT_FALSE(pc.ok());
-  EXPECT_NE(pc.status().message().find("--kv-cache uniform"), std::string::npos);
-}
-
 }  // namespace
 }  // namespace pagekv
