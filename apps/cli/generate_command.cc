@@ -243,7 +243,7 @@ CLI::App* AddGenerateCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--block-len", args.block_len, "Tokens per KV block (default 16)");
   cmd->add_option("--blocks", args.blocks, "KV blocks in the pool (default: enough for the batch)")->check(CLI::Range(int64_t{1}, int64_t{1} << 31));
   cmd->add_option("--kv-cache", args.kv_cache,
-                  "Sliding-window models: auto (default: hybrid unless KV tiers are configured), hybrid or uniform");
+                  "Sliding-window models: auto (default: hybrid), hybrid or uniform");
   cmd->add_option("--kv-dtype", args.kv_dtype,
                   "KV storage: f32 (default), f16, bf16, int8, fp8_e4m3, fp8_e5m2 (one f16 scale per row), int4 (KIVI; --block-len a multiple of 32)");
   cmd->add_option("--kv-layer-dtypes", args.kv_layer_dtypes,

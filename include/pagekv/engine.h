@@ -154,8 +154,8 @@ enum class Allocator : uint8_t { kPaged, kContiguous };
 //     blocks its window reaches (about W tokens), a full group every token.
 //   kUniform: one table for every layer, every layer keeping every token;
 //     the kernels apply the windows as a mask (the same results, bit for
-//     bit; for comparison and for what hybrid caches do not support yet).
-//   kAuto: hybrid, except with KV tiers (not yet stored per group): uniform.
+//     bit; for comparison).
+//   kAuto: hybrid.
 // Models without windows always get one uniform table.
 enum class KvGroups : uint8_t { kAuto, kHybrid, kUniform };
 std::string_view KvGroupsName(KvGroups g);           // "auto", "hybrid", "uniform"

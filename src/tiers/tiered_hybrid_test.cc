@@ -330,11 +330,11 @@ TEST_F(TieredHybridTest, GroupsAndSaltsKeepApartAndDiskSurvivesARestart) {
   bob.cache_salt = "bob";
   const std::vector<int32_t> prompt = Tokens(40, 6 * B + 2);
   Serve(prompt, false, alice, 1);
-  (void)pc_->DrainEvents();
   EvictAll();
-  // The events of the blocks going down to disk: six of the full group and
-  // the sliding groups' (every published block goes down), each group's
-  // keys distinct from every other group's.
+  // The events of the blocks going down to disk (written through at
+  // publication, or at eviction): six of the full group and of each
+  // sliding group (every published block goes down), each group's keys
+  // distinct from every other group's.
   std::vector<std::vector<std::string>> keys(3);  // hex, sorted
   for (const KvEvent& e : pc_->DrainEvents()) {
     if (e.type != KvEvent::Type::kBlockStored || e.tier != "disk") continue;
