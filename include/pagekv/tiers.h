@@ -77,6 +77,9 @@ struct TierStats {
   int64_t bytes_now = 0;      // host and disk: slots held; redis: payload bytes of those keys
   int64_t capacity_bytes = 0; // 0 = bounded by the server (redis)
   bool healthy = true;
+  // A Redis Cluster: MOVED and ASK redirections followed, slot maps loaded
+  // (CLUSTER SLOTS), nodes met.
+  int64_t moved = 0, asked = 0, slot_map_loads = 0, nodes = 0;
 };
 
 // Told of every change to a store's contents, under the store's lock (so
@@ -157,6 +160,11 @@ Result<std::unique_ptr<BlockStore>> CreateDiskStore(const DiskStoreOptions& opti
 
 struct RedisStoreOptions {
   std::string url;             // redis://host[:port][/db]; a url with credentials is refused (they would show in ps and logs)
+  // A Redis Cluster instead of one server: host:port[,host:port...], any of
+  // its nodes (the rest are found from CLUSTER SLOTS); url is then unset.
+  // Keys spread over the primaries by hash slot; a node that fails is a
+  // miss for its slots until the cluster promotes a replica.
+  std::string cluster_nodes;
   std::string password;        // AUTH. Never logged.
   std::string key_namespace = "pagekv";  // keys are "<namespace>:<key hex>"
   int timeout_ms = 500;        // connect and per-command
@@ -196,6 +204,7 @@ struct TierOptions {
   int64_t disk_bytes = 0;
   bool disk_direct_io = true;
   std::string redis_url;           // empty = no redis tier
+  std::string redis_cluster;       // or a Redis Cluster: host:port[,host:port...] (RedisStoreOptions::cluster_nodes)
   std::string redis_password;      // from an environment variable or a file, never a flag
   std::string redis_namespace;     // e.g. "pagekv:<model fingerprint>"
   int redis_timeout_ms = 500;

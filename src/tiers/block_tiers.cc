@@ -69,7 +69,9 @@ Result<std::string> FileFingerprint(const std::string& path) {
   return std::string(hex);
 }
 
-bool TiersConfigured(const TierOptions& o) { return o.host_bytes > 0 || !o.disk_path.empty() || !o.redis_url.empty(); }
+bool TiersConfigured(const TierOptions& o) {
+  return o.host_bytes > 0 || !o.disk_path.empty() || !o.redis_url.empty() || !o.redis_cluster.empty();
+}
 
 namespace {
 
@@ -301,9 +303,13 @@ BlockTiers::~BlockTiers() {
 
 Result<std::unique_ptr<BlockTiers>> BlockTiers::Create(const TierOptions& o, int32_t block_len, int64_t kv_bytes) {
   if (o.host_bytes < 0 || o.disk_bytes < 0) return InvalidArgumentError("tiers: sizes must not be negative");
-  if (o.host_bytes == 0 && o.disk_path.empty() && o.redis_url.empty()) {
-    return InvalidArgumentError("tiers: none configured (give --host-cache, --disk-cache or --redis)");
+  if (!TiersConfigured(o)) {
+    return InvalidArgumentError("tiers: none configured (give --host-cache, --disk-cache, --redis or --redis-cluster)");
   }
+  if (!o.redis_url.empty() && !o.redis_cluster.empty()) {
+    return InvalidArgumentError("tiers: --redis (one server) and --redis-cluster (a cluster) are one tier: give one");
+  }
+  const bool redis = !o.redis_url.empty() || !o.redis_cluster.empty();
   if (!o.disk_path.empty() && o.disk_bytes == 0) {
     return InvalidArgumentError("tiers: --disk-cache needs --disk-cache-size");
   }
@@ -314,7 +320,7 @@ Result<std::unique_ptr<BlockTiers>> BlockTiers::Create(const TierOptions& o, int
     return InvalidArgumentError("tiers: the tier key has " + std::to_string(o.payload_key.size()) +
                                 " bytes; give at least 16 (e.g. head -c 32 /dev/urandom | base64 > KEYFILE)");
   }
-  if (o.payload_key.empty() && (!o.disk_path.empty() || !o.redis_url.empty()) && o.log) {
+  if (o.payload_key.empty() && (!o.disk_path.empty() || redis) && o.log) {
     o.log("tiers: warning: no tier key (--tier-key-env / --tier-key-file): disk and Redis blocks carry a checksum, not "
           "a MAC, so anyone who can write the cache file or the Redis namespace can change the KV this process loads");
   }
@@ -347,9 +353,10 @@ Result<std::unique_ptr<BlockTiers>> BlockTiers::Create(const TierOptions& o, int
     PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<BlockStore> s, CreateDiskStore(d));
     st->stores.push_back(std::move(s));
   }
-  if (!o.redis_url.empty()) {
+  if (redis) {
     RedisStoreOptions r;
     r.url = o.redis_url;
+    r.cluster_nodes = o.redis_cluster;
     r.password = o.redis_password;
     if (!o.redis_namespace.empty()) r.key_namespace = o.redis_namespace;
     r.timeout_ms = o.redis_timeout_ms;
