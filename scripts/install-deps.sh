@@ -25,7 +25,8 @@ PACKAGES=(
   libboost-dev         # Boost.Beast on Asio: the HTTP transport of `pagekv serve` (header-only)
   libcpp-httplib-dev   # the HTTP client of the server's tests
   libhiredis-dev       # the Redis KV tier (hiredis client)
-  redis-server         # tests start a real server on a loopback port
+  redis-server         # tests start a real server (and a Redis Cluster) on loopback ports
+  redis-tools          # redis-cli: the cluster fixture creates and reshards the cluster with it
   clang                # the ASan + UBSan build and its libFuzzer target (make test runs both)
   libclang-rt-14-dev   # libFuzzer and sanitizer runtimes for clang
   libopenblas-dev      # only the matmul benchmark links it, to re-measure our kernel against sgemm

@@ -17,6 +17,9 @@ void AddTierFlags(CLI::App* cmd, TierArgs& a) {
   cmd->add_option("--redis", a.redis,
                   "Shared Redis tier: redis://HOST[:PORT][/DB]; the password comes from --redis-password-env "
                   "or --redis-password-file, never the command line");
+  cmd->add_option("--redis-cluster", a.redis_cluster,
+                  "Shared Redis Cluster tier: HOST:PORT[,HOST:PORT...], any of its nodes (the rest are found from "
+                  "CLUSTER SLOTS); instead of --redis; the same password flags");
   cmd->add_option("--redis-password-env", a.redis_password_env,
                   "Environment variable holding the Redis password (default PAGEKV_REDIS_PASSWORD)");
   cmd->add_option("--redis-password-file", a.redis_password_file, "File holding the Redis password");
@@ -53,6 +56,11 @@ bool ToTierOptions(const TierArgs& a, TierOptions& o) {
     return false;
   }
   o.redis_url = a.redis;
+  o.redis_cluster = a.redis_cluster;
+  if (!o.redis_url.empty() && !o.redis_cluster.empty()) {
+    std::fprintf(stderr, "error: give --redis (one server) or --redis-cluster (a cluster), not both\n");
+    return false;
+  }
   if (!a.redis_password_file.empty()) {
     if (!ReadSecretFile("--redis-password-file", a.redis_password_file, o.redis_password)) return false;
   } else if (!a.redis_password_env.empty()) {

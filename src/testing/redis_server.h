@@ -31,6 +31,9 @@ class RedisServer {
   void Resume(); // SIGCONT
   bool running() const { return pid_ > 0; }
 
+  // Before the first Start: listen on this port instead of a free one
+  // (a cluster node also needs port + 10000 for its bus).
+  void UsePort(int port) { port_ = port; }
   int port() const { return port_; }
   std::string url() const { return "redis://127.0.0.1:" + std::to_string(port_); }
 
