@@ -190,6 +190,13 @@ struct BlockHasherOptions {
   std::function<BlockKey(std::span<const uint8_t>)> custom;
 };
 
+// The SHA-256 key of one block after `parent` (nullptr: a chain's first
+// block) under `extra`: what a PrefixCache with SHA-256 keys computes (the
+// encoding in src/prefix/block_hasher.h). For indexes outside a cache that
+// must agree across processes, such as a router's over many instances'
+// KV events.
+BlockKey Sha256BlockKey(const BlockKey* parent, std::span<const int32_t> tokens, const ExtraKeys& extra);
+
 struct PrefixCacheOptions {
   BlockHasherOptions hasher;
   int64_t stats_window = 1000;   // lookups in the "recent" statistics

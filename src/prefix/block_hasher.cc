@@ -85,3 +85,13 @@ std::function<BlockKey(std::span<const uint8_t>)> MakeHasher(const BlockHasherOp
 }
 
 }  // namespace pagekv::prefix
+
+namespace pagekv {
+
+BlockKey Sha256BlockKey(const BlockKey* parent, std::span<const int32_t> tokens, const ExtraKeys& extra) {
+  std::vector<uint8_t> bytes;
+  prefix::EncodeBlock(parent, tokens, extra, bytes);
+  return prefix::Sha256Key(bytes);
+}
+
+}  // namespace pagekv
