@@ -15,8 +15,9 @@ pkg_check_modules(PAGEKV_DEP_ZMQ REQUIRED IMPORTED_TARGET libzmq)
 pkg_check_modules(PAGEKV_DEP_HIREDIS REQUIRED IMPORTED_TARGET hiredis)
 pkg_check_modules(PAGEKV_DEP_XXHASH REQUIRED IMPORTED_TARGET libxxhash)
 pkg_check_modules(PAGEKV_DEP_PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
+pkg_check_modules(PAGEKV_DEP_HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
 
-set(PAGEKV_MODULE_LIBRARIES pagekv_server pagekv_http pagekv_engine pagekv_scheduler pagekv_model pagekv_bench
+set(PAGEKV_MODULE_LIBRARIES pagekv_router pagekv_server pagekv_http pagekv_engine pagekv_scheduler pagekv_model pagekv_bench
     pagekv_tiers pagekv_prefix pagekv_kernels pagekv_evict pagekv_kvcache pagekv_layout pagekv_jinja pagekv_base)
 if(PAGEKV_BUILD_SHARED)
   add_library(pagekv SHARED)
@@ -36,7 +37,8 @@ target_include_directories(pagekv PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}
                                          $<BUILD_INTERFACE:${PROJECT_BINARY_DIR}/include>
                                          $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
 target_link_libraries(pagekv ${dep_scope} fmt::fmt hwy::hwy OpenSSL::Crypto Threads::Threads PkgConfig::PAGEKV_DEP_ZMQ
-                      PkgConfig::PAGEKV_DEP_HIREDIS PkgConfig::PAGEKV_DEP_XXHASH PkgConfig::PAGEKV_DEP_PCRE2)
+                      PkgConfig::PAGEKV_DEP_HIREDIS PkgConfig::PAGEKV_DEP_XXHASH PkgConfig::PAGEKV_DEP_PCRE2
+                      PkgConfig::PAGEKV_DEP_HTTPLIB)
 add_library(PageKV::pagekv ALIAS pagekv)
 
 configure_file(${PROJECT_SOURCE_DIR}/cmake/version.h.in ${PROJECT_BINARY_DIR}/include/pagekv/version.h @ONLY)

@@ -25,6 +25,8 @@ CLI::App* AddSynthModelCommand(CLI::App& app, int& exit_code);
 CLI::App* AddReplayCommand(CLI::App& app, int& exit_code);
 // `pagekv serve`: the OpenAI-compatible HTTP server; see serve_command.cc.
 CLI::App* AddServeCommand(CLI::App& app, int& exit_code);
+// `pagekv route`: the KV-aware router; see route_command.cc.
+CLI::App* AddRouteCommand(CLI::App& app, int& exit_code);
 // `pagekv chat`: an interactive conversation, KV kept across turns; see chat_command.cc.
 CLI::App* AddChatCommand(CLI::App& app, int& exit_code);
 // `pagekv eval kv`: a KV format's fidelity cost on a real model; see eval_command.cc.

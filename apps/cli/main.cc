@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
   pagekv::cli::AddSynthModelCommand(app, exit_code);
   pagekv::cli::AddReplayCommand(app, exit_code);
   pagekv::cli::AddServeCommand(app, exit_code);
+  pagekv::cli::AddRouteCommand(app, exit_code);
   pagekv::cli::AddChatCommand(app, exit_code);
   pagekv::cli::AddEvalCommand(app, exit_code);
   if (argc > 1 && argv[1][0] != '-') {

@@ -27,6 +27,7 @@
 #include "pagekv/replay.h"
 #include "pagekv/sampling.h"
 #include "pagekv/server.h"
+#include "pagekv/router.h"
 #include "pagekv/engine.h"
 #include "pagekv/eval.h"
 #include "pagekv/eviction.h"

@@ -462,8 +462,7 @@ Status RunServer(const ServerOptions& o, const std::atomic<bool>& stop) {
   for (const std::string& k : o.api_keys) {
     if (k.empty()) return InvalidArgumentError("server: an API key is empty");
     sh.key_digests.push_back(Sha256(k));
-    const std::array<unsigned char, 32> salt = Sha256("pagekv tenant salt:", k);
-    sh.key_salts.emplace_back(reinterpret_cast<const char*>(salt.data()), 16);
+    sh.key_salts.push_back(server::TenantSalt(k));
   }
   sh.report_cached_always = o.report_cached_tokens_always;
   sh.created = static_cast<int64_t>(std::time(nullptr));

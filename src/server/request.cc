@@ -155,7 +155,7 @@ json LlamaCompletionBody(const json& body, bool* until_context) {
   return out;
 }
 
-ParsedRequest ParseRequest(const json& body, const Engine& engine, const std::string& key_salt, bool chat,
+ParsedRequest ParseRequest(const json& body, const RequestText& engine, const std::string& key_salt, bool chat,
                            bool until_context) {
   ParsedRequest out;
   bool& stream = out.stream;
@@ -419,6 +419,11 @@ ParsedRequest ParseRequest(const json& body, const Engine& engine, const std::st
     }
   }
   return out;
+}
+
+std::string TenantSalt(const std::string& api_key) {
+  const std::array<unsigned char, 32> salt = Sha256("pagekv tenant salt:", api_key);
+  return std::string(reinterpret_cast<const char*>(salt.data()), 16);
 }
 
 }  // namespace pagekv::server

@@ -39,14 +39,51 @@ struct ParsedRequest {
 // At most this many choices (prompts x n) in one request.
 inline constexpr int kMaxChoices = 64;
 
+// What parsing a request needs of the model: its tokenizer, chat template
+// and sizes. The server's is its engine's (EngineText); a router's reads
+// them from the model file alone, so both turn one body into the same
+// tokens.
+class RequestText {
+ public:
+  virtual ~RequestText() = default;
+  virtual std::vector<int32_t> Encode(const std::string& text) const = 0;
+  virtual Result<std::vector<int32_t>> EncodeChat(const std::string& messages_json, bool add_generation_prompt,
+                                                  const std::string& tools_json) const = 0;
+  virtual std::string Detokenize(const std::vector<int32_t>& tokens) const = 0;
+  virtual int32_t context_len() const = 0;
+  virtual int32_t vocab_size() const = 0;
+  virtual int32_t max_token_bytes() const = 0;
+};
+
+class EngineText final : public RequestText {
+ public:
+  explicit EngineText(const Engine& engine) : e_(engine) {}
+  std::vector<int32_t> Encode(const std::string& text) const override { return e_.Encode(text); }
+  Result<std::vector<int32_t>> EncodeChat(const std::string& messages_json, bool add_generation_prompt,
+                                          const std::string& tools_json) const override {
+    return e_.EncodeChat(messages_json, add_generation_prompt, tools_json);
+  }
+  std::string Detokenize(const std::vector<int32_t>& tokens) const override { return e_.Detokenize(tokens); }
+  int32_t context_len() const override { return e_.context_len(); }
+  int32_t vocab_size() const override { return e_.vocab_size(); }
+  int32_t max_token_bytes() const override { return e_.max_token_bytes(); }
+
+ private:
+  const Engine& e_;
+};
+
 // The engine request of a completion (chat = false) or chat body; the
 // prompt is tokenized (or the chat template rendered) by `engine`.
 // key_salt: the API key's tenant salt ("" without keys); a body's
 // "cache_salt" is mixed into it. Throws FieldError.
 // until_context: without max_tokens a completion runs until the context ends
 // (as a chat does), not OpenAI's 16.
-ParsedRequest ParseRequest(const nlohmann::json& body, const Engine& engine, const std::string& key_salt, bool chat,
+ParsedRequest ParseRequest(const nlohmann::json& body, const RequestText& engine, const std::string& key_salt, bool chat,
                            bool until_context = false);
+inline ParsedRequest ParseRequest(const nlohmann::json& body, const Engine& engine, const std::string& key_salt, bool chat,
+                                  bool until_context = false) {
+  return ParseRequest(body, EngineText(engine), key_salt, chat, until_context);
+}
 
 // llama-server's POST /completion body as the completions body ParseRequest
 // reads: n_predict (-1: until the context ends, *until_context set),
@@ -67,5 +104,9 @@ std::optional<std::string> PercentDecode(std::string_view segment);
 
 // SHA-256 of a then b.
 std::array<unsigned char, 32> Sha256(std::string_view a, std::string_view b = {});
+// The cache salt of an API key's tenant (16 bytes derived from the key):
+// what the server salts that key's requests with, and a router computes
+// to predict their hits.
+std::string TenantSalt(const std::string& api_key);
 
 }  // namespace pagekv::server
