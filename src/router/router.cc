@@ -226,16 +226,13 @@ class Router {
         case RoutePolicy::kRoundRobin: break;
       }
     }
+    // Equal costs (round-robin: all of them) go in turn: requests with
+    // nothing cached anywhere spread over the backends.
     d.order.resize(static_cast<size_t>(n));
     std::iota(d.order.begin(), d.order.end(), 0);
-    if (o_.policy == RoutePolicy::kRoundRobin) {
-      std::rotate(d.order.begin(), d.order.begin() + static_cast<std::ptrdiff_t>(rr_++ % static_cast<uint64_t>(n)), d.order.end());
-    } else {
-      std::stable_sort(d.order.begin(), d.order.end(), [&](int a, int b) {
-        return cost[static_cast<size_t>(a)] != cost[static_cast<size_t>(b)] ? cost[static_cast<size_t>(a)] < cost[static_cast<size_t>(b)]
-                                                                              : backends_[static_cast<size_t>(a)]->in_flight < backends_[static_cast<size_t>(b)]->in_flight;
-      });
-    }
+    std::rotate(d.order.begin(), d.order.begin() + static_cast<std::ptrdiff_t>(rr_++ % static_cast<uint64_t>(n)), d.order.end());
+    std::stable_sort(d.order.begin(), d.order.end(),
+                     [&](int a, int b) { return cost[static_cast<size_t>(a)] < cost[static_cast<size_t>(b)]; });
     // Backends known down go last (tried only when every other one failed).
     std::stable_partition(d.order.begin(), d.order.end(), [&](int k) { return backends_[static_cast<size_t>(k)]->up.load(); });
     return d;
