@@ -1,5 +1,7 @@
 // `pagekv bench attention`: decode attention against the roofline measured in
 // the same run; a readable table, or one JSON object with --json.
+#include <unistd.h>
+
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -460,6 +462,94 @@ int RunServeBenchCommand(const ServeBenchArgs& a) {
   return kExitOk;
 }
 
+struct FleetBenchArgs {
+  std::string trace, format = "auto", preset = "tiny-16k", kv_budget = "8MiB", redis_cluster;
+  std::vector<int> backends = {2, 3};
+  std::vector<std::string> policies = {"round-robin", "least-loaded", "kv"}, tiers = {"none"};
+  int64_t max_requests = 100;
+  double time_scale = 0.01;
+  int32_t max_tokens = 16, block_len = 16;
+  int threads = 1;
+  bool json = false;
+};
+
+int RunFleetBenchCommand(const FleetBenchArgs& a) {
+  FleetBenchOptions o;
+  char self[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) {
+    std::fprintf(stderr, "error: cannot find this binary (/proc/self/exe) to start the backends with\n");
+    return kExitFailed;
+  }
+  o.cli_path.assign(self, static_cast<size_t>(n));
+  o.trace_path = a.trace;
+  Result<TraceFormat> format = ParseTraceFormat(a.format);
+  if (!format.ok()) {
+    std::fprintf(stderr, "error: --format: %s\n", format.status().message().c_str());
+    return kExitBadInput;
+  }
+  o.format = *format;
+  o.synth_preset = a.preset;
+  Result<int64_t> budget = ParseByteSize(a.kv_budget);
+  if (!budget.ok() || *budget <= 0) {
+    std::fprintf(stderr, "error: --kv-budget '%s': %s\n", a.kv_budget.c_str(),
+                 budget.ok() ? "must be positive" : budget.status().message().c_str());
+    return kExitBadInput;
+  }
+  o.kv_budget_bytes = *budget;
+  o.backend_counts = a.backends;
+  o.policies = a.policies;
+  o.tier_configs = a.tiers;
+  o.redis_cluster = a.redis_cluster;
+  o.max_requests = a.max_requests;
+  o.time_scale = a.time_scale;
+  o.max_tokens = a.max_tokens;
+  o.block_len = a.block_len;
+  o.threads_per_backend = a.threads;
+  o.on_progress = [](const std::string& run, int64_t done, int64_t total) {
+    constexpr int width = 40;
+    const int filled = static_cast<int>(width * done / std::max<int64_t>(total, 1));
+    std::fprintf(stderr, "\r%-36s [%s%s] %ld/%ld", run.c_str(), std::string(static_cast<size_t>(filled), '#').c_str(),
+                 std::string(static_cast<size_t>(width - filled), '.').c_str(), static_cast<long>(done), static_cast<long>(total));
+    if (done == total) std::fprintf(stderr, "\n");
+  };
+  if (!a.json) PrintMachine();
+  Result<FleetBenchReport> r = RunFleetBench(o);
+  if (!r.ok()) {
+    std::fprintf(stderr, "error: %s\n", r.status().message().c_str());
+    const StatusCode c = r.status().code();
+    return c == StatusCode::kInternal || c == StatusCode::kIoError ? kExitFailed : kExitBadInput;
+  }
+  if (a.json) {
+    nlohmann::ordered_json j;
+    j["machine"] = MachineJson();
+    j["model"] = r->model;
+    j["oracle_hit_rate"] = r->oracle_hit_rate;
+    j["runs"] = nlohmann::ordered_json::array();
+    for (const FleetRun& x : r->runs) {
+      j["runs"].push_back({{"backends", x.backends}, {"policy", x.policy}, {"tiers", x.tiers}, {"requests", x.requests},
+                           {"failed", x.failed}, {"skipped", x.skipped}, {"prompt_tokens", x.prompt_tokens},
+                           {"cached_tokens", x.cached_tokens}, {"hit_rate", x.hit_rate},
+                           {"hit_rate_vs_oracle", r->oracle_hit_rate > 0 ? x.hit_rate / r->oracle_hit_rate : 0},
+                           {"ttft_p50_ms", x.ttft_p50_ms}, {"ttft_p99_ms", x.ttft_p99_ms},
+                           {"output_tokens_per_s", x.output_tokens_per_s}, {"seconds", x.seconds},
+                           {"exact_predictions", x.exact_predictions}, {"reported_decisions", x.reported_decisions}});
+    }
+    std::printf("%s\n", j.dump(2).c_str());
+    return kExitOk;
+  }
+  std::printf("%s, oracle (one unbounded pool) hit rate %.1f%%\n", r->model.c_str(), 100 * r->oracle_hit_rate);
+  std::printf("%-9s %-13s %-8s %8s %6s %9s %11s %10s %10s %10s %9s\n", "backends", "policy", "tiers", "requests", "failed",
+              "hit rate", "vs oracle", "ttft p50", "ttft p99", "out tok/s", "exact");
+  for (const FleetRun& x : r->runs) {
+    std::printf("%-9d %-13s %-8s %8ld %6ld %8.1f%% %10.2fx %8.0fms %8.0fms %10.1f %4ld/%-4ld\n", x.backends, x.policy.c_str(),
+                x.tiers.c_str(), static_cast<long>(x.requests), static_cast<long>(x.failed), 100 * x.hit_rate,
+                r->oracle_hit_rate > 0 ? x.hit_rate / r->oracle_hit_rate : 0.0, x.ttft_p50_ms, x.ttft_p99_ms,
+                x.output_tokens_per_s, static_cast<long>(x.exact_predictions), static_cast<long>(x.reported_decisions));
+  }
+  return kExitOk;
+}
+
 struct SealBenchArgs {
   bool json = false;
   int32_t block_len = 128, layers = 30, kv_heads = 3, head_dim = 64;
@@ -565,6 +655,25 @@ CLI::App* AddBenchCommand(CLI::App& app, int& exit_code) {
   sv->add_option("--plot", serve.plot, "Write an SVG of running sequences and KV blocks over time");
   sv->add_flag("--json", serve.json, "Print one JSON object");
   sv->callback([&exit_code] { exit_code = RunServeBenchCommand(serve); });
+
+  static FleetBenchArgs fleet;
+  CLI::App* fl = bench->add_subcommand(
+      "fleet", "A trace against several `pagekv serve` behind `pagekv route`: hit rate, TTFT and throughput per routing policy");
+  fl->add_option("--trace", fleet.trace, "Trace: Mooncake JSON lines (hash ids give shared prefixes)")->required();
+  fl->add_option("--format", fleet.format, "auto (default), mooncake or azure");
+  fl->add_option("--preset", fleet.preset, "The synthetic model's shape (default tiny-16k)");
+  fl->add_option("--backends", fleet.backends, "Backend counts, one run each (default 2,3)")->delimiter(',')->check(CLI::Range(1, 16));
+  fl->add_option("--policies", fleet.policies, "Routing policies (default round-robin,least-loaded,kv)")->delimiter(',');
+  fl->add_option("--tiers", fleet.tiers, "none (default) and / or cluster (the Redis Cluster of --redis-cluster, shared)")->delimiter(',');
+  fl->add_option("--redis-cluster", fleet.redis_cluster, "HOST:PORT[,...] of a Redis Cluster (scripts/redis-cluster.sh starts one)");
+  fl->add_option("--kv-budget", fleet.kv_budget, "Each backend's KV pool (default 8MiB)");
+  fl->add_option("--max-requests", fleet.max_requests, "The trace's first N requests (default 100; 0 = all)")->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+  fl->add_option("--time-scale", fleet.time_scale, "Multiply arrival gaps by this (default 0.01)")->check(CLI::Range(0.0, 1e6));
+  fl->add_option("--max-tokens", fleet.max_tokens, "Tokens generated per request (default 16)")->check(CLI::Range(1, 1 << 20));
+  fl->add_option("--block-len", fleet.block_len, "Tokens per KV block (default 16)")->check(CLI::Range(1, 4096));
+  fl->add_option("--threads", fleet.threads, "Threads per backend (default 1)")->check(CLI::Range(1, 256));
+  fl->add_flag("--json", fleet.json, "Print one JSON object");
+  fl->callback([&exit_code] { exit_code = RunFleetBenchCommand(fleet); });
 
   static SealBenchArgs seal;
   CLI::App* tb = bench->add_subcommand("tiers", "What a tier payload's seal costs: xxh3 checksum vs HMAC-SHA-256, per block");

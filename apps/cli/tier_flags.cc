@@ -20,6 +20,8 @@ void AddTierFlags(CLI::App* cmd, TierArgs& a) {
   cmd->add_option("--redis-cluster", a.redis_cluster,
                   "Shared Redis Cluster tier: HOST:PORT[,HOST:PORT...], any of its nodes (the rest are found from "
                   "CLUSTER SLOTS); instead of --redis; the same password flags");
+  cmd->add_option("--redis-namespace", a.redis_namespace,
+                  "Key prefix in Redis (default pagekv:<model file fingerprint>: processes serving the same model share)");
   cmd->add_option("--redis-password-env", a.redis_password_env,
                   "Environment variable holding the Redis password (default PAGEKV_REDIS_PASSWORD)");
   cmd->add_option("--redis-password-file", a.redis_password_file, "File holding the Redis password");
@@ -57,6 +59,7 @@ bool ToTierOptions(const TierArgs& a, TierOptions& o) {
   }
   o.redis_url = a.redis;
   o.redis_cluster = a.redis_cluster;
+  o.redis_namespace = a.redis_namespace;
   if (!o.redis_url.empty() && !o.redis_cluster.empty()) {
     std::fprintf(stderr, "error: give --redis (one server) or --redis-cluster (a cluster), not both\n");
     return false;

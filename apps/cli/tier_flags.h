@@ -10,7 +10,7 @@
 namespace pagekv::cli {
 
 struct TierArgs {
-  std::string host_cache, disk_cache, disk_cache_size, redis, redis_cluster;
+  std::string host_cache, disk_cache, disk_cache_size, redis, redis_cluster, redis_namespace;
   std::string redis_password_env = "PAGEKV_REDIS_PASSWORD";
   std::string redis_password_file;
   std::string tier_key_env, tier_key_file;  // empty env: PAGEKV_TIER_KEY when set

@@ -259,4 +259,52 @@ Result<ServeBenchReport> RunServeBench(const ServeBenchOptions& options);
 // allocator.
 std::string ServePlotSvg(const ServeBenchReport& report);
 
+// `pagekv bench fleet`: a trace against several `pagekv serve` processes
+// behind `pagekv route`, all on loopback, once per (backend count, routing
+// policy, tier) combination: each run starts fresh processes, sends the
+// trace's first requests at their (scaled) arrival times as streamed
+// completions, and reads each answer's time to first token and
+// usage.cached_tokens. The oracle is one unbounded pool seeing the same
+// requests in the same order (each request hits the longest prefix of full
+// blocks any earlier one had, less its last token).
+struct FleetBenchOptions {
+  std::string cli_path;                   // the pagekv binary (backends and router)
+  std::string trace_path;
+  TraceFormat format = TraceFormat::kAuto;
+  std::string model_path;                 // empty: a synthetic model, written for the run
+  std::string synth_preset = "tiny-16k";
+  std::vector<int> backend_counts = {2, 3};
+  std::vector<std::string> policies = {"round-robin", "least-loaded", "kv"};
+  // "none" or "cluster" (every backend's tier: the Redis Cluster at
+  // redis_cluster, a namespace of its own per run).
+  std::vector<std::string> tier_configs = {"none"};
+  std::string redis_cluster;
+  int64_t kv_budget_bytes = 8ll << 20;    // each backend's pool
+  int64_t max_requests = 100;             // 0 = the whole trace
+  double time_scale = 0.01;
+  int32_t max_tokens = 16;                // per request: prefix reuse is what is measured
+  int32_t block_len = 16;
+  int threads_per_backend = 1;
+  std::function<void(const std::string& run, int64_t done, int64_t total)> on_progress;
+};
+
+struct FleetRun {
+  int backends = 0;
+  std::string policy, tiers;
+  int64_t requests = 0, failed = 0, skipped = 0;  // skipped: longer than the context
+  int64_t prompt_tokens = 0, cached_tokens = 0;
+  double hit_rate = 0;                    // cached_tokens / prompt_tokens (as the backends reported)
+  double ttft_p50_ms = 0, ttft_p99_ms = 0;
+  double output_tokens_per_s = 0, seconds = 0;
+  int64_t exact_predictions = 0, reported_decisions = 0;  // the router's (kv policy: predicted = reported)
+};
+
+struct FleetBenchReport {
+  std::string model;
+  double oracle_hit_rate = 0;             // one unbounded pool, the same requests
+  std::vector<FleetRun> runs;
+};
+
+Result<FleetBenchReport> RunFleetBench(const FleetBenchOptions& options);
+
 }  // namespace pagekv
