@@ -23,7 +23,7 @@ PACKAGES=(
   cppzmq-dev           # its C++ binding (zmq.hpp)
   libmsgpack-cxx-dev   # KV event payloads in msgpack (header-only)
   libboost-dev         # Boost.Beast on Asio: the HTTP transport of `pagekv serve` (header-only)
-  libcpp-httplib-dev   # the HTTP client of the server's tests
+  libcpp-httplib-dev   # HTTP client: pagekv route, bench fleet and the server's tests
   libhiredis-dev       # the Redis KV tier (hiredis client)
   redis-server         # tests start a real server (and a Redis Cluster) on loopback ports
   redis-tools          # redis-cli: the cluster fixture creates and reshards the cluster with it
