@@ -468,8 +468,9 @@ struct FleetBenchArgs {
   std::vector<std::string> policies = {"round-robin", "least-loaded", "kv"}, tiers = {"none"};
   int64_t max_requests = 100;
   double time_scale = 0.01;
-  int32_t max_tokens = 16, block_len = 16;
+  int32_t max_tokens = 16, block_len = 16, chunk_tokens = 512;
   int threads = 1;
+  double load_weight = 1;
   bool json = false;
 };
 
@@ -505,6 +506,8 @@ int RunFleetBenchCommand(const FleetBenchArgs& a) {
   o.time_scale = a.time_scale;
   o.max_tokens = a.max_tokens;
   o.block_len = a.block_len;
+  o.chunk_tokens = a.chunk_tokens;
+  o.load_weight = a.load_weight;
   o.threads_per_backend = a.threads;
   o.on_progress = [](const std::string& run, int64_t done, int64_t total) {
     constexpr int width = 40;
@@ -672,6 +675,10 @@ CLI::App* AddBenchCommand(CLI::App& app, int& exit_code) {
   fl->add_option("--max-tokens", fleet.max_tokens, "Tokens generated per request (default 16)")->check(CLI::Range(1, 1 << 20));
   fl->add_option("--block-len", fleet.block_len, "Tokens per KV block (default 16)")->check(CLI::Range(1, 4096));
   fl->add_option("--threads", fleet.threads, "Threads per backend (default 1)")->check(CLI::Range(1, 256));
+  fl->add_option("--load-weight", fleet.load_weight, "The router's --load-weight (default 1)")->check(CLI::Range(0.0, 1e12));
+  fl->add_option("--chunk-tokens", fleet.chunk_tokens,
+                 "Tokens per 512-token trace chunk (default 512; 32 shrinks prompts 16x, same prefix structure)")
+      ->check(CLI::Range(1, 512));
   fl->add_flag("--json", fleet.json, "Print one JSON object");
   fl->callback([&exit_code] { exit_code = RunFleetBenchCommand(fleet); });
 

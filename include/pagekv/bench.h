@@ -275,6 +275,7 @@ struct FleetBenchOptions {
   std::string synth_preset = "tiny-16k";
   std::vector<int> backend_counts = {2, 3};
   std::vector<std::string> policies = {"round-robin", "least-loaded", "kv"};
+  double load_weight = 1;                 // the router's --load-weight (kv policy)
   // "none" or "cluster" (every backend's tier: the Redis Cluster at
   // redis_cluster, a namespace of its own per run).
   std::vector<std::string> tier_configs = {"none"};
@@ -284,6 +285,10 @@ struct FleetBenchOptions {
   double time_scale = 0.01;
   int32_t max_tokens = 16;                // per request: prefix reuse is what is measured
   int32_t block_len = 16;
+  // Tokens per 512-token chunk of the trace (1..512): 32 shrinks prompts
+  // 16x with the same prefix structure (hash ids), so a run takes minutes
+  // on CPUs instead of hours.
+  int32_t chunk_tokens = 512;
   int threads_per_backend = 1;
   std::function<void(const std::string& run, int64_t done, int64_t total)> on_progress;
 };

@@ -14,9 +14,10 @@
 // backend where it costs least:
 //
 //   cost = prompt tokens the backend would compute (its predicted miss)
-//        + load_weight * (requests the router has in flight there
-//                         + requests waiting there, from its /metrics)
+//        + load_weight * prompt tokens queued there before it (the predicted
+//          misses of the router's requests there not yet answered)
 //
+// (a time-to-first-token estimate in prefill tokens);
 // round-robin and least-loaded (in flight + waiting) are the baselines. A
 // backend that cannot be reached, or answers 429 / 503 before any byte went
 // to the client, is retried on the next best one (it is marked down until
@@ -55,7 +56,7 @@ struct RouterOptions {
   std::string model_path, tokenizer_path, chat_template;
   int32_t block_len = 16;  // the backends' --block-len
   RoutePolicy policy = RoutePolicy::kKvAware;
-  double load_weight = 512;  // prompt tokens one queued request weighs
+  double load_weight = 1;  // how much a queued prefill token weighs against one of the request's own
   // The backends' API keys: each is a tenant whose salt the router derives
   // as they do; the Authorization header is forwarded as it came.
   std::vector<std::string> api_keys;

@@ -199,6 +199,7 @@ Result<FleetBenchReport> RunFleetBench(const FleetBenchOptions& o) {
   for (int n : o.backend_counts) {
     if (n < 1 || n > 16) return InvalidArgumentError("fleet bench: backend counts must be within 1..16");
   }
+  if (o.chunk_tokens < 1 || o.chunk_tokens > 512) return InvalidArgumentError("fleet bench: --chunk-tokens must be within 1..512");
   for (const std::string& t : o.tier_configs) {
     if (t != "none" && t != "cluster") return InvalidArgumentError("fleet bench: tier config '" + t + "': use none or cluster");
     if (t == "cluster" && o.redis_cluster.empty()) {
@@ -232,12 +233,12 @@ Result<FleetBenchReport> RunFleetBench(const FleetBenchOptions& o) {
   std::vector<double> arrivals;
   int64_t skipped = 0;
   for (size_t i = 0; i < trace.size(); ++i) {
-    if (trace[i].input_length + o.max_tokens > context || trace[i].input_length < 1) {
+    std::vector<int32_t> p;
+    bench::TraceTokens(trace[i], static_cast<int64_t>(i), vocab, p, o.chunk_tokens);
+    if (static_cast<int64_t>(p.size()) + o.max_tokens > context || p.empty()) {
       ++skipped;
       continue;
     }
-    std::vector<int32_t> p;
-    bench::TraceTokens(trace[i], static_cast<int64_t>(i), vocab, p);
     prompts.push_back(std::move(p));
     arrivals.push_back(trace[i].arrival_s * o.time_scale);
   }
@@ -254,7 +255,8 @@ Result<FleetBenchReport> RunFleetBench(const FleetBenchOptions& o) {
         run.skipped = skipped;
         std::vector<std::unique_ptr<Child>> backends;
         std::vector<std::string> route = {o.cli_path, "route", "--model", model, "--port", "0", "--policy", policy,
-                                          "--block-len", std::to_string(o.block_len), "--health-interval", "0.2"};
+                                          "--block-len", std::to_string(o.block_len), "--health-interval", "0.2",
+                                          "--load-weight", std::to_string(o.load_weight)};
         for (int k = 0; k < n; ++k) {
           const int events = FreePort();
           std::vector<std::string> args = {o.cli_path, "serve", "--model", model, "--port", "0", "--kv-budget",

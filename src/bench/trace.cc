@@ -27,12 +27,15 @@ uint64_t Mix(uint64_t z) {
 
 }  // namespace
 
-void TraceTokens(const TraceRequest& r, int64_t index, int32_t vocab, std::vector<int32_t>& out) {
-  out.resize(static_cast<size_t>(r.input_length));
-  for (int64_t j = 0; j < r.input_length; ++j) {
+void TraceTokens(const TraceRequest& r, int64_t index, int32_t vocab, std::vector<int32_t>& out, int64_t chunk_tokens) {
+  // chunk_tokens < 512 scales the prompt down: each 512-token chunk becomes
+  // chunk_tokens tokens, the same function of its hash id.
+  const int64_t n = (r.input_length * chunk_tokens + kTraceBlock - 1) / kTraceBlock;
+  out.resize(static_cast<size_t>(n));
+  for (int64_t j = 0; j < n; ++j) {
     const uint64_t chunk = r.hash_ids.empty() ? (uint64_t{1} << 62) + static_cast<uint64_t>(index)
-                                              : static_cast<uint64_t>(r.hash_ids[static_cast<size_t>(j / kTraceBlock)]);
-    out[static_cast<size_t>(j)] = 3 + static_cast<int32_t>(Mix(chunk * kTraceBlock + static_cast<uint64_t>(j % kTraceBlock)) %
+                                              : static_cast<uint64_t>(r.hash_ids[static_cast<size_t>(j / chunk_tokens)]);
+    out[static_cast<size_t>(j)] = 3 + static_cast<int32_t>(Mix(chunk * kTraceBlock + static_cast<uint64_t>(j % chunk_tokens)) %
                                                            static_cast<uint64_t>(vocab - 3));
   }
 }

@@ -34,7 +34,10 @@ Result<std::vector<TraceRequest>> ParseTrace(std::istream& in, TraceFormat forma
 
 // Prompt token ids: 512-token chunk i from hash_ids[i] (equal ids, equal
 // tokens), or unique to the request `index` when there are no hash ids.
-// Ids fall in [3, vocab).
-void TraceTokens(const TraceRequest& r, int64_t index, int32_t vocab, std::vector<int32_t>& out);
+// Ids fall in [3, vocab). chunk_tokens (1..512) scales the prompt down:
+// chunk i becomes chunk_tokens tokens (its first ones), so the prefix
+// structure stays while the prompts shrink by 512 / chunk_tokens.
+void TraceTokens(const TraceRequest& r, int64_t index, int32_t vocab, std::vector<int32_t>& out,
+                 int64_t chunk_tokens = kTraceBlock);
 
 }  // namespace pagekv::bench

@@ -62,6 +62,9 @@ struct Backend {
   HostPort at;
   std::atomic<bool> up{true};
   std::atomic<int64_t> in_flight{0};
+  // Prompt tokens the router's requests there still have to prefill (each
+  // request's predicted miss, until its first byte comes back).
+  std::atomic<int64_t> pending_prefill{0};
   std::atomic<int64_t> waiting{0}, running{0};
   std::atomic<int64_t> requests{0}, failures{0};
   std::atomic<int64_t> restarts{0}, event_batches{0}, bad_batches{0}, gaps{0};
@@ -220,7 +223,10 @@ class Router {
       const double load = static_cast<double>(b.in_flight.load() + b.waiting.load());
       switch (o_.policy) {
         case RoutePolicy::kKvAware:
-          cost[static_cast<size_t>(k)] = prompt - static_cast<double>(d.predicted[static_cast<size_t>(k)]) + o_.load_weight * load;
+          // The prefill the request waits for there: what is queued before
+          // it, then its own miss (a time-to-first-token estimate in tokens).
+          cost[static_cast<size_t>(k)] = prompt - static_cast<double>(d.predicted[static_cast<size_t>(k)]) +
+                                         o_.load_weight * static_cast<double>(b.pending_prefill.load());
           break;
         case RoutePolicy::kLeastLoaded: cost[static_cast<size_t>(k)] = load; break;
         case RoutePolicy::kRoundRobin: break;
@@ -276,7 +282,8 @@ class Router {
       const int k = d.order[attempt];
       Backend& b = *backends_[static_cast<size_t>(k)];
       if (attempt > 0) ++retries_;
-      const Outcome out = Forward(req, ex, b, *gone);
+      const int64_t miss = tokens ? std::max<int64_t>(0, static_cast<int64_t>(tokens->size()) - d.predicted[static_cast<size_t>(k)]) : 0;
+      const Outcome out = Forward(req, ex, b, *gone, miss);
       if (out == Outcome::kRetry) continue;
       if (out == Outcome::kDone) {
         ++b.requests;
@@ -293,7 +300,8 @@ class Router {
   static inline thread_local std::optional<int64_t> last_cached_;
 
   // One attempt on one backend. kRetry: nothing reached the client.
-  Outcome Forward(const HttpRequest& req, const std::shared_ptr<Exchange>& ex, Backend& b, const std::atomic<bool>& gone) {
+  Outcome Forward(const HttpRequest& req, const std::shared_ptr<Exchange>& ex, Backend& b, const std::atomic<bool>& gone,
+                  int64_t miss) {
     last_cached_.reset();
     httplib::Client cli(b.at.host, b.at.port);
     cli.set_connection_timeout(std::chrono::seconds(2));
@@ -318,7 +326,13 @@ class Router {
       }
       return true;
     };
+    bool prefilled = false;
+    auto first_byte = [&] {
+      if (!prefilled) b.pending_prefill -= miss;
+      prefilled = true;
+    };
     hreq.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+      first_byte();
       if (streaming) {
         ex->Write(std::string(data, n));
         tail.append(data, n);
@@ -329,9 +343,11 @@ class Router {
       return !gone.load();
     };
     ++b.in_flight;
+    b.pending_prefill += miss;
     httplib::Response hres;
     httplib::Error err = httplib::Error::Success;
     const bool ok = cli.send(hreq, hres, err);
+    first_byte();
     --b.in_flight;
     if (streaming) {
       ex->End();  // whole, or cut by a backend that died mid-stream (or a client gone)
@@ -459,7 +475,7 @@ class Router {
 
   std::string MetricsPage() {
     server::MetricsText m;
-    std::vector<std::pair<server::Labels, double>> up, sent, fails, in_flight, blocks, batches, gaps;
+    std::vector<std::pair<server::Labels, double>> up, sent, fails, in_flight, pending, blocks, batches, gaps;
     router::KvIndexStats is;
     {
       std::lock_guard lock(index_mu_);
@@ -474,6 +490,7 @@ class Router {
       sent.push_back({l, static_cast<double>(b->requests.load())});
       fails.push_back({l, static_cast<double>(b->failures.load())});
       in_flight.push_back({l, static_cast<double>(b->in_flight.load())});
+      pending.push_back({l, static_cast<double>(b->pending_prefill.load())});
       batches.push_back({l, static_cast<double>(b->event_batches.load())});
       gaps.push_back({l, static_cast<double>(b->gaps.load())});
     }
@@ -481,6 +498,8 @@ class Router {
     m.Add("pagekv_router_backend_requests_total", "requests answered by the backend", "counter", sent);
     m.Add("pagekv_router_backend_failures_total", "attempts that failed on the backend (unreachable, 429, 503, cut)", "counter", fails);
     m.Add("pagekv_router_backend_in_flight", "requests the router has in flight on the backend", "gauge", in_flight);
+    m.Add("pagekv_router_backend_pending_prefill_tokens", "prompt tokens the router's requests there have yet to prefill (predicted misses)",
+          "gauge", pending);
     m.Add("pagekv_router_index_blocks", "blocks the index holds for the backend", "gauge", blocks);
     m.Add("pagekv_router_event_batches_total", "KV event batches received from the backend", "counter", batches);
     m.Add("pagekv_router_event_gaps_total", "KV event batches missed (sequence gaps)", "counter", gaps);
