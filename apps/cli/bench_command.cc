@@ -470,7 +470,7 @@ struct FleetBenchArgs {
   double time_scale = 0.01;
   int32_t max_tokens = 16, block_len = 16, chunk_tokens = 512;
   int threads = 1;
-  double load_weight = 1;
+  double load_weight = 0.25;
   bool json = false;
 };
 
@@ -675,7 +675,7 @@ CLI::App* AddBenchCommand(CLI::App& app, int& exit_code) {
   fl->add_option("--max-tokens", fleet.max_tokens, "Tokens generated per request (default 16)")->check(CLI::Range(1, 1 << 20));
   fl->add_option("--block-len", fleet.block_len, "Tokens per KV block (default 16)")->check(CLI::Range(1, 4096));
   fl->add_option("--threads", fleet.threads, "Threads per backend (default 1)")->check(CLI::Range(1, 256));
-  fl->add_option("--load-weight", fleet.load_weight, "The router's --load-weight (default 1)")->check(CLI::Range(0.0, 1e12));
+  fl->add_option("--load-weight", fleet.load_weight, "The router's --load-weight (default 0.25)")->check(CLI::Range(0.0, 1e12));
   fl->add_option("--chunk-tokens", fleet.chunk_tokens,
                  "Tokens per 512-token trace chunk (default 512; 32 shrinks prompts 16x, same prefix structure)")
       ->check(CLI::Range(1, 512));

@@ -275,7 +275,7 @@ struct FleetBenchOptions {
   std::string synth_preset = "tiny-16k";
   std::vector<int> backend_counts = {2, 3};
   std::vector<std::string> policies = {"round-robin", "least-loaded", "kv"};
-  double load_weight = 1;                 // the router's --load-weight (kv policy)
+  double load_weight = 0.25;              // the router's --load-weight (kv policy)
   // "none" or "cluster" (every backend's tier: the Redis Cluster at
   // redis_cluster, a namespace of its own per run).
   std::vector<std::string> tier_configs = {"none"};

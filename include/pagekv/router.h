@@ -56,7 +56,12 @@ struct RouterOptions {
   std::string model_path, tokenizer_path, chat_template;
   int32_t block_len = 16;  // the backends' --block-len
   RoutePolicy policy = RoutePolicy::kKvAware;
-  double load_weight = 1;  // how much a queued prefill token weighs against one of the request's own
+  // How much a prefill token queued on a backend weighs against one of the
+  // request's own uncached tokens: 1 is the greedy time-to-first-token
+  // choice; less keeps conversations on their KV (0: always the longest
+  // hit). 0.25 measured best on the Mooncake conversation trace
+  // (docs/PERFORMANCE.md).
+  double load_weight = 0.25;
   // The backends' API keys: each is a tenant whose salt the router derives
   // as they do; the Authorization header is forwarded as it came.
   std::vector<std::string> api_keys;
