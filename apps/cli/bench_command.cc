@@ -471,6 +471,7 @@ struct FleetBenchArgs {
   int32_t max_tokens = 16, block_len = 16, chunk_tokens = 512;
   int threads = 1;
   double load_weight = 0.25;
+  int64_t kill_backend_after = 0;
   bool json = false;
 };
 
@@ -508,6 +509,7 @@ int RunFleetBenchCommand(const FleetBenchArgs& a) {
   o.block_len = a.block_len;
   o.chunk_tokens = a.chunk_tokens;
   o.load_weight = a.load_weight;
+  o.kill_backend_after = a.kill_backend_after;
   o.threads_per_backend = a.threads;
   o.on_progress = [](const std::string& run, int64_t done, int64_t total) {
     constexpr int width = 40;
@@ -536,19 +538,21 @@ int RunFleetBenchCommand(const FleetBenchArgs& a) {
                            {"hit_rate_vs_oracle", r->oracle_hit_rate > 0 ? x.hit_rate / r->oracle_hit_rate : 0},
                            {"ttft_p50_ms", x.ttft_p50_ms}, {"ttft_p99_ms", x.ttft_p99_ms},
                            {"output_tokens_per_s", x.output_tokens_per_s}, {"seconds", x.seconds},
-                           {"exact_predictions", x.exact_predictions}, {"reported_decisions", x.reported_decisions}});
+                           {"exact_predictions", x.exact_predictions}, {"reported_decisions", x.reported_decisions},
+                           {"mismatched", x.mismatched}, {"killed_backend", x.killed_backend}});
     }
     std::printf("%s\n", j.dump(2).c_str());
     return kExitOk;
   }
   std::printf("%s, oracle (one unbounded pool) hit rate %.1f%%\n", r->model.c_str(), 100 * r->oracle_hit_rate);
-  std::printf("%-9s %-13s %-8s %8s %6s %9s %11s %10s %10s %10s %9s\n", "backends", "policy", "tiers", "requests", "failed",
-              "hit rate", "vs oracle", "ttft p50", "ttft p99", "out tok/s", "exact");
+  std::printf("%-9s %-13s %-8s %8s %6s %9s %11s %10s %10s %10s %9s %10s\n", "backends", "policy", "tiers", "requests", "failed",
+              "hit rate", "vs oracle", "ttft p50", "ttft p99", "out tok/s", "exact", "mismatch");
   for (const FleetRun& x : r->runs) {
-    std::printf("%-9d %-13s %-8s %8ld %6ld %8.1f%% %10.2fx %8.0fms %8.0fms %10.1f %4ld/%-4ld\n", x.backends, x.policy.c_str(),
+    std::printf("%-9d %-13s %-8s %8ld %6ld %8.1f%% %10.2fx %8.0fms %8.0fms %10.1f %4ld/%-4ld %10ld\n", x.backends, x.policy.c_str(),
                 x.tiers.c_str(), static_cast<long>(x.requests), static_cast<long>(x.failed), 100 * x.hit_rate,
                 r->oracle_hit_rate > 0 ? x.hit_rate / r->oracle_hit_rate : 0.0, x.ttft_p50_ms, x.ttft_p99_ms,
-                x.output_tokens_per_s, static_cast<long>(x.exact_predictions), static_cast<long>(x.reported_decisions));
+                x.output_tokens_per_s, static_cast<long>(x.exact_predictions), static_cast<long>(x.reported_decisions),
+                static_cast<long>(x.mismatched));
   }
   return kExitOk;
 }
@@ -676,6 +680,9 @@ CLI::App* AddBenchCommand(CLI::App& app, int& exit_code) {
   fl->add_option("--block-len", fleet.block_len, "Tokens per KV block (default 16)")->check(CLI::Range(1, 4096));
   fl->add_option("--threads", fleet.threads, "Threads per backend (default 1)")->check(CLI::Range(1, 256));
   fl->add_option("--load-weight", fleet.load_weight, "The router's --load-weight (default 0.25)")->check(CLI::Range(0.0, 1e12));
+  fl->add_option("--kill-backend-after", fleet.kill_backend_after,
+                 "Kill the first backend when this request is sent (every run): rerouting, and no wrong output")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
   fl->add_option("--chunk-tokens", fleet.chunk_tokens,
                  "Tokens per 512-token trace chunk (default 512; 32 shrinks prompts 16x, same prefix structure)")
       ->check(CLI::Range(1, 512));

@@ -290,6 +290,10 @@ struct FleetBenchOptions {
   // on CPUs instead of hours.
   int32_t chunk_tokens = 512;
   int threads_per_backend = 1;
+  // > 0: the first backend is killed when this request is sent (its
+  // requests cut or answered elsewhere: `failed`, and `mismatched` must
+  // stay 0).
+  int64_t kill_backend_after = 0;
   std::function<void(const std::string& run, int64_t done, int64_t total)> on_progress;
 };
 
@@ -302,6 +306,10 @@ struct FleetRun {
   double ttft_p50_ms = 0, ttft_p99_ms = 0;
   double output_tokens_per_s = 0, seconds = 0;
   int64_t exact_predictions = 0, reported_decisions = 0;  // the router's (kv policy: predicted = reported)
+  // Answers that differ from the same request's answer in an earlier run
+  // (greedy decoding: any difference is wrong output).
+  int64_t mismatched = 0;
+  bool killed_backend = false;
 };
 
 struct FleetBenchReport {

@@ -124,7 +124,23 @@ struct Sent {
   bool ok = false;
   double ttft_ms = 0;
   int64_t prompt_tokens = 0, cached = 0, completion = 0;
+  std::string text;  // the streamed completion, joined
 };
+
+// The text pieces of the whole server-sent events in `buf` (consumed).
+void TakeText(std::string& buf, std::string& text) {
+  size_t end;
+  while ((end = buf.find("\n\n")) != std::string::npos) {
+    const std::string event = buf.substr(0, end);
+    buf.erase(0, end + 2);
+    if (event.rfind("data: ", 0) != 0 || event == "data: [DONE]") continue;
+    const json j = json::parse(event.substr(6), nullptr, false);
+    if (j.is_object() && j.contains("choices") && j["choices"].is_array() && !j["choices"].empty() &&
+        j["choices"][0].contains("text") && j["choices"][0]["text"].is_string()) {
+      text += j["choices"][0]["text"].get<std::string>();
+    }
+  }
+}
 
 // One streamed completion of token ids through the router.
 Sent Send(int port, const std::vector<int32_t>& prompt, int32_t max_tokens) {
@@ -133,7 +149,7 @@ Sent Send(int port, const std::vector<int32_t>& prompt, int32_t max_tokens) {
   cli.set_read_timeout(std::chrono::minutes(10));
   const json body = {{"prompt", prompt},       {"max_tokens", max_tokens}, {"temperature", 0},
                      {"ignore_eos", true},      {"stream", true},           {"stream_options", {{"include_usage", true}}}};
-  std::string tail;
+  std::string tail, events;
   const auto t0 = Clock::now();
   bool first = true;
   // cpp-httplib 0.11 has no streamed POST helper: through the request API.
@@ -149,6 +165,8 @@ Sent Send(int port, const std::vector<int32_t>& prompt, int32_t max_tokens) {
     }
     tail.append(data, n);
     if (tail.size() > (64u << 10)) tail.erase(0, tail.size() - (32u << 10));
+    events.append(data, n);
+    TakeText(events, s.text);
     return true;
   };
   httplib::Response r;
@@ -243,6 +261,7 @@ Result<FleetBenchReport> RunFleetBench(const FleetBenchOptions& o) {
     arrivals.push_back(trace[i].arrival_s * o.time_scale);
   }
   report.oracle_hit_rate = OracleHitRate(prompts, o.block_len);
+  std::vector<std::string> reference(prompts.size());  // each request's first answer over the runs
   int run_id = 0;
   for (const std::string& tiers : o.tier_configs) {
     for (int n : o.backend_counts) {
@@ -282,6 +301,10 @@ Result<FleetBenchReport> RunFleetBench(const FleetBenchOptions& o) {
         const auto t0 = Clock::now();
         for (size_t i = 0; i < prompts.size(); ++i) {
           std::this_thread::sleep_until(t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(arrivals[i])));
+          if (o.kill_backend_after > 0 && static_cast<int64_t>(i) == o.kill_backend_after && !backends.empty()) {
+            backends.front().reset();  // SIGTERM then SIGKILL: requests on it are cut or go elsewhere
+            run.killed_backend = true;
+          }
           clients.emplace_back([&, i] {
             results[i] = Send(router->port(), prompts[i], o.max_tokens);
             const int64_t d = ++done;
@@ -292,10 +315,18 @@ Result<FleetBenchReport> RunFleetBench(const FleetBenchOptions& o) {
         run.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
         std::vector<double> ttft;
         int64_t completion = 0;
-        for (const Sent& s : results) {
+        for (size_t i = 0; i < results.size(); ++i) {
+          const Sent& s = results[i];
           if (!s.ok) {
             ++run.failed;
             continue;
+          }
+          // Greedy decoding of the same prompt: every run's answer must be
+          // the same, wherever it ran and whatever it hit.
+          if (reference[i].empty()) {
+            reference[i] = s.text;
+          } else if (reference[i] != s.text) {
+            ++run.mismatched;
           }
           ++run.requests;
           run.prompt_tokens += s.prompt_tokens;
