@@ -178,6 +178,13 @@ class Router {
     }
     {
       std::lock_guard lock(mu_);
+      // Past this many waiting for a worker, new requests are refused at
+      // once rather than queued without bound (a flood costs no memory).
+      if (jobs_.size() >= kMaxQueued) {
+        ++no_backend_;
+        return ex->Respond({503, "application/json", {{"Retry-After", "1"}},
+                            server::ErrorJson(503, "the router's queue is full; retry shortly", {}, "service_unavailable")});
+      }
       jobs_.push_back([this, r = std::move(req), ex]() mutable { Route(std::move(r), ex); });
     }
     cv_.notify_one();
@@ -526,6 +533,7 @@ class Router {
     return m.str();
   }
 
+  static constexpr size_t kMaxQueued = 4096;
   const RouterOptions o_;
   std::vector<std::unique_ptr<Backend>> backends_;
   std::vector<std::array<unsigned char, 32>> key_digests_;
