@@ -101,6 +101,13 @@ class Child {
     if (out_ != nullptr) std::fclose(out_);
   }
   int port() const { return port_; }
+  // SIGKILL: a crash, nothing finished gracefully.
+  void Crash() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
 
  private:
   Child() = default;
@@ -302,7 +309,7 @@ Result<FleetBenchReport> RunFleetBench(const FleetBenchOptions& o) {
         for (size_t i = 0; i < prompts.size(); ++i) {
           std::this_thread::sleep_until(t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(arrivals[i])));
           if (o.kill_backend_after > 0 && static_cast<int64_t>(i) == o.kill_backend_after && !backends.empty()) {
-            backends.front().reset();  // SIGTERM then SIGKILL: requests on it are cut or go elsewhere
+            backends.front()->Crash();  // requests on it are cut; the next ones go elsewhere
             run.killed_backend = true;
           }
           clients.emplace_back([&, i] {
