@@ -471,7 +471,7 @@ struct FleetBenchArgs {
   int32_t max_tokens = 16, block_len = 16, chunk_tokens = 512;
   int threads = 1;
   double load_weight = 0.25;
-  int64_t kill_backend_after = 0;
+  int64_t kill_backend_after = 0, kill_primary_after = 0;
   bool json = false;
 };
 
@@ -510,6 +510,7 @@ int RunFleetBenchCommand(const FleetBenchArgs& a) {
   o.chunk_tokens = a.chunk_tokens;
   o.load_weight = a.load_weight;
   o.kill_backend_after = a.kill_backend_after;
+  o.kill_primary_after = a.kill_primary_after;
   o.threads_per_backend = a.threads;
   o.on_progress = [](const std::string& run, int64_t done, int64_t total) {
     constexpr int width = 40;
@@ -539,7 +540,8 @@ int RunFleetBenchCommand(const FleetBenchArgs& a) {
                            {"ttft_p50_ms", x.ttft_p50_ms}, {"ttft_p99_ms", x.ttft_p99_ms},
                            {"output_tokens_per_s", x.output_tokens_per_s}, {"seconds", x.seconds},
                            {"exact_predictions", x.exact_predictions}, {"reported_decisions", x.reported_decisions},
-                           {"mismatched", x.mismatched}, {"killed_backend", x.killed_backend}});
+                           {"mismatched", x.mismatched}, {"killed_backend", x.killed_backend},
+                           {"killed_primary", x.killed_primary}});
     }
     std::printf("%s\n", j.dump(2).c_str());
     return kExitOk;
@@ -682,6 +684,9 @@ CLI::App* AddBenchCommand(CLI::App& app, int& exit_code) {
   fl->add_option("--load-weight", fleet.load_weight, "The router's --load-weight (default 0.25)")->check(CLI::Range(0.0, 1e12));
   fl->add_option("--kill-backend-after", fleet.kill_backend_after,
                  "Kill the first backend when this request is sent (every run): rerouting, and no wrong output")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+  fl->add_option("--kill-primary-after", fleet.kill_primary_after,
+                 "With --tiers cluster: shut the cluster's first node down when this request is sent (failover mid-run)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
   fl->add_option("--chunk-tokens", fleet.chunk_tokens,
                  "Tokens per 512-token trace chunk (default 512; 32 shrinks prompts 16x, same prefix structure)")

@@ -294,6 +294,10 @@ struct FleetBenchOptions {
   // requests cut or answered elsewhere: `failed`, and `mismatched` must
   // stay 0).
   int64_t kill_backend_after = 0;
+  // > 0, with the cluster tier: the cluster's first listed node (a primary
+  // as scripts/redis-cluster.sh starts it) is shut down without saving
+  // when this request is sent (once: the cluster stays as failed over).
+  int64_t kill_primary_after = 0;
   std::function<void(const std::string& run, int64_t done, int64_t total)> on_progress;
 };
 
@@ -310,6 +314,7 @@ struct FleetRun {
   // (greedy decoding: any difference is wrong output).
   int64_t mismatched = 0;
   bool killed_backend = false;
+  std::string killed_primary;  // the cluster node shut down during the run, if any
 };
 
 struct FleetBenchReport {

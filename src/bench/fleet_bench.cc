@@ -214,6 +214,29 @@ double OracleHitRate(const std::vector<std::vector<int32_t>>& prompts, int32_t b
   return total > 0 ? static_cast<double>(hit) / static_cast<double>(total) : 0;
 }
 
+// Shuts the cluster's first listed node down without saving (a crash for
+// the cluster: its replica takes over after the node timeout), through
+// redis-cli; the node it was, or "" when that failed.
+std::string ShutDownNode(const std::string& nodes) {
+  const std::string first = nodes.substr(0, nodes.find(','));
+  const size_t colon = first.rfind(':');
+  if (colon == std::string::npos) return "";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int null = ::open("/dev/null", O_WRONLY);
+    if (null >= 0) {
+      ::dup2(null, 1);
+      ::dup2(null, 2);
+    }
+    ::execlp("redis-cli", "redis-cli", "-h", first.substr(0, colon).c_str(), "-p", first.substr(colon + 1).c_str(),
+             "SHUTDOWN", "NOSAVE", static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  int status = 0;
+  if (pid < 0 || ::waitpid(pid, &status, 0) != pid) return "";
+  return first;
+}
+
 }  // namespace
 
 Result<FleetBenchReport> RunFleetBench(const FleetBenchOptions& o) {
@@ -311,6 +334,9 @@ Result<FleetBenchReport> RunFleetBench(const FleetBenchOptions& o) {
           if (o.kill_backend_after > 0 && static_cast<int64_t>(i) == o.kill_backend_after && !backends.empty()) {
             backends.front()->Crash();  // requests on it are cut; the next ones go elsewhere
             run.killed_backend = true;
+          }
+          if (tiers == "cluster" && o.kill_primary_after > 0 && static_cast<int64_t>(i) == o.kill_primary_after) {
+            run.killed_primary = ShutDownNode(o.redis_cluster);
           }
           clients.emplace_back([&, i] {
             results[i] = Send(router->port(), prompts[i], o.max_tokens);
