@@ -5,6 +5,8 @@
 #       127.0.0.1:FIRST_PORT..+5 (default 7100; bus ports +10000), data in DIR
 #       (default build/redis-cluster); prints the nodes for --redis-cluster
 #   scripts/redis-cluster.sh stop [DIR]
+# cluster-require-full-coverage is off, as a cache tier wants it: while a
+# failed primary's replica is being promoted, the other slots keep serving.
 set -euo pipefail
 cmd="${1:-start}"
 dir="${2:-build/redis-cluster}"
@@ -22,6 +24,7 @@ case "$cmd" in
       mkdir -p "$dir/$port"
       redis-server --port "$port" --bind 127.0.0.1 --dir "$dir/$port" --save "" --appendonly no --daemonize yes \
         --cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 2000 \
+        --cluster-require-full-coverage no \
         --logfile "$dir/$port/redis.log" --pidfile "$dir/$port/redis.pid" --maxmemory 512mb --maxmemory-policy allkeys-lru
       nodes+=("127.0.0.1:$port")
     done

@@ -110,6 +110,13 @@ class RedisStore final : public BlockStore {
         ++stats_.misses;
         continue;
       }
+      if (r->type == REDIS_REPLY_ERROR) {
+        // The server refused (a cluster without a node for the slot:
+        // CLUSTERDOWN, TRYAGAIN): a miss, not a bad payload.
+        ++stats_.misses;
+        Refused(r, "GET").IgnoreError();
+        continue;
+      }
       if (r->type == REDIS_REPLY_NIL) {
         ++stats_.misses;
         Gone(metas[i].key);  // evicted or expired by the server, or deleted by another process
