@@ -132,7 +132,12 @@ int BitIndex(uint8_t bit) {
 Result<DecodedBatch> DecodeKvEventBatch(std::string_view payload) {
   msgpack::object_handle oh;
   try {
-    oh = msgpack::unpack(payload.data(), payload.size());
+    // Bounded by the payload itself: an element takes at least a byte, so
+    // no honest batch declares more than that; without the limits a flipped
+    // byte declaring 2^32 entries would be allocated before it is read.
+    const size_t n = payload.size();
+    const msgpack::unpack_limit limit(n, n / 2 + 1, n, n, n, 16);
+    oh = msgpack::unpack(payload.data(), payload.size(), nullptr, nullptr, limit);
   } catch (const std::exception& ex) {
     return Bad(std::string("not msgpack: ") + ex.what());
   }
