@@ -107,6 +107,18 @@ std::optional<HttpRefusal> CheckHeader(const Parser& p, const HttpLimits& l) {
   return std::nullopt;
 }
 
+// After a chunked body: its trailer fields joined the header's, and count
+// against the same limit.
+std::optional<HttpRefusal> CheckTrailers(const Parser& p, const HttpLimits& l) {
+  const http::request<http::string_body>& m = p.get();
+  const auto count = static_cast<int>(std::distance(m.begin(), m.end()));
+  if (count > l.max_headers) {
+    return HttpRefusal{431, "the request has " + std::to_string(count) + " header and trailer fields; at most " +
+                                std::to_string(l.max_headers) + " are accepted"};
+  }
+  return std::nullopt;
+}
+
 HttpRefusal RefusalFor(const beast::error_code& ec, const HttpLimits& l) {
   if (ec == http::error::header_limit) {
     return {431, "the request header is larger than " + std::to_string(l.max_header_bytes) + " bytes"};
@@ -406,6 +418,7 @@ class Connection final : public std::enable_shared_from_this<Connection> {
         }
         return self->Refuse(RefusalFor(ec, self->t_.limits()));
       }
+      if (std::optional<HttpRefusal> r = CheckTrailers(*self->parser_, self->t_.limits())) return self->Refuse(*r);
       self->Dispatch();
     });
   }
@@ -709,6 +722,7 @@ std::variant<HttpRequest, HttpRefusal> ParseHttpRequest(std::string_view bytes, 
     }
   }
   if (!p.is_done()) return HttpRefusal{400, "the request was cut short"};
+  if (std::optional<HttpRefusal> r = CheckTrailers(p, limits)) return *r;
   return ToRequest(p);
 }
 

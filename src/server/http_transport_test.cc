@@ -70,6 +70,14 @@ TEST(ParseHttpRequestTest, HeaderLimitsAre431) {
   EXPECT_NE(r.message.find("2048 bytes"), std::string::npos) << r.message;
   // A long request line counts too.
   EXPECT_EQ(Refused("GET /" + std::string(3000, 'a') + " HTTP/1.1\r\n\r\n", l).status, 431);
+  // Trailer fields after a chunked body join the header's and count against
+  // the same limit (the HTTP fuzzer found them passing it).
+  l.max_headers = 4;
+  std::string trailers = "POST /v1/completions HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n";
+  for (int i = 0; i < 5; ++i) trailers += "T-" + std::to_string(i) + ": v\r\n";
+  r = Refused(trailers + "\r\n", l);
+  EXPECT_EQ(r.status, 431);
+  EXPECT_NE(r.message.find("trailer"), std::string::npos) << r.message;
 }
 
 TEST(ParseHttpRequestTest, BodyLimitsEncodingsAndVersions) {
