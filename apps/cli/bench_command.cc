@@ -304,6 +304,15 @@ int RunGenerateBenchCommand(const GenerateBenchArgs& a) {
   return kExitOk;
 }
 
+// A progress bar on stderr: "\rLABEL [####....] done/total", a newline at the end.
+void Progress(const std::string& label, int label_width, int64_t done, int64_t total) {
+  constexpr int width = 40;
+  const int filled = static_cast<int>(width * done / std::max<int64_t>(total, 1));
+  std::fprintf(stderr, "\r%-*s [%s%s] %ld/%ld", label_width, label.c_str(), std::string(static_cast<size_t>(filled), '#').c_str(),
+               std::string(static_cast<size_t>(width - filled), '.').c_str(), static_cast<long>(done), static_cast<long>(total));
+  if (done == total) std::fprintf(stderr, "\n");
+}
+
 struct ServeBenchArgs {
   std::string trace, format = "auto", model, preset = "small-16k", kv_budget = "32MiB", allocator = "both", plot, kv_dtype = "f16";
   int64_t max_requests = 0, step_tokens = 2048;
@@ -382,12 +391,7 @@ int RunServeBenchCommand(const ServeBenchArgs& a) {
     if (const char* pw = std::getenv(a.redis_password_env.c_str())) o.redis_password = pw;
   }
   o.on_progress = [](const std::string& allocator, int64_t done, int64_t total) {
-    if (done % 20 != 0 && done != total) return;
-    const int width = 40;
-    const int filled = static_cast<int>(width * done / std::max<int64_t>(total, 1));
-    std::fprintf(stderr, "\r%-10s [%s%s] %ld/%ld", allocator.c_str(), std::string(static_cast<size_t>(filled), '#').c_str(),
-                 std::string(static_cast<size_t>(width - filled), '.').c_str(), static_cast<long>(done), static_cast<long>(total));
-    if (done == total) std::fprintf(stderr, "\n");
+    if (done % 20 == 0 || done == total) Progress(allocator, 10, done, total);
   };
   if (!a.json) PrintMachine();
   Result<ServeBenchReport> r = RunServeBench(o);
@@ -512,13 +516,7 @@ int RunFleetBenchCommand(const FleetBenchArgs& a) {
   o.kill_backend_after = a.kill_backend_after;
   o.kill_primary_after = a.kill_primary_after;
   o.threads_per_backend = a.threads;
-  o.on_progress = [](const std::string& run, int64_t done, int64_t total) {
-    constexpr int width = 40;
-    const int filled = static_cast<int>(width * done / std::max<int64_t>(total, 1));
-    std::fprintf(stderr, "\r%-36s [%s%s] %ld/%ld", run.c_str(), std::string(static_cast<size_t>(filled), '#').c_str(),
-                 std::string(static_cast<size_t>(width - filled), '.').c_str(), static_cast<long>(done), static_cast<long>(total));
-    if (done == total) std::fprintf(stderr, "\n");
-  };
+  o.on_progress = [](const std::string& run, int64_t done, int64_t total) { Progress(run, 36, done, total); };
   if (!a.json) PrintMachine();
   Result<FleetBenchReport> r = RunFleetBench(o);
   if (!r.ok()) {

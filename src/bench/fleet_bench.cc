@@ -48,13 +48,6 @@ int FreePort() {
   return port;
 }
 
-double Percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t i = std::min(v.size() - 1, static_cast<size_t>(std::ceil(p * static_cast<double>(v.size()))) - (p > 0 ? 1 : 0));
-  return v[i];
-}
-
 // A `pagekv` child process whose first "listening on http://HOST:PORT"
 // line gives its port; killed when it goes.
 class Child {
@@ -368,8 +361,8 @@ Result<FleetBenchReport> RunFleetBench(const FleetBenchOptions& o) {
           ttft.push_back(s.ttft_ms);
         }
         run.hit_rate = run.prompt_tokens > 0 ? static_cast<double>(run.cached_tokens) / static_cast<double>(run.prompt_tokens) : 0;
-        run.ttft_p50_ms = Percentile(ttft, 0.5);
-        run.ttft_p99_ms = Percentile(ttft, 0.99);
+        run.ttft_p50_ms = bench::Percentile(ttft, 0.5);
+        run.ttft_p99_ms = bench::Percentile(ttft, 0.99);
         run.output_tokens_per_s = run.seconds > 0 ? static_cast<double>(completion) / run.seconds : 0;
         httplib::Client cli("127.0.0.1", router->port());
         if (auto m = cli.Get("/metrics"); m && m->status == 200) {

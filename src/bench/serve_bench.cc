@@ -18,13 +18,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double Percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t i = std::min(v.size() - 1, static_cast<size_t>(std::ceil(p * static_cast<double>(v.size()))) - (p > 0 ? 1 : 0));
-  return v[i];
-}
-
 // The tiers a config string names ("host+redis"); the disk file, if any, at disk_path.
 Result<TierOptions> TiersFor(const ServeBenchOptions& o, const std::string& config, const std::string& disk_path) {
   TierOptions t;
@@ -150,10 +143,10 @@ Result<ServeBenchResult> RunOne(const ServeBenchOptions& o, const std::string& m
   engine->Stop();
   r.requests_per_s = static_cast<double>(r.requests) / r.seconds;
   r.output_tokens_per_s = static_cast<double>(output_tokens) / r.seconds;
-  r.ttft_p50_ms = Percentile(ttft, 0.5);
-  r.ttft_p99_ms = Percentile(ttft, 0.99);
-  r.itl_p50_ms = Percentile(itl, 0.5);
-  r.itl_p99_ms = Percentile(itl, 0.99);
+  r.ttft_p50_ms = bench::Percentile(ttft, 0.5);
+  r.ttft_p99_ms = bench::Percentile(ttft, 0.99);
+  r.itl_p50_ms = bench::Percentile(itl, 0.5);
+  r.itl_p99_ms = bench::Percentile(itl, 0.99);
   r.preemptions = m.preemptions;
   r.prefix_hit_rate = m.prefix.token_hit_rate;
   r.pool_hit_blocks = m.prefix.tier_hit_blocks[0];

@@ -5,6 +5,8 @@
 // token ids that stand in for their prompts.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <istream>
 #include <string>
@@ -39,5 +41,14 @@ Result<std::vector<TraceRequest>> ParseTrace(std::istream& in, TraceFormat forma
 // structure stays while the prompts shrink by 512 / chunk_tokens.
 void TraceTokens(const TraceRequest& r, int64_t index, int32_t vocab, std::vector<int32_t>& out,
                  int64_t chunk_tokens = kTraceBlock);
+
+// The p-quantile (0..1) of v by the nearest-rank rule; 0 for none. For
+// the serving benchmarks' TTFT and inter-token latencies.
+inline double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t i = std::min(v.size() - 1, static_cast<size_t>(std::ceil(p * static_cast<double>(v.size()))) - (p > 0 ? 1 : 0));
+  return v[i];
+}
 
 }  // namespace pagekv::bench
