@@ -18,6 +18,7 @@ case "$cmd" in
       exit 2
     }
     mkdir -p "$dir"
+    dir="$(cd "$dir" && pwd)"  # redis-server resolves --logfile after --dir: give it absolute paths
     nodes=()
     for i in 0 1 2 3 4 5; do
       port=$((first + i))

@@ -474,7 +474,7 @@ struct FleetBenchArgs {
   double time_scale = 0.01;
   int32_t max_tokens = 16, block_len = 16, chunk_tokens = 512;
   int threads = 1;
-  double load_weight = 0.25;
+  double load_weight = 0.25, kv_usage_weight = 0.0;
   int64_t kill_backend_after = 0, kill_primary_after = 0;
   bool json = false;
 };
@@ -513,6 +513,7 @@ int RunFleetBenchCommand(const FleetBenchArgs& a) {
   o.block_len = a.block_len;
   o.chunk_tokens = a.chunk_tokens;
   o.load_weight = a.load_weight;
+  o.kv_usage_weight = a.kv_usage_weight;
   o.kill_backend_after = a.kill_backend_after;
   o.kill_primary_after = a.kill_primary_after;
   o.threads_per_backend = a.threads;
@@ -540,6 +541,16 @@ int RunFleetBenchCommand(const FleetBenchArgs& a) {
                            {"exact_predictions", x.exact_predictions}, {"reported_decisions", x.reported_decisions},
                            {"mismatched", x.mismatched}, {"killed_backend", x.killed_backend},
                            {"killed_primary", x.killed_primary}});
+      if (x.kill_index >= 0) {
+        auto& k = j["runs"].back();
+        k["kill_index"] = x.kill_index;
+        k["promoted_index"] = x.promoted_index;
+        k["promotion_seconds"] = x.promotion_seconds;
+        const char* names[3] = {"before", "window", "after"};
+        for (int ph = 0; ph < 3; ++ph) {
+          k["phases"][names[ph]] = {{"hit_rate", x.phase_hit_rate[ph]}, {"oracle_hit_rate", x.phase_oracle_hit_rate[ph]}};
+        }
+      }
     }
     std::printf("%s\n", j.dump(2).c_str());
     return kExitOk;
@@ -553,6 +564,20 @@ int RunFleetBenchCommand(const FleetBenchArgs& a) {
                 r->oracle_hit_rate > 0 ? x.hit_rate / r->oracle_hit_rate : 0.0, x.ttft_p50_ms, x.ttft_p99_ms,
                 x.output_tokens_per_s, static_cast<long>(x.exact_predictions), static_cast<long>(x.reported_decisions),
                 static_cast<long>(x.mismatched));
+    if (x.kill_index >= 0) {
+      std::printf("          killed %s at request %ld", x.killed_primary.empty() ? "a backend" : x.killed_primary.c_str(),
+                  static_cast<long>(x.kill_index));
+      if (!x.killed_primary.empty()) {
+        if (x.promoted_index >= 0) {
+          std::printf(", replica promoted after %.1f s (request %ld)", x.promotion_seconds, static_cast<long>(x.promoted_index));
+        } else {
+          std::printf(", no promotion seen");
+        }
+      }
+      std::printf("; hit rate / oracle: before %.1f%% / %.1f%%, window %.1f%% / %.1f%%, after %.1f%% / %.1f%%\n",
+                  100 * x.phase_hit_rate[0], 100 * x.phase_oracle_hit_rate[0], 100 * x.phase_hit_rate[1],
+                  100 * x.phase_oracle_hit_rate[1], 100 * x.phase_hit_rate[2], 100 * x.phase_oracle_hit_rate[2]);
+    }
   }
   return kExitOk;
 }
@@ -680,6 +705,7 @@ CLI::App* AddBenchCommand(CLI::App& app, int& exit_code) {
   fl->add_option("--block-len", fleet.block_len, "Tokens per KV block (default 16)")->check(CLI::Range(1, 4096));
   fl->add_option("--threads", fleet.threads, "Threads per backend (default 1)")->check(CLI::Range(1, 256));
   fl->add_option("--load-weight", fleet.load_weight, "The router's --load-weight (default 0.25)")->check(CLI::Range(0.0, 1e12));
+  fl->add_option("--kv-usage-weight", fleet.kv_usage_weight, "The router's --kv-usage-weight (default 0)")->check(CLI::Range(0.0, 1e12));
   fl->add_option("--kill-backend-after", fleet.kill_backend_after,
                  "Kill the first backend when this request is sent (every run): rerouting, and no wrong output")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));

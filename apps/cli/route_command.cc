@@ -19,7 +19,7 @@ struct RouteArgs {
   std::string model, tokenizer, chat_template, policy = "kv", host = "127.0.0.1", api_key_env, api_key_file;
   int port = 8090, io_threads = 2, workers = 32;
   int32_t block_len = 16;
-  double load_weight = 0.25, health_interval = 0.5;
+  double load_weight = 0.25, kv_usage_weight = 0.0, health_interval = 0.5;
 };
 
 int RunRoute(const RouteArgs& a) {
@@ -46,6 +46,7 @@ int RunRoute(const RouteArgs& a) {
   o.chat_template = a.chat_template;
   o.block_len = a.block_len;
   o.load_weight = a.load_weight;
+  o.kv_usage_weight = a.kv_usage_weight;
   o.host = a.host;
   o.port = a.port;
   o.io_threads = a.io_threads;
@@ -95,6 +96,9 @@ CLI::App* AddRouteCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--policy", args.policy, "kv (default: longest cached prefix against load), round-robin, least-loaded");
   cmd->add_option("--load-weight", args.load_weight,
                   "kv policy: the weight of prefill tokens queued on a backend against the request's own uncached ones (default 0.25)")
+      ->check(CLI::Range(0.0, 1e12));
+  cmd->add_option("--kv-usage-weight", args.kv_usage_weight,
+                  "kv policy: the weight of KV tokens a backend's running requests hold (its /metrics; default 0)")
       ->check(CLI::Range(0.0, 1e12));
   cmd->add_option("--api-key-env", args.api_key_env, "The backends' API keys (one per line) from this environment variable");
   cmd->add_option("--api-key-file", args.api_key_file, "The backends' API keys (one per line) from this file");

@@ -276,6 +276,7 @@ struct FleetBenchOptions {
   std::vector<int> backend_counts = {2, 3};
   std::vector<std::string> policies = {"round-robin", "least-loaded", "kv"};
   double load_weight = 0.25;              // the router's --load-weight (kv policy)
+  double kv_usage_weight = 0.0;           // the router's --kv-usage-weight (kv policy)
   // "none" or "cluster" (every backend's tier: the Redis Cluster at
   // redis_cluster, a namespace of its own per run).
   std::vector<std::string> tier_configs = {"none"};
@@ -315,6 +316,17 @@ struct FleetRun {
   int64_t mismatched = 0;
   bool killed_backend = false;
   std::string killed_primary;  // the cluster node shut down during the run, if any
+  // With a kill: the requests in three phases, by when each was sent:
+  // before the kill, from the kill until the cluster had promoted the killed
+  // primary's replica (a backend kill: until its requests were answered
+  // elsewhere, i.e. none), and after; each phase's hit rate against the
+  // one-pool oracle's on the same requests. A phase after the window below
+  // the oracle is what the window's lost writes cost.
+  int64_t kill_index = -1;       // the first request sent after the kill
+  int64_t promoted_index = -1;   // the first request sent after the promotion (-1: not seen)
+  double promotion_seconds = 0;  // from the kill to the promotion
+  double phase_hit_rate[3] = {0, 0, 0};
+  double phase_oracle_hit_rate[3] = {0, 0, 0};
 };
 
 struct FleetBenchReport {

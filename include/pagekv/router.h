@@ -16,6 +16,8 @@
 //   cost = prompt tokens the backend would compute (its predicted miss)
 //        + load_weight * prompt tokens queued there before it (the predicted
 //          misses of the router's requests there not yet answered)
+//        + kv_usage_weight * KV tokens its running requests hold (from its
+//          /metrics: the decode work a new request shares steps with)
 //
 // (a time-to-first-token estimate in prefill tokens);
 // round-robin and least-loaded (in flight + waiting) are the baselines. A
@@ -62,6 +64,10 @@ struct RouterOptions {
   // hit). 0.25 measured best on the Mooncake conversation trace
   // (docs/PERFORMANCE.md).
   double load_weight = 0.25;
+  // How much a KV token held by a backend's running requests weighs (its
+  // vllm:kv_cache_usage_perc x num_gpu_blocks x block_size, polled every
+  // health_interval_ms).
+  double kv_usage_weight = 0.0;
   // The backends' API keys: each is a tenant whose salt the router derives
   // as they do; the Authorization header is forwarded as it came.
   std::vector<std::string> api_keys;

@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <mutex>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -186,10 +187,11 @@ Sent Send(int port, const std::vector<int32_t>& prompt, int32_t max_tokens) {
 }
 
 // One unbounded pool seeing the requests in order: each hits the longest
-// prefix of full blocks (less its last token) some earlier one had.
-double OracleHitRate(const std::vector<std::vector<int32_t>>& prompts, int32_t block_len) {
+// prefix of full blocks (less its last token) some earlier one had. The
+// tokens each request hits.
+std::vector<int64_t> OracleHits(const std::vector<std::vector<int32_t>>& prompts, int32_t block_len) {
   std::set<std::string> seen;
-  int64_t total = 0, hit = 0;
+  std::vector<int64_t> hits;
   for (const std::vector<int32_t>& p : prompts) {
     std::vector<BlockKey> keys;
     const int64_t full = static_cast<int64_t>(p.size()) / block_len;
@@ -200,11 +202,54 @@ double OracleHitRate(const std::vector<std::vector<int32_t>>& prompts, int32_t b
     const int64_t may = (static_cast<int64_t>(p.size()) - 1) / block_len;
     int64_t n = 0;
     while (n < may && seen.count(keys[static_cast<size_t>(n)].Hex()) > 0) ++n;
-    total += static_cast<int64_t>(p.size());
-    hit += n * block_len;
+    hits.push_back(n * block_len);
     for (const BlockKey& k : keys) seen.insert(k.Hex());
   }
-  return total > 0 ? static_cast<double>(hit) / static_cast<double>(total) : 0;
+  return hits;
+}
+
+std::vector<std::string> SplitList(const std::string& list) {
+  std::vector<std::string> out;
+  std::stringstream ss(list);
+  for (std::string item; std::getline(ss, item, ',');) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+// The stdout of `redis-cli -h HOST -p PORT ARGS...` ("" when it failed).
+std::string RedisCli(const std::string& node, const std::string& args) {
+  const size_t colon = node.rfind(':');
+  if (colon == std::string::npos) return "";
+  const std::string cmd = "redis-cli -h " + node.substr(0, colon) + " -p " + node.substr(colon + 1) + " " + args + " 2>/dev/null";
+  FILE* f = ::popen(cmd.c_str(), "r");
+  if (f == nullptr) return "";
+  std::string out;
+  char buf[4096];
+  size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+  ::pclose(f);
+  return out;
+}
+
+// Whether the cluster, asked through `ask` (a node that is up), no longer
+// has `killed` serving any slot: its replica was promoted (CLUSTER NODES:
+// "id ip:port@cport flags master ping pong epoch link [slot ranges...]").
+bool Promoted(const std::string& ask, const std::string& killed) {
+  const std::string nodes = RedisCli(ask, "CLUSTER NODES");
+  if (nodes.empty()) return false;
+  size_t at = 0;
+  while (at < nodes.size()) {
+    size_t eol = nodes.find('\n', at);
+    if (eol == std::string::npos) eol = nodes.size();
+    std::istringstream line(nodes.substr(at, eol - at));
+    at = eol + 1;
+    std::vector<std::string> f;
+    for (std::string w; line >> w;) f.push_back(w);
+    if (f.size() < 8 || f[1].substr(0, f[1].find('@')) != killed) continue;
+    return f.size() == 8;  // no slot ranges left on it
+  }
+  return false;
 }
 
 // Shuts the cluster's first listed node down without saving (a crash for
@@ -227,6 +272,8 @@ std::string ShutDownNode(const std::string& nodes) {
   }
   int status = 0;
   if (pid < 0 || ::waitpid(pid, &status, 0) != pid) return "";
+  // redis-cli exits 1 when it could not reach the node (already down).
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return "";
   return first;
 }
 
@@ -283,7 +330,15 @@ Result<FleetBenchReport> RunFleetBench(const FleetBenchOptions& o) {
     prompts.push_back(std::move(p));
     arrivals.push_back(trace[i].arrival_s * o.time_scale);
   }
-  report.oracle_hit_rate = OracleHitRate(prompts, o.block_len);
+  const std::vector<int64_t> oracle_hits = OracleHits(prompts, o.block_len);
+  {
+    int64_t total = 0, hit = 0;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      total += static_cast<int64_t>(prompts[i].size());
+      hit += oracle_hits[i];
+    }
+    report.oracle_hit_rate = total > 0 ? static_cast<double>(hit) / static_cast<double>(total) : 0;
+  }
   std::vector<std::string> reference(prompts.size());  // each request's first answer over the runs
   int run_id = 0;
   for (const std::string& tiers : o.tier_configs) {
@@ -298,7 +353,8 @@ Result<FleetBenchReport> RunFleetBench(const FleetBenchOptions& o) {
         std::vector<std::unique_ptr<Child>> backends;
         std::vector<std::string> route = {o.cli_path, "route", "--model", model, "--port", "0", "--policy", policy,
                                           "--block-len", std::to_string(o.block_len), "--health-interval", "0.2",
-                                          "--load-weight", std::to_string(o.load_weight)};
+                                          "--load-weight", std::to_string(o.load_weight), "--kv-usage-weight",
+                                          std::to_string(o.kv_usage_weight)};
         for (int k = 0; k < n; ++k) {
           const int events = FreePort();
           std::vector<std::string> args = {o.cli_path, "serve", "--model", model, "--port", "0", "--kv-budget",
@@ -322,15 +378,34 @@ Result<FleetBenchReport> RunFleetBench(const FleetBenchOptions& o) {
         std::atomic<int64_t> done{0};
         std::vector<std::thread> clients;
         const auto t0 = Clock::now();
+        // After a primary's kill: watches for its replica's promotion.
+        std::thread watcher;
+        std::atomic<bool> promoted{false}, stop_watching{false};
+        Clock::time_point killed_at{};
         for (size_t i = 0; i < prompts.size(); ++i) {
           std::this_thread::sleep_until(t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(arrivals[i])));
           if (o.kill_backend_after > 0 && static_cast<int64_t>(i) == o.kill_backend_after && !backends.empty()) {
             backends.front()->Crash();  // requests on it are cut; the next ones go elsewhere
             run.killed_backend = true;
+            run.kill_index = static_cast<int64_t>(i);
+            run.promoted_index = static_cast<int64_t>(i);
           }
           if (tiers == "cluster" && o.kill_primary_after > 0 && static_cast<int64_t>(i) == o.kill_primary_after) {
+            killed_at = Clock::now();
             run.killed_primary = ShutDownNode(o.redis_cluster);
+            if (!run.killed_primary.empty()) run.kill_index = static_cast<int64_t>(i);
+            const std::vector<std::string> nodes = SplitList(o.redis_cluster);
+            if (!run.killed_primary.empty() && nodes.size() > 1) {
+              watcher = std::thread([&, ask = nodes[1], killed = run.killed_primary] {
+                while (!stop_watching && !Promoted(ask, killed)) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+                if (!stop_watching) {
+                  run.promotion_seconds = std::chrono::duration<double>(Clock::now() - killed_at).count();
+                  promoted = true;
+                }
+              });
+            }
           }
+          if (run.kill_index >= 0 && run.promoted_index < 0 && promoted) run.promoted_index = static_cast<int64_t>(i);
           clients.emplace_back([&, i] {
             results[i] = Send(router->port(), prompts[i], o.max_tokens);
             const int64_t d = ++done;
@@ -339,6 +414,8 @@ Result<FleetBenchReport> RunFleetBench(const FleetBenchOptions& o) {
         }
         for (std::thread& t : clients) t.join();
         run.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+        stop_watching = true;
+        if (watcher.joinable()) watcher.join();
         std::vector<double> ttft;
         int64_t completion = 0;
         for (size_t i = 0; i < results.size(); ++i) {
@@ -359,6 +436,22 @@ Result<FleetBenchReport> RunFleetBench(const FleetBenchOptions& o) {
           run.cached_tokens += s.cached;
           completion += s.completion;
           ttft.push_back(s.ttft_ms);
+        }
+        if (run.kill_index >= 0) {
+          const int64_t end = static_cast<int64_t>(results.size());
+          const int64_t bounds[4] = {0, run.kill_index, run.promoted_index >= 0 ? run.promoted_index : end, end};
+          for (int ph = 0; ph < 3; ++ph) {
+            int64_t total = 0, hit = 0, oracle = 0;
+            for (int64_t i = bounds[ph]; i < bounds[ph + 1]; ++i) {
+              const Sent& s = results[static_cast<size_t>(i)];
+              if (!s.ok) continue;
+              total += s.prompt_tokens;
+              hit += s.cached;
+              oracle += oracle_hits[static_cast<size_t>(i)];
+            }
+            run.phase_hit_rate[ph] = total > 0 ? static_cast<double>(hit) / static_cast<double>(total) : 0;
+            run.phase_oracle_hit_rate[ph] = total > 0 ? static_cast<double>(oracle) / static_cast<double>(total) : 0;
+          }
         }
         run.hit_rate = run.prompt_tokens > 0 ? static_cast<double>(run.cached_tokens) / static_cast<double>(run.prompt_tokens) : 0;
         run.ttft_p50_ms = bench::Percentile(ttft, 0.5);

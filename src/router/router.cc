@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstdlib>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -20,6 +22,7 @@
 
 #include "router/kv_events.h"
 #include "router/model_text.h"
+#include "router/prometheus_text.h"
 #include "server/http_transport.h"
 #include "server/metrics.h"
 #include "server/request.h"
@@ -66,29 +69,15 @@ struct Backend {
   // request's predicted miss, until its first byte comes back).
   std::atomic<int64_t> pending_prefill{0};
   std::atomic<int64_t> waiting{0}, running{0};
+  // KV tokens its running requests hold (vllm:kv_cache_usage_perc x
+  // num_gpu_blocks x block_size of its /metrics), as last polled.
+  std::atomic<int64_t> kv_tokens{0};
   std::atomic<int64_t> requests{0}, failures{0};
   std::atomic<int64_t> restarts{0}, event_batches{0}, bad_batches{0}, gaps{0};
   // Listener thread only.
   bool seen_seq = false;
   uint64_t last_seq = 0;
 };
-
-// A value of one series in Prometheus text ("name{...} value" or "name value").
-std::optional<double> SeriesValue(const std::string& text, const std::string& name) {
-  size_t at = 0;
-  while ((at = text.find(name, at)) != std::string::npos) {
-    const bool line_start = at == 0 || text[at - 1] == '\n';
-    const size_t after = at + name.size();
-    if (line_start && after < text.size() && (text[after] == ' ' || text[after] == '{')) {
-      const size_t eol = text.find('\n', after);
-      const std::string line = text.substr(after, eol == std::string::npos ? std::string::npos : eol - after);
-      const size_t space = line.rfind(' ');
-      if (space != std::string::npos) return std::strtod(line.c_str() + space + 1, nullptr);
-    }
-    at = after;
-  }
-  return std::nullopt;
-}
 
 // The usage a backend reported: usage.prompt_tokens_details.cached_tokens.
 std::optional<int64_t> CachedTokens(const json& j) {
@@ -126,6 +115,7 @@ class Router {
     if (o_.block_len < 1) return InvalidArgumentError("router: --block-len must be at least 1");
     if (o_.workers < 1 || o_.io_threads < 1) return InvalidArgumentError("router: workers and io_threads must be at least 1");
     if (!(o_.load_weight >= 0)) return InvalidArgumentError("router: --load-weight must not be negative");
+    if (!(o_.kv_usage_weight >= 0)) return InvalidArgumentError("router: --kv-usage-weight must not be negative");
     for (const RouterBackend& b : o_.backends) {
       auto be = std::make_unique<Backend>();
       be->o = b;
@@ -232,8 +222,11 @@ class Router {
         case RoutePolicy::kKvAware:
           // The prefill the request waits for there: what is queued before
           // it, then its own miss (a time-to-first-token estimate in tokens).
+          // Then the KV its running requests hold: the decode work it
+          // shares its steps with (and the pool a miss must find room in).
           cost[static_cast<size_t>(k)] = prompt - static_cast<double>(d.predicted[static_cast<size_t>(k)]) +
-                                         o_.load_weight * static_cast<double>(b.pending_prefill.load());
+                                         o_.load_weight * static_cast<double>(b.pending_prefill.load()) +
+                                         o_.kv_usage_weight * static_cast<double>(b.kv_tokens.load());
           break;
         case RoutePolicy::kLeastLoaded: cost[static_cast<size_t>(k)] = load; break;
         case RoutePolicy::kRoundRobin: break;
@@ -466,8 +459,15 @@ class Router {
         b.up = h && h->status == 200;
         if (!b.up) continue;
         if (const httplib::Result m = cli.Get("/metrics"); m && m->status == 200) {
-          b.waiting = static_cast<int64_t>(SeriesValue(m->body, "vllm:num_requests_waiting").value_or(0));
-          b.running = static_cast<int64_t>(SeriesValue(m->body, "vllm:num_requests_running").value_or(0));
+          b.waiting = static_cast<int64_t>(router::SeriesValue(m->body, "vllm:num_requests_waiting").value_or(0));
+          b.running = static_cast<int64_t>(router::SeriesValue(m->body, "vllm:num_requests_running").value_or(0));
+          const double usage = router::SeriesValue(m->body, "vllm:kv_cache_usage_perc").value_or(0);
+          const auto label = [&](const char* l) {
+            const std::optional<std::string> v = router::LabelValue(m->body, "vllm:cache_config_info", l);
+            return v ? std::strtod(v->c_str(), nullptr) : 0.0;
+          };
+          const double tokens = usage * label("num_gpu_blocks") * label("block_size");
+          b.kv_tokens = std::isfinite(tokens) && tokens > 0 ? static_cast<int64_t>(std::min(tokens, 1e15)) : 0;
         }
       }
       std::unique_lock lock(mu_);
@@ -482,7 +482,7 @@ class Router {
 
   std::string MetricsPage() {
     server::MetricsText m;
-    std::vector<std::pair<server::Labels, double>> up, sent, fails, in_flight, pending, blocks, batches, gaps;
+    std::vector<std::pair<server::Labels, double>> up, sent, fails, in_flight, pending, kv, blocks, batches, gaps;
     router::KvIndexStats is;
     {
       std::lock_guard lock(index_mu_);
@@ -498,6 +498,7 @@ class Router {
       fails.push_back({l, static_cast<double>(b->failures.load())});
       in_flight.push_back({l, static_cast<double>(b->in_flight.load())});
       pending.push_back({l, static_cast<double>(b->pending_prefill.load())});
+      kv.push_back({l, static_cast<double>(b->kv_tokens.load())});
       batches.push_back({l, static_cast<double>(b->event_batches.load())});
       gaps.push_back({l, static_cast<double>(b->gaps.load())});
     }
@@ -507,6 +508,7 @@ class Router {
     m.Add("pagekv_router_backend_in_flight", "requests the router has in flight on the backend", "gauge", in_flight);
     m.Add("pagekv_router_backend_pending_prefill_tokens", "prompt tokens the router's requests there have yet to prefill (predicted misses)",
           "gauge", pending);
+    m.Add("pagekv_router_backend_kv_tokens", "KV tokens the backend's running requests hold (its /metrics, last polled)", "gauge", kv);
     m.Add("pagekv_router_index_blocks", "blocks the index holds for the backend", "gauge", blocks);
     m.Add("pagekv_router_event_batches_total", "KV event batches received from the backend", "counter", batches);
     m.Add("pagekv_router_event_gaps_total", "KV event batches missed (sequence gaps)", "counter", gaps);
