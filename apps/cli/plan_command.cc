@@ -19,6 +19,7 @@ struct PlanArgs {
   int64_t sliding_window = 0, sliding_pattern = 6;
   std::string dtype, budget, layer_dtypes, kv_cache = "auto";
   bool json = false, explain = false;
+  int tp = 1;
 };
 
 namespace {
@@ -291,15 +292,47 @@ int RunPlan(const PlanArgs& a, const CLI::App& cmd) {
     std::fprintf(stderr, "error: %s\n", req.status().message().c_str());
     return kExitBadInput;
   }
+  // Tensor parallel: the plan of one rank (each holds its heads' KV; a
+  // budget is per rank).
+  std::optional<HeadShard> shard;
+  if (a.tp > 1) {
+    CacheConfig& c = req->config;
+    if (c.kind != CacheKind::kPerHead) {
+      std::fprintf(stderr, "error: --tp %d: an MLA (latent) cache has one row per token for every head, so it is not "
+                           "split by head\n", a.tp);
+      return kExitBadInput;
+    }
+    Result<HeadShard> s = ShardHeads(c.num_q_heads, c.num_kv_heads, 0, a.tp);
+    if (!s.ok()) {
+      std::fprintf(stderr, "error: --tp: %s\n", s.status().message().c_str());
+      return kExitBadInput;
+    }
+    shard = *s;
+    c.num_q_heads = s->q_heads;
+    c.num_kv_heads = s->kv_heads;
+    title += fmt::format(", per rank of --tp {}", a.tp);
+  }
   Result<Plan> plan = MakePlan(*req);
   if (!plan.ok()) {
     std::fprintf(stderr, "error: %s\n", plan.status().message().c_str());
     return kExitBadInput;
   }
   if (a.json) {
-    std::printf("%s\n", ToJson(*plan, a.preset).dump(2).c_str());
+    nlohmann::ordered_json j = ToJson(*plan, a.preset);
+    if (shard) {
+      j["tensor_parallel"] = {{"ranks", a.tp}, {"q_heads_per_rank", shard->q_heads}, {"kv_heads_per_rank", shard->kv_heads},
+                              {"kv_replicas", shard->kv_replicas}, {"bytes_all_ranks", plan->total_bytes * a.tp}};
+    }
+    std::printf("%s\n", j.dump(2).c_str());
   } else {
     PrintTable(*plan, title);
+    if (shard) {
+      std::printf("\ntensor parallel: %d ranks, each holding %d query heads over %d KV head%s%s: the figures above are "
+                  "one rank's; the pools of all ranks together hold %s\n",
+                  a.tp, shard->q_heads, shard->kv_heads, shard->kv_heads == 1 ? "" : "s",
+                  shard->kv_replicas > 1 ? fmt::format(" (each KV head replicated on {} ranks)", shard->kv_replicas).c_str() : "",
+                  FormatBytes(plan->total_bytes * a.tp).c_str());
+    }
   }
   if (a.explain) PrintExplain(*plan, a);
   return kExitOk;
@@ -333,6 +366,9 @@ CLI::App* AddPlanCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--sliding-pattern", args->sliding_pattern,
                   "With --sliding-window: every Nth layer attends fully (default 6, as Gemma 3; 1 = every layer slides)");
   cmd->add_option("--kv-cache", args->kv_cache, "auto (default), hybrid, or uniform: every layer keeps every token");
+  cmd->add_option("--tp", args->tp,
+                  "Tensor parallel ranks: plan one rank's pool (its share of the KV heads; --budget is per rank)")
+      ->check(CLI::Range(1, 1 << 16));
   cmd->add_flag("--json", args->json, "Print one JSON object");
   cmd->add_flag("--explain", args->explain, "Show how each number is derived and what to change");
   cmd->callback([args, cmd, &exit_code] { exit_code = RunPlan(*args, *cmd); });

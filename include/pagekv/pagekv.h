@@ -17,6 +17,7 @@
 #include "pagekv/attention.h"
 #include "pagekv/machine.h"
 #include "pagekv/bench.h"
+#include "pagekv/dist.h"
 #include "pagekv/dtype.h"
 #include "pagekv/generate.h"
 #include "pagekv/ids.h"

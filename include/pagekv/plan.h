@@ -13,6 +13,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "pagekv/kv_layout.h"
@@ -104,6 +105,26 @@ struct Plan {
 };
 
 Result<Plan> MakePlan(const PlanRequest& request);
+
+// Tensor parallel by head: what rank `rank` of `size` holds of a layer with
+// num_q_heads query heads over num_kv_heads KV heads. The query heads are
+// split evenly (num_q_heads must be a multiple of size); the KV heads too
+// when size divides them, else, when num_kv_heads divides size, each KV
+// head is replicated on size / num_kv_heads ranks (each rank holds the one
+// its query heads read: kv_heads = 1). Other counts are refused, naming
+// the sizes that work.
+struct HeadShard {
+  int32_t q_head0 = 0, q_heads = 0;    // query heads [q_head0, q_head0 + q_heads)
+  int32_t kv_head0 = 0, kv_heads = 0;  // KV heads [kv_head0, kv_head0 + kv_heads), in this rank's pool
+  int32_t kv_replicas = 1;             // ranks holding each KV head (> 1: replicated)
+};
+Result<HeadShard> ShardHeads(int32_t num_q_heads, int32_t num_kv_heads, int rank, int size);
+
+// Tensor parallel over a row range of `total` rows (the feed-forward's
+// hidden units): rank's contiguous [begin, end), split as evenly as
+// `align` (the weights' block, so slices keep whole blocks) allows. Errors:
+// total not a multiple of align, fewer align-sized units than ranks.
+Result<std::pair<int64_t, int64_t>> ShardRange(int64_t total, int64_t align, int rank, int size);
 
 // A cache as a caller describes it: a named preset, then every field given
 // overriding it (unset fields keep the preset's, or the defaults; without

@@ -3,6 +3,7 @@
 
 #include "base/check.h"
 
+#include <cstdio>
 #include <string>
 #include <unordered_set>
 #include <vector>
@@ -68,25 +69,73 @@ Result<bool> ForwardStep(const Model& model, KvCache& cache, std::span<const For
     PAGEKV_ASSIGN_OR_RETURN(const AppendNeed n, cache.BlocksNeeded(item.seq, static_cast<int64_t>(item.tokens.size())));
     need += n.total();
   }
-  if (need > cache.FreeBlockCount()) return false;
+  Communicator* const tp = model.tensor_parallel();
+  const bool sharded = tp != nullptr && tp->size() > 1;
+  const bool fits = need <= cache.FreeBlockCount();
+  if (!fits && !sharded) return false;
   // Rollback: every reservation undone exactly, the last first.
   std::vector<ReserveUndo> undos(items.size());
   auto undo = [&](size_t reserved) {
     for (size_t i = reserved; i > 0; --i) PAGEKV_CHECK(cache.Unreserve(undos[i - 1]).ok());
   };
-  for (size_t i = 0; i < items.size(); ++i) {
+  size_t reserved = 0;
+  Status reserve_error;
+  bool reserved_all = fits;
+  for (size_t i = 0; reserved_all && i < items.size(); ++i) {
     Result<bool> fit = cache.Reserve(items[i].seq, static_cast<int64_t>(items[i].tokens.size()), &undos[i]);
     if (!fit.ok() || !*fit) {
       undo(i);  // all or nothing
-      if (!fit.ok()) return fit.status();
-      return false;
+      reserved_all = false;
+      if (!fit.ok()) reserve_error = fit.status();
+    } else {
+      reserved = i + 1;
     }
   }
+  if (sharded) {
+    // Every rank must run this step on the same blocks (their collectives
+    // meet inside Forward): a digest of what each decided, compared before
+    // any rank computes. Ranks that differ all stop here, none hangs.
+    uint64_t h = 1469598103934665603ull;
+    auto mix = [&h](int64_t v) {
+      for (int b = 0; b < 8; ++b) {
+        h ^= static_cast<uint64_t>(v >> (8 * b)) & 0xff;
+        h *= 1099511628211ull;
+      }
+    };
+    mix(reserved_all ? 1 : 0);
+    mix(static_cast<int64_t>(items.size()));
+    for (size_t i = 0; i < items.size(); ++i) {
+      mix(ToInt(items[i].seq));
+      mix(start[i]);
+      for (int32_t t : items[i].tokens) mix(t);
+      for (int32_t g = 0; reserved_all && g < cache.layout().num_groups(); ++g) {
+        PAGEKV_ASSIGN_OR_RETURN(const SequenceView view, cache.View(items[i].seq, g));
+        for (BlockId b : view.blocks) mix(ToInt(b));
+      }
+    }
+    Result<bool> same = tp->AllEqual(h);
+    if (!same.ok() || !*same) {
+      if (reserved_all) undo(reserved);
+      return same.ok() ? InternalError("tensor parallel: the ranks' block tables differ at this step (rank " +
+                                       std::to_string(tp->rank()) + " of " + std::to_string(tp->size()) +
+                                       "): their schedulers saw different inputs; the step was not run")
+                       : same.status();
+    }
+  }
+  if (!reserve_error.ok()) return reserve_error;
+  if (!reserved_all) return false;
   CacheStepKv kv(cache, items, start, fault);
   ForwardOptions run = options;
   if (run.backend == nullptr) run.backend = &cache.backend();  // the math where the pool lives
   if (Status s = model.Forward(step, kv, run); !s.ok()) {
     undo(items.size());  // leave nothing half-written
+    if (sharded) {
+      // The other ranks may be waiting in a collective this rank will not
+      // reach: end the job rather than hang it.
+      std::fprintf(stderr, "pagekv: rank %d of %d: the forward pass failed: %s; aborting every rank\n", tp->rank(),
+                   tp->size(), s.message().c_str());
+      tp->Abort(3);
+    }
     return s;
   }
   // Sliding groups give back what no later query's window reaches.

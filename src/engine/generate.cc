@@ -19,8 +19,40 @@
 #include "pagekv/plan.h"
 
 namespace pagekv {
+namespace {
+
+// Tensor parallel ranks fail together while preparing: a rank that returns
+// early (its model file missing, a prompt that does not fit) still meets
+// the others at the agreement they wait in, so none is left in a
+// collective with a rank that exited.
+class RankAgreement {
+ public:
+  explicit RankAgreement(Communicator* tp) : tp_(tp != nullptr && tp->size() > 1 ? tp : nullptr) {}
+  RankAgreement(const RankAgreement&) = delete;
+  RankAgreement& operator=(const RankAgreement&) = delete;
+  ~RankAgreement() {
+    if (tp_ != nullptr && !done_) (void)tp_->AllOk(false);
+  }
+  Status Agree() {
+    done_ = true;
+    if (tp_ == nullptr) return Status::Ok();
+    PAGEKV_ASSIGN_OR_RETURN(const bool all, tp_->AllOk(true));
+    if (!all) {
+      return FailedPreconditionError("another tensor parallel rank failed while preparing (its error says why); rank " +
+                                     std::to_string(tp_->rank()) + " stopped with it");
+    }
+    return Status::Ok();
+  }
+
+ private:
+  Communicator* tp_;
+  bool done_ = false;
+};
+
+}  // namespace
 
 Result<GenerateReport> Generate(const GenerateOptions& o) {
+  RankAgreement agreement(o.tensor_parallel.get());
   if (o.prompts.empty()) return InvalidArgumentError("no prompts: pass --prompt TEXT (repeatable) or --prompts-file");
   const bool stop_at_eos = o.stop_at_eos || o.chat;
   if (o.max_new_tokens < 0 || (o.max_new_tokens == 0 && !stop_at_eos)) {
@@ -35,7 +67,7 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
                                 " rewrites a sequence's blocks, so it cannot share them: drop --prefix-cache, the KV "
                                 "tiers and --kv-events, or use --kv-policy none");
   }
-  PAGEKV_ASSIGN_OR_RETURN(LoadedModel loaded, LoadModel(o.model_path, o.tokenizer_path));
+  PAGEKV_ASSIGN_OR_RETURN(LoadedModel loaded, LoadModel(o.model_path, o.tokenizer_path, o.tensor_parallel));
   const Tokenizer& tok = *loaded.tokenizer;
   const int64_t context = loaded.model->config().context_len;
 
@@ -96,6 +128,7 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
   EngineOptions eo;
   eo.model_path = o.model_path;
   eo.tokenizer_path = o.tokenizer_path;
+  eo.tensor_parallel = o.tensor_parallel;
   eo.block_len = o.block_len;
   eo.kv_dtype = o.kv_dtype;
   eo.kv_groups = o.kv_groups;
@@ -140,7 +173,12 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
   }
 
   // Requests: independent sampling streams, reproducible per prompt.
-  const uint64_t run_seed = o.sampling.seed.has_value() ? 0 : Sampler::FreshSeed();
+  uint64_t run_seed = o.sampling.seed.has_value() ? 0 : Sampler::FreshSeed();
+  PAGEKV_RETURN_IF_ERROR(agreement.Agree());
+  if (o.tensor_parallel != nullptr && o.tensor_parallel->size() > 1) {
+    // Every rank samples the same tokens: rank 0's seed.
+    PAGEKV_RETURN_IF_ERROR(o.tensor_parallel->Broadcast(&run_seed, sizeof run_seed, 0));
+  }
   std::map<RequestId, size_t> prompt_of;
   std::vector<EngineRequest> requests;
   for (size_t i = 0; i < ids.size(); ++i) {

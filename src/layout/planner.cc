@@ -246,4 +246,59 @@ Result<ResolvedPlanRequest> ResolvePlanRequest(const GeometrySpec& a, const Geom
   return out;
 }
 
+namespace {
+
+std::string SizesThatWork(int32_t num_q_heads, int32_t num_kv_heads) {
+  std::string out;
+  for (int32_t t = 1; t <= num_q_heads; ++t) {
+    if (num_q_heads % t == 0 && (num_kv_heads % t == 0 || t % num_kv_heads == 0)) {
+      out += (out.empty() ? "" : ", ") + std::to_string(t);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<HeadShard> ShardHeads(int32_t num_q_heads, int32_t num_kv_heads, int rank, int size) {
+  if (num_q_heads < 1 || num_kv_heads < 1 || num_q_heads % num_kv_heads != 0) {
+    return InvalidArgumentError("tensor parallel: " + std::to_string(num_q_heads) + " query heads over " +
+                                std::to_string(num_kv_heads) + " KV heads is not a GQA layer");
+  }
+  if (size < 1 || rank < 0 || rank >= size) {
+    return InvalidArgumentError("tensor parallel: rank " + std::to_string(rank) + " of " + std::to_string(size));
+  }
+  if (num_q_heads % size != 0 || (num_kv_heads % size != 0 && size % num_kv_heads != 0)) {
+    return InvalidArgumentError("tensor parallel size " + std::to_string(size) + " does not split " +
+                                std::to_string(num_q_heads) + " query heads over " + std::to_string(num_kv_heads) +
+                                " KV heads (it must divide the query heads, and divide or be a multiple of the KV heads): "
+                                "use one of " + SizesThatWork(num_q_heads, num_kv_heads));
+  }
+  HeadShard s;
+  s.q_heads = num_q_heads / size;
+  s.q_head0 = rank * s.q_heads;
+  if (num_kv_heads % size == 0) {
+    s.kv_heads = num_kv_heads / size;
+    s.kv_head0 = rank * s.kv_heads;
+  } else {
+    s.kv_replicas = size / num_kv_heads;
+    s.kv_heads = 1;
+    s.kv_head0 = rank / s.kv_replicas;
+  }
+  return s;
+}
+
+Result<std::pair<int64_t, int64_t>> ShardRange(int64_t total, int64_t align, int rank, int size) {
+  if (size < 1 || rank < 0 || rank >= size || align < 1) {
+    return InvalidArgumentError("tensor parallel: rank " + std::to_string(rank) + " of " + std::to_string(size));
+  }
+  if (total % align != 0 || total / align < size) {
+    return InvalidArgumentError("tensor parallel size " + std::to_string(size) + " cannot split " + std::to_string(total) +
+                                " rows in whole blocks of " + std::to_string(align) + ": use at most " +
+                                std::to_string(std::max<int64_t>(1, total / align)) + " ranks");
+  }
+  const int64_t units = total / align;
+  return std::pair<int64_t, int64_t>{units * rank / size * align, units * (rank + 1) / size * align};
+}
+
 }  // namespace pagekv

@@ -2,6 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <utility>
+#include <vector>
+
 namespace pagekv {
 namespace {
 
@@ -181,6 +185,68 @@ TEST(PlannerTest, GemmaPresetsSayHowMuchLessTheHybridCacheNeeds) {
   EXPECT_EQ(c.request.config.layer_windows, (std::vector<int32_t>{1024, 1024, 1024, 0, 1024, 1024, 1024, 0}));
   EXPECT_EQ(MakePlan(c.request)->groups.size(), 4u);  // 6 + 2 layers: groups of 2
   EXPECT_FALSE(ResolvePlanRequest(GeometrySpec{.num_layers = 8, .num_kv_heads = 2, .head_dim = 64, .sliding_pattern = 4}).ok());
+}
+
+}  // namespace
+}  // namespace pagekv
+
+namespace pagekv {
+namespace {
+
+TEST(ShardHeadsTest, SplitsOrReplicatesKvHeadsAndNamesTheSizesThatWork) {
+  // 32 query heads over 8 KV heads (Llama 3 8B) at 4 ranks: 8 and 2 each.
+  Result<HeadShard> s = ShardHeads(32, 8, 3, 4);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->q_heads, 8);
+  EXPECT_EQ(s->q_head0, 24);
+  EXPECT_EQ(s->kv_heads, 2);
+  EXPECT_EQ(s->kv_head0, 6);
+  EXPECT_EQ(s->kv_replicas, 1);
+  // Every rank's query heads read only the KV heads it holds, at every size
+  // that works, split or replicated.
+  for (const auto& [q, kv] : std::vector<std::pair<int, int>>{{32, 8}, {8, 2}, {4, 1}, {9, 3}, {12, 12}, {16, 4}}) {
+    for (int size = 1; size <= q; ++size) {
+      const bool works = q % size == 0 && (kv % size == 0 || size % kv == 0);
+      for (int rank = 0; rank < size; ++rank) {
+        Result<HeadShard> h = ShardHeads(q, kv, rank, size);
+        ASSERT_EQ(h.ok(), works) << q << "/" << kv << " at " << size;
+        if (!h.ok()) continue;
+        const int group = q / kv;
+        for (int j = 0; j < h->q_heads; ++j) {
+          const int kv_head = (h->q_head0 + j) / group;
+          EXPECT_GE(kv_head, h->kv_head0);
+          EXPECT_LT(kv_head, h->kv_head0 + h->kv_heads);
+        }
+        EXPECT_EQ(h->q_heads % h->kv_heads, 0) << "a uniform group size on the rank";
+        EXPECT_EQ(h->kv_heads * size, std::max(kv, size));
+      }
+    }
+  }
+  Result<HeadShard> bad = ShardHeads(9, 3, 0, 2);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("use one of 1, 3, 9"), std::string::npos) << bad.status().message();
+  EXPECT_FALSE(ShardHeads(8, 4, 2, 2).ok()) << "a rank outside the size";
+  EXPECT_FALSE(ShardHeads(8, 3, 0, 1).ok()) << "not a GQA layer";
+}
+
+TEST(ShardHeadsTest, SplitsRowsInWholeBlocks) {
+  // SmolLM2-135M's 1536 hidden units in q8_0 blocks of 32 over 3 ranks.
+  int64_t next = 0;
+  for (int r = 0; r < 3; ++r) {
+    Result<std::pair<int64_t, int64_t>> range = ShardRange(1536, 32, r, 3);
+    ASSERT_TRUE(range.ok());
+    EXPECT_EQ(range->first, next);
+    EXPECT_EQ(range->first % 32, 0);
+    EXPECT_EQ(range->second - range->first, 512);
+    next = range->second;
+  }
+  EXPECT_EQ(next, 1536);
+  // 160 = 5 blocks over 4 ranks: 1, 1, 1, 2 blocks, covering all.
+  int64_t covered = 0;
+  for (int r = 0; r < 4; ++r) covered += ShardRange(160, 32, r, 4)->second - ShardRange(160, 32, r, 4)->first;
+  EXPECT_EQ(covered, 160);
+  EXPECT_FALSE(ShardRange(160, 32, 0, 6).ok()) << "fewer blocks than ranks";
+  EXPECT_FALSE(ShardRange(100, 32, 0, 2).ok()) << "not whole blocks";
 }
 
 }  // namespace

@@ -52,7 +52,7 @@ bool KnownTensor(const std::string& name, int32_t layers) {
 
 }  // namespace
 
-Result<std::unique_ptr<LlamaModel>> LlamaModel::FromGguf(std::unique_ptr<GgufFile> file) {
+Result<std::unique_ptr<LlamaModel>> LlamaModel::FromGguf(std::unique_ptr<GgufFile> file, std::shared_ptr<Communicator> tp) {
   using model_internal::ReadDim;
   PAGEKV_ASSIGN_OR_RETURN(std::string arch, file->GetString("general.architecture"));
   if (arch != "llama" && arch != "qwen2") {
@@ -127,11 +127,12 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::FromGguf(std::unique_ptr<GgufFil
     m->layers_.push_back(L);
   }
   m->BuildRope(c.head_dim);
+  PAGEKV_RETURN_IF_ERROR(m->ShardLayers(std::move(tp)));
   PAGEKV_RETURN_IF_ERROR(m->PackWeights());
   return m;
 }
 
-Result<std::unique_ptr<LlamaModel>> LlamaModel::FromLlama2c(const std::string& path) {
+Result<std::unique_ptr<LlamaModel>> LlamaModel::FromLlama2c(const std::string& path, std::shared_ptr<Communicator> tp) {
   PAGEKV_ASSIGN_OR_RETURN(RegularFile rf, OpenRegularFile(path, "checkpoint"));
   const int fd = rf.fd;
   if (rf.size < 28) {
@@ -210,8 +211,52 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::FromLlama2c(const std::string& p
   }
   m->mapping_ = std::move(mapping);
   m->BuildRope(c.head_dim);
+  PAGEKV_RETURN_IF_ERROR(m->ShardLayers(std::move(tp)));
   PAGEKV_RETURN_IF_ERROR(m->PackWeights());
   return m;
+}
+
+Status LlamaModel::ShardLayers(std::shared_ptr<Communicator> tp) {
+  const ModelConfig& c = config_;
+  shard_ = Model::head_shard();
+  hidden_rows_ = c.hidden_dim;
+  if (tp == nullptr || tp->size() == 1) return Status::Ok();
+  const int rank = tp->rank(), size = tp->size();
+  PAGEKV_ASSIGN_OR_RETURN(shard_, ShardHeads(c.num_heads, c.num_kv_heads, rank, size));
+  const int64_t hd = c.head_dim;
+  const int64_t q0 = shard_.q_head0 * hd, q1 = q0 + shard_.q_heads * hd;
+  const int64_t k0 = shard_.kv_head0 * hd, k1 = k0 + shard_.kv_heads * hd;
+  // The hidden units in whole blocks of every matrix that reads or writes
+  // them (w_down's columns are cut there).
+  int64_t align = 1, wo_align = 1;
+  for (const Layer& L : layers_) {
+    align = std::max<int64_t>(align, FormatOf(L.w_down.type).block_elems);
+    wo_align = std::max<int64_t>(wo_align, FormatOf(L.wo.type).block_elems);
+  }
+  // Every rank's cut, checked on every rank, so all of them refuse alike.
+  if ((int64_t{c.num_heads} / size * hd) % wo_align != 0) {
+    return UnimplementedError("tensor parallel size " + std::to_string(size) + " gives each rank " +
+                              std::to_string(c.num_heads / size) + " query heads of " + std::to_string(hd) +
+                              " columns, which cuts the attention output projection's weight blocks of " +
+                              std::to_string(wo_align) + " columns: use fewer ranks");
+  }
+  PAGEKV_ASSIGN_OR_RETURN(const auto hidden, ShardRange(c.hidden_dim, align, rank, size));
+  hidden_rows_ = hidden.second - hidden.first;
+  for (Layer& L : layers_) {
+    L.wq = SliceRows(L.wq, q0, q1);
+    L.wk = SliceRows(L.wk, k0, k1);
+    L.wv = SliceRows(L.wv, k0, k1);
+    PAGEKV_ASSIGN_OR_RETURN(L.wo, SliceColumns(L.wo, q0, q1));
+    L.w_gate = SliceRows(L.w_gate, hidden.first, hidden.second);
+    L.w_up = SliceRows(L.w_up, hidden.first, hidden.second);
+    PAGEKV_ASSIGN_OR_RETURN(L.w_down, SliceColumns(L.w_down, hidden.first, hidden.second));
+    if (L.bq != nullptr) L.bq += q0;
+    if (L.bk != nullptr) L.bk += k0;
+    if (L.bv != nullptr) L.bv += k0;
+    // bo is added once, after the ranks' partial sums are.
+  }
+  tp_ = std::move(tp);
+  return Status::Ok();
 }
 
 Status LlamaModel::PackWeights() {
@@ -246,8 +291,8 @@ int64_t LlamaModel::ParameterCount() const {
 CacheConfig LlamaModel::CacheGeometry(int32_t block_len, DType dtype, int64_t num_blocks) const {
   CacheConfig cc;
   cc.num_layers = config_.num_layers;
-  cc.num_q_heads = config_.num_heads;
-  cc.num_kv_heads = config_.num_kv_heads;
+  cc.num_q_heads = shard_.q_heads;
+  cc.num_kv_heads = shard_.kv_heads;
   cc.head_dim = config_.head_dim;
   cc.block_len = block_len;
   cc.format = KvFormat::ForDType(dtype, config_.head_dim);
@@ -258,8 +303,8 @@ CacheConfig LlamaModel::CacheGeometry(int32_t block_len, DType dtype, int64_t nu
 Status LlamaModel::CheckGeometry(const KvLayout& layout) const {
   const ModelConfig& c = config_;
   const CacheConfig& cc = layout.config();
-  if (cc.kind != CacheKind::kPerHead || cc.num_layers != c.num_layers || cc.num_kv_heads != c.num_kv_heads ||
-      cc.head_dim != c.head_dim || cc.num_q_heads != c.num_heads) {
+  if (cc.kind != CacheKind::kPerHead || cc.num_layers != c.num_layers || cc.num_kv_heads != shard_.kv_heads ||
+      cc.head_dim != c.head_dim || cc.num_q_heads != shard_.q_heads) {
     return InvalidArgumentError("the cache's geometry does not match the model: build it from CacheGeometry()");
   }
   return CheckLayerFormats(cc, c.head_dim, true, ") not supported");
@@ -272,18 +317,22 @@ Status LlamaModel::Compute(std::span<const StepItem> items, StepKv& kv, const Ba
   const CacheConfig& cc = layout.config();
   const Backend& be = options.backend != nullptr ? *options.backend : CpuBackend();
   const int64_t T = batch.rows;
-  const int32_t d = c.dim, kv_dim = c.num_kv_heads * c.head_dim, hd = c.hidden_dim;
+  // This rank's widths (the whole model's unsharded): query heads, KV
+  // heads, hidden units; the residual stream is always dim wide.
+  const int32_t d = c.dim, kv_heads = shard_.kv_heads, q_dim = shard_.q_heads * c.head_dim,
+                kv_dim = kv_heads * c.head_dim, hd = static_cast<int32_t>(hidden_rows_);
+  Communicator* const tp = tp_.get();
   double* matmul_time = options.timings != nullptr ? &options.timings->matmul : nullptr;
   double* attention_time = options.timings != nullptr ? &options.timings->attention : nullptr;
   size_t slot = 0;
   auto rows = [&slot](int64_t n, int64_t width) { return Scratch<float>(slot++, static_cast<size_t>(n * width)); };
-  const std::span<float> x = rows(T, d), xb = rows(T, d), q = rows(T, d), att = rows(T, d), tmp = rows(T, d),
+  const std::span<float> x = rows(T, d), xb = rows(T, d), q = rows(T, q_dim), att = rows(T, q_dim), tmp = rows(T, d),
                          k = rows(T, kv_dim), v = rows(T, kv_dim), h1 = rows(T, hd), h2 = rows(T, hd);
   // Bytes of one token's K (or V) rows over all KV heads, as the cache
   // stores them: the buffers fit the widest layer; each layer uses its own.
   int64_t widest_row = 0;
   for (int32_t l = 0; l < c.num_layers; ++l) widest_row = std::max(widest_row, layout.row_bytes(l));
-  const std::span<std::byte> k_rows = Scratch<std::byte>(0, static_cast<size_t>(T * widest_row * c.num_kv_heads)),
+  const std::span<std::byte> k_rows = Scratch<std::byte>(0, static_cast<size_t>(T * widest_row * kv_heads)),
                              v_rows = Scratch<std::byte>(1, k_rows.size());
   auto matmul = [&](const Matrix& w, const float* in, int64_t n, float* out) {
     Stopwatch watch(matmul_time);
@@ -316,18 +365,18 @@ Status LlamaModel::Compute(std::span<const StepItem> items, StepKv& kv, const Ba
       be.RmsNormRows(&x[static_cast<size_t>(t0 * d)], L.attn_norm, t1 - t0, d, c.norm_eps, &xb[static_cast<size_t>(t0 * d)]);
     });
     PAGEKV_RETURN_IF_ERROR(matmul_shared({{L.wq, q.data()}, {L.wk, k.data()}, {L.wv, v.data()}}, xb.data(), T));
-    add_bias(q.data(), T, d, L.bq);
+    add_bias(q.data(), T, q_dim, L.bq);
     add_bias(k.data(), T, kv_dim, L.bk);
     add_bias(v.data(), T, kv_dim, L.bv);
     const KvFormat& format = cc.FormatOf(l);
-    const auto token_bytes = static_cast<size_t>(layout.row_bytes(l) * c.num_kv_heads);
+    const auto token_bytes = static_cast<size_t>(layout.row_bytes(l) * kv_heads);
     for_rows(T, [&](int64_t t0, int64_t t1) {
       const auto first = static_cast<size_t>(t0);
       const float* cs = &rope_cos[first * static_cast<size_t>(rope_dims)];
       const float* sn = &rope_sin[first * static_cast<size_t>(rope_dims)];
-      be.RopeApply(*rope_, &q[first * static_cast<size_t>(d)], t1 - t0, d, cs, sn);
+      be.RopeApply(*rope_, &q[first * static_cast<size_t>(q_dim)], t1 - t0, q_dim, cs, sn);
       be.RopeApply(*rope_, &k[first * static_cast<size_t>(kv_dim)], t1 - t0, kv_dim, cs, sn);
-      const int64_t heads = (t1 - t0) * c.num_kv_heads;
+      const int64_t heads = (t1 - t0) * kv_heads;
       be.EncodeKvRows(format, c.head_dim, k.data() + first * kv_dim, heads, k_rows.data() + first * token_bytes);
       be.EncodeKvRows(format, c.head_dim, v.data() + first * kv_dim, heads, v_rows.data() + first * token_bytes);
     });
@@ -337,7 +386,7 @@ Status LlamaModel::Compute(std::span<const StepItem> items, StepKv& kv, const Ba
       PAGEKV_ASSIGN_OR_RETURN(const KvSpan view, kv.Store(i, l, k_rows.data() + offset, v_rows.data() + offset));
       float* scores = items[i].scores == nullptr
                           ? nullptr
-                          : items[i].scores + static_cast<int64_t>(l) * c.num_kv_heads * view.num_tokens;
+                          : items[i].scores + static_cast<int64_t>(l) * kv_heads * view.num_tokens;
       prefill[i] = {view.blocks, view.num_tokens, n, scores, items[i].score_queries, view.tail};
       decode[i] = {view.blocks, view.num_tokens, scores, view.tail};
     }
@@ -348,6 +397,7 @@ Status LlamaModel::Compute(std::span<const StepItem> items, StepKv& kv, const Ba
                                          : be.PrefillAttention(paged, prefill, q.data(), att.data(), attention_options));
     }
     PAGEKV_RETURN_IF_ERROR(matmul(L.wo, att.data(), T, tmp.data()));
+    if (tp != nullptr) PAGEKV_RETURN_IF_ERROR(tp->AllReduceSum(tmp.data(), T * d));  // every rank's heads' part
     add_bias(tmp.data(), T, d, L.bo);
     for_rows(T, [&](int64_t t0, int64_t t1) {
       be.AddInPlace(&x[static_cast<size_t>(t0 * d)], &tmp[static_cast<size_t>(t0 * d)], (t1 - t0) * d);
@@ -358,6 +408,7 @@ Status LlamaModel::Compute(std::span<const StepItem> items, StepKv& kv, const Ba
       be.SwiGluInPlace(&h1[static_cast<size_t>(t0 * hd)], &h2[static_cast<size_t>(t0 * hd)], (t1 - t0) * hd);
     });
     PAGEKV_RETURN_IF_ERROR(matmul(L.w_down, h1.data(), T, tmp.data()));
+    if (tp != nullptr) PAGEKV_RETURN_IF_ERROR(tp->AllReduceSum(tmp.data(), T * d));  // every rank's hidden units' part
     for_rows(T, [&](int64_t t0, int64_t t1) {
       be.AddInPlace(&x[static_cast<size_t>(t0 * d)], &tmp[static_cast<size_t>(t0 * d)], (t1 - t0) * d);
     });

@@ -30,18 +30,24 @@ class LlamaModel final : public Model {
  public:
   // Validates the architecture, the hyper-parameters and every tensor's
   // shape; takes ownership of the file (the weights stay memory-mapped).
-  static Result<std::unique_ptr<LlamaModel>> FromGguf(std::unique_ptr<GgufFile> file);
+  // With `tp` over more than one rank: this rank's shard (HeadShard of
+  // plan.h over the query and KV heads; the feed-forward's hidden units
+  // split in whole weight blocks; the output and down projections' columns
+  // to match, their partial sums added across the ranks after each).
+  static Result<std::unique_ptr<LlamaModel>> FromGguf(std::unique_ptr<GgufFile> file,
+                                                      std::shared_ptr<Communicator> tp = nullptr);
 
   // A llama2.c checkpoint (legacy v0 header: seven int32 dim, hidden_dim,
   // n_layers, n_heads, n_kv_heads, vocab_size, seq_len; a negative vocab_size
   // means the classifier is stored separately, else it is the embedding;
   // then the f32 weights). Every size is checked against the file length.
-  static Result<std::unique_ptr<LlamaModel>> FromLlama2c(const std::string& path);
+  static Result<std::unique_ptr<LlamaModel>> FromLlama2c(const std::string& path, std::shared_ptr<Communicator> tp = nullptr);
 
   int64_t StepWeightBytes() const override;
   int64_t MatrixMultiplyAddsPerToken() const override;
   int64_t ParameterCount() const override;
   CacheConfig CacheGeometry(int32_t block_len, DType dtype, int64_t num_blocks) const override;
+  HeadShard head_shard() const override { return shard_; }
 
  private:
   struct Layer {
@@ -67,8 +73,13 @@ class LlamaModel final : public Model {
   // Packs every f32 / f16 / bf16 matrix (Model::Pack); q8_0 and the other
   // block formats stay as stored.
   Status PackWeights();
+  // Keeps this rank's slices of every layer (before packing); a no-op
+  // without tp (or with one rank).
+  Status ShardLayers(std::shared_ptr<Communicator> tp);
 
   std::vector<Layer> layers_;
+  HeadShard shard_;         // this rank's heads (all of them unsharded)
+  int64_t hidden_rows_ = 0; // this rank's feed-forward hidden units
 };
 
 }  // namespace pagekv

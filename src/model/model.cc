@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "base/check.h"
 #include "model/deepseek_model.h"
 #include "model/gemma_model.h"
 #include "model/llama_model.h"
@@ -303,6 +304,40 @@ Status Model::PackHead() {
 
 int64_t Model::Bytes(const Matrix& m) { return m.rows * WeightRowBytes(m.type, m.cols); }
 
+HeadShard Model::head_shard() const {
+  HeadShard s;
+  s.q_heads = config_.num_heads;
+  s.kv_heads = config_.num_kv_heads;
+  return s;
+}
+
+Model::Matrix Model::SliceRows(const Matrix& m, int64_t r0, int64_t r1) {
+  PAGEKV_CHECK(!m.panels && 0 <= r0 && r0 <= r1 && r1 <= m.rows);
+  Matrix out = m;
+  out.data = m.data + r0 * WeightRowBytes(m.type, m.cols);
+  out.rows = r1 - r0;
+  return out;
+}
+
+Result<Model::Matrix> Model::SliceColumns(const Matrix& m, int64_t c0, int64_t c1) {
+  PAGEKV_CHECK(!m.panels && 0 <= c0 && c0 < c1 && c1 <= m.cols);
+  const int64_t block = FormatOf(m.type).block_elems;
+  if (c0 % block != 0 || c1 % block != 0) {
+    return UnimplementedError("tensor parallel: columns [" + std::to_string(c0) + ", " + std::to_string(c1) +
+                              ") of a " + std::string(FormatOf(m.type).name) + " matrix cut its blocks of " +
+                              std::to_string(block) + ": use fewer ranks or another weight type");
+  }
+  const int64_t row_bytes = WeightRowBytes(m.type, m.cols), start = WeightRowBytes(m.type, c0),
+                bytes = WeightRowBytes(m.type, c1) - start;
+  std::vector<float>& v = converted_.emplace_back(static_cast<size_t>((m.rows * bytes + 3) / 4));
+  auto* out = reinterpret_cast<std::byte*>(v.data());
+  for (int64_t r = 0; r < m.rows; ++r) std::memcpy(out + r * bytes, m.data + r * row_bytes + start, static_cast<size_t>(bytes));
+  Matrix sliced = m;
+  sliced.data = out;
+  sliced.cols = c1 - c0;
+  return sliced;
+}
+
 void Model::BuildRope(int32_t rope_head_dim) {
   const ModelConfig& c = config_;
   RopeParams p;
@@ -399,8 +434,12 @@ Status Model::LoadRopeFreqs() {
   return Status::Ok();
 }
 
-Result<std::unique_ptr<Model>> LoadGgufModel(std::unique_ptr<GgufFile> file) {
+Result<std::unique_ptr<Model>> LoadGgufModel(std::unique_ptr<GgufFile> file, std::shared_ptr<Communicator> tp) {
   PAGEKV_ASSIGN_OR_RETURN(std::string arch, file->GetString("general.architecture"));
+  if (tp != nullptr && tp->size() > 1 && (arch == "deepseek2" || arch == "gemma3")) {
+    return UnimplementedError("tensor parallel (--tp) is implemented for the llama and qwen2 runners; " + arch +
+                              " runs in one process");
+  }
   if (arch == "deepseek2") {
     PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<DeepseekModel> m, DeepseekModel::FromGguf(std::move(file)));
     return std::unique_ptr<Model>(std::move(m));
@@ -409,7 +448,7 @@ Result<std::unique_ptr<Model>> LoadGgufModel(std::unique_ptr<GgufFile> file) {
     PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<GemmaModel> m, GemmaModel::FromGguf(std::move(file)));
     return std::unique_ptr<Model>(std::move(m));
   }
-  PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> m, LlamaModel::FromGguf(std::move(file)));
+  PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> m, LlamaModel::FromGguf(std::move(file), std::move(tp)));
   return std::unique_ptr<Model>(std::move(m));
 }
 

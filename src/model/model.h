@@ -27,8 +27,10 @@
 #include "kernels/ops.h"
 #include "layout/step_kv.h"
 #include "model/gguf_file.h"
+#include "pagekv/dist.h"
 #include "pagekv/ids.h"
 #include "pagekv/kv_layout.h"
+#include "pagekv/plan.h"
 #include "pagekv/status.h"
 
 namespace pagekv {
@@ -169,6 +171,13 @@ class Model {
   // reserves anything).
   Status CheckStep(std::span<const StepItem> items, const KvLayout& layout) const;
 
+  // Tensor parallel: the ranks this model is a shard of (null: the whole
+  // model in this process). A shard's CacheGeometry is its rank's heads;
+  // every rank must run the same steps in the same order.
+  Communicator* tensor_parallel() const { return tp_.get(); }
+  // What this rank holds of the attention heads (the whole when not sharded).
+  virtual HeadShard head_shard() const;
+
  protected:
   using Matrix = WeightMatrix;  // [rows][cols] row-major (row = output)
   // The rows of one step: item i owns rows [first[i], first[i] + n_i).
@@ -235,6 +244,11 @@ class Model {
   Status LoadRopeFreqs();
 
   static int64_t Bytes(const Matrix& m);
+  // Rows [r0, r1) of a row-major matrix (in place: no copy).
+  static Matrix SliceRows(const Matrix& m, int64_t r0, int64_t r1);
+  // Columns [c0, c1) of a row-major matrix, copied (kept in converted_);
+  // block formats need c0 and c1 on block boundaries.
+  Result<Matrix> SliceColumns(const Matrix& m, int64_t c0, int64_t c1);
 
   std::unique_ptr<GgufFile> file_;            // GGUF weights, or
   std::shared_ptr<const std::byte> mapping_;  // a mapped llama2.c checkpoint
@@ -247,10 +261,12 @@ class Model {
   std::vector<std::vector<float>> converted_;  // vectors stored in another type, as f32 (and derived matrices)
   std::vector<PackedWeights> packed_;  // what the matrices point at after packing
   bool tied_embeddings_ = false;       // the classifier is the embedding (a panel copy of it)
+  std::shared_ptr<Communicator> tp_;   // tensor parallel ranks (null: not sharded)
 };
 
 // Loads a GGUF of any architecture a runner implements (dispatching on
-// general.architecture); others are refused by name.
-Result<std::unique_ptr<Model>> LoadGgufModel(std::unique_ptr<GgufFile> file);
+// general.architecture); others are refused by name. With `tp` over more
+// than one rank, this rank's shard (llama / qwen2 only; others refused).
+Result<std::unique_ptr<Model>> LoadGgufModel(std::unique_ptr<GgufFile> file, std::shared_ptr<Communicator> tp = nullptr);
 
 }  // namespace pagekv

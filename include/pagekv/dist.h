@@ -1,0 +1,72 @@
+// Processes that share one model: the collectives a sharded forward pass
+// needs, behind an interface (a NCCL implementation can follow the CUDA
+// backend without the model changing).
+//
+// A tensor-parallel run (`mpirun -np T pagekv generate --tp T`) gives every
+// rank the same Communicator over all T ranks; each rank holds KV heads
+// [r*H/T, (r+1)*H/T) of every layer in its own pool and the matching slices
+// of the weights, and the ranks meet twice a layer (after the attention
+// output projection and after the feed-forward down projection). Every
+// rank runs the same deterministic scheduler on the same inputs, so block
+// allocation is decided identically everywhere; each step compares a
+// digest of the step's block tables across ranks and fails the step if they
+// differ (docs/SHARDING.md).
+//
+// Failure: a collective never waits on a rank that already gave up. Setup
+// errors go through AllOk (every rank learns that some rank failed and
+// exits with the same error code); an error inside a step on one rank that
+// the others cannot see (a collective that failed) aborts the job.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "pagekv/status.h"
+
+namespace pagekv {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // "local" (one process) or "mpi".
+  virtual std::string name() const = 0;
+
+  // buf[0, n) summed over every rank, into every rank's buf; every rank gets
+  // the same bits (the sum is formed once, in rank order, and broadcast).
+  virtual Status AllReduceSum(float* buf, int64_t n) = 0;
+  // root's bytes into every other rank's buf.
+  virtual Status Broadcast(void* buf, int64_t bytes, int root) = 0;
+  // Whether every rank passed ok (the way ranks fail together: each rank
+  // calls it after a step that may fail on some ranks only).
+  virtual Result<bool> AllOk(bool ok) = 0;
+  // Whether every rank passed the same value.
+  virtual Result<bool> AllEqual(uint64_t value) = 0;
+  // Ends every rank of the job with `code` (an error one rank alone saw in
+  // the middle of a collective sequence: the others would wait forever).
+  [[noreturn]] virtual void Abort(int code) = 0;
+};
+
+// One process: size 1, every collective a no-op.
+std::shared_ptr<Communicator> LocalCommunicator();
+
+// Whether this process was started by an MPI launcher (mpirun / mpiexec of
+// Open MPI, or a PMI / PMIx one): reads the launcher's environment, does
+// not initialise MPI.
+bool LaunchedByMpi();
+// The ranks on this machine, from the launcher's environment (1 when not
+// launched by one): what a rank's default thread count divides by.
+int LocalRanks();
+
+// MPI_COMM_WORLD, MPI initialised on first use (thread level FUNNELED: only
+// the thread that made it calls MPI) and finalised at exit. Errors: this
+// build has no MPI, the process was not started by an MPI launcher, MPI
+// failed to initialise.
+Result<std::shared_ptr<Communicator>> MpiWorld();
+
+// Whether this build links MPI.
+bool MpiBuilt();
+
+}  // namespace pagekv

@@ -1,0 +1,125 @@
+// The Communicator over MPI_COMM_WORLD (Open MPI from Debian).
+// The C API only (Open MPI's mpi.h otherwise declares the removed C++
+// bindings, whose library we do not link).
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "pagekv/dist.h"
+
+namespace pagekv {
+namespace {
+
+std::string MpiErrorText(int code) {
+  char text[MPI_MAX_ERROR_STRING] = {};
+  int len = 0;
+  MPI_Error_string(code, text, &len);
+  return std::string(text, static_cast<size_t>(len));
+}
+
+Status Check(int code, const char* what) {
+  if (code == MPI_SUCCESS) return Status::Ok();
+  return InternalError(std::string("MPI ") + what + " failed: " + MpiErrorText(code));
+}
+
+class Mpi final : public Communicator {
+ public:
+  Mpi() {
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+    MPI_Comm_size(MPI_COMM_WORLD, &size_);
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string name() const override { return "mpi"; }
+
+  Status AllReduceSum(float* buf, int64_t n) override {
+    if (n < 0 || (n > 0 && buf == nullptr)) return InvalidArgumentError("AllReduceSum: a negative count or a null buffer");
+    if (size_ == 1 || n == 0) return Status::Ok();
+    // Reduce to rank 0, then broadcast: one sum, the same bits on every
+    // rank (an all-reduce's algorithm may add in a different order on
+    // different ranks, and the ranks must sample the same token).
+    constexpr int64_t kChunk = int64_t{1} << 30;
+    for (int64_t at = 0; at < n; at += kChunk) {
+      const int count = static_cast<int>(std::min(kChunk, n - at));
+      float* p = buf + at;
+      PAGEKV_RETURN_IF_ERROR(Check(MPI_Reduce(rank_ == 0 ? MPI_IN_PLACE : p, rank_ == 0 ? p : nullptr, count, MPI_FLOAT,
+                                              MPI_SUM, 0, MPI_COMM_WORLD),
+                                   "Reduce"));
+      PAGEKV_RETURN_IF_ERROR(Check(MPI_Bcast(p, count, MPI_FLOAT, 0, MPI_COMM_WORLD), "Bcast"));
+    }
+    return Status::Ok();
+  }
+
+  Status Broadcast(void* buf, int64_t bytes, int root) override {
+    if (bytes < 0 || root < 0 || root >= size_ || (bytes > 0 && buf == nullptr)) {
+      return InvalidArgumentError("Broadcast: a negative size, a null buffer or a root outside [0, " + std::to_string(size_) + ")");
+    }
+    constexpr int64_t kChunk = int64_t{1} << 30;
+    for (int64_t at = 0; at < bytes; at += kChunk) {
+      const int count = static_cast<int>(std::min(kChunk, bytes - at));
+      PAGEKV_RETURN_IF_ERROR(Check(MPI_Bcast(static_cast<char*>(buf) + at, count, MPI_BYTE, root, MPI_COMM_WORLD), "Bcast"));
+    }
+    return Status::Ok();
+  }
+
+  Result<bool> AllOk(bool ok) override {
+    int mine = ok ? 1 : 0, all = 0;
+    PAGEKV_RETURN_IF_ERROR(Check(MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD), "Allreduce"));
+    return all == 1;
+  }
+
+  Result<bool> AllEqual(uint64_t value) override {
+    unsigned long long v[2] = {value, ~value}, r[2] = {0, 0};
+    // min(value) == max(value) <=> min(value) == ~min(~value).
+    PAGEKV_RETURN_IF_ERROR(Check(MPI_Allreduce(v, r, 2, MPI_UNSIGNED_LONG_LONG, MPI_MIN, MPI_COMM_WORLD), "Allreduce"));
+    return r[0] == ~r[1];
+  }
+
+  [[noreturn]] void Abort(int code) override {
+    MPI_Abort(MPI_COMM_WORLD, code);
+    std::_Exit(code);
+  }
+
+ private:
+  int rank_ = 0, size_ = 1;
+};
+
+void FinalizeAtExit() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+}  // namespace
+
+bool MpiBuilt() { return true; }
+
+Result<std::shared_ptr<Communicator>> MpiWorld() {
+  static std::mutex mu;
+  static std::shared_ptr<Communicator> world;
+  std::lock_guard lock(mu);
+  if (world) return world;
+  if (!LaunchedByMpi()) {
+    return FailedPreconditionError("this process was not started by an MPI launcher: run it as `mpirun -np N pagekv ...`");
+  }
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) {
+    int provided = 0;
+    const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+    if (rc != MPI_SUCCESS) return InternalError("MPI_Init_thread failed: " + MpiErrorText(rc));
+    // Errors come back as codes (turned into a Status), not an abort.
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    std::atexit(FinalizeAtExit);
+  }
+  world = std::make_shared<Mpi>();
+  return world;
+}
+
+}  // namespace pagekv

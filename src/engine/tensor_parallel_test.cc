@@ -1,0 +1,281 @@
+// Tensor parallel over MPI (run under `mpirun -np N`, N = 2 in make test,
+// also 4): every rank holds its share of the heads and their KV, and the
+// results must be the one-process results: greedy tokens identical, logits
+// within 1e-5 of the largest logit, on stories260K (GGUF and llama2.c), and
+// on synthetic models whose head counts split awkwardly (KV heads fewer than
+// the ranks: replicated), qwen2 biases, q8_0 weights; the engine's
+// preemption and prefix cache under sharding; ranks that disagree on a
+// step stop there together, none hangs. Each rank computes the one-process
+// reference itself (the whole model, no communicator).
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "engine/forward_step.h"
+#include "model/model.h"
+#include "model/model_loader.h"
+#include "pagekv/dist.h"
+#include "pagekv/engine.h"
+#include "pagekv/generate.h"
+#include "pagekv/kv_cache.h"
+#include "pagekv/plan.h"
+#include "pagekv/synth_model.h"
+#include "testing/models.h"
+
+namespace pagekv {
+namespace {
+
+constexpr const char* kGguf = "../shared/models/stories260K/stories260K.gguf";
+constexpr const char* kBin = "../shared/models/stories260K/stories260K.bin";
+constexpr const char* kTok = "../shared/models/stories260K/tok512.bin";
+
+std::shared_ptr<Communicator> World() {
+  if (!LaunchedByMpi()) return nullptr;
+  Result<std::shared_ptr<Communicator>> w = MpiWorld();
+  return w.ok() ? *w : nullptr;
+}
+
+class TensorParallelTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    tp_ = World();
+    if (tp_ == nullptr || tp_->size() < 2) GTEST_SKIP() << "run under mpirun -np 2 (or more): ctest does";
+    dir_ = std::filesystem::temp_directory_path() /
+           ("pagekv-tp-" + std::to_string(::getpid()) + "-" + std::to_string(tp_->rank()));
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override {
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+  }
+
+  // A synthetic model in this rank's directory (every rank writes the same bytes).
+  std::string Synth(SynthModelSpec spec, const std::string& weight_type) {
+    const std::string path = (dir_ / (spec.name + "-" + weight_type + ".gguf")).string();
+    EXPECT_TRUE(WriteSynthModel(spec, 7, weight_type, path).ok());
+    return path;
+  }
+
+  // Whether this job's size splits the model's heads (every rank decides
+  // the same).
+  bool Splits(const std::string& path, const std::string& tokenizer = {}) {
+    Result<LoadedModel> m = LoadModel(path, tokenizer, tp_);
+    if (!m.ok()) {
+      EXPECT_TRUE(m.status().code() == StatusCode::kInvalidArgument || m.status().code() == StatusCode::kUnimplemented)
+          << m.status().ToString();
+    }
+    const Result<bool> all = tp_->AllOk(m.ok());
+    EXPECT_TRUE(all.ok() && *all == m.ok()) << "every rank refuses alike";
+    return m.ok();
+  }
+
+  std::shared_ptr<Communicator> tp_;
+  std::filesystem::path dir_;
+};
+
+// tiny's width with 8 query heads over 2 KV heads (GQA 4): at 4 ranks each
+// KV head is replicated on 2 of them; at 2, split.
+SynthModelSpec Awkward() {
+  SynthModelSpec s = *FindSynthModelPreset("tiny");
+  s.name = "tp-awkward";
+  s.num_heads = 8;
+  s.num_kv_heads = 2;
+  return s;
+}
+
+// One query head over one KV head per... MQA: 4 heads over 1 (replicated on every rank).
+SynthModelSpec Mqa() {
+  SynthModelSpec s = *FindSynthModelPreset("tiny");
+  s.name = "tp-mqa";
+  s.num_kv_heads = 1;
+  return s;
+}
+
+std::vector<std::vector<int32_t>> GreedyIds(const std::string& path, const std::string& tokenizer,
+                                            std::shared_ptr<Communicator> tp, bool prefix_cache) {
+  GenerateOptions o;
+  o.model_path = path;
+  o.tokenizer_path = tokenizer;
+  o.prompts = {"Once upon a time", "Lily and Ben went to the park", "Once upon a time there was"};
+  o.max_new_tokens = 24;
+  o.block_len = 8;
+  o.threads = 1;
+  o.prefix_cache = prefix_cache;
+  o.tensor_parallel = std::move(tp);
+  Result<GenerateReport> r = Generate(o);
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  std::vector<std::vector<int32_t>> ids;
+  if (r.ok()) {
+    for (const GenerateOutput& out : r->outputs) ids.push_back(out.generated_ids);
+  }
+  return ids;
+}
+
+TEST_F(TensorParallelTest, GreedyTokensEqualOneProcess) {
+  struct Case {
+    std::string name, path, tokenizer;
+  };
+  std::vector<Case> cases = {{"stories260K.gguf", kGguf, ""}, {"stories260K.bin (llama2.c)", kBin, kTok}};
+  SynthModelSpec qwen = Awkward();
+  qwen.name = "tp-qwen2";
+  qwen.arch = "qwen2";
+  cases.push_back({"8 heads over 2 KV heads, f32", Synth(Awkward(), "f32"), ""});
+  cases.push_back({"8 heads over 2 KV heads, q8_0", Synth(Awkward(), "q8_0"), ""});
+  cases.push_back({"4 heads over 1 KV head (MQA), f16", Synth(Mqa(), "f16"), ""});
+  cases.push_back({"qwen2 (q / k / v biases), bf16", Synth(qwen, "bf16"), ""});
+  if (std::filesystem::exists(testing::SmolLM2Path())) cases.push_back({"SmolLM2-135M", testing::SmolLM2Path(), ""});
+  int ran = 0;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    if (!Splits(c.path, c.tokenizer)) continue;  // e.g. SmolLM2's 9 heads at 2 or 4 ranks
+    for (bool prefix : {false, true}) {
+      const auto want = GreedyIds(c.path, c.tokenizer, nullptr, prefix);
+      const auto got = GreedyIds(c.path, c.tokenizer, tp_, prefix);
+      ASSERT_EQ(want.size(), 3u);
+      EXPECT_EQ(got, want) << (prefix ? "with" : "without") << " the prefix cache";
+    }
+    ++ran;
+  }
+  EXPECT_GE(ran, 4);
+}
+
+TEST_F(TensorParallelTest, LogitsMatchOneProcessAndEachRankHoldsItsShare) {
+  for (const std::string& path : {std::string(kGguf), Synth(Awkward(), "f32"), Synth(Mqa(), "f32")}) {
+    SCOPED_TRACE(path);
+    if (!Splits(path)) continue;
+    Result<LoadedModel> whole = LoadModel(path);
+    Result<LoadedModel> shard = LoadModel(path, {}, tp_);
+    ASSERT_TRUE(whole.ok() && shard.ok());
+    const ModelConfig& c = whole->model->config();
+    const HeadShard hs = shard->model->head_shard();
+    EXPECT_EQ(hs.q_heads * tp_->size(), c.num_heads);
+    EXPECT_EQ(hs.kv_heads * tp_->size(), std::max(c.num_kv_heads, tp_->size()))
+        << "KV heads split, or replicated when fewer than the ranks";
+    const CacheConfig g = shard->model->CacheGeometry(8, DType::kF32, 16);
+    EXPECT_EQ(g.num_kv_heads, hs.kv_heads);
+    const std::vector<int32_t> ids = whole->tokenizer->EncodePrompt("Once upon a time, in a big forest, there lived", true);
+    const int32_t vocab = c.vocab_size;
+    auto run = [&](const LoadedModel& m) {
+      auto cache = KvCache::Create({.config = m.model->CacheGeometry(8, DType::kF32, 16), .prefault = false});
+      EXPECT_TRUE(cache.ok());
+      std::vector<float> logits(ids.size() * static_cast<size_t>(vocab));
+      const SeqId seq = (*cache)->AddSequence();
+      // The prompt in two chunks, then a decode step: prefill and decode paths.
+      const size_t cut = ids.size() / 2;
+      ForwardItem a{seq, std::span<const int32_t>(ids).first(cut), logits.data(), true};
+      EXPECT_TRUE(*ForwardStep(*m.model, **cache, {&a, 1}, {.threads = 1, .activations = Activations::kF32}));
+      ForwardItem b{seq, std::span<const int32_t>(ids).subspan(cut, ids.size() - cut - 1), logits.data() + cut * vocab, true};
+      EXPECT_TRUE(*ForwardStep(*m.model, **cache, {&b, 1}, {.threads = 1, .activations = Activations::kF32}));
+      ForwardItem d{seq, std::span<const int32_t>(ids).last(1), logits.data() + (ids.size() - 1) * vocab, true};
+      EXPECT_TRUE(*ForwardStep(*m.model, **cache, {&d, 1}, {.threads = 1, .activations = Activations::kF32}));
+      return logits;
+    };
+    const std::vector<float> want = run(*whole), got = run(*shard);
+    double worst = 0;
+    for (size_t r = 0; r < ids.size(); ++r) {
+      double scale = 1e-30, diff = 0;
+      for (int32_t t = 0; t < vocab; ++t) {
+        const size_t at = r * static_cast<size_t>(vocab) + static_cast<size_t>(t);
+        scale = std::max(scale, std::fabs(static_cast<double>(want[at])));
+        diff = std::max(diff, std::fabs(static_cast<double>(got[at]) - want[at]));
+      }
+      worst = std::max(worst, diff / scale);
+    }
+    EXPECT_LE(worst, 1e-5) << "relative to each position's largest logit";
+    EXPECT_GT(worst, 0.0) << "the shards' sums are added in another order: some last bit should differ";
+  }
+}
+
+TEST_F(TensorParallelTest, RanksThatDisagreeOnAStepAllStopThereAndStayInStep) {
+  Result<LoadedModel> m = LoadModel(kGguf, {}, tp_);
+  ASSERT_TRUE(m.ok());
+  auto cache = KvCache::Create({.config = m->model->CacheGeometry(8, DType::kF32, 16), .prefault = false});
+  ASSERT_TRUE(cache.ok());
+  const SeqId seq = (*cache)->AddSequence();
+  std::vector<int32_t> tokens = {1, 403, 407, 261};
+  if (tp_->rank() == 1) tokens[2] = 300;  // this rank's scheduler saw another prompt
+  ForwardItem item{seq, tokens, nullptr, false};
+  Result<bool> r = ForwardStep(*m->model, **cache, {&item, 1}, {.threads = 1});
+  ASSERT_FALSE(r.ok()) << "every rank refuses the step, none waits in a collective for the others";
+  EXPECT_EQ(r.status().code(), StatusCode::kInternal);
+  EXPECT_NE(r.status().message().find("block tables differ"), std::string::npos) << r.status().message();
+  EXPECT_EQ((*cache)->View(seq)->num_tokens, 0) << "nothing reserved is left behind";
+  // The same step everywhere runs, on every rank.
+  tokens[2] = 407;
+  std::vector<float> logits(static_cast<size_t>(m->model->config().vocab_size));
+  item.logits = logits.data();
+  r = ForwardStep(*m->model, **cache, {&item, 1}, {.threads = 1});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(*r);
+  // A pool too small for the step: every rank says so (false), none runs it.
+  std::vector<int32_t> many(200, 403);
+  const SeqId other = (*cache)->AddSequence();
+  ForwardItem big{other, many, nullptr, false};
+  r = ForwardStep(*m->model, **cache, {&big, 1}, {.threads = 1});
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(*r);
+}
+
+TEST_F(TensorParallelTest, PreemptionAndThePrefixCacheGiveTheOneProcessTokens) {
+  const std::vector<std::string> prompts = {"Once upon a time", "Lily and Ben went to the park", "The little cat",
+                                            "Once upon a time, in a big forest, there lived a bear", "Once upon a time"};
+  auto run = [&](std::shared_ptr<Communicator> tp, int64_t blocks) {
+    EngineOptions o;
+    o.model_path = kGguf;
+    o.block_len = 8;
+    o.num_blocks = blocks;
+    o.watermark_blocks = 0;
+    o.threads = 1;
+    o.prefix_cache = true;
+    o.tensor_parallel = std::move(tp);
+    Result<std::unique_ptr<Engine>> e = Engine::Create(o);
+    EXPECT_TRUE(e.ok()) << e.status().ToString();
+    std::vector<std::vector<int32_t>> out;
+    if (!e.ok()) return std::make_pair(out, int64_t{0});
+    std::vector<RequestId> ids;
+    for (const std::string& p : prompts) {
+      EngineRequest r;
+      r.prompt = (*e)->Encode(p);
+      r.max_tokens = 40;
+      r.ignore_eos = true;
+      ids.push_back(*(*e)->Submit(r));
+    }
+    EXPECT_TRUE((*e)->RunUntilIdle().ok());
+    int64_t preemptions = 0;
+    for (RequestId id : ids) {
+      const RequestResult r = (*e)->Wait(id);
+      out.push_back(r.tokens);
+      preemptions += r.preemptions;
+    }
+    return std::make_pair(out, preemptions);
+  };
+  const auto want = run(nullptr, 256);
+  const auto got = run(tp_, 18);
+  EXPECT_EQ(got.first, want.first);
+  EXPECT_GT(got.second, 0) << "the small pool was meant to preempt";
+}
+
+TEST_F(TensorParallelTest, RefusesWhatItDoesNotShard) {
+  SynthModelSpec ds = *FindSynthModelPreset("tiny-deepseek2");
+  Result<LoadedModel> m = LoadModel(Synth(ds, "f32"), {}, tp_);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), StatusCode::kUnimplemented);
+  EXPECT_NE(m.status().message().find("llama and qwen2"), std::string::npos) << m.status().message();
+  EngineOptions o;
+  o.model_path = kGguf;
+  o.tensor_parallel = tp_;
+  o.prefix_cache = true;
+  o.tiers.host_bytes = 1 << 20;
+  Result<std::unique_ptr<Engine>> e = Engine::Create(o);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), StatusCode::kUnimplemented);
+}
+
+}  // namespace
+}  // namespace pagekv

@@ -1,0 +1,124 @@
+// `pagekv generate --tp N` under a real `mpirun`: the same greedy output as
+// one process, and bad input (a rank count that does not match, a size that
+// does not split the heads, a model missing on one rank, no launcher)
+// failing every rank with exit 2, none left waiting in a collective (each
+// run is bounded by `timeout`: a hang fails the test, it does not stall it).
+// `pagekv plan --tp`: one rank's pool.
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+namespace {
+
+constexpr const char* kModel = "../shared/models/stories260K/stories260K.gguf";
+
+struct RunResult {
+  int exit_code = -1;
+  std::string out;  // stdout and stderr together
+};
+
+RunResult RunCmd(const std::string& cmd) {
+  RunResult r;
+  FILE* pipe = popen((cmd + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) r.out.append(buf.data(), n);
+  const int status = pclose(pipe);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::string Mpirun(int np) {
+  // Shared-memory copies without ptrace (containers forbid it), and Open
+  // MPI's lifetime allocations not reported as leaks under the asan build.
+  return "OMPI_MCA_btl_vader_single_copy_mechanism=none LSAN_OPTIONS=suppressions=scripts/lsan-mpi.supp:print_suppressions=0 "
+         "timeout 120 " + std::string(PAGEKV_MPIRUN) + " --allow-run-as-root --oversubscribe --bind-to none -np " +
+         std::to_string(np) + " ";
+}
+
+std::string Cli() { return PAGEKV_CLI_PATH; }
+
+size_t Count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+TEST(TensorParallelCliTest, GreedyOutputEqualsOneProcess) {
+  const std::string args = " generate --model " + std::string(kModel) +
+                           " --prompt 'Once upon a time' --prompt 'Lily and Ben' -n 32 --json";
+  const RunResult one = RunCmd(Cli() + args);
+  ASSERT_EQ(one.exit_code, 0) << one.out;
+  for (int np : {2, 4}) {
+    const RunResult tp = RunCmd(Mpirun(np) + Cli() + args + " --tp " + std::to_string(np));
+    ASSERT_EQ(tp.exit_code, 0) << tp.out;
+    // Rank 0 alone prints: two outputs and the stats line, as one process does.
+    std::vector<nlohmann::json> a, b;
+    for (const RunResult* r : {&one, &tp}) {
+      size_t start = 0;
+      while (start < r->out.size()) {
+        const size_t eol = r->out.find('\n', start);
+        const std::string line = r->out.substr(start, eol == std::string::npos ? std::string::npos : eol - start);
+        start = eol == std::string::npos ? r->out.size() : eol + 1;
+        nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+        if (j.is_object() && j.contains("generated_ids")) (r == &one ? a : b).push_back(j["generated_ids"]);
+      }
+    }
+    ASSERT_EQ(a.size(), 2u) << one.out;
+    EXPECT_EQ(b, a) << tp.out;
+  }
+}
+
+TEST(TensorParallelCliTest, ARankCountThatDoesNotMatchFailsEveryRank) {
+  const RunResult r = RunCmd(Mpirun(3) + Cli() + " generate --model " + kModel + " --prompt x --tp 2");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_EQ(Count(r.out, "--tp 2 needs 2 ranks, but this job has 3: run mpirun -np 2"), 3u) << r.out;
+}
+
+TEST(TensorParallelCliTest, ASizeThatDoesNotSplitTheHeadsFailsEveryRank) {
+  const RunResult r = RunCmd(Mpirun(3) + Cli() + " generate --model " + kModel + " --prompt x --tp 3");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_EQ(Count(r.out, "does not split 8 query heads over 4 KV heads"), 3u) << r.out;
+  EXPECT_NE(r.out.find("use one of 1, 2, 4, 8"), std::string::npos) << r.out;
+}
+
+TEST(TensorParallelCliTest, AModelMissingOnOneRankFailsBothWithoutAHang) {
+  // Two programs in one job (MPMD): rank 1 is given a path that does not exist.
+  const RunResult r = RunCmd(Mpirun(1) + Cli() + " generate --model " + kModel + " --prompt x --tp 2 : -np 1 " + Cli() +
+                          " generate --model /nonexistent/model.gguf --prompt x --tp 2");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("rank 1: cannot open model file '/nonexistent/model.gguf'"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("rank 0: another tensor parallel rank failed while preparing"), std::string::npos) << r.out;
+}
+
+TEST(TensorParallelCliTest, TpWithoutALauncherSaysHowToStartIt) {
+  const RunResult r = RunCmd(Cli() + " generate --model " + kModel + " --prompt x --tp 2");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("mpirun -np 2 pagekv generate"), std::string::npos) << r.out;
+}
+
+TEST(TensorParallelCliTest, PlanPrintsOneRanksPool) {
+  const RunResult one = RunCmd(Cli() + " plan --preset llama3-8b --budget 8GiB --json");
+  const RunResult tp = RunCmd(Cli() + " plan --preset llama3-8b --budget 8GiB --tp 4 --json");
+  ASSERT_EQ(one.exit_code, 0) << one.out;
+  ASSERT_EQ(tp.exit_code, 0) << tp.out;
+  const nlohmann::json a = nlohmann::json::parse(one.out), b = nlohmann::json::parse(tp.out);
+  EXPECT_EQ(b["bytes_per_token"].get<int64_t>() * 4, a["bytes_per_token"].get<int64_t>()) << "2 of Llama 3 8B's 8 KV heads";
+  EXPECT_EQ(b["tokens_capacity"].get<int64_t>(), a["tokens_capacity"].get<int64_t>() * 4);
+  EXPECT_EQ(b["tensor_parallel"]["kv_heads_per_rank"], 2);
+  EXPECT_EQ(b["tensor_parallel"]["q_heads_per_rank"], 8);
+  const RunResult bad = RunCmd(Cli() + " plan --preset llama3-8b --tp 3");
+  EXPECT_EQ(bad.exit_code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("use one of 1, 2, 4, 8, 16, 32"), std::string::npos) << bad.out;
+  const RunResult mla = RunCmd(Cli() + " plan --preset deepseek-v3 --tp 2");
+  EXPECT_EQ(mla.exit_code, 2) << mla.out;
+}
+
+}  // namespace
