@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "tp_flags.h"
 #include "pagekv/pagekv.h"
 
 namespace pagekv::cli {
@@ -200,10 +201,14 @@ struct GenerateBenchArgs {
   bool busy_neighbour = false;
   std::string mla_prefill = "auto";
   std::string kv_cache = "auto";
+  int tp = 1;
 };
 
 int RunGenerateBenchCommand(const GenerateBenchArgs& a) {
   GenerateBenchOptions o;
+  const TensorParallelJoin join = JoinTensorParallel(a.tp, "bench generate");
+  if (join.exit_code >= 0) return join.exit_code;
+  o.tensor_parallel = join.comm;
   o.model_path = a.model;
   o.synth_preset = a.quick ? "tiny" : a.preset;
   o.weight_type = a.weight_type;
@@ -211,7 +216,7 @@ int RunGenerateBenchCommand(const GenerateBenchArgs& a) {
   o.prompt_len = a.quick ? 16 : a.prompt_len;
   o.decode_steps = a.quick ? 4 : a.steps;
   o.block_len = a.block_len;
-  o.num_threads = a.threads;
+  o.num_threads = RankThreads(a.threads, a.tp);
   o.busy_neighbour = a.busy_neighbour;
   o.mla_prefill = ParseMlaPrefill(a.mla_prefill);
   Result<DType> dt = ParseDType(a.kv_dtype);
@@ -229,14 +234,19 @@ int RunGenerateBenchCommand(const GenerateBenchArgs& a) {
   if (!a.json) {
     PrintMachine();
     if (a.busy_neighbour) std::printf("with a busy neighbour: another process spins on one core throughout\n");
-    std::printf("%5s %3s %7s %6s %12s %12s %9s %8s %8s %9s %7s %-7s %s\n", "batch", "thr", "prompt", "steps",
-                "prefill t/s", "decode t/s", "ms/step", "attn", "matmul", "floor ms", "ratio", "bound",
+    if (a.tp > 1) {
+      std::printf("tensor parallel: %d ranks (these figures are rank 0's: its heads' weights and KV; comm = time in the "
+                  "collectives, waiting for the other ranks included)\n", a.tp);
+    }
+    std::printf("%5s %3s %7s %6s %12s %12s %9s %8s %8s %8s %9s %7s %-7s %s\n", "batch", "thr", "prompt", "steps",
+                "prefill t/s", "decode t/s", "ms/step", "attn", "matmul", "comm", "floor ms", "ratio", "bound",
                 "pool: parallel/solo/late/crowded loops, preempted spins, host stalls");
     o.on_result = [](const GenerateBenchResult& r) {
-      std::printf("%5ld %3d %7ld %6ld %12.1f %12.1f %9.2f %7.1f%% %7.1f%% %9.2f %7.2f %-7s %ld/%ld/%ld/%ld, %ld, %ld\n",
+      std::printf("%5ld %3d %7ld %6ld %12.1f %12.1f %9.2f %7.1f%% %7.1f%% %7.1f%% %9.2f %7.2f %-7s %ld/%ld/%ld/%ld, %ld, %ld\n",
                   static_cast<long>(r.batch), r.threads, static_cast<long>(r.prompt_len),
                   static_cast<long>(r.decode_steps), r.prefill_tokens_per_second, r.decode_tokens_per_second,
-                  r.decode_step_ms, 100 * r.decode_attention_share, 100 * r.decode_matmul_share, r.step_floor_ms,
+                  r.decode_step_ms, 100 * r.decode_attention_share, 100 * r.decode_matmul_share,
+                  100 * r.decode_communication_share, r.step_floor_ms,
                   r.ratio_to_roofline, r.bound.c_str(), static_cast<long>(r.pool_parallel_loops),
                   static_cast<long>(r.pool_solo_loops), static_cast<long>(r.pool_late_loops),
                   static_cast<long>(r.pool_crowded_loops),
@@ -267,6 +277,7 @@ int RunGenerateBenchCommand(const GenerateBenchArgs& a) {
     j["stream_read_gbps"] = r->stream_read_gbps;
     j["fma_gflops"] = r->fma_gflops;
     j["busy_neighbour"] = r->busy_neighbour;
+    j["tensor_parallel"] = a.tp;
     j["results"] = nlohmann::ordered_json::array();
     for (const GenerateBenchResult& x : r->results) {
       j["results"].push_back({{"batch", x.batch},
@@ -279,6 +290,9 @@ int RunGenerateBenchCommand(const GenerateBenchArgs& a) {
                               {"decode_step_ms", x.decode_step_ms},
                               {"decode_attention_share", x.decode_attention_share},
                               {"decode_matmul_share", x.decode_matmul_share},
+                              {"decode_communication_share", x.decode_communication_share},
+                              {"decode_communication_ms", x.decode_communication_ms},
+                              {"kv_bytes_per_token", x.kv_bytes_per_token},
                               {"step_weight_bytes", x.step_weight_bytes},
                               {"step_kv_bytes", x.step_kv_bytes},
                               {"step_flops", x.step_flops},
@@ -744,7 +758,8 @@ CLI::App* AddBenchCommand(CLI::App& app, int& exit_code) {
                 "Sliding-window models: auto (default: hybrid), hybrid (a block table per group of layers, sliding "
                 "groups keep only their window) or uniform (every layer keeps every token, the windows as a mask)");
   g->add_option("--kv-dtype", gen.kv_dtype, "KV storage: f32, f16 (default), bf16, int8, fp8_e4m3, fp8_e5m2, int4 (KIVI: --block-len a multiple of 32)");
-  g->add_option("--threads", gen.threads, "Threads (default: all cores)")->check(CLI::Range(0, 4096));
+  g->add_option("--threads", gen.threads, "Threads (default: all cores; with --tp, shared among the ranks)")->check(CLI::Range(0, 4096));
+  g->add_option("--tp", gen.tp, "Tensor parallel ranks (run under mpirun -np N; default 1)")->check(CLI::Range(1, 1 << 16));
   g->add_flag("--busy-neighbour", gen.busy_neighbour,
               "Run each batch on 1 thread and on --threads while another process keeps one core busy");
   AddMlaPrefillOption(*g, gen.mla_prefill);

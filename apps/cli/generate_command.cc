@@ -14,6 +14,7 @@
 #include "commands.h"
 #include "kv_event_flags.h"
 #include "tier_flags.h"
+#include "tp_flags.h"
 #include "pagekv/pagekv.h"
 
 namespace pagekv::cli {
@@ -40,26 +41,10 @@ struct GenerateArgs {
 
 int RunGenerate(const GenerateArgs& a) {
   GenerateOptions o;
-  int rank = 0;
-  if (a.tp > 1) {
-    // One process per rank, started by mpirun; each checks the launch on its
-    // own (no collective yet), so a wrong -np fails every rank at once.
-    Result<std::shared_ptr<Communicator>> world = MpiWorld();
-    if (!world.ok()) {
-      std::fprintf(stderr, "error: --tp %d: %s (mpirun -np %d pagekv generate ... --tp %d)\n", a.tp,
-                   world.status().message().c_str(), a.tp, a.tp);
-      return kExitBadInput;
-    }
-    if ((*world)->size() != a.tp) {
-      std::fprintf(stderr, "error: rank %d: --tp %d needs %d ranks, but this job has %d: run mpirun -np %d\n", (*world)->rank(),
-                   a.tp, a.tp, (*world)->size(), a.tp);
-      return kExitBadInput;
-    }
-    o.tensor_parallel = *world;
-    rank = (*world)->rank();
-  }
-  // Only rank 0 speaks (every rank computes the same report).
-  if (rank != 0 && std::freopen("/dev/null", "w", stdout) == nullptr) return kExitFailed;
+  const TensorParallelJoin join = JoinTensorParallel(a.tp, "generate");
+  if (join.exit_code >= 0) return join.exit_code;
+  o.tensor_parallel = join.comm;
+  const int rank = join.rank;
   o.model_path = a.model;
   o.tokenizer_path = a.tokenizer;
   o.prompts = a.prompts;
@@ -83,7 +68,7 @@ int RunGenerate(const GenerateArgs& a) {
   o.num_blocks = a.blocks;
   o.top_logits = a.dump_logits;
   // Ranks on one machine share its cores.
-  o.threads = a.threads > 0 || a.tp <= 1 ? a.threads : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / LocalRanks());
+  o.threads = RankThreads(a.threads, a.tp);
   o.truncate_prompts = a.truncate;
   o.kv_events = ToKvEventsOptions(a.kv_events);
   o.prefix_cache = a.prefix_cache || a.salt_given || !o.kv_events.endpoint.empty();

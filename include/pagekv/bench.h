@@ -120,6 +120,9 @@ struct GenerateBenchResult {
   double decode_step_ms = 0;
   double decode_attention_share = 0;    // of decode time, in the attention kernels
   double decode_matmul_share = 0;       // of decode time, in weight products
+  double decode_communication_share = 0;  // of decode time, in the tensor-parallel collectives
+  double decode_communication_ms = 0;     // per decode step
+  int64_t kv_bytes_per_token = 0;       // this process's pool (a tensor-parallel rank's: its heads)
   int64_t step_weight_bytes = 0;        // weight bytes one decode step reads
   int64_t step_kv_bytes = 0;            // K/V bytes one decode step reads (mean over the steps)
   double step_flops = 0;                // multiply-adds x 2 of one decode step (mean)
@@ -167,6 +170,9 @@ struct GenerateBenchOptions {
   // killed after it): what a shared machine does to a thread pool.
   bool busy_neighbour = false;
   EngineOptions::MlaPrefill mla_prefill = EngineOptions::MlaPrefill::kAuto;  // deepseek2 models' prompt chunks
+  // Tensor parallel (EngineOptions::tensor_parallel): every rank runs the
+  // benchmark with the same options; each measures its own share.
+  std::shared_ptr<Communicator> tensor_parallel;
   std::function<void(const GenerateBenchResult&)> on_result;  // progress, optional
 };
 

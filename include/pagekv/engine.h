@@ -257,6 +257,7 @@ struct EngineMetrics {
   // Time in the model's forward pass (seconds, accumulated), and of it in
   // the attention kernels and in the weight products.
   double forward_seconds = 0, attention_seconds = 0, matmul_seconds = 0;
+  double communication_seconds = 0;  // tensor parallel: in the collectives between the ranks
   PrefixCacheStats prefix;
   std::vector<SequenceInfo> sequences;  // the running batch at the last step
   std::optional<TiersStats> tiers;  // when tiers are configured

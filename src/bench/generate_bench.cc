@@ -97,7 +97,7 @@ Result<GenerateBenchReport> RunGenerateBench(const GenerateBenchOptions& o) {
     report.model = path;
     report.weight_type = "as stored";
   }
-  PAGEKV_ASSIGN_OR_RETURN(LoadedModel loaded, LoadModel(path));
+  PAGEKV_ASSIGN_OR_RETURN(LoadedModel loaded, LoadModel(path, {}, o.tensor_parallel));
   const Model* model = loaded.model.get();
   const ModelConfig& c = model->config();
   if (o.prompt_len + o.decode_steps + 1 > c.context_len) {  // the last step's sampled token takes a position too
@@ -143,6 +143,7 @@ Result<GenerateBenchReport> RunGenerateBench(const GenerateBenchOptions& o) {
     eo.max_queue = batch;
     eo.threads = threads;
     eo.mla_prefill = o.mla_prefill;
+    eo.tensor_parallel = o.tensor_parallel;
     PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, CreateEngineWithModel(eo, loaded));
     for (int64_t i = 0; i < batch; ++i) {
       EngineRequest r;
@@ -187,6 +188,10 @@ Result<GenerateBenchReport> RunGenerateBench(const GenerateBenchOptions& o) {
     const double forward = after.forward_seconds - before.forward_seconds;
     r.decode_attention_share = (after.attention_seconds - before.attention_seconds) / forward;
     r.decode_matmul_share = (after.matmul_seconds - before.matmul_seconds) / forward;
+    r.decode_communication_share = (after.communication_seconds - before.communication_seconds) / forward;
+    r.decode_communication_ms =
+        1e3 * (after.communication_seconds - before.communication_seconds) / static_cast<double>(o.decode_steps);
+    r.kv_bytes_per_token = after.bytes_per_token;
     // Per step: weights once; K and V of every cached position of every layer
     // (the mean context over the steps); the attention's multiply-adds are
     // 2 * head_dim per (query head, position) (MLA: 2 * (rank + rope), the

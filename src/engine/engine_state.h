@@ -342,6 +342,7 @@ struct Engine::State {
     mx.forward_seconds = timings.total;
     mx.attention_seconds = timings.attention;
     mx.matmul_seconds = timings.matmul;
+    mx.communication_seconds = timings.communication;
     if (events) mx.kv_event_batches = static_cast<int64_t>(events->batches_sent());
     if (prefix) mx.prefix = prefix->Stats();
   }

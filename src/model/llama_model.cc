@@ -322,6 +322,11 @@ Status LlamaModel::Compute(std::span<const StepItem> items, StepKv& kv, const Ba
   const int32_t d = c.dim, kv_heads = shard_.kv_heads, q_dim = shard_.q_heads * c.head_dim,
                 kv_dim = kv_heads * c.head_dim, hd = static_cast<int32_t>(hidden_rows_);
   Communicator* const tp = tp_.get();
+  double* communication_time = options.timings != nullptr ? &options.timings->communication : nullptr;
+  auto all_reduce = [&](float* rows) {
+    Stopwatch watch(communication_time);
+    return tp->AllReduceSum(rows, T * d);
+  };
   double* matmul_time = options.timings != nullptr ? &options.timings->matmul : nullptr;
   double* attention_time = options.timings != nullptr ? &options.timings->attention : nullptr;
   size_t slot = 0;
@@ -397,7 +402,7 @@ Status LlamaModel::Compute(std::span<const StepItem> items, StepKv& kv, const Ba
                                          : be.PrefillAttention(paged, prefill, q.data(), att.data(), attention_options));
     }
     PAGEKV_RETURN_IF_ERROR(matmul(L.wo, att.data(), T, tmp.data()));
-    if (tp != nullptr) PAGEKV_RETURN_IF_ERROR(tp->AllReduceSum(tmp.data(), T * d));  // every rank's heads' part
+    if (tp != nullptr) PAGEKV_RETURN_IF_ERROR(all_reduce(tmp.data()));  // every rank's heads' part
     add_bias(tmp.data(), T, d, L.bo);
     for_rows(T, [&](int64_t t0, int64_t t1) {
       be.AddInPlace(&x[static_cast<size_t>(t0 * d)], &tmp[static_cast<size_t>(t0 * d)], (t1 - t0) * d);
@@ -408,7 +413,7 @@ Status LlamaModel::Compute(std::span<const StepItem> items, StepKv& kv, const Ba
       be.SwiGluInPlace(&h1[static_cast<size_t>(t0 * hd)], &h2[static_cast<size_t>(t0 * hd)], (t1 - t0) * hd);
     });
     PAGEKV_RETURN_IF_ERROR(matmul(L.w_down, h1.data(), T, tmp.data()));
-    if (tp != nullptr) PAGEKV_RETURN_IF_ERROR(tp->AllReduceSum(tmp.data(), T * d));  // every rank's hidden units' part
+    if (tp != nullptr) PAGEKV_RETURN_IF_ERROR(all_reduce(tmp.data()));  // every rank's hidden units' part
     for_rows(T, [&](int64_t t0, int64_t t1) {
       be.AddInPlace(&x[static_cast<size_t>(t0 * d)], &tmp[static_cast<size_t>(t0 * d)], (t1 - t0) * d);
     });

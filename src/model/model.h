@@ -117,6 +117,7 @@ struct ForwardTimings {
   double total = 0;
   double attention = 0;  // paged attention kernels (MLA: the latent kernels and the absorption)
   double matmul = 0;     // weight products, classifier included
+  double communication = 0;  // tensor parallel: in the collectives (waiting for the other ranks included)
 };
 
 struct ForwardOptions {
