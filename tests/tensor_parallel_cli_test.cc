@@ -9,6 +9,7 @@
 #include <array>
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -57,8 +58,10 @@ TEST(TensorParallelCliTest, GreedyOutputEqualsOneProcess) {
                            " --prompt 'Once upon a time' --prompt 'Lily and Ben' -n 32 --json";
   const RunResult one = RunCmd(Cli() + args);
   ASSERT_EQ(one.exit_code, 0) << one.out;
-  for (int np : {2, 4}) {
-    const RunResult tp = RunCmd(Mpirun(np) + Cli() + args + " --tp " + std::to_string(np));
+  for (const auto& [np, flags] : std::vector<std::pair<int, std::string>>{
+           {2, " --tp 2"}, {4, " --tp 4"}, {2, " --pp 2"}, {4, " --pp 4"}, {4, " --tp 2 --pp 2"}}) {
+    SCOPED_TRACE(flags);
+    const RunResult tp = RunCmd(Mpirun(np) + Cli() + args + flags);
     ASSERT_EQ(tp.exit_code, 0) << tp.out;
     // Rank 0 alone prints: two outputs and the stats line, as one process does.
     std::vector<nlohmann::json> a, b;
@@ -90,6 +93,15 @@ TEST(TensorParallelCliTest, ASizeThatDoesNotSplitTheHeadsFailsEveryRank) {
   EXPECT_NE(r.out.find("use one of 1, 2, 4, 8"), std::string::npos) << r.out;
 }
 
+TEST(TensorParallelCliTest, MoreStagesThanLayersFailEveryRank) {
+  const RunResult r = RunCmd(Mpirun(6) + Cli() + " generate --model " + kModel + " --prompt x --pp 6");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_EQ(Count(r.out, "pipeline parallel size 6 exceeds the model's 5 layers: use at most 5 stages"), 6u) << r.out;
+  const RunResult wrong = RunCmd(Mpirun(3) + Cli() + " generate --model " + kModel + " --prompt x --tp 2 --pp 2");
+  EXPECT_EQ(wrong.exit_code, 2) << wrong.out;
+  EXPECT_EQ(Count(wrong.out, "--tp 2 x --pp 2 needs 4 ranks, but this job has 3: run mpirun -np 4"), 3u) << wrong.out;
+}
+
 TEST(TensorParallelCliTest, AModelMissingOnOneRankFailsBothWithoutAHang) {
   // Two programs in one job (MPMD): rank 1 is given a path that does not exist.
   const RunResult r = RunCmd(Mpirun(1) + Cli() + " generate --model " + kModel + " --prompt x --tp 2 : -np 1 " + Cli() +
@@ -115,6 +127,14 @@ TEST(TensorParallelCliTest, PlanPrintsOneRanksPool) {
   EXPECT_EQ(b["tokens_capacity"].get<int64_t>(), a["tokens_capacity"].get<int64_t>() * 4);
   EXPECT_EQ(b["tensor_parallel"]["kv_heads_per_rank"], 2);
   EXPECT_EQ(b["tensor_parallel"]["q_heads_per_rank"], 8);
+  const RunResult pp = RunCmd(Cli() + " plan --preset llama3-8b --budget 8GiB --pp 4 --tp 2 --json");
+  ASSERT_EQ(pp.exit_code, 0) << pp.out;
+  const nlohmann::json c = nlohmann::json::parse(pp.out);
+  EXPECT_EQ(c["bytes_per_token"].get<int64_t>() * 8, a["bytes_per_token"].get<int64_t>()) << "8 of 32 layers, 2 of 8 KV heads";
+  EXPECT_EQ(c["pipeline_parallel"]["layers_per_rank"], 8);
+  const RunResult uneven = RunCmd(Cli() + " plan --preset llama3-8b --pp 3 --json");
+  ASSERT_EQ(uneven.exit_code, 0) << uneven.out;
+  EXPECT_EQ(nlohmann::json::parse(uneven.out)["pipeline_parallel"]["layers_per_rank"], 11) << "32 layers over 3: the largest stage";
   const RunResult bad = RunCmd(Cli() + " plan --preset llama3-8b --tp 3");
   EXPECT_EQ(bad.exit_code, 2) << bad.out;
   EXPECT_NE(bad.out.find("use one of 1, 2, 4, 8, 16, 32"), std::string::npos) << bad.out;

@@ -201,14 +201,14 @@ struct GenerateBenchArgs {
   bool busy_neighbour = false;
   std::string mla_prefill = "auto";
   std::string kv_cache = "auto";
-  int tp = 1;
+  int tp = 1, pp = 1;
 };
 
 int RunGenerateBenchCommand(const GenerateBenchArgs& a) {
   GenerateBenchOptions o;
-  const TensorParallelJoin join = JoinTensorParallel(a.tp, "bench generate");
+  const ParallelJoin join = JoinParallel(a.tp, a.pp, "bench generate");
   if (join.exit_code >= 0) return join.exit_code;
-  o.tensor_parallel = join.comm;
+  o.parallel = join.parallel;
   o.model_path = a.model;
   o.synth_preset = a.quick ? "tiny" : a.preset;
   o.weight_type = a.weight_type;
@@ -216,7 +216,7 @@ int RunGenerateBenchCommand(const GenerateBenchArgs& a) {
   o.prompt_len = a.quick ? 16 : a.prompt_len;
   o.decode_steps = a.quick ? 4 : a.steps;
   o.block_len = a.block_len;
-  o.num_threads = RankThreads(a.threads, a.tp);
+  o.num_threads = RankThreads(a.threads, a.tp * a.pp);
   o.busy_neighbour = a.busy_neighbour;
   o.mla_prefill = ParseMlaPrefill(a.mla_prefill);
   Result<DType> dt = ParseDType(a.kv_dtype);
@@ -234,9 +234,10 @@ int RunGenerateBenchCommand(const GenerateBenchArgs& a) {
   if (!a.json) {
     PrintMachine();
     if (a.busy_neighbour) std::printf("with a busy neighbour: another process spins on one core throughout\n");
-    if (a.tp > 1) {
-      std::printf("tensor parallel: %d ranks (these figures are rank 0's: its heads' weights and KV; comm = time in the "
-                  "collectives, waiting for the other ranks included)\n", a.tp);
+    if (a.tp * a.pp > 1) {
+      std::printf("tensor parallel %d x pipeline parallel %d (these figures are rank 0's: its heads' and layers' weights "
+                  "and KV; comm = time in the collectives and stage transfers, waiting for the other ranks included)\n",
+                  a.tp, a.pp);
     }
     std::printf("%5s %3s %7s %6s %12s %12s %9s %8s %8s %8s %9s %7s %-7s %s\n", "batch", "thr", "prompt", "steps",
                 "prefill t/s", "decode t/s", "ms/step", "attn", "matmul", "comm", "floor ms", "ratio", "bound",
@@ -278,6 +279,7 @@ int RunGenerateBenchCommand(const GenerateBenchArgs& a) {
     j["fma_gflops"] = r->fma_gflops;
     j["busy_neighbour"] = r->busy_neighbour;
     j["tensor_parallel"] = a.tp;
+    j["pipeline_parallel"] = a.pp;
     j["results"] = nlohmann::ordered_json::array();
     for (const GenerateBenchResult& x : r->results) {
       j["results"].push_back({{"batch", x.batch},
@@ -760,6 +762,7 @@ CLI::App* AddBenchCommand(CLI::App& app, int& exit_code) {
   g->add_option("--kv-dtype", gen.kv_dtype, "KV storage: f32, f16 (default), bf16, int8, fp8_e4m3, fp8_e5m2, int4 (KIVI: --block-len a multiple of 32)");
   g->add_option("--threads", gen.threads, "Threads (default: all cores; with --tp, shared among the ranks)")->check(CLI::Range(0, 4096));
   g->add_option("--tp", gen.tp, "Tensor parallel ranks (run under mpirun -np N; default 1)")->check(CLI::Range(1, 1 << 16));
+  g->add_option("--pp", gen.pp, "Pipeline parallel stages (mpirun -np tp x pp; default 1)")->check(CLI::Range(1, 1 << 16));
   g->add_flag("--busy-neighbour", gen.busy_neighbour,
               "Run each batch on 1 thread and on --threads while another process keeps one core busy");
   AddMlaPrefillOption(*g, gen.mla_prefill);

@@ -29,7 +29,7 @@ struct GenerateArgs {
   bool chat = false, stop_at_eos = false;
   std::string chat_template, system;
   int64_t blocks = 0;
-  int threads = 0, tp = 1;
+  int threads = 0, tp = 1, pp = 1;
   bool json = false, truncate = false, prefix_cache = false;
   std::string cache_salt;
   bool salt_given = false;
@@ -41,9 +41,9 @@ struct GenerateArgs {
 
 int RunGenerate(const GenerateArgs& a) {
   GenerateOptions o;
-  const TensorParallelJoin join = JoinTensorParallel(a.tp, "generate");
+  const ParallelJoin join = JoinParallel(a.tp, a.pp, "generate");
   if (join.exit_code >= 0) return join.exit_code;
-  o.tensor_parallel = join.comm;
+  o.parallel = join.parallel;
   const int rank = join.rank;
   o.model_path = a.model;
   o.tokenizer_path = a.tokenizer;
@@ -68,7 +68,7 @@ int RunGenerate(const GenerateArgs& a) {
   o.num_blocks = a.blocks;
   o.top_logits = a.dump_logits;
   // Ranks on one machine share its cores.
-  o.threads = RankThreads(a.threads, a.tp);
+  o.threads = RankThreads(a.threads, a.tp * a.pp);
   o.truncate_prompts = a.truncate;
   o.kv_events = ToKvEventsOptions(a.kv_events);
   o.prefix_cache = a.prefix_cache || a.salt_given || !o.kv_events.endpoint.empty();
@@ -108,7 +108,7 @@ int RunGenerate(const GenerateArgs& a) {
   Result<GenerateReport> r = Generate(o);
   if (!r.ok()) {
     if (streamed) std::printf("\n");
-    if (a.tp > 1) {
+    if (a.tp * a.pp > 1) {
       std::fprintf(stderr, "error: rank %d: %s\n", rank, r.status().message().c_str());
     } else {
       std::fprintf(stderr, "error: %s\n", r.status().message().c_str());
@@ -268,6 +268,10 @@ CLI::App* AddGenerateCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--dump-logits", args.dump_logits, "With --json: the top-K ids and logits of every step");
   cmd->add_option("--tp", args.tp,
                   "Tensor parallel: this many ranks hold the heads and their KV (run under mpirun -np N; default 1)")
+      ->check(CLI::Range(1, 1 << 16));
+  cmd->add_option("--pp", args.pp,
+                  "Pipeline parallel: this many ranks each hold a contiguous range of the layers and their KV (with --tp: "
+                  "tp x pp ranks under mpirun; default 1)")
       ->check(CLI::Range(1, 1 << 16));
   cmd->add_option("--threads", args.threads, "Threads for the kernels (default: every hardware thread; with --tp, "
                                              "divided among the ranks on this machine)")

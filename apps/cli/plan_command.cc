@@ -19,7 +19,7 @@ struct PlanArgs {
   int64_t sliding_window = 0, sliding_pattern = 6;
   std::string dtype, budget, layer_dtypes, kv_cache = "auto";
   bool json = false, explain = false;
-  int tp = 1;
+  int tp = 1, pp = 1;
 };
 
 namespace {
@@ -312,6 +312,33 @@ int RunPlan(const PlanArgs& a, const CLI::App& cmd) {
     c.num_kv_heads = s->kv_heads;
     title += fmt::format(", per rank of --tp {}", a.tp);
   }
+  // Pipeline parallel: the largest stage's layers (stage s holds layers
+  // [L*s/P, L*(s+1)/P)), their formats and windows as the model's.
+  int32_t stage_layers = req->config.num_layers;
+  if (a.pp > 1) {
+    CacheConfig& c = req->config;
+    if (a.pp > c.num_layers) {
+      std::fprintf(stderr, "error: --pp %d exceeds the model's %d layers: use at most %d stages\n", a.pp, c.num_layers,
+                   c.num_layers);
+      return kExitBadInput;
+    }
+    int32_t best = 0, first = 0;
+    for (int s = 0; s < a.pp; ++s) {
+      const int32_t l0 = c.num_layers * s / a.pp, l1 = c.num_layers * (s + 1) / a.pp;
+      if (l1 - l0 > best) {
+        best = l1 - l0;
+        first = l0;
+      }
+    }
+    auto keep = [&](auto& per_layer) {
+      if (!per_layer.empty()) per_layer = {per_layer.begin() + first, per_layer.begin() + first + best};
+    };
+    keep(c.layer_formats);
+    keep(c.layer_windows);
+    c.num_layers = best;
+    stage_layers = best;
+    title += fmt::format(", per stage of --pp {} (the largest: layers {}-{})", a.pp, first, first + best - 1);
+  }
   Result<Plan> plan = MakePlan(*req);
   if (!plan.ok()) {
     std::fprintf(stderr, "error: %s\n", plan.status().message().c_str());
@@ -321,17 +348,21 @@ int RunPlan(const PlanArgs& a, const CLI::App& cmd) {
     nlohmann::ordered_json j = ToJson(*plan, a.preset);
     if (shard) {
       j["tensor_parallel"] = {{"ranks", a.tp}, {"q_heads_per_rank", shard->q_heads}, {"kv_heads_per_rank", shard->kv_heads},
-                              {"kv_replicas", shard->kv_replicas}, {"bytes_all_ranks", plan->total_bytes * a.tp}};
+                              {"kv_replicas", shard->kv_replicas}};
     }
+    if (a.pp > 1) j["pipeline_parallel"] = {{"stages", a.pp}, {"layers_per_rank", stage_layers}};
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     PrintTable(*plan, title);
+    if (a.pp > 1) {
+      std::printf("\npipeline parallel: %d stages, the largest holding %d layers: the figures above are its rank's\n", a.pp,
+                  stage_layers);
+    }
     if (shard) {
       std::printf("\ntensor parallel: %d ranks, each holding %d query heads over %d KV head%s%s: the figures above are "
-                  "one rank's; the pools of all ranks together hold %s\n",
+                  "one rank's\n",
                   a.tp, shard->q_heads, shard->kv_heads, shard->kv_heads == 1 ? "" : "s",
-                  shard->kv_replicas > 1 ? fmt::format(" (each KV head replicated on {} ranks)", shard->kv_replicas).c_str() : "",
-                  FormatBytes(plan->total_bytes * a.tp).c_str());
+                  shard->kv_replicas > 1 ? fmt::format(" (each KV head replicated on {} ranks)", shard->kv_replicas).c_str() : "");
     }
   }
   if (a.explain) PrintExplain(*plan, a);
@@ -368,6 +399,9 @@ CLI::App* AddPlanCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--kv-cache", args->kv_cache, "auto (default), hybrid, or uniform: every layer keeps every token");
   cmd->add_option("--tp", args->tp,
                   "Tensor parallel ranks: plan one rank's pool (its share of the KV heads; --budget is per rank)")
+      ->check(CLI::Range(1, 1 << 16));
+  cmd->add_option("--pp", args->pp,
+                  "Pipeline parallel stages: plan the largest stage's pool (its layers; --budget is per rank)")
       ->check(CLI::Range(1, 1 << 16));
   cmd->add_flag("--json", args->json, "Print one JSON object");
   cmd->add_flag("--explain", args->explain, "Show how each number is derived and what to change");

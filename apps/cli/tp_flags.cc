@@ -2,36 +2,38 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <memory>
 #include <thread>
 
 #include "commands.h"
 
 namespace pagekv::cli {
 
-TensorParallelJoin JoinTensorParallel(int tp, const std::string& command) {
-  TensorParallelJoin j;
-  if (tp <= 1) return j;
+ParallelJoin JoinParallel(int tp, int pp, const std::string& command) {
+  ParallelJoin j;
+  if (tp * pp <= 1) return j;
+  const std::string flags = (tp > 1 ? " --tp " + std::to_string(tp) : "") + (pp > 1 ? " --pp " + std::to_string(pp) : "");
   Result<std::shared_ptr<Communicator>> world = MpiWorld();
   if (!world.ok()) {
-    std::fprintf(stderr, "error: --tp %d: %s (mpirun -np %d pagekv %s ... --tp %d)\n", tp, world.status().message().c_str(), tp,
-                 command.c_str(), tp);
+    std::fprintf(stderr, "error:%s: %s (mpirun -np %d pagekv %s ...%s)\n", flags.c_str(), world.status().message().c_str(),
+                 tp * pp, command.c_str(), flags.c_str());
     j.exit_code = kExitBadInput;
     return j;
   }
-  if ((*world)->size() != tp) {
-    std::fprintf(stderr, "error: rank %d: --tp %d needs %d ranks, but this job has %d: run mpirun -np %d\n", (*world)->rank(), tp,
-                 tp, (*world)->size(), tp);
-    j.exit_code = kExitBadInput;
+  Result<ModelParallel> split = SplitWorld(*world, tp, pp);
+  if (!split.ok()) {
+    std::fprintf(stderr, "error: rank %d: %s\n", (*world)->rank(), split.status().message().c_str());
+    j.exit_code = split.status().code() == StatusCode::kInvalidArgument ? kExitBadInput : kExitFailed;
     return j;
   }
-  j.comm = *world;
+  j.parallel = *split;
   j.rank = (*world)->rank();
   if (j.rank != 0 && std::freopen("/dev/null", "w", stdout) == nullptr) j.exit_code = kExitFailed;
   return j;
 }
 
-int RankThreads(int threads, int tp) {
-  if (threads > 0 || tp <= 1) return threads;
+int RankThreads(int threads, int ranks) {
+  if (threads > 0 || ranks <= 1) return threads;
   return std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / LocalRanks());
 }
 

@@ -170,9 +170,9 @@ struct GenerateBenchOptions {
   // killed after it): what a shared machine does to a thread pool.
   bool busy_neighbour = false;
   EngineOptions::MlaPrefill mla_prefill = EngineOptions::MlaPrefill::kAuto;  // deepseek2 models' prompt chunks
-  // Tensor parallel (EngineOptions::tensor_parallel): every rank runs the
-  // benchmark with the same options; each measures its own share.
-  std::shared_ptr<Communicator> tensor_parallel;
+  // Tensor / pipeline parallel (EngineOptions::parallel): every rank runs
+  // the benchmark with the same options; each measures its own share.
+  ModelParallel parallel;
   std::function<void(const GenerateBenchResult&)> on_result;  // progress, optional
 };
 

@@ -44,6 +44,13 @@ class Communicator {
   virtual Result<bool> AllOk(bool ok) = 0;
   // Whether every rank passed the same value.
   virtual Result<bool> AllEqual(uint64_t value) = 0;
+  // Point to point (pipeline stages): bytes to / from one rank; `tag`
+  // tells messages between the same two ranks apart.
+  virtual Status Send(const void* buf, int64_t bytes, int dest, int tag) = 0;
+  virtual Status Recv(void* buf, int64_t bytes, int source, int tag) = 0;
+  // The ranks that pass the same color, ordered by key: a communicator of
+  // their own (every rank of this one must call it).
+  virtual Result<std::shared_ptr<Communicator>> Split(int color, int key) = 0;
   // Ends every rank of the job with `code` (an error one rank alone saw in
   // the middle of a collective sequence: the others would wait forever).
   [[noreturn]] virtual void Abort(int code) = 0;
@@ -51,6 +58,22 @@ class Communicator {
 
 // One process: size 1, every collective a no-op.
 std::shared_ptr<Communicator> LocalCommunicator();
+
+// How one model is split over processes: tensor parallel (the ranks of one
+// pipeline stage share each of its layers' heads) and pipeline parallel
+// (each stage holds a contiguous range of the layers). `all` spans every
+// rank of both (what steps are agreed over); null members: not split that
+// way. Rank r of `all` is tensor rank r % tp of pipeline stage r / tp.
+struct ModelParallel {
+  std::shared_ptr<Communicator> tensor, pipeline, all;
+  bool active() const { return all != nullptr && all->size() > 1; }
+  int tensor_size() const { return tensor != nullptr ? tensor->size() : 1; }
+  int pipeline_size() const { return pipeline != nullptr ? pipeline->size() : 1; }
+};
+
+// `world` (of exactly tp x pp ranks) split into the two. Errors: sizes
+// below 1, a world of another size (naming the -np to give).
+Result<ModelParallel> SplitWorld(std::shared_ptr<Communicator> world, int tp, int pp);
 
 // Whether this process was started by an MPI launcher (mpirun / mpiexec of
 // Open MPI, or a PMI / PMIx one): reads the launcher's environment, does

@@ -165,12 +165,13 @@ Result<KvGroups> ParseKvGroups(std::string_view s);  // the names above
 struct EngineOptions {
   std::string model_path;      // GGUF, or llama2.c .bin with tokenizer_path
   std::string tokenizer_path;
-  // Tensor parallel (pagekv/dist.h): this process is one rank of
-  // tensor_parallel->size(), holding its share of the heads and their KV;
-  // every rank runs an engine with the same options and the same requests
-  // in the same order, and they step together. Null or one rank: the whole
-  // model here. Not yet with KV tiers, KV events or token eviction.
-  std::shared_ptr<Communicator> tensor_parallel;
+  // Split over processes (pagekv/dist.h, docs/SHARDING.md): this process
+  // is one rank, holding its share of the heads (tensor parallel) or of the
+  // layers (pipeline parallel) and their KV; every rank runs an engine with
+  // the same options and the same requests in the same order, and they step
+  // together. Empty: the whole model here. Not yet with KV tiers, KV events
+  // or token eviction.
+  ModelParallel parallel;
   int32_t block_len = 16;
   DType kv_dtype = DType::kF32;
   KvGroups kv_groups = KvGroups::kAuto;  // sliding-window models: hybrid or uniform cache

@@ -33,9 +33,9 @@ namespace pagekv {
 struct GenerateOptions {
   std::string model_path;      // .gguf, or a llama2.c .bin (then tokenizer_path is required)
   std::string tokenizer_path;  // llama2.c tokenizer.bin
-  // Tensor parallel (EngineOptions::tensor_parallel): every rank calls
+  // Split over processes (EngineOptions::parallel): every rank calls
   // Generate with the same options and gets the same report.
-  std::shared_ptr<Communicator> tensor_parallel;
+  ModelParallel parallel;
   std::vector<std::string> prompts;  // generated together as one batch
   // Tokens to generate per prompt; 0 = until a stop token (chat, or
   // stop_at_eos) or the model's context ends.

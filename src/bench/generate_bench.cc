@@ -97,7 +97,7 @@ Result<GenerateBenchReport> RunGenerateBench(const GenerateBenchOptions& o) {
     report.model = path;
     report.weight_type = "as stored";
   }
-  PAGEKV_ASSIGN_OR_RETURN(LoadedModel loaded, LoadModel(path, {}, o.tensor_parallel));
+  PAGEKV_ASSIGN_OR_RETURN(LoadedModel loaded, LoadModel(path, {}, o.parallel));
   const Model* model = loaded.model.get();
   const ModelConfig& c = model->config();
   if (o.prompt_len + o.decode_steps + 1 > c.context_len) {  // the last step's sampled token takes a position too
@@ -143,7 +143,7 @@ Result<GenerateBenchReport> RunGenerateBench(const GenerateBenchOptions& o) {
     eo.max_queue = batch;
     eo.threads = threads;
     eo.mla_prefill = o.mla_prefill;
-    eo.tensor_parallel = o.tensor_parallel;
+    eo.parallel = o.parallel;
     PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, CreateEngineWithModel(eo, loaded));
     for (int64_t i = 0; i < batch; ++i) {
       EngineRequest r;

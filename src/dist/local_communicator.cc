@@ -20,6 +20,13 @@ class Local final : public Communicator {
   }
   Result<bool> AllOk(bool ok) override { return ok; }
   Result<bool> AllEqual(uint64_t) override { return true; }
+  Status Send(const void*, int64_t, int dest, int) override {
+    return InvalidArgumentError("Send to rank " + std::to_string(dest) + " of a one-rank communicator");
+  }
+  Status Recv(void*, int64_t, int source, int) override {
+    return InvalidArgumentError("Recv from rank " + std::to_string(source) + " of a one-rank communicator");
+  }
+  Result<std::shared_ptr<Communicator>> Split(int, int) override { return std::shared_ptr<Communicator>(std::make_shared<Local>()); }
   [[noreturn]] void Abort(int code) override { std::_Exit(code); }
 };
 
@@ -31,6 +38,27 @@ const char* Env(const char* name) {
 }  // namespace
 
 std::shared_ptr<Communicator> LocalCommunicator() { return std::make_shared<Local>(); }
+
+Result<ModelParallel> SplitWorld(std::shared_ptr<Communicator> world, int tp, int pp) {
+  if (tp < 1 || pp < 1) return InvalidArgumentError("--tp and --pp must be at least 1");
+  ModelParallel mp;
+  if (world == nullptr || (tp == 1 && pp == 1)) return mp;
+  if (world->size() != tp * pp) {
+    const std::string flags = pp == 1   ? "--tp " + std::to_string(tp)
+                              : tp == 1 ? "--pp " + std::to_string(pp)
+                                        : "--tp " + std::to_string(tp) + " x --pp " + std::to_string(pp);
+    return InvalidArgumentError(flags + " needs " + std::to_string(tp * pp) + " ranks, but this job has " +
+                                std::to_string(world->size()) + ": run mpirun -np " + std::to_string(tp * pp));
+  }
+  const int r = world->rank();
+  mp.all = world;
+  // Every rank calls both splits, in the same order.
+  PAGEKV_ASSIGN_OR_RETURN(std::shared_ptr<Communicator> tensor, world->Split(r / tp, r % tp));
+  PAGEKV_ASSIGN_OR_RETURN(std::shared_ptr<Communicator> pipeline, world->Split(r % tp, r / tp));
+  if (tp > 1) mp.tensor = std::move(tensor);
+  if (pp > 1) mp.pipeline = std::move(pipeline);
+  return mp;
+}
 
 bool LaunchedByMpi() {
   return Env("OMPI_COMM_WORLD_SIZE") != nullptr || Env("PMIX_RANK") != nullptr || Env("PMI_RANK") != nullptr ||

@@ -30,10 +30,17 @@ Status Check(int code, const char* what) {
 
 class Mpi final : public Communicator {
  public:
-  Mpi() {
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
-    MPI_Comm_size(MPI_COMM_WORLD, &size_);
+  explicit Mpi(MPI_Comm comm) : comm_(comm) {
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
   }
+  ~Mpi() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (comm_ != MPI_COMM_WORLD && !finalized) MPI_Comm_free(&comm_);
+  }
+  Mpi(const Mpi&) = delete;
+  Mpi& operator=(const Mpi&) = delete;
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string name() const override { return "mpi"; }
@@ -49,9 +56,9 @@ class Mpi final : public Communicator {
       const int count = static_cast<int>(std::min(kChunk, n - at));
       float* p = buf + at;
       PAGEKV_RETURN_IF_ERROR(Check(MPI_Reduce(rank_ == 0 ? MPI_IN_PLACE : p, rank_ == 0 ? p : nullptr, count, MPI_FLOAT,
-                                              MPI_SUM, 0, MPI_COMM_WORLD),
+                                              MPI_SUM, 0, comm_),
                                    "Reduce"));
-      PAGEKV_RETURN_IF_ERROR(Check(MPI_Bcast(p, count, MPI_FLOAT, 0, MPI_COMM_WORLD), "Bcast"));
+      PAGEKV_RETURN_IF_ERROR(Check(MPI_Bcast(p, count, MPI_FLOAT, 0, comm_), "Bcast"));
     }
     return Status::Ok();
   }
@@ -63,22 +70,57 @@ class Mpi final : public Communicator {
     constexpr int64_t kChunk = int64_t{1} << 30;
     for (int64_t at = 0; at < bytes; at += kChunk) {
       const int count = static_cast<int>(std::min(kChunk, bytes - at));
-      PAGEKV_RETURN_IF_ERROR(Check(MPI_Bcast(static_cast<char*>(buf) + at, count, MPI_BYTE, root, MPI_COMM_WORLD), "Bcast"));
+      PAGEKV_RETURN_IF_ERROR(Check(MPI_Bcast(static_cast<char*>(buf) + at, count, MPI_BYTE, root, comm_), "Bcast"));
     }
     return Status::Ok();
   }
 
   Result<bool> AllOk(bool ok) override {
     int mine = ok ? 1 : 0, all = 0;
-    PAGEKV_RETURN_IF_ERROR(Check(MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD), "Allreduce"));
+    PAGEKV_RETURN_IF_ERROR(Check(MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, comm_), "Allreduce"));
     return all == 1;
   }
 
   Result<bool> AllEqual(uint64_t value) override {
     unsigned long long v[2] = {value, ~value}, r[2] = {0, 0};
     // min(value) == max(value) <=> min(value) == ~min(~value).
-    PAGEKV_RETURN_IF_ERROR(Check(MPI_Allreduce(v, r, 2, MPI_UNSIGNED_LONG_LONG, MPI_MIN, MPI_COMM_WORLD), "Allreduce"));
+    PAGEKV_RETURN_IF_ERROR(Check(MPI_Allreduce(v, r, 2, MPI_UNSIGNED_LONG_LONG, MPI_MIN, comm_), "Allreduce"));
     return r[0] == ~r[1];
+  }
+
+  Status Send(const void* buf, int64_t bytes, int dest, int tag) override {
+    PAGEKV_RETURN_IF_ERROR(CheckPeer(buf, bytes, dest, tag));
+    constexpr int64_t kChunk = int64_t{1} << 30;
+    for (int64_t at = 0; at < bytes; at += kChunk) {
+      const int count = static_cast<int>(std::min(kChunk, bytes - at));
+      PAGEKV_RETURN_IF_ERROR(Check(MPI_Send(static_cast<const char*>(buf) + at, count, MPI_BYTE, dest, tag, comm_), "Send"));
+    }
+    return Status::Ok();
+  }
+
+  Status Recv(void* buf, int64_t bytes, int source, int tag) override {
+    PAGEKV_RETURN_IF_ERROR(CheckPeer(buf, bytes, source, tag));
+    constexpr int64_t kChunk = int64_t{1} << 30;
+    for (int64_t at = 0; at < bytes; at += kChunk) {
+      const int count = static_cast<int>(std::min(kChunk, bytes - at));
+      MPI_Status st;
+      PAGEKV_RETURN_IF_ERROR(
+          Check(MPI_Recv(static_cast<char*>(buf) + at, count, MPI_BYTE, source, tag, comm_, &st), "Recv"));
+      int got = 0;
+      MPI_Get_count(&st, MPI_BYTE, &got);
+      if (got != count) {
+        return InternalError("MPI Recv: " + std::to_string(got) + " bytes came from rank " + std::to_string(source) +
+                             ", " + std::to_string(count) + " were expected (the ranks disagree on the step)");
+      }
+    }
+    return Status::Ok();
+  }
+
+  Result<std::shared_ptr<Communicator>> Split(int color, int key) override {
+    MPI_Comm sub = MPI_COMM_NULL;
+    PAGEKV_RETURN_IF_ERROR(Check(MPI_Comm_split(comm_, color, key, &sub), "Comm_split"));
+    MPI_Comm_set_errhandler(sub, MPI_ERRORS_RETURN);
+    return std::shared_ptr<Communicator>(std::make_shared<Mpi>(sub));
   }
 
   [[noreturn]] void Abort(int code) override {
@@ -87,6 +129,15 @@ class Mpi final : public Communicator {
   }
 
  private:
+  Status CheckPeer(const void* buf, int64_t bytes, int peer, int tag) const {
+    if (bytes < 0 || peer < 0 || peer >= size_ || peer == rank_ || tag < 0 || (bytes > 0 && buf == nullptr)) {
+      return InvalidArgumentError("Send / Recv: a negative size or tag, a null buffer, or a peer " + std::to_string(peer) +
+                                  " that is not another rank of [0, " + std::to_string(size_) + ")");
+    }
+    return Status::Ok();
+  }
+
+  MPI_Comm comm_;
   int rank_ = 0, size_ = 1;
 };
 
@@ -118,7 +169,7 @@ Result<std::shared_ptr<Communicator>> MpiWorld() {
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     std::atexit(FinalizeAtExit);
   }
-  world = std::make_shared<Mpi>();
+  world = std::make_shared<Mpi>(MPI_COMM_WORLD);
   return world;
 }
 

@@ -70,7 +70,7 @@ Result<KvGroups> ParseKvGroups(std::string_view s) {
 }
 
 Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& o) {
-  PAGEKV_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(o.model_path, o.tokenizer_path, o.tensor_parallel));
+  PAGEKV_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(o.model_path, o.tokenizer_path, o.parallel));
   return CreateEngineWithModel(o, std::move(m));
 }
 
@@ -89,13 +89,13 @@ Result<std::unique_ptr<Engine>> CreateEngineWithModel(const EngineOptions& o, Lo
     return InvalidArgumentError("engine: give the pool as num_blocks or as kv_budget_bytes (at most one, not negative)");
   }
   if (o.block_len < 1) return InvalidArgumentError("engine: block_len must be at least 1");
-  if (o.tensor_parallel != nullptr && o.tensor_parallel->size() > 1) {
-    if (model.model->tensor_parallel() != o.tensor_parallel.get()) {
-      return InvalidArgumentError("engine: tensor parallel needs the model loaded as this rank's shard (LoadModel with the same communicator)");
+  if (o.parallel.active()) {
+    if (model.model->ranks() != o.parallel.all.get()) {
+      return InvalidArgumentError("engine: tensor / pipeline parallel needs the model loaded as this rank's shard (LoadModel with the same ModelParallel)");
     }
     if (TiersConfigured(o.tiers) || !o.kv_events.endpoint.empty() || o.eviction.policy != EvictionPolicy::kNone) {
-      return UnimplementedError("engine: tensor parallel runs without KV tiers, KV events and token eviction for now "
-                                "(each rank's would have to hold its shard under its own keys)");
+      return UnimplementedError("engine: tensor and pipeline parallel run without KV tiers, KV events and token eviction for "
+                                "now (each rank's would have to hold its shard under its own keys)");
     }
   }
   auto st = std::make_unique<Engine::State>();

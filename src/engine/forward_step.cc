@@ -69,7 +69,7 @@ Result<bool> ForwardStep(const Model& model, KvCache& cache, std::span<const For
     PAGEKV_ASSIGN_OR_RETURN(const AppendNeed n, cache.BlocksNeeded(item.seq, static_cast<int64_t>(item.tokens.size())));
     need += n.total();
   }
-  Communicator* const tp = model.tensor_parallel();
+  Communicator* const tp = model.ranks();
   const bool sharded = tp != nullptr && tp->size() > 1;
   const bool fits = need <= cache.FreeBlockCount();
   if (!fits && !sharded) return false;

@@ -52,7 +52,7 @@ class RankAgreement {
 }  // namespace
 
 Result<GenerateReport> Generate(const GenerateOptions& o) {
-  RankAgreement agreement(o.tensor_parallel.get());
+  RankAgreement agreement(o.parallel.all.get());
   if (o.prompts.empty()) return InvalidArgumentError("no prompts: pass --prompt TEXT (repeatable) or --prompts-file");
   const bool stop_at_eos = o.stop_at_eos || o.chat;
   if (o.max_new_tokens < 0 || (o.max_new_tokens == 0 && !stop_at_eos)) {
@@ -67,7 +67,7 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
                                 " rewrites a sequence's blocks, so it cannot share them: drop --prefix-cache, the KV "
                                 "tiers and --kv-events, or use --kv-policy none");
   }
-  PAGEKV_ASSIGN_OR_RETURN(LoadedModel loaded, LoadModel(o.model_path, o.tokenizer_path, o.tensor_parallel));
+  PAGEKV_ASSIGN_OR_RETURN(LoadedModel loaded, LoadModel(o.model_path, o.tokenizer_path, o.parallel));
   const Tokenizer& tok = *loaded.tokenizer;
   const int64_t context = loaded.model->config().context_len;
 
@@ -128,7 +128,7 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
   EngineOptions eo;
   eo.model_path = o.model_path;
   eo.tokenizer_path = o.tokenizer_path;
-  eo.tensor_parallel = o.tensor_parallel;
+  eo.parallel = o.parallel;
   eo.block_len = o.block_len;
   eo.kv_dtype = o.kv_dtype;
   eo.kv_groups = o.kv_groups;
@@ -175,9 +175,9 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
   // Requests: independent sampling streams, reproducible per prompt.
   uint64_t run_seed = o.sampling.seed.has_value() ? 0 : Sampler::FreshSeed();
   PAGEKV_RETURN_IF_ERROR(agreement.Agree());
-  if (o.tensor_parallel != nullptr && o.tensor_parallel->size() > 1) {
+  if (o.parallel.active()) {
     // Every rank samples the same tokens: rank 0's seed.
-    PAGEKV_RETURN_IF_ERROR(o.tensor_parallel->Broadcast(&run_seed, sizeof run_seed, 0));
+    PAGEKV_RETURN_IF_ERROR(o.parallel.all->Broadcast(&run_seed, sizeof run_seed, 0));
   }
   std::map<RequestId, size_t> prompt_of;
   std::vector<EngineRequest> requests;

@@ -52,7 +52,7 @@ bool KnownTensor(const std::string& name, int32_t layers) {
 
 }  // namespace
 
-Result<std::unique_ptr<LlamaModel>> LlamaModel::FromGguf(std::unique_ptr<GgufFile> file, std::shared_ptr<Communicator> tp) {
+Result<std::unique_ptr<LlamaModel>> LlamaModel::FromGguf(std::unique_ptr<GgufFile> file, ModelParallel parallel) {
   using model_internal::ReadDim;
   PAGEKV_ASSIGN_OR_RETURN(std::string arch, file->GetString("general.architecture"));
   if (arch != "llama" && arch != "qwen2") {
@@ -127,12 +127,12 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::FromGguf(std::unique_ptr<GgufFil
     m->layers_.push_back(L);
   }
   m->BuildRope(c.head_dim);
-  PAGEKV_RETURN_IF_ERROR(m->ShardLayers(std::move(tp)));
+  PAGEKV_RETURN_IF_ERROR(m->ShardLayers(std::move(parallel)));
   PAGEKV_RETURN_IF_ERROR(m->PackWeights());
   return m;
 }
 
-Result<std::unique_ptr<LlamaModel>> LlamaModel::FromLlama2c(const std::string& path, std::shared_ptr<Communicator> tp) {
+Result<std::unique_ptr<LlamaModel>> LlamaModel::FromLlama2c(const std::string& path, ModelParallel parallel) {
   PAGEKV_ASSIGN_OR_RETURN(RegularFile rf, OpenRegularFile(path, "checkpoint"));
   const int fd = rf.fd;
   if (rf.size < 28) {
@@ -211,56 +211,71 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::FromLlama2c(const std::string& p
   }
   m->mapping_ = std::move(mapping);
   m->BuildRope(c.head_dim);
-  PAGEKV_RETURN_IF_ERROR(m->ShardLayers(std::move(tp)));
+  PAGEKV_RETURN_IF_ERROR(m->ShardLayers(std::move(parallel)));
   PAGEKV_RETURN_IF_ERROR(m->PackWeights());
   return m;
 }
 
-Status LlamaModel::ShardLayers(std::shared_ptr<Communicator> tp) {
+Status LlamaModel::ShardLayers(ModelParallel parallel) {
   const ModelConfig& c = config_;
   shard_ = Model::head_shard();
   hidden_rows_ = c.hidden_dim;
-  if (tp == nullptr || tp->size() == 1) return Status::Ok();
-  const int rank = tp->rank(), size = tp->size();
-  PAGEKV_ASSIGN_OR_RETURN(shard_, ShardHeads(c.num_heads, c.num_kv_heads, rank, size));
-  const int64_t hd = c.head_dim;
-  const int64_t q0 = shard_.q_head0 * hd, q1 = q0 + shard_.q_heads * hd;
-  const int64_t k0 = shard_.kv_head0 * hd, k1 = k0 + shard_.kv_heads * hd;
-  // The hidden units in whole blocks of every matrix that reads or writes
-  // them (w_down's columns are cut there).
-  int64_t align = 1, wo_align = 1;
-  for (const Layer& L : layers_) {
-    align = std::max<int64_t>(align, FormatOf(L.w_down.type).block_elems);
-    wo_align = std::max<int64_t>(wo_align, FormatOf(L.wo.type).block_elems);
+  first_layer_ = 0;
+  // Pipeline parallel: this stage's contiguous range of layers (the others
+  // are dropped before packing: their weights are never read here).
+  if (parallel.pipeline != nullptr && parallel.pipeline->size() > 1) {
+    const int stage = parallel.pipeline->rank(), stages = parallel.pipeline->size();
+    if (c.num_layers < stages) {
+      return InvalidArgumentError("pipeline parallel size " + std::to_string(stages) + " exceeds the model's " +
+                                  std::to_string(c.num_layers) + " layers: use at most " + std::to_string(c.num_layers) +
+                                  " stages");
+    }
+    PAGEKV_ASSIGN_OR_RETURN(const auto range, ShardRange(c.num_layers, 1, stage, stages));
+    first_layer_ = static_cast<int32_t>(range.first);
+    layers_ = std::vector<Layer>(layers_.begin() + range.first, layers_.begin() + range.second);
   }
-  // Every rank's cut, checked on every rank, so all of them refuse alike.
-  if ((int64_t{c.num_heads} / size * hd) % wo_align != 0) {
-    return UnimplementedError("tensor parallel size " + std::to_string(size) + " gives each rank " +
-                              std::to_string(c.num_heads / size) + " query heads of " + std::to_string(hd) +
-                              " columns, which cuts the attention output projection's weight blocks of " +
-                              std::to_string(wo_align) + " columns: use fewer ranks");
+  if (parallel.tensor != nullptr && parallel.tensor->size() > 1) {
+    const int rank = parallel.tensor->rank(), size = parallel.tensor->size();
+    PAGEKV_ASSIGN_OR_RETURN(shard_, ShardHeads(c.num_heads, c.num_kv_heads, rank, size));
+    const int64_t hd = c.head_dim;
+    const int64_t q0 = shard_.q_head0 * hd, q1 = q0 + shard_.q_heads * hd;
+    const int64_t k0 = shard_.kv_head0 * hd, k1 = k0 + shard_.kv_heads * hd;
+    // The hidden units in whole blocks of every matrix that reads or writes
+    // them (w_down's columns are cut there).
+    int64_t align = 1, wo_align = 1;
+    for (const Layer& L : layers_) {
+      align = std::max<int64_t>(align, FormatOf(L.w_down.type).block_elems);
+      wo_align = std::max<int64_t>(wo_align, FormatOf(L.wo.type).block_elems);
+    }
+    // Every rank's cut, checked on every rank, so all of them refuse alike.
+    if ((int64_t{c.num_heads} / size * hd) % wo_align != 0) {
+      return UnimplementedError("tensor parallel size " + std::to_string(size) + " gives each rank " +
+                                std::to_string(c.num_heads / size) + " query heads of " + std::to_string(hd) +
+                                " columns, which cuts the attention output projection's weight blocks of " +
+                                std::to_string(wo_align) + " columns: use fewer ranks");
+    }
+    PAGEKV_ASSIGN_OR_RETURN(const auto hidden, ShardRange(c.hidden_dim, align, rank, size));
+    hidden_rows_ = hidden.second - hidden.first;
+    for (Layer& L : layers_) {
+      L.wq = SliceRows(L.wq, q0, q1);
+      L.wk = SliceRows(L.wk, k0, k1);
+      L.wv = SliceRows(L.wv, k0, k1);
+      PAGEKV_ASSIGN_OR_RETURN(L.wo, SliceColumns(L.wo, q0, q1));
+      L.w_gate = SliceRows(L.w_gate, hidden.first, hidden.second);
+      L.w_up = SliceRows(L.w_up, hidden.first, hidden.second);
+      PAGEKV_ASSIGN_OR_RETURN(L.w_down, SliceColumns(L.w_down, hidden.first, hidden.second));
+      if (L.bq != nullptr) L.bq += q0;
+      if (L.bk != nullptr) L.bk += k0;
+      if (L.bv != nullptr) L.bv += k0;
+      // bo is added once, after the ranks' partial sums are.
+    }
   }
-  PAGEKV_ASSIGN_OR_RETURN(const auto hidden, ShardRange(c.hidden_dim, align, rank, size));
-  hidden_rows_ = hidden.second - hidden.first;
-  for (Layer& L : layers_) {
-    L.wq = SliceRows(L.wq, q0, q1);
-    L.wk = SliceRows(L.wk, k0, k1);
-    L.wv = SliceRows(L.wv, k0, k1);
-    PAGEKV_ASSIGN_OR_RETURN(L.wo, SliceColumns(L.wo, q0, q1));
-    L.w_gate = SliceRows(L.w_gate, hidden.first, hidden.second);
-    L.w_up = SliceRows(L.w_up, hidden.first, hidden.second);
-    PAGEKV_ASSIGN_OR_RETURN(L.w_down, SliceColumns(L.w_down, hidden.first, hidden.second));
-    if (L.bq != nullptr) L.bq += q0;
-    if (L.bk != nullptr) L.bk += k0;
-    if (L.bv != nullptr) L.bv += k0;
-    // bo is added once, after the ranks' partial sums are.
-  }
-  tp_ = std::move(tp);
+  parallel_ = std::move(parallel);
   return Status::Ok();
 }
 
 Status LlamaModel::PackWeights() {
-  PAGEKV_RETURN_IF_ERROR(PackHead());
+  if (last_stage()) PAGEKV_RETURN_IF_ERROR(PackHead());  // earlier pipeline stages never compute logits
   for (Layer& L : layers_) {
     for (Matrix* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) PAGEKV_RETURN_IF_ERROR(Pack(*m));
   }
@@ -290,7 +305,7 @@ int64_t LlamaModel::ParameterCount() const {
 
 CacheConfig LlamaModel::CacheGeometry(int32_t block_len, DType dtype, int64_t num_blocks) const {
   CacheConfig cc;
-  cc.num_layers = config_.num_layers;
+  cc.num_layers = static_cast<int32_t>(layers_.size());
   cc.num_q_heads = shard_.q_heads;
   cc.num_kv_heads = shard_.kv_heads;
   cc.head_dim = config_.head_dim;
@@ -303,7 +318,7 @@ CacheConfig LlamaModel::CacheGeometry(int32_t block_len, DType dtype, int64_t nu
 Status LlamaModel::CheckGeometry(const KvLayout& layout) const {
   const ModelConfig& c = config_;
   const CacheConfig& cc = layout.config();
-  if (cc.kind != CacheKind::kPerHead || cc.num_layers != c.num_layers || cc.num_kv_heads != shard_.kv_heads ||
+  if (cc.kind != CacheKind::kPerHead || cc.num_layers != static_cast<int32_t>(layers_.size()) || cc.num_kv_heads != shard_.kv_heads ||
       cc.head_dim != c.head_dim || cc.num_q_heads != shard_.q_heads) {
     return InvalidArgumentError("the cache's geometry does not match the model: build it from CacheGeometry()");
   }
@@ -317,15 +332,19 @@ Status LlamaModel::Compute(std::span<const StepItem> items, StepKv& kv, const Ba
   const CacheConfig& cc = layout.config();
   const Backend& be = options.backend != nullptr ? *options.backend : CpuBackend();
   const int64_t T = batch.rows;
+  const auto num_items = static_cast<int64_t>(items.size());
+  const auto num_layers = static_cast<int32_t>(layers_.size());  // this pipeline stage's
   // This rank's widths (the whole model's unsharded): query heads, KV
   // heads, hidden units; the residual stream is always dim wide.
   const int32_t d = c.dim, kv_heads = shard_.kv_heads, q_dim = shard_.q_heads * c.head_dim,
                 kv_dim = kv_heads * c.head_dim, hd = static_cast<int32_t>(hidden_rows_);
-  Communicator* const tp = tp_.get();
+  Communicator* const tp = parallel_.tensor.get();
+  Communicator* const pp = parallel_.pipeline.get();
+  const int stage = pp != nullptr ? pp->rank() : 0, stages = pp != nullptr ? pp->size() : 1;
   double* communication_time = options.timings != nullptr ? &options.timings->communication : nullptr;
-  auto all_reduce = [&](float* rows) {
+  auto all_reduce = [&](float* rows, int64_t n) {
     Stopwatch watch(communication_time);
-    return tp->AllReduceSum(rows, T * d);
+    return tp->AllReduceSum(rows, n * d);
   };
   double* matmul_time = options.timings != nullptr ? &options.timings->matmul : nullptr;
   double* attention_time = options.timings != nullptr ? &options.timings->attention : nullptr;
@@ -336,7 +355,7 @@ Status LlamaModel::Compute(std::span<const StepItem> items, StepKv& kv, const Ba
   // Bytes of one token's K (or V) rows over all KV heads, as the cache
   // stores them: the buffers fit the widest layer; each layer uses its own.
   int64_t widest_row = 0;
-  for (int32_t l = 0; l < c.num_layers; ++l) widest_row = std::max(widest_row, layout.row_bytes(l));
+  for (int32_t l = 0; l < num_layers; ++l) widest_row = std::max(widest_row, layout.row_bytes(l));
   const std::span<std::byte> k_rows = Scratch<std::byte>(0, static_cast<size_t>(T * widest_row * kv_heads)),
                              v_rows = Scratch<std::byte>(1, k_rows.size());
   auto matmul = [&](const Matrix& w, const float* in, int64_t n, float* out) {
@@ -347,7 +366,7 @@ Status LlamaModel::Compute(std::span<const StepItem> items, StepKv& kv, const Ba
     Stopwatch watch(matmul_time);
     return be.MatMulShared({outputs.begin(), outputs.size()}, in, n, options.threads, options.activations);
   };
-  Embed(items, batch, be, x.data());
+  if (stage == 0) Embed(items, batch, be, x.data());
   auto for_rows = [&options](int64_t n, const auto& fn) { ForRows(n, options.threads, fn); };
   // Rotary tables per row, shared by every layer (kernels/ops.h).
   const int32_t rope_dims = c.rope_dims;
@@ -359,24 +378,34 @@ Status LlamaModel::Compute(std::span<const StepItem> items, StepKv& kv, const Ba
   auto add_bias = [&](float* rows_out, int64_t n, int64_t width, const float* bias) {
     if (bias != nullptr) be.AddBiasRows(rows_out, bias, n, width);
   };
-  const bool decode_only = static_cast<int64_t>(items.size()) == T;
   std::vector<PrefillSeq> prefill(items.size());
   std::vector<DecodeSeq> decode(items.size());
   AttentionOptions attention_options;
   attention_options.num_threads = options.threads;
-  for (int32_t l = 0; l < c.num_layers; ++l) {
+  // One layer over items [i0, i1), rows [r0, r1) of the step.
+  auto layer = [&](int32_t l, int64_t i0, int64_t i1, int64_t r0, int64_t r1) -> Status {
     const Layer& L = layers_[static_cast<size_t>(l)];
-    for_rows(T, [&](int64_t t0, int64_t t1) {
-      be.RmsNormRows(&x[static_cast<size_t>(t0 * d)], L.attn_norm, t1 - t0, d, c.norm_eps, &xb[static_cast<size_t>(t0 * d)]);
+    const int64_t n = r1 - r0;
+    float* const xr = &x[static_cast<size_t>(r0 * d)];
+    float* const xbr = &xb[static_cast<size_t>(r0 * d)];
+    float* const qr = &q[static_cast<size_t>(r0 * q_dim)];
+    float* const kr = &k[static_cast<size_t>(r0 * kv_dim)];
+    float* const vr = &v[static_cast<size_t>(r0 * kv_dim)];
+    float* const attr = &att[static_cast<size_t>(r0 * q_dim)];
+    float* const tmpr = &tmp[static_cast<size_t>(r0 * d)];
+    float* const h1r = &h1[static_cast<size_t>(r0 * hd)];
+    float* const h2r = &h2[static_cast<size_t>(r0 * hd)];
+    for_rows(n, [&](int64_t t0, int64_t t1) {
+      be.RmsNormRows(xr + t0 * d, L.attn_norm, t1 - t0, d, c.norm_eps, xbr + t0 * d);
     });
-    PAGEKV_RETURN_IF_ERROR(matmul_shared({{L.wq, q.data()}, {L.wk, k.data()}, {L.wv, v.data()}}, xb.data(), T));
-    add_bias(q.data(), T, q_dim, L.bq);
-    add_bias(k.data(), T, kv_dim, L.bk);
-    add_bias(v.data(), T, kv_dim, L.bv);
+    PAGEKV_RETURN_IF_ERROR(matmul_shared({{L.wq, qr}, {L.wk, kr}, {L.wv, vr}}, xbr, n));
+    add_bias(qr, n, q_dim, L.bq);
+    add_bias(kr, n, kv_dim, L.bk);
+    add_bias(vr, n, kv_dim, L.bv);
     const KvFormat& format = cc.FormatOf(l);
     const auto token_bytes = static_cast<size_t>(layout.row_bytes(l) * kv_heads);
-    for_rows(T, [&](int64_t t0, int64_t t1) {
-      const auto first = static_cast<size_t>(t0);
+    for_rows(n, [&](int64_t t0, int64_t t1) {
+      const auto first = static_cast<size_t>(r0 + t0);
       const float* cs = &rope_cos[first * static_cast<size_t>(rope_dims)];
       const float* sn = &rope_sin[first * static_cast<size_t>(rope_dims)];
       be.RopeApply(*rope_, &q[first * static_cast<size_t>(q_dim)], t1 - t0, q_dim, cs, sn);
@@ -385,40 +414,70 @@ Status LlamaModel::Compute(std::span<const StepItem> items, StepKv& kv, const Ba
       be.EncodeKvRows(format, c.head_dim, k.data() + first * kv_dim, heads, k_rows.data() + first * token_bytes);
       be.EncodeKvRows(format, c.head_dim, v.data() + first * kv_dim, heads, v_rows.data() + first * token_bytes);
     });
-    for (size_t i = 0; i < items.size(); ++i) {
-      const auto n = static_cast<int64_t>(items[i].tokens.size());
-      const size_t offset = static_cast<size_t>(batch.first[i]) * token_bytes;
-      PAGEKV_ASSIGN_OR_RETURN(const KvSpan view, kv.Store(i, l, k_rows.data() + offset, v_rows.data() + offset));
-      float* scores = items[i].scores == nullptr
+    for (int64_t i = i0; i < i1; ++i) {
+      const auto ii = static_cast<size_t>(i);
+      const auto tokens = static_cast<int64_t>(items[ii].tokens.size());
+      const size_t offset = static_cast<size_t>(batch.first[ii]) * token_bytes;
+      PAGEKV_ASSIGN_OR_RETURN(const KvSpan view, kv.Store(ii, l, k_rows.data() + offset, v_rows.data() + offset));
+      float* scores = items[ii].scores == nullptr
                           ? nullptr
-                          : items[i].scores + static_cast<int64_t>(l) * kv_heads * view.num_tokens;
-      prefill[i] = {view.blocks, view.num_tokens, n, scores, items[i].score_queries, view.tail};
-      decode[i] = {view.blocks, view.num_tokens, scores, view.tail};
+                          : items[ii].scores + static_cast<int64_t>(l) * kv_heads * view.num_tokens;
+      prefill[ii] = {view.blocks, view.num_tokens, tokens, scores, items[ii].score_queries, view.tail};
+      decode[ii] = {view.blocks, view.num_tokens, scores, view.tail};
     }
     {
       Stopwatch watch(attention_time);
       const PagedKv paged{&layout, kv.arena(), l};
-      PAGEKV_RETURN_IF_ERROR(decode_only ? be.DecodeAttention(paged, decode, q.data(), att.data(), attention_options)
-                                         : be.PrefillAttention(paged, prefill, q.data(), att.data(), attention_options));
+      const auto from = static_cast<size_t>(i0), count = static_cast<size_t>(i1 - i0);
+      PAGEKV_RETURN_IF_ERROR(i1 - i0 == n ? be.DecodeAttention(paged, std::span(decode).subspan(from, count), qr, attr,
+                                                               attention_options)
+                                          : be.PrefillAttention(paged, std::span(prefill).subspan(from, count), qr, attr,
+                                                                attention_options));
     }
-    PAGEKV_RETURN_IF_ERROR(matmul(L.wo, att.data(), T, tmp.data()));
-    if (tp != nullptr) PAGEKV_RETURN_IF_ERROR(all_reduce(tmp.data()));  // every rank's heads' part
-    add_bias(tmp.data(), T, d, L.bo);
-    for_rows(T, [&](int64_t t0, int64_t t1) {
-      be.AddInPlace(&x[static_cast<size_t>(t0 * d)], &tmp[static_cast<size_t>(t0 * d)], (t1 - t0) * d);
-      be.RmsNormRows(&x[static_cast<size_t>(t0 * d)], L.ffn_norm, t1 - t0, d, c.norm_eps, &xb[static_cast<size_t>(t0 * d)]);
+    PAGEKV_RETURN_IF_ERROR(matmul(L.wo, attr, n, tmpr));
+    if (tp != nullptr) PAGEKV_RETURN_IF_ERROR(all_reduce(tmpr, n));  // every rank's heads' part
+    add_bias(tmpr, n, d, L.bo);
+    for_rows(n, [&](int64_t t0, int64_t t1) {
+      be.AddInPlace(xr + t0 * d, tmpr + t0 * d, (t1 - t0) * d);
+      be.RmsNormRows(xr + t0 * d, L.ffn_norm, t1 - t0, d, c.norm_eps, xbr + t0 * d);
     });
-    PAGEKV_RETURN_IF_ERROR(matmul_shared({{L.w_gate, h1.data()}, {L.w_up, h2.data()}}, xb.data(), T));
-    for_rows(T, [&](int64_t t0, int64_t t1) {
-      be.SwiGluInPlace(&h1[static_cast<size_t>(t0 * hd)], &h2[static_cast<size_t>(t0 * hd)], (t1 - t0) * hd);
-    });
-    PAGEKV_RETURN_IF_ERROR(matmul(L.w_down, h1.data(), T, tmp.data()));
-    if (tp != nullptr) PAGEKV_RETURN_IF_ERROR(all_reduce(tmp.data()));  // every rank's hidden units' part
-    for_rows(T, [&](int64_t t0, int64_t t1) {
-      be.AddInPlace(&x[static_cast<size_t>(t0 * d)], &tmp[static_cast<size_t>(t0 * d)], (t1 - t0) * d);
-    });
+    PAGEKV_RETURN_IF_ERROR(matmul_shared({{L.w_gate, h1r}, {L.w_up, h2r}}, xbr, n));
+    for_rows(n, [&](int64_t t0, int64_t t1) { be.SwiGluInPlace(h1r + t0 * hd, h2r + t0 * hd, (t1 - t0) * hd); });
+    PAGEKV_RETURN_IF_ERROR(matmul(L.w_down, h1r, n, tmpr));
+    if (tp != nullptr) PAGEKV_RETURN_IF_ERROR(all_reduce(tmpr, n));  // every rank's hidden units' part
+    for_rows(n, [&](int64_t t0, int64_t t1) { be.AddInPlace(xr + t0 * d, tmpr + t0 * d, (t1 - t0) * d); });
+    return Status::Ok();
+  };
+  // Pipeline parallel: the step's items in micro-batches, each through this
+  // stage's layers and on to the next stage, so that stage s works on
+  // micro-batch m while stage s + 1 works on m - 1. One stage (or one
+  // item): the whole step at once (each weight matrix read once).
+  const int64_t micro = stages > 1 ? std::min<int64_t>(num_items, options.micro_batches > 0 ? options.micro_batches : stages) : 1;
+  for (int64_t m = 0; m < micro; ++m) {
+    const int64_t i0 = num_items * m / micro, i1 = num_items * (m + 1) / micro;
+    const int64_t r0 = batch.first[static_cast<size_t>(i0)], r1 = i1 < num_items ? batch.first[static_cast<size_t>(i1)] : T;
+    const int64_t bytes = (r1 - r0) * d * static_cast<int64_t>(sizeof(float));
+    if (stage > 0) {
+      Stopwatch watch(communication_time);
+      PAGEKV_RETURN_IF_ERROR(pp->Recv(&x[static_cast<size_t>(r0 * d)], bytes, stage - 1, static_cast<int>(m)));
+    }
+    for (int32_t l = 0; l < num_layers; ++l) PAGEKV_RETURN_IF_ERROR(layer(l, i0, i1, r0, r1));
+    if (stage < stages - 1) {
+      Stopwatch watch(communication_time);
+      PAGEKV_RETURN_IF_ERROR(pp->Send(&x[static_cast<size_t>(r0 * d)], bytes, stage + 1, static_cast<int>(m)));
+    }
   }
-  return Logits(items, batch, be, x.data(), xb.data(), options);
+  if (stage == stages - 1) PAGEKV_RETURN_IF_ERROR(Logits(items, batch, be, x.data(), xb.data(), options));
+  if (stages > 1) {
+    // Every stage samples: the last one's logits to all.
+    Stopwatch watch(communication_time);
+    for (const StepItem& item : items) {
+      if (item.logits == nullptr) continue;
+      const auto n = static_cast<int64_t>(item.all_logits ? item.tokens.size() : 1);
+      PAGEKV_RETURN_IF_ERROR(pp->Broadcast(item.logits, n * c.vocab_size * static_cast<int64_t>(sizeof(float)), stages - 1));
+    }
+  }
+  return Status::Ok();
 }
 
 }  // namespace pagekv

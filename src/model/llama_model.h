@@ -34,14 +34,14 @@ class LlamaModel final : public Model {
   // plan.h over the query and KV heads; the feed-forward's hidden units
   // split in whole weight blocks; the output and down projections' columns
   // to match, their partial sums added across the ranks after each).
-  static Result<std::unique_ptr<LlamaModel>> FromGguf(std::unique_ptr<GgufFile> file,
-                                                      std::shared_ptr<Communicator> tp = nullptr);
+  // With pipeline parallel: this stage's range of layers (and their KV).
+  static Result<std::unique_ptr<LlamaModel>> FromGguf(std::unique_ptr<GgufFile> file, ModelParallel parallel = {});
 
   // A llama2.c checkpoint (legacy v0 header: seven int32 dim, hidden_dim,
   // n_layers, n_heads, n_kv_heads, vocab_size, seq_len; a negative vocab_size
   // means the classifier is stored separately, else it is the embedding;
   // then the f32 weights). Every size is checked against the file length.
-  static Result<std::unique_ptr<LlamaModel>> FromLlama2c(const std::string& path, std::shared_ptr<Communicator> tp = nullptr);
+  static Result<std::unique_ptr<LlamaModel>> FromLlama2c(const std::string& path, ModelParallel parallel = {});
 
   int64_t StepWeightBytes() const override;
   int64_t MatrixMultiplyAddsPerToken() const override;
@@ -75,7 +75,7 @@ class LlamaModel final : public Model {
   Status PackWeights();
   // Keeps this rank's slices of every layer (before packing); a no-op
   // without tp (or with one rank).
-  Status ShardLayers(std::shared_ptr<Communicator> tp);
+  Status ShardLayers(ModelParallel parallel);
 
   std::vector<Layer> layers_;
   HeadShard shard_;         // this rank's heads (all of them unsharded)

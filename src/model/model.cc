@@ -434,11 +434,11 @@ Status Model::LoadRopeFreqs() {
   return Status::Ok();
 }
 
-Result<std::unique_ptr<Model>> LoadGgufModel(std::unique_ptr<GgufFile> file, std::shared_ptr<Communicator> tp) {
+Result<std::unique_ptr<Model>> LoadGgufModel(std::unique_ptr<GgufFile> file, ModelParallel parallel) {
   PAGEKV_ASSIGN_OR_RETURN(std::string arch, file->GetString("general.architecture"));
-  if (tp != nullptr && tp->size() > 1 && (arch == "deepseek2" || arch == "gemma3")) {
-    return UnimplementedError("tensor parallel (--tp) is implemented for the llama and qwen2 runners; " + arch +
-                              " runs in one process");
+  if (parallel.active() && (arch == "deepseek2" || arch == "gemma3")) {
+    return UnimplementedError("tensor and pipeline parallel (--tp, --pp) are implemented for the llama and qwen2 runners; " +
+                              arch + " runs in one process");
   }
   if (arch == "deepseek2") {
     PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<DeepseekModel> m, DeepseekModel::FromGguf(std::move(file)));
@@ -448,7 +448,7 @@ Result<std::unique_ptr<Model>> LoadGgufModel(std::unique_ptr<GgufFile> file, std
     PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<GemmaModel> m, GemmaModel::FromGguf(std::move(file)));
     return std::unique_ptr<Model>(std::move(m));
   }
-  PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> m, LlamaModel::FromGguf(std::move(file), std::move(tp)));
+  PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> m, LlamaModel::FromGguf(std::move(file), std::move(parallel)));
   return std::unique_ptr<Model>(std::move(m));
 }
 

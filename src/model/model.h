@@ -137,6 +137,9 @@ struct ForwardOptions {
   // (EngineOptions::MlaPrefill has the same values in the same order.)
   enum class MlaPrefill : uint8_t { kAuto, kAbsorbed, kUnabsorbed };
   MlaPrefill mla_prefill = MlaPrefill::kAuto;
+  // Pipeline parallel: micro-batches a step's items are split into, so the
+  // stages work at once (0: as many as stages; at most one per item).
+  int micro_batches = 0;
 };
 
 class Model {
@@ -175,7 +178,16 @@ class Model {
   // Tensor parallel: the ranks this model is a shard of (null: the whole
   // model in this process). A shard's CacheGeometry is its rank's heads;
   // every rank must run the same steps in the same order.
-  Communicator* tensor_parallel() const { return tp_.get(); }
+  Communicator* tensor_parallel() const { return parallel_.tensor.get(); }
+  // Every rank this model is split over (tensor and pipeline), null when
+  // it is whole here: what a step is agreed over.
+  Communicator* ranks() const { return parallel_.active() ? parallel_.all.get() : nullptr; }
+  // Pipeline parallel: this stage's first layer (0 when not split by layer;
+  // the cache's layer l is the model's first_layer() + l).
+  int32_t first_layer() const { return first_layer_; }
+  bool last_stage() const {
+    return parallel_.pipeline == nullptr || parallel_.pipeline->rank() == parallel_.pipeline->size() - 1;
+  }
   // What this rank holds of the attention heads (the whole when not sharded).
   virtual HeadShard head_shard() const;
 
@@ -262,12 +274,13 @@ class Model {
   std::vector<std::vector<float>> converted_;  // vectors stored in another type, as f32 (and derived matrices)
   std::vector<PackedWeights> packed_;  // what the matrices point at after packing
   bool tied_embeddings_ = false;       // the classifier is the embedding (a panel copy of it)
-  std::shared_ptr<Communicator> tp_;   // tensor parallel ranks (null: not sharded)
+  ModelParallel parallel_;             // the ranks this model is split over (none: whole here)
+  int32_t first_layer_ = 0;            // pipeline parallel: this stage's first layer
 };
 
 // Loads a GGUF of any architecture a runner implements (dispatching on
-// general.architecture); others are refused by name. With `tp` over more
-// than one rank, this rank's shard (llama / qwen2 only; others refused).
-Result<std::unique_ptr<Model>> LoadGgufModel(std::unique_ptr<GgufFile> file, std::shared_ptr<Communicator> tp = nullptr);
+// general.architecture); others are refused by name. Split over ranks
+// (`parallel`): this rank's shard (llama / qwen2 only; others refused).
+Result<std::unique_ptr<Model>> LoadGgufModel(std::unique_ptr<GgufFile> file, ModelParallel parallel = {});
 
 }  // namespace pagekv

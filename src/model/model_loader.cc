@@ -13,7 +13,7 @@
 namespace pagekv {
 
 Result<LoadedModel> LoadModel(const std::string& model_path, const std::string& tokenizer_path,
-                              std::shared_ptr<Communicator> tp) {
+                              ModelParallel parallel) {
   if (model_path.empty()) return InvalidArgumentError("no model: pass --model PATH (a .gguf or a llama2.c .bin)");
   char magic[4] = {};
   {
@@ -31,13 +31,13 @@ Result<LoadedModel> LoadModel(const std::string& model_path, const std::string& 
       PAGEKV_ASSIGN_OR_RETURN(out.chat_template, file->GetString("tokenizer.chat_template"));
     }
     out.stop_tokens = StopTokens(*out.tokenizer, file.get());
-    PAGEKV_ASSIGN_OR_RETURN(out.model, LoadGgufModel(std::move(file), std::move(tp)));
+    PAGEKV_ASSIGN_OR_RETURN(out.model, LoadGgufModel(std::move(file), parallel));
   } else {
     if (tokenizer_path.empty()) {
       return InvalidArgumentError("'" + model_path + "' is not GGUF, so it is read as a llama2.c checkpoint, which "
                                   "needs its tokenizer: pass --tokenizer PATH (e.g. tok512.bin)");
     }
-    PAGEKV_ASSIGN_OR_RETURN(out.model, LlamaModel::FromLlama2c(model_path, std::move(tp)));
+    PAGEKV_ASSIGN_OR_RETURN(out.model, LlamaModel::FromLlama2c(model_path, parallel));
     PAGEKV_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::FromLlama2c(tokenizer_path, out.model->config().vocab_size));
     out.tokenizer = std::make_unique<Tokenizer>(std::move(tok));
     out.stop_tokens = StopTokens(*out.tokenizer);

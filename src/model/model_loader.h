@@ -23,9 +23,9 @@ struct LoadedModel {
 
 // Errors: a missing file (NotFound), a llama2.c checkpoint without
 // tokenizer_path, anything the loaders reject (named), a tokenizer whose size
-// differs from the model's vocabulary. With `tp` over more than one rank:
-// this rank's tensor-parallel shard (model.h).
+// differs from the model's vocabulary. Split over ranks (`parallel`): this
+// rank's tensor / pipeline shard (model.h).
 Result<LoadedModel> LoadModel(const std::string& model_path, const std::string& tokenizer_path = {},
-                              std::shared_ptr<Communicator> tp = nullptr);
+                              ModelParallel parallel = {});
 
 }  // namespace pagekv
