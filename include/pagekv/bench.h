@@ -343,4 +343,18 @@ struct FleetBenchReport {
 
 Result<FleetBenchReport> RunFleetBench(const FleetBenchOptions& options);
 
+// `pagekv bench collectives` (under mpirun): the cost of the traffic a
+// split model sends, per message size: the all-ranks sum tensor parallel
+// does twice a layer (AllReduceSum: a reduce to rank 0 and a broadcast), a
+// broadcast, and a one-way message between ranks 0 and 1 (pipeline stages;
+// half a ping-pong round trip). Every rank calls it with the same sizes;
+// each reports its own timings.
+struct CollectiveBenchResult {
+  int64_t bytes = 0;
+  double all_reduce_us = 0, broadcast_us = 0, send_us = 0;
+  double send_gbps = 0;  // bytes / send_us
+};
+Result<std::vector<CollectiveBenchResult>> RunCollectiveBench(Communicator& comm, const std::vector<int64_t>& sizes,
+                                                              double seconds_per_size = 0.2);
+
 }  // namespace pagekv
