@@ -3,17 +3,25 @@
 // does not split the heads, a model missing on one rank, no launcher)
 // failing every rank with exit 2, none left waiting in a collective (each
 // run is bounded by `timeout`: a hang fails the test, it does not stall it).
-// `pagekv plan --tp`: one rank's pool.
+// `pagekv plan --tp`: one rank's pool. `pagekv serve --tp / --pp`: rank 0
+// serves, the others step with it; the same answers as one server, and a
+// SIGTERM to mpirun stops every rank cleanly.
 #include <sys/wait.h>
 
 #include <array>
 #include <cstdio>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
+#include <signal.h>
+
 #include <gtest/gtest.h>
+#include <httplib.h>
 #include <nlohmann/json.hpp>
+
+#include "testing/child_process.h"
 
 namespace {
 
@@ -115,6 +123,53 @@ TEST(TensorParallelCliTest, TpWithoutALauncherSaysHowToStartIt) {
   const RunResult r = RunCmd(Cli() + " generate --model " + kModel + " --prompt x --tp 2");
   EXPECT_EQ(r.exit_code, 2) << r.out;
   EXPECT_NE(r.out.find("mpirun -np 2 pagekv generate"), std::string::npos) << r.out;
+}
+
+std::string Complete(int port, const nlohmann::json& body) {
+  httplib::Client cli("127.0.0.1", port);
+  cli.set_read_timeout(60, 0);
+  auto res = cli.Post("/v1/completions", body.dump(), "application/json");
+  EXPECT_TRUE(res) << httplib::to_string(res.error());
+  if (!res) return {};
+  EXPECT_EQ(res->status, 200) << res->body;
+  const nlohmann::json j = nlohmann::json::parse(res->body, nullptr, false);
+  if (j.is_discarded() || !j.contains("choices")) return res->body;
+  return j["choices"][0]["text"].get<std::string>();
+}
+
+TEST(TensorParallelCliTest, ServeSplitOverRanksAnswersAsOneServer) {
+  const std::vector<nlohmann::json> bodies = {
+      {{"prompt", "Once upon a time"}, {"max_tokens", 24}, {"temperature", 0}},
+      {{"prompt", "Lily and Ben went to the park"}, {"max_tokens", 24}, {"temperature", 0.9}, {"seed", 7}},
+      {{"prompt", "Once upon a time"}, {"max_tokens", 16}, {"temperature", 0}},  // a prefix-cache hit
+      {{"prompt", "The little cat"}, {"max_tokens", 12}, {"temperature", 0.7}, {"top_p", 0.9}, {"seed", 3},
+       {"stop", nlohmann::json::array({"."})}}};
+  std::vector<std::string> want;
+  {
+    pagekv::testing::ChildProcess one({Cli(), "serve", "--model", kModel, "--port", "0", "--threads", "1"});
+    ASSERT_GT(one.port(), 0);
+    for (const auto& b : bodies) want.push_back(Complete(one.port(), b));
+  }
+  for (const std::string& flags : {std::string("--tp"), std::string("--pp")}) {
+    SCOPED_TRACE(flags);
+    pagekv::testing::ChildProcess split({PAGEKV_MPIRUN, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", "2",
+                                 Cli(), "serve", "--model", kModel, "--port", "0", flags, "2"},
+                                {"OMPI_MCA_btl_vader_single_copy_mechanism=none", "ASAN_OPTIONS=detect_leaks=0"});
+    ASSERT_GT(split.port(), 0) << "rank 0 did not start listening";
+    for (size_t i = 0; i < bodies.size(); ++i) EXPECT_EQ(Complete(split.port(), bodies[i]), want[i]) << "request " << i;
+    // Several at once: batched steps, the same answers.
+    std::vector<std::thread> clients;
+    std::vector<std::string> got(bodies.size());
+    for (size_t i = 0; i < bodies.size(); ++i) clients.emplace_back([&, i] { got[i] = Complete(split.port(), bodies[i]); });
+    for (std::thread& t : clients) t.join();
+    EXPECT_EQ(got, want);
+    // mpirun passes SIGTERM to every rank: rank 0 drains and stops its
+    // engine, which stops the followers'; the job ends (mpirun itself exits
+    // non-zero after a signal, whatever its ranks did).
+    split.Signal(SIGTERM);
+    EXPECT_GE(split.Wait(30), 0) << "the job did not end";
+    EXPECT_NE(split.RestOfOutput().find("pagekv serve: stopped"), std::string::npos) << "rank 0 stopped cleanly";
+  }
 }
 
 TEST(TensorParallelCliTest, PlanPrintsOneRanksPool) {

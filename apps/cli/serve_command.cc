@@ -9,6 +9,7 @@
 #include "kv_event_flags.h"
 #include "secrets.h"
 #include "tier_flags.h"
+#include "tp_flags.h"
 #include "pagekv/pagekv.h"
 
 namespace pagekv::cli {
@@ -26,7 +27,7 @@ struct ServeArgs {
   double header_timeout = 10, body_timeout = 30, idle_timeout = 30, write_timeout = 30;
   int32_t block_len = 16, max_running = 64;
   bool no_prefix_cache = false, report_cached_tokens = false;
-  int threads = 0;
+  int threads = 0, tp = 1, pp = 1;
   std::vector<std::string> api_keys;
   TierArgs tiers;
   KvEventArgs kv_events;
@@ -34,6 +35,10 @@ struct ServeArgs {
 
 int RunServe(const ServeArgs& a) {
   ServerOptions o;
+  // Split over ranks: rank 0 serves HTTP, the others step with it.
+  const ParallelJoin join = JoinParallel(a.tp, a.pp, "serve");
+  if (join.exit_code >= 0) return join.exit_code;
+  o.engine.parallel = join.parallel;
   o.engine.model_path = a.model;
   o.engine.tokenizer_path = a.tokenizer;
   o.engine.block_len = a.block_len;
@@ -41,7 +46,7 @@ int RunServe(const ServeArgs& a) {
   o.engine.max_running = a.max_running;
   o.engine.max_queue = a.max_queue;
   o.engine.prefix_cache = !a.no_prefix_cache;
-  o.engine.threads = a.threads;
+  o.engine.threads = RankThreads(a.threads, a.tp * a.pp);
   o.engine.chat_template = a.chat_template;
   o.engine.kv_events = ToKvEventsOptions(a.kv_events);
   if (!ToTierOptions(a.tiers, o.engine.tiers)) return kExitBadInput;
@@ -111,7 +116,11 @@ int RunServe(const ServeArgs& a) {
   std::signal(SIGPIPE, SIG_IGN);
   const Status s = RunServer(o, g_stop);
   if (!s.ok()) {
-    std::fprintf(stderr, "error: %s\n", s.message().c_str());
+    if (a.tp * a.pp > 1) {
+      std::fprintf(stderr, "error: rank %d: %s\n", join.rank, s.message().c_str());
+    } else {
+      std::fprintf(stderr, "error: %s\n", s.message().c_str());
+    }
     return s.code() == StatusCode::kIoError || s.code() == StatusCode::kInternal ? kExitFailed : kExitBadInput;
   }
   std::printf("pagekv serve: stopped\n");
@@ -127,6 +136,10 @@ CLI::App* AddServeCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--tokenizer", args.tokenizer, "llama2.c tokenizer.bin (for .bin checkpoints)");
   cmd->add_option("--host", args.host, "Address to listen on (default 127.0.0.1: loopback only)");
   cmd->add_option("--port", args.port, "Port (default 8080; 0 = any free port, printed)")->check(CLI::Range(0, 65535));
+  cmd->add_option("--tp", args.tp,
+                  "Tensor parallel ranks (under mpirun -np tp x pp; rank 0 serves, the others step with it; default 1)")
+      ->check(CLI::Range(1, 1 << 16));
+  cmd->add_option("--pp", args.pp, "Pipeline parallel stages (under mpirun -np tp x pp; default 1)")->check(CLI::Range(1, 1 << 16));
   cmd->add_option("--api-key-env", args.api_key_env,
                   "Require 'Authorization: Bearer KEY' on /v1/ endpoints, the keys (one per line) from this environment "
                   "variable; each key is a tenant with its own prefix cache");

@@ -83,8 +83,8 @@ bool LaunchedByMpi();
 // launched by one): what a rank's default thread count divides by.
 int LocalRanks();
 
-// MPI_COMM_WORLD, MPI initialised on first use (thread level FUNNELED: only
-// the thread that made it calls MPI) and finalised at exit. Errors: this
+// MPI_COMM_WORLD, MPI initialised on first use (thread level SERIALIZED:
+// any thread may call MPI, one at a time) and finalised at exit. Errors: this
 // build has no MPI, the process was not started by an MPI launcher, MPI
 // failed to initialise.
 Result<std::shared_ptr<Communicator>> MpiWorld();

@@ -172,6 +172,13 @@ struct EngineOptions {
   // together. Empty: the whole model here. Not yet with KV tiers, KV events
   // or token eviction.
   ModelParallel parallel;
+  // Serving split over ranks: rank 0's engine takes the requests (Submit,
+  // Cancel, ResetPrefixCache, from any thread, as usual) and sends each
+  // step's new inputs to the other ranks, whose engines run Follow() and
+  // take them as if submitted there (the same ids, seeds and order). The
+  // leader's Stop() (or destruction) ends its followers' Follow(). Without
+  // it, every rank must be given the same requests itself (Generate).
+  bool parallel_leader = false;
   int32_t block_len = 16;
   DType kv_dtype = DType::kF32;
   KvGroups kv_groups = KvGroups::kAuto;  // sliding-window models: hybrid or uniform cache
@@ -335,6 +342,10 @@ class Engine {
   // One iteration; false when there was nothing to do.
   Result<bool> Step();
   // Steps until every submitted request has finished.
+  // A follower of a parallel_leader engine (rank > 0): steps with the
+  // leader, on the inputs it sends, until the leader stops. Errors: not a
+  // follower, a collective that failed.
+  Status Follow();
   Status RunUntilIdle();
   // A background thread that steps whenever there is work.
   void Start();

@@ -78,6 +78,11 @@ struct ServerOptions {
 // handler may set it). Then stops accepting, ends in-flight requests
 // (streams get a final event), and returns Ok. Errors: the model, the pool,
 // a port that cannot be bound.
+//
+// A model split over ranks (options.engine.parallel): every rank calls it
+// with the same options. Rank 0 serves HTTP and leads its engine
+// (EngineOptions::parallel_leader); the others serve nothing and step with
+// it (Engine::Follow) until rank 0 stops; they ignore `stop`.
 Status RunServer(const ServerOptions& options, const std::atomic<bool>& stop);
 
 }  // namespace pagekv

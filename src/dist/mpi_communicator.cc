@@ -163,8 +163,14 @@ Result<std::shared_ptr<Communicator>> MpiWorld() {
   MPI_Initialized(&initialized);
   if (!initialized) {
     int provided = 0;
-    const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+    // SERIALIZED: a serving engine's loop thread makes the calls, not the
+    // main thread, one thread at a time.
+    const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
     if (rc != MPI_SUCCESS) return InternalError("MPI_Init_thread failed: " + MpiErrorText(rc));
+    if (provided < MPI_THREAD_SERIALIZED) {
+      return InternalError("this MPI library gives thread level " + std::to_string(provided) +
+                           ", below MPI_THREAD_SERIALIZED (calls from a thread other than the main one)");
+    }
     // Errors come back as codes (turned into a Status), not an abort.
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     std::atexit(FinalizeAtExit);

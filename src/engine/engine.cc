@@ -136,6 +136,43 @@ Result<std::unique_ptr<Engine>> CreateEngineWithModel(const EngineOptions& o, Lo
   PAGEKV_ASSIGN_OR_RETURN(co.config.layer_formats,
                           ParseLayerFormats(o.kv_layer_dtypes, st->m.model->config().num_layers,
                                             st->m.model->config().kv_row_elems(), co.config.format));
+  if (co.config.num_layers != mc.num_layers) {
+    // A pipeline stage: its layers' formats (given for the whole model).
+    // A byte budget becomes a block count every stage computes alike: what
+    // the largest stage's blocks fit in it (all ranks must have the same
+    // number of blocks, since they allocate in step).
+    const std::vector<KvFormat> all_formats = co.config.layer_formats;
+    auto stage_config = [&](int32_t first, int32_t count) {
+      CacheConfig c = co.config;
+      c.num_layers = count;
+      if (!all_formats.empty()) c.layer_formats.assign(all_formats.begin() + first, all_formats.begin() + first + count);
+      return c;
+    };
+    if (o.kv_budget_bytes > 0) {
+      const int stages = o.parallel.pipeline_size();
+      int64_t widest = 0;
+      for (int s = 0; s < stages; ++s) {
+        const int32_t first = mc.num_layers * s / stages, count = mc.num_layers * (s + 1) / stages - first;
+        CacheConfig c = stage_config(first, count);
+        c.budget_bytes = 0;
+        c.num_blocks = 1;
+        if (o.kv_hadamard) PAGEKV_RETURN_IF_ERROR(RotateQuantizedRows(c));
+        PAGEKV_ASSIGN_OR_RETURN(const KvLayout layout, KvLayout::Create(c));
+        widest = std::max(widest, layout.bytes_per_block());
+      }
+      co.config.budget_bytes = 0;
+      co.config.num_blocks = o.kv_budget_bytes / std::max<int64_t>(1, widest);
+      if (co.config.num_blocks < 1) {
+        return InvalidArgumentError("engine: a KV budget of " + std::to_string(o.kv_budget_bytes) +
+                                    " bytes holds no block of the largest pipeline stage (" + std::to_string(widest) + " bytes)");
+      }
+    }
+    const int64_t blocks = co.config.num_blocks;
+    const int64_t budget = co.config.budget_bytes;
+    co.config = stage_config(st->m.model->first_layer(), co.config.num_layers);
+    co.config.num_blocks = blocks;
+    co.config.budget_bytes = budget;
+  }
   if (o.kv_hadamard) PAGEKV_RETURN_IF_ERROR(RotateQuantizedRows(co.config));
   PAGEKV_ASSIGN_OR_RETURN(st->cache, KvCache::Create(co));
   if (o.eviction.policy != EvictionPolicy::kNone) {
@@ -200,6 +237,10 @@ Result<std::unique_ptr<Engine>> CreateEngineWithModel(const EngineOptions& o, Lo
   so.prefetch = st->tiers != nullptr;
   so.background_tier_moves = st->tiers != nullptr && o.background_tier_moves;
   st->sched = std::make_unique<Scheduler>(so, *st->cache, st->prefix.get());
+  if (o.parallel.active() && o.parallel_leader) {
+    st->lead = o.parallel.all->rank() == 0;
+    st->follow = !st->lead;
+  }
   return std::unique_ptr<Engine>(new Engine(std::move(st)));
 }
 
@@ -359,11 +400,32 @@ Status Engine::ResetPrefixCache() {
 Result<bool> Engine::Step() {
   State& st = *state_;
   std::lock_guard step(st.step_mu);
+  if (st.follow) {
+    if (st.follow_stopped) return FailedPreconditionError("engine: the leader has stopped this follower");
+    bool stop = false;
+    if (Status s = st.ReceiveInputs(stop); !s.ok()) {
+      // The leader's inputs did not arrive whole: this rank cannot step
+      // with the others any more; end the job rather than hang it.
+      std::fprintf(stderr, "pagekv: rank %d could not take the leader's step inputs: %s; aborting every rank\n",
+                   st.o.parallel.all->rank(), s.message().c_str());
+      st.o.parallel.all->Abort(3);
+    }
+    if (stop) {
+      st.follow_stopped = true;
+      return false;
+    }
+  }
   bool reset = false;
-  {
-    std::lock_guard lock(st.mu);
-    reset = st.reset_requested;
-    st.reset_requested = false;
+  std::vector<std::unique_ptr<Seq>> fresh;
+  std::vector<RequestId> cancel;
+  st.GrabInputs(reset, fresh, cancel);
+  if (st.lead) {
+    if (st.stop_sent) return FailedPreconditionError("engine: this leader has stopped its followers");
+    if (Status s = st.SendInputs(reset, fresh, cancel, false); !s.ok()) {
+      // The followers wait for this step's inputs: end the job, not hang it.
+      std::fprintf(stderr, "pagekv: the leader could not send a step's inputs: %s; aborting every rank\n", s.message().c_str());
+      st.o.parallel.all->Abort(3);
+    }
   }
   if (reset) {
     const Status done = st.ResetPrefixNow();
@@ -372,7 +434,7 @@ Result<bool> Engine::Step() {
     ++st.resets_done;
     st.done_cv.notify_all();
   }
-  st.TakeInbox();
+  st.Admit(std::move(fresh), std::move(cancel));
   const StepPlan plan = st.sched->Plan();
   if (!plan.preempted.empty()) {
     std::lock_guard lock(st.mu);
@@ -537,6 +599,32 @@ void Engine::Stop() {
     t = std::move(st.loop);
   }
   if (t.joinable()) t.join();
+  // A leader's followers stop with it (from this thread: the loop is gone,
+  // so the ranks' collectives stay in order).
+  std::lock_guard step(st.step_mu);
+  if (st.lead && !st.stop_sent) {
+    if (Status s = st.SendInputs(false, {}, {}, true); !s.ok()) {
+      std::fprintf(stderr, "pagekv: the leader could not stop its followers: %s\n", s.message().c_str());
+    }
+    st.stop_sent = true;
+  }
+}
+
+Status Engine::Follow() {
+  State& st = *state_;
+  if (!st.follow) return FailedPreconditionError("engine: Follow() is for ranks other than 0 of a parallel_leader engine");
+  {
+    std::lock_guard step(st.step_mu);
+    if (st.follow_stopped) return FailedPreconditionError("engine: the leader has stopped this follower");
+  }
+  for (;;) {
+    // A failed step failed on every rank alike (the step's requests end
+    // with the error on the leader, which answers them): go on, as the
+    // leader's loop does.
+    (void)Step();
+    std::lock_guard step(st.step_mu);
+    if (st.follow_stopped) return Status::Ok();
+  }
 }
 
 RequestResult Engine::Wait(RequestId id) {

@@ -129,6 +129,11 @@ struct Engine::State {
   int64_t queued = 0;  // inbox + waiting
   bool stopping = false;
   bool reset_requested = false;  // ResetPrefixCache, for the loop's next step
+  // Serving split over ranks (EngineOptions::parallel_leader): rank 0 leads
+  // (sends each step's inputs), the others follow (take them).
+  bool lead = false, follow = false;
+  bool follow_stopped = false;  // a follower got the leader's stop
+  bool stop_sent = false;       // the leader told its followers to stop
   uint64_t resets_done = 0;
   Status reset_status = Status::Ok();
   std::vector<SequenceInfo> sequences;  // built each step (stepping thread), swapped into metrics
@@ -247,14 +252,21 @@ struct Engine::State {
     std::lock_guard lock(mu);
     --queued;
     ++metrics.finished;
-    results[s->id] = std::move(s->result);
-    known[s->id] = true;
+    if (follow) {
+      known.erase(s->id);  // no one waits on a follower's results
+    } else {
+      results[s->id] = std::move(s->result);
+      known[s->id] = true;
+    }
     done_cv.notify_all();
   }
 
   // Queues one checked request (mu held); a root has no result to wait for.
   RequestId EnqueueLocked(EngineRequest r, bool awaiting_fork, bool root = false) {
     if (tiers && r.extra.model_fingerprint.empty()) r.extra.model_fingerprint = fingerprint;
+    // A leader's followers must sample as it does: an unseeded request gets
+    // its seed here, and it travels with the request.
+    if (lead && !r.sampling.seed) r.sampling.seed = Sampler::FreshSeed();
     const RequestId id = next_id++;
     auto s = std::make_unique<Seq>(id, std::move(r));
     s->tokens = s->req.prompt;
@@ -274,14 +286,31 @@ struct Engine::State {
   void TakeInbox() {
     std::vector<std::unique_ptr<Seq>> fresh;
     std::vector<RequestId> cancel;
-    {
-      std::lock_guard lock(mu);
-      while (!inbox.empty()) {
-        fresh.push_back(std::move(inbox.front()));
-        inbox.pop_front();
-      }
-      cancel.swap(cancels);
+    bool reset = false;
+    GrabInputs(reset, fresh, cancel);
+    Admit(std::move(fresh), std::move(cancel));
+  }
+
+  // What arrived since the last step: the reset request, new requests and
+  // cancellations, taken at once.
+  void GrabInputs(bool& reset, std::vector<std::unique_ptr<Seq>>& fresh, std::vector<RequestId>& cancel) {
+    std::lock_guard lock(mu);
+    reset = reset_requested;
+    reset_requested = false;
+    while (!inbox.empty()) {
+      fresh.push_back(std::move(inbox.front()));
+      inbox.pop_front();
     }
+    cancel.swap(cancels);
+  }
+
+  // A step's inputs, leader to followers (msgpack; engine_parallel.cc).
+  Status SendInputs(bool reset, const std::vector<std::unique_ptr<Seq>>& fresh, const std::vector<RequestId>& cancel, bool stop);
+  // A follower: the leader's next inputs into the inbox, cancellations and
+  // reset request, as if submitted here; `stop` when the leader stopped.
+  Status ReceiveInputs(bool& stop);
+
+  void Admit(std::vector<std::unique_ptr<Seq>> fresh, std::vector<RequestId> cancel) {
     for (auto& f : fresh) {
       Seq* s = f.get();
       live.emplace(s->id, std::move(f));

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -333,6 +334,100 @@ TEST_F(TensorParallelTest, PreemptionAndThePrefixCacheGiveTheOneProcessTokens) {
     const auto got = run(parallel, 18);
     EXPECT_EQ(got.first, want.first);
     EXPECT_GT(got.second, 0) << "the small pool was meant to preempt";
+  }
+}
+
+TEST_F(TensorParallelTest, ALeaderEngineTakesRequestsAndItsFollowersStepWithIt) {
+  // One process's answers to the greedy requests (each rank computes them).
+  const std::vector<std::string> prompts = {"Once upon a time", "Lily and Ben went to the park", "Once upon a time"};
+  std::vector<std::vector<int32_t>> want;
+  {
+    EngineOptions o;
+    o.model_path = kGguf;
+    o.block_len = 8;
+    o.threads = 1;
+    o.prefix_cache = true;
+    auto e = std::move(*Engine::Create(o));
+    for (const std::string& p : prompts) {
+      EngineRequest r;
+      r.prompt = e->Encode(p);
+      r.max_tokens = 20;
+      r.ignore_eos = true;
+      const RequestId id = *e->Submit(r);
+      ASSERT_TRUE(e->RunUntilIdle().ok());
+      want.push_back(e->Wait(id).tokens);
+    }
+  }
+  for (const auto& [split, parallel] : splits_) {
+    SCOPED_TRACE(split);
+    if (!Splits(kGguf, parallel)) continue;
+    EngineOptions o;
+    o.model_path = kGguf;
+    o.block_len = 8;
+    o.threads = 1;
+    o.prefix_cache = true;
+    o.parallel = parallel;
+    o.parallel_leader = true;
+    Result<std::unique_ptr<Engine>> created = Engine::Create(o);
+    ASSERT_TRUE(created.ok()) << created.status().ToString();
+    Engine& e = **created;
+    if (tp_->rank() != 0) {
+      EXPECT_TRUE(e.Follow().ok());
+      EXPECT_FALSE(e.Follow().ok()) << "a stopped follower says so";
+      continue;
+    }
+    EXPECT_FALSE(e.Follow().ok()) << "rank 0 leads; it does not follow";
+    e.Start();  // the loop thread makes the collectives from here on
+    // Requests from several threads at once: greedy ones, unseeded sampled
+    // ones (the leader draws their seeds and sends them), one cancelled.
+    std::vector<RequestId> greedy_ids(prompts.size()), sampled_ids(2);
+    std::vector<std::thread> clients;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      clients.emplace_back([&, i] {
+        EngineRequest r;
+        r.prompt = e.Encode(prompts[i]);
+        r.max_tokens = 20;
+        r.ignore_eos = true;
+        greedy_ids[i] = *e.Submit(r);
+      });
+    }
+    for (size_t i = 0; i < sampled_ids.size(); ++i) {
+      clients.emplace_back([&, i] {
+        EngineRequest r;
+        r.prompt = e.Encode("The little cat");
+        r.max_tokens = 16;
+        r.ignore_eos = true;
+        r.sampling.temperature = 0.9f;
+        sampled_ids[i] = *e.Submit(r);
+      });
+    }
+    for (std::thread& t : clients) t.join();
+    EngineRequest long_one;
+    long_one.prompt = e.Encode("One day");
+    long_one.max_tokens = 400;
+    long_one.ignore_eos = true;
+    const RequestId cancelled = *e.Submit(long_one);
+    EXPECT_TRUE(e.Cancel(cancelled));
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const RequestResult r = e.Wait(greedy_ids[i]);
+      EXPECT_EQ(r.finish, FinishReason::kLength) << r.error.ToString();
+      EXPECT_EQ(r.tokens, want[i]) << "request " << i;
+    }
+    for (RequestId id : sampled_ids) {
+      const RequestResult r = e.Wait(id);
+      EXPECT_EQ(r.finish, FinishReason::kLength) << "the followers sampled as the leader did: " << r.error.ToString();
+      EXPECT_EQ(r.tokens.size(), 16u);
+    }
+    EXPECT_EQ(e.Wait(cancelled).finish, FinishReason::kCancelled);
+    EXPECT_TRUE(e.ResetPrefixCache().ok()) << "a reset reaches the followers' prefix caches in the same step";
+    EngineRequest after;
+    after.prompt = e.Encode(prompts[0]);
+    after.max_tokens = 20;
+    after.ignore_eos = true;
+    const RequestResult again = e.Wait(*e.Submit(after));
+    EXPECT_EQ(again.tokens, want[0]);
+    EXPECT_EQ(again.cached_prompt_tokens, 0) << "the reset emptied the prefix cache";
+    e.Stop();  // and its followers
   }
 }
 

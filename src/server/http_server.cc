@@ -453,6 +453,19 @@ void Route(Shared& sh, HttpRequest req, std::shared_ptr<Exchange> raw) {
 }  // namespace
 
 Status RunServer(const ServerOptions& o, const std::atomic<bool>& stop) {
+  if (o.engine.parallel.active() && o.engine.parallel.all->rank() != 0) {
+    // A rank other than 0 of a split model: no HTTP; its engine steps with
+    // rank 0's (which serves), on the inputs rank 0 sends, until it stops.
+    EngineOptions eo = o.engine;
+    eo.parallel_leader = true;
+    Result<std::unique_ptr<Engine>> follower = Engine::Create(eo);
+    // Every rank reports whether its engine came up before any step.
+    Result<bool> all = eo.parallel.all->AllOk(follower.ok());
+    if (!follower.ok()) return follower.status();
+    if (!all.ok()) return all.status();
+    if (!*all) return FailedPreconditionError("server: another rank could not create its engine (its error says why)");
+    return (*follower)->Follow();
+  }
   Shared sh;
   sh.model = o.model_name;
   if (sh.model.empty()) {
@@ -503,7 +516,17 @@ Status RunServer(const ServerOptions& o, const std::atomic<bool>& stop) {
     if (::gethostname(host, sizeof(host) - 1) != 0) std::snprintf(host, sizeof(host), "localhost");
     eo.kv_events.instance = std::string(host) + ":" + std::to_string(port);
   }
+  if (eo.parallel.active()) eo.parallel_leader = true;
   Result<std::unique_ptr<Engine>> created = Engine::Create(eo);
+  if (eo.parallel.active()) {
+    // Rank 0 serves once every rank's engine is up (they fail together).
+    Result<bool> all = eo.parallel.all->AllOk(created.ok());
+    if (created.ok() && (!all.ok() || !*all)) {
+      created = all.ok() ? Result<std::unique_ptr<Engine>>(FailedPreconditionError(
+                               "server: another rank could not create its engine (its error says why)"))
+                         : Result<std::unique_ptr<Engine>>(all.status());
+    }
+  }
   if (!created.ok()) {
     (*transport)->Stop();
     workers.join();
