@@ -442,7 +442,7 @@ Result<bool> Engine::Step() {
   }
   if (plan.items.empty()) {
     PAGEKV_CHECK_MSG(st.sched->running().empty(), "scheduler: running sequences but nothing planned");
-    st.Snapshot(0);
+    st.Snapshot();
     if (!st.sched->loading().empty()) {
       // Nothing to compute until a prefix arrives from a lower tier.
       st.sched->WaitForLoads(std::chrono::milliseconds(20));
@@ -490,7 +490,6 @@ Result<bool> Engine::Step() {
   }
   st.peak_blocks = std::max(st.peak_blocks, st.cache->layout().num_blocks() - st.cache->FreeBlockCount());
   // Postprocess: count the computed tokens, publish full blocks, sample.
-  int64_t generated = 0;
   std::vector<Seq*> prefixed;  // roots whose common prefix is computed
   for (size_t i = 0; i < plan.items.size(); ++i) {
     Seq* s = static_cast<Seq*>(plan.items[i].seq);
@@ -541,7 +540,6 @@ Result<bool> Engine::Step() {
     }
     const size_t had = s->result.tokens.size();
     const FinishReason end = st.Accept(s, token);
-    ++generated;
     if (end == FinishReason::kNone) {
       st.Emit(s, token, FinishReason::kNone);
     } else {
@@ -552,7 +550,7 @@ Result<bool> Engine::Step() {
   }
   for (Seq* root : prefixed) st.ForkMembers(root);
   if (st.events) PAGEKV_RETURN_IF_ERROR(st.events->Publish(st.prefix->DrainEvents()));
-  st.Snapshot(generated);
+  st.Snapshot();
   return true;
 }
 

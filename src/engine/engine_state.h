@@ -330,7 +330,7 @@ struct Engine::State {
     return Status::Ok();
   }
 
-  void Snapshot(int64_t generated) {
+  void Snapshot() {
     // O(running) per step: the pool's counters, and the running sequences'
     // lengths (exactly the cache's sequences, CheckInvariants says).
     const int64_t total = cache->layout().num_blocks(), free = cache->FreeBlockCount();
@@ -354,8 +354,7 @@ struct Engine::State {
     std::lock_guard lock(mu);
     metrics.sequences.swap(sequences);
     EngineMetrics& mx = metrics;
-    ++mx.steps;
-    mx.generated_tokens += generated;
+    ++mx.steps;  // (generated_tokens: counted as each token is accepted, in Accept)
     mx.blocks_total = total;
     mx.blocks_used = total - free;
     mx.blocks_free = free;
@@ -379,11 +378,14 @@ struct Engine::State {
   // Appends a sampled token; returns how the request ends (kNone: it goes on).
   FinishReason Accept(Seq* s, int32_t token) {
     const auto now = Clock::now();
+    {
+      // Counted before the token (or the answer it ends) can reach a
+      // client: whoever reads the metrics after an answer sees its tokens.
+      std::lock_guard lock(mu);
+      ++metrics.generated_tokens;
+      if (s->result.tokens.empty()) metrics.prompt_tokens += s->prompt_len;  // a prompt counts once its first token is out
+    }
     if (s->result.tokens.empty()) {
-      {
-        std::lock_guard lock(mu);
-        metrics.prompt_tokens += s->prompt_len;  // a prompt counts once its first token is out
-      }
       s->first_token = now;
       s->result.time_to_first_token = std::chrono::duration<double>(now - s->submitted).count();
     } else {
