@@ -27,20 +27,12 @@
 #include "model/model_loader.h"
 #include "pagekv/synth_model.h"
 #include "testing/models.h"
+#include "testing/sanitized.h"
 
 namespace pagekv {
 namespace {
 
-#if defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define PAGEKV_SANITIZED 1
-#endif
-#endif
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__) || defined(PAGEKV_SANITIZED)
-constexpr bool kSanitized = true;  // a subset: the same checks on fewer prompts, steps and tokens
-#else
-constexpr bool kSanitized = false;
-#endif
+using testing::kSanitized;
 
 const ForwardOptions kExact{.activations = Activations::kF32};
 

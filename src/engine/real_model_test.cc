@@ -22,21 +22,12 @@
 #include "model/llama_model.h"
 #include "model/model_loader.h"
 #include "testing/models.h"
+#include "testing/sanitized.h"
 
 namespace pagekv {
 namespace {
 
-// GCC defines __SANITIZE_*__; clang 14 answers only __has_feature.
-#if defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define PAGEKV_SANITIZED 1
-#endif
-#endif
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__) || defined(PAGEKV_SANITIZED)
-constexpr bool kSanitized = true;  // a subset: the same checks on fewer prompts and steps
-#else
-constexpr bool kSanitized = false;
-#endif
+using testing::kSanitized;
 
 const ForwardOptions kExact{.activations = Activations::kF32};
 

@@ -32,22 +32,12 @@
 #include "pagekv/plan.h"
 #include "pagekv/synth_model.h"
 #include "testing/models.h"
+#include "testing/sanitized.h"
 
 namespace pagekv {
 namespace {
 
-#if defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define PAGEKV_SANITIZED 1
-#endif
-#endif
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__) || defined(PAGEKV_SANITIZED)
-// A subset under the sanitizers: the small models only (SmolLM2 runs the
-// same code paths, 30 layers deep, in the release build's run).
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
+using testing::kSanitized;
 
 constexpr const char* kGguf = "../shared/models/stories260K/stories260K.gguf";
 constexpr const char* kBin = "../shared/models/stories260K/stories260K.bin";
