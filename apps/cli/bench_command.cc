@@ -201,12 +201,13 @@ struct GenerateBenchArgs {
   bool busy_neighbour = false;
   std::string mla_prefill = "auto";
   std::string kv_cache = "auto";
-  int tp = 1, pp = 1;
+  int tp = 1, pp = 1, cp = 1;
+  bool block_len_given = false;
 };
 
 int RunGenerateBenchCommand(const GenerateBenchArgs& a) {
   GenerateBenchOptions o;
-  const ParallelJoin join = JoinParallel(a.tp, a.pp, "bench generate");
+  const ParallelJoin join = JoinParallel(a.tp, a.pp, a.cp, "bench generate");
   if (join.exit_code >= 0) return join.exit_code;
   o.parallel = join.parallel;
   o.model_path = a.model;
@@ -215,8 +216,8 @@ int RunGenerateBenchCommand(const GenerateBenchArgs& a) {
   o.batches = a.quick ? std::vector<int64_t>{1, 4} : a.batches;
   o.prompt_len = a.quick ? 16 : a.prompt_len;
   o.decode_steps = a.quick ? 4 : a.steps;
-  o.block_len = a.block_len;
-  o.num_threads = RankThreads(a.threads, a.tp * a.pp);
+  o.block_len = a.cp > 1 && !a.block_len_given ? a.block_len * a.cp : a.block_len;
+  o.num_threads = RankThreads(a.threads, a.tp * a.pp * a.cp);
   o.busy_neighbour = a.busy_neighbour;
   o.mla_prefill = ParseMlaPrefill(a.mla_prefill);
   Result<DType> dt = ParseDType(a.kv_dtype);
@@ -234,10 +235,11 @@ int RunGenerateBenchCommand(const GenerateBenchArgs& a) {
   if (!a.json) {
     PrintMachine();
     if (a.busy_neighbour) std::printf("with a busy neighbour: another process spins on one core throughout\n");
-    if (a.tp * a.pp > 1) {
-      std::printf("tensor parallel %d x pipeline parallel %d (these figures are rank 0's: its heads' and layers' weights "
-                  "and KV; comm = time in the collectives and stage transfers, waiting for the other ranks included)\n",
-                  a.tp, a.pp);
+    if (a.tp * a.pp * a.cp > 1) {
+      std::printf("tensor parallel %d x pipeline parallel %d x context parallel %d (these figures are rank 0's: its "
+                  "heads' and layers' weights and its slice of the KV; comm = time in the collectives and stage "
+                  "transfers, waiting for the other ranks included)\n",
+                  a.tp, a.pp, a.cp);
     }
     std::printf("%5s %3s %7s %6s %12s %12s %9s %8s %8s %8s %9s %7s %-7s %s\n", "batch", "thr", "prompt", "steps",
                 "prefill t/s", "decode t/s", "ms/step", "attn", "matmul", "comm", "floor ms", "ratio", "bound",
@@ -279,6 +281,7 @@ int RunGenerateBenchCommand(const GenerateBenchArgs& a) {
     j["fma_gflops"] = r->fma_gflops;
     j["busy_neighbour"] = r->busy_neighbour;
     j["tensor_parallel"] = a.tp;
+    j["context_parallel"] = a.cp;
     j["pipeline_parallel"] = a.pp;
     j["results"] = nlohmann::ordered_json::array();
     for (const GenerateBenchResult& x : r->results) {
@@ -808,7 +811,9 @@ CLI::App* AddBenchCommand(CLI::App& app, int& exit_code) {
   g->add_option("--batch", gen.batches, "Batch sizes (default 1,8,32)")->delimiter(',')->check(CLI::Range(1, 4096));
   g->add_option("--prompt-len", gen.prompt_len, "Prompt tokens per sequence (default 128)")->check(CLI::Range(1, 1 << 20));
   g->add_option("--steps", gen.steps, "Decode steps (default 32)")->check(CLI::Range(1, 1 << 20));
-  g->add_option("--block-len", gen.block_len, "Tokens per KV block (default 16)")->check(CLI::Range(1, 4096));
+  g->add_option("--block-len", gen.block_len, "Tokens per KV block (default 16; with --cp, 16 x cp)")
+      ->check(CLI::Range(1, 4096))
+      ->each([](const std::string&) { gen.block_len_given = true; });
   g->add_option("--kv-cache", gen.kv_cache,
                 "Sliding-window models: auto (default: hybrid), hybrid (a block table per group of layers, sliding "
                 "groups keep only their window) or uniform (every layer keeps every token, the windows as a mask)");
@@ -816,6 +821,8 @@ CLI::App* AddBenchCommand(CLI::App& app, int& exit_code) {
   g->add_option("--threads", gen.threads, "Threads (default: all cores; with --tp, shared among the ranks)")->check(CLI::Range(0, 4096));
   g->add_option("--tp", gen.tp, "Tensor parallel ranks (run under mpirun -np N; default 1)")->check(CLI::Range(1, 1 << 16));
   g->add_option("--pp", gen.pp, "Pipeline parallel stages (mpirun -np tp x pp; default 1)")->check(CLI::Range(1, 1 << 16));
+  g->add_option("--cp", gen.cp, "Context parallel ranks, each holding one slice of every KV block (mpirun -np tp x pp x cp; default 1)")
+      ->check(CLI::Range(1, 1 << 16));
   g->add_flag("--busy-neighbour", gen.busy_neighbour,
               "Run each batch on 1 thread and on --threads while another process keeps one core busy");
   AddMlaPrefillOption(*g, gen.mla_prefill);

@@ -29,7 +29,8 @@ struct GenerateArgs {
   bool chat = false, stop_at_eos = false;
   std::string chat_template, system;
   int64_t blocks = 0;
-  int threads = 0, tp = 1, pp = 1;
+  int threads = 0, tp = 1, pp = 1, cp = 1;
+  bool block_len_given = false;
   bool json = false, truncate = false, prefix_cache = false;
   std::string cache_salt;
   bool salt_given = false;
@@ -41,7 +42,7 @@ struct GenerateArgs {
 
 int RunGenerate(const GenerateArgs& a) {
   GenerateOptions o;
-  const ParallelJoin join = JoinParallel(a.tp, a.pp, "generate");
+  const ParallelJoin join = JoinParallel(a.tp, a.pp, a.cp, "generate");
   if (join.exit_code >= 0) return join.exit_code;
   o.parallel = join.parallel;
   const int rank = join.rank;
@@ -64,11 +65,13 @@ int RunGenerate(const GenerateArgs& a) {
   o.stop_at_eos = a.stop_at_eos;
   o.max_new_tokens = a.n >= 0 ? a.n : (o.chat ? 0 : 64);
   o.sampling = {.temperature = a.temp, .top_k = a.top_k, .top_p = a.top_p, .repetition_penalty = a.repeat_penalty, .seed = a.seed};
-  o.block_len = a.block_len;
+  // Context parallel: each rank holds block_len / cp tokens of every block;
+  // without --block-len the block grows so that each rank's part is 16.
+  o.block_len = a.cp > 1 && !a.block_len_given ? a.block_len * a.cp : a.block_len;
   o.num_blocks = a.blocks;
   o.top_logits = a.dump_logits;
   // Ranks on one machine share its cores.
-  o.threads = RankThreads(a.threads, a.tp * a.pp);
+  o.threads = RankThreads(a.threads, a.tp * a.pp * a.cp);
   o.truncate_prompts = a.truncate;
   o.kv_events = ToKvEventsOptions(a.kv_events);
   o.prefix_cache = a.prefix_cache || a.salt_given || !o.kv_events.endpoint.empty();
@@ -108,7 +111,7 @@ int RunGenerate(const GenerateArgs& a) {
   Result<GenerateReport> r = Generate(o);
   if (!r.ok()) {
     if (streamed) std::printf("\n");
-    if (a.tp * a.pp > 1) {
+    if (a.tp * a.pp * a.cp > 1) {
       std::fprintf(stderr, "error: rank %d: %s\n", rank, r.status().message().c_str());
     } else {
       std::fprintf(stderr, "error: %s\n", r.status().message().c_str());
@@ -252,7 +255,8 @@ CLI::App* AddGenerateCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--top-p", args.top_p, "Nucleus sampling mass in (0, 1] (1 = off)");
   cmd->add_option("--repeat-penalty", args.repeat_penalty, "Repetition penalty >= 1 (1 = off)");
   cmd->add_option("--seed", args.seed, "Sampling seed (default: a fresh one from the OS each run)");
-  cmd->add_option("--block-len", args.block_len, "Tokens per KV block (default 16)");
+  cmd->add_option("--block-len", args.block_len, "Tokens per KV block (default 16; with --cp, 16 x cp)")
+      ->each([](const std::string&) { args.block_len_given = true; });
   cmd->add_option("--blocks", args.blocks, "KV blocks in the pool (default: enough for the batch)")->check(CLI::Range(int64_t{1}, int64_t{1} << 31));
   cmd->add_option("--kv-cache", args.kv_cache,
                   "Sliding-window models: auto (default: hybrid), hybrid or uniform");
@@ -272,6 +276,10 @@ CLI::App* AddGenerateCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--pp", args.pp,
                   "Pipeline parallel: this many ranks each hold a contiguous range of the layers and their KV (with --tp: "
                   "tp x pp ranks under mpirun; default 1)")
+      ->check(CLI::Range(1, 1 << 16));
+  cmd->add_option("--cp", args.cp,
+                  "Context parallel: this many ranks each hold one slice of every KV block, so a sequence's KV is "
+                  "spread over them (with --tp / --pp: tp x pp x cp ranks under mpirun; default 1)")
       ->check(CLI::Range(1, 1 << 16));
   cmd->add_option("--threads", args.threads, "Threads for the kernels (default: every hardware thread; with --tp, "
                                              "divided among the ranks on this machine)")

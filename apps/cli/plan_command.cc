@@ -19,7 +19,7 @@ struct PlanArgs {
   int64_t sliding_window = 0, sliding_pattern = 6;
   std::string dtype, budget, layer_dtypes, kv_cache = "auto";
   bool json = false, explain = false;
-  int tp = 1, pp = 1;
+  int tp = 1, pp = 1, cp = 1;
 };
 
 namespace {
@@ -339,11 +339,34 @@ int RunPlan(const PlanArgs& a, const CLI::App& cmd) {
     stage_layers = best;
     title += fmt::format(", per stage of --pp {} (the largest: layers {}-{})", a.pp, first, first + best - 1);
   }
+  // Context parallel: one rank holds block_len / cp tokens of every block;
+  // its pool has the group's block count, so a sequence of seq_len tokens
+  // takes ceil(seq_len / block_len) of its blocks.
+  const int32_t whole_block_len = req->config.block_len;
+  const int64_t seq_len = req->seq_len;
+  if (a.cp > 1) {
+    CacheConfig& c = req->config;
+    if (c.block_len % a.cp != 0 || c.block_len / a.cp < 8) {
+      std::fprintf(stderr, "error: --cp %d: block_len %d does not split into %d slices of at least 8 tokens: use "
+                           "--block-len %d or more, a multiple of %d\n", a.cp, c.block_len, a.cp, 8 * a.cp, a.cp);
+      return kExitBadInput;
+    }
+    c.block_len /= a.cp;
+    if (seq_len > 0) req->seq_len = ((seq_len + whole_block_len - 1) / whole_block_len) * c.block_len;
+    title += fmt::format(", per rank of --cp {} (each holds {} tokens of every {}-token block)", a.cp, c.block_len,
+                         whole_block_len);
+  }
   Result<Plan> plan = MakePlan(*req);
   if (!plan.ok()) {
     std::fprintf(stderr, "error: %s\n", plan.status().message().c_str());
     return kExitBadInput;
   }
+  if (a.cp > 1 && seq_len > 0) {
+    plan->seq_len = seq_len;
+    plan->slack_tokens_per_sequence = plan->blocks_per_sequence * whole_block_len - seq_len;
+  }
+  // The longest sequence the group holds: every block of every rank.
+  const int64_t group_tokens = plan->num_blocks * whole_block_len;
   if (a.json) {
     nlohmann::ordered_json j = ToJson(*plan, a.preset);
     if (shard) {
@@ -351,12 +374,23 @@ int RunPlan(const PlanArgs& a, const CLI::App& cmd) {
                               {"kv_replicas", shard->kv_replicas}};
     }
     if (a.pp > 1) j["pipeline_parallel"] = {{"stages", a.pp}, {"layers_per_rank", stage_layers}};
+    if (a.cp > 1) {
+      j["context_parallel"] = {{"ranks", a.cp}, {"block_len", whole_block_len}, {"tokens_per_block_per_rank", whole_block_len / a.cp},
+                               {"group_tokens_capacity", group_tokens}, {"bytes_per_rank", plan->total_bytes}};
+    }
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     PrintTable(*plan, title);
     if (a.pp > 1) {
       std::printf("\npipeline parallel: %d stages, the largest holding %d layers: the figures above are its rank's\n", a.pp,
                   stage_layers);
+    }
+    if (a.cp > 1) {
+      std::printf("\ncontext parallel: %d ranks, each holding %d tokens of every block of %d: the figures above are one "
+                  "rank's (a sequence takes ceil(tokens / %d) of its blocks); the group holds %lld blocks x %d = %lld "
+                  "tokens, %d x one rank's %lld\n",
+                  a.cp, whole_block_len / a.cp, whole_block_len, whole_block_len, static_cast<long long>(plan->num_blocks),
+                  whole_block_len, static_cast<long long>(group_tokens), a.cp, static_cast<long long>(plan->tokens_capacity));
     }
     if (shard) {
       std::printf("\ntensor parallel: %d ranks, each holding %d query heads over %d KV head%s%s: the figures above are "
@@ -402,6 +436,9 @@ CLI::App* AddPlanCommand(CLI::App& app, int& exit_code) {
       ->check(CLI::Range(1, 1 << 16));
   cmd->add_option("--pp", args->pp,
                   "Pipeline parallel stages: plan the largest stage's pool (its layers; --budget is per rank)")
+      ->check(CLI::Range(1, 1 << 16));
+  cmd->add_option("--cp", args->cp,
+                  "Context parallel ranks: plan one rank's pool (its slice of every block; --budget is per rank)")
       ->check(CLI::Range(1, 1 << 16));
   cmd->add_flag("--json", args->json, "Print one JSON object");
   cmd->add_flag("--explain", args->explain, "Show how each number is derived and what to change");

@@ -27,7 +27,8 @@ struct ServeArgs {
   double header_timeout = 10, body_timeout = 30, idle_timeout = 30, write_timeout = 30;
   int32_t block_len = 16, max_running = 64;
   bool no_prefix_cache = false, report_cached_tokens = false;
-  int threads = 0, tp = 1, pp = 1;
+  int threads = 0, tp = 1, pp = 1, cp = 1;
+  bool block_len_given = false;
   std::vector<std::string> api_keys;
   TierArgs tiers;
   KvEventArgs kv_events;
@@ -36,17 +37,18 @@ struct ServeArgs {
 int RunServe(const ServeArgs& a) {
   ServerOptions o;
   // Split over ranks: rank 0 serves HTTP, the others step with it.
-  const ParallelJoin join = JoinParallel(a.tp, a.pp, "serve");
+  const ParallelJoin join = JoinParallel(a.tp, a.pp, a.cp, "serve");
   if (join.exit_code >= 0) return join.exit_code;
   o.engine.parallel = join.parallel;
   o.engine.model_path = a.model;
   o.engine.tokenizer_path = a.tokenizer;
-  o.engine.block_len = a.block_len;
+  // Context parallel: each rank holds block_len / cp tokens of every block.
+  o.engine.block_len = a.cp > 1 && !a.block_len_given ? a.block_len * a.cp : a.block_len;
   o.engine.max_step_tokens = a.step_tokens;
   o.engine.max_running = a.max_running;
   o.engine.max_queue = a.max_queue;
   o.engine.prefix_cache = !a.no_prefix_cache;
-  o.engine.threads = RankThreads(a.threads, a.tp * a.pp);
+  o.engine.threads = RankThreads(a.threads, a.tp * a.pp * a.cp);
   o.engine.chat_template = a.chat_template;
   o.engine.kv_events = ToKvEventsOptions(a.kv_events);
   if (!ToTierOptions(a.tiers, o.engine.tiers)) return kExitBadInput;
@@ -116,7 +118,7 @@ int RunServe(const ServeArgs& a) {
   std::signal(SIGPIPE, SIG_IGN);
   const Status s = RunServer(o, g_stop);
   if (!s.ok()) {
-    if (a.tp * a.pp > 1) {
+    if (a.tp * a.pp * a.cp > 1) {
       std::fprintf(stderr, "error: rank %d: %s\n", join.rank, s.message().c_str());
     } else {
       std::fprintf(stderr, "error: %s\n", s.message().c_str());
@@ -140,6 +142,9 @@ CLI::App* AddServeCommand(CLI::App& app, int& exit_code) {
                   "Tensor parallel ranks (under mpirun -np tp x pp; rank 0 serves, the others step with it; default 1)")
       ->check(CLI::Range(1, 1 << 16));
   cmd->add_option("--pp", args.pp, "Pipeline parallel stages (under mpirun -np tp x pp; default 1)")->check(CLI::Range(1, 1 << 16));
+  cmd->add_option("--cp", args.cp, "Context parallel ranks, each holding one slice of every KV block (under mpirun -np "
+                                   "tp x pp x cp; default 1)")
+      ->check(CLI::Range(1, 1 << 16));
   cmd->add_option("--api-key-env", args.api_key_env,
                   "Require 'Authorization: Bearer KEY' on /v1/ endpoints, the keys (one per line) from this environment "
                   "variable; each key is a tenant with its own prefix cache");
@@ -174,7 +179,8 @@ CLI::App* AddServeCommand(CLI::App& app, int& exit_code) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
   cmd->add_option("--kv-budget", args.kv_budget, "KV pool size, e.g. 256MiB (default)");
   cmd->add_option("--blocks", args.blocks, "KV pool size in blocks (instead of --kv-budget)")->check(CLI::Range(int64_t{1}, int64_t{1} << 31));
-  cmd->add_option("--block-len", args.block_len, "Tokens per KV block (default 16)");
+  cmd->add_option("--block-len", args.block_len, "Tokens per KV block (default 16; with --cp, 16 x cp)")
+      ->each([](const std::string&) { args.block_len_given = true; });
   cmd->add_option("--kv-dtype", args.kv_dtype,
                   "KV storage: f32 (default), f16, bf16, int8, fp8_e4m3, fp8_e5m2 (one f16 scale per row), int4 (KIVI; "
                   "--block-len a multiple of 32)");

@@ -9,18 +9,19 @@
 
 namespace pagekv::cli {
 
-ParallelJoin JoinParallel(int tp, int pp, const std::string& command) {
+ParallelJoin JoinParallel(int tp, int pp, int cp, const std::string& command) {
   ParallelJoin j;
-  if (tp * pp <= 1) return j;
-  const std::string flags = (tp > 1 ? " --tp " + std::to_string(tp) : "") + (pp > 1 ? " --pp " + std::to_string(pp) : "");
+  if (tp * pp * cp <= 1) return j;
+  const std::string flags = (tp > 1 ? " --tp " + std::to_string(tp) : "") + (pp > 1 ? " --pp " + std::to_string(pp) : "") +
+                            (cp > 1 ? " --cp " + std::to_string(cp) : "");
   Result<std::shared_ptr<Communicator>> world = MpiWorld();
   if (!world.ok()) {
     std::fprintf(stderr, "error:%s: %s (mpirun -np %d pagekv %s ...%s)\n", flags.c_str(), world.status().message().c_str(),
-                 tp * pp, command.c_str(), flags.c_str());
+                 tp * pp * cp, command.c_str(), flags.c_str());
     j.exit_code = kExitBadInput;
     return j;
   }
-  Result<ModelParallel> split = SplitWorld(*world, tp, pp);
+  Result<ModelParallel> split = SplitWorld(*world, tp, pp, cp);
   if (!split.ok()) {
     std::fprintf(stderr, "error: rank %d: %s\n", (*world)->rank(), split.status().message().c_str());
     j.exit_code = split.status().code() == StatusCode::kInvalidArgument ? kExitBadInput : kExitFailed;

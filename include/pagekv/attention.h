@@ -42,7 +42,30 @@ struct AttentionOptions {
   int num_threads = 0;       // 0 means every hardware thread
   int64_t split_tokens = 0;  // flash-decoding chunk length in tokens (rounded up
                              // to whole blocks); 0 means chosen per call
+  // Partial attention (context parallel: this process holds some of each
+  // sequence's blocks, KvCache::ArenaTable): kNoBlock entries of a block
+  // table are blocks held elsewhere; they are skipped, and each output row
+  // is the attention over the positions read here. No attention weights
+  // (DecodeSeq::scores) and no int4 KIVI layers with it.
+  bool partial = false;
+  // Optional: each output row's log-sum-exp over the positions it read,
+  // [rows][num_q_heads] with rows as in `out` (what MergeAttentionParts
+  // needs). A row that read no position (possible with `partial`) gets
+  // out 0 and lse -inf.
+  float* lse = nullptr;
 };
+
+// Context parallel: attention rows computed over disjoint sets of key
+// positions (each part a call with AttentionOptions::partial and lse, e.g.
+// in different processes), merged into the attention over their union:
+//   out = sum_p e^(lse_p - M) out_p / sum_p e^(lse_p - M),  M = max_p lse_p
+//   outs[p]: [rows][head_dim], lses[p]: [rows]; out: [rows][head_dim];
+//   lse (optional): [rows], the union's log-sum-exp.
+// The parts are added in their order: every process that merges the same
+// parts gets the same bits. A row no part read gets 0 (and lse -inf). out
+// may be one of the parts. REQUIRES: outs.size() == lses.size() >= 1.
+void MergeAttentionParts(std::span<const float* const> outs, std::span<const float* const> lses, int64_t rows,
+                         int32_t head_dim, float* out, float* lse = nullptr);
 
 // Where one layer's K and V live: the arena and its layout.
 struct PagedKv {

@@ -39,6 +39,10 @@ class Communicator {
   virtual Status AllReduceSum(float* buf, int64_t n) = 0;
   // root's bytes into every other rank's buf.
   virtual Status Broadcast(void* buf, int64_t bytes, int root) = 0;
+  // Every rank's `bytes` bytes of `send`, in rank order, into every rank's
+  // recv [size() * bytes] (context parallel: each rank's partial attention).
+  // Errors: a negative size, null buffers, bytes of 2 GiB or more.
+  virtual Status AllGather(const void* send, int64_t bytes, void* recv) = 0;
   // Whether every rank passed ok (the way ranks fail together: each rank
   // calls it after a step that may fail on some ranks only).
   virtual Result<bool> AllOk(bool ok) = 0;
@@ -60,20 +64,25 @@ class Communicator {
 std::shared_ptr<Communicator> LocalCommunicator();
 
 // How one model is split over processes: tensor parallel (the ranks of one
-// pipeline stage share each of its layers' heads) and pipeline parallel
-// (each stage holds a contiguous range of the layers). `all` spans every
-// rank of both (what steps are agreed over); null members: not split that
-// way. Rank r of `all` is tensor rank r % tp of pipeline stage r / tp.
+// pipeline stage share each of its layers' heads), pipeline parallel (each
+// stage holds a contiguous range of the layers) and context parallel (the
+// ranks of a context group hold the same heads and layers, and each holds
+// one slice of every KV block: a sequence's tokens are spread over them).
+// `all` spans every rank (what steps are agreed over); null members: not
+// split that way. Rank r of `all` is tensor rank r % tp of context rank
+// (r / tp) % cp of pipeline stage r / (tp * cp).
 struct ModelParallel {
-  std::shared_ptr<Communicator> tensor, pipeline, all;
+  std::shared_ptr<Communicator> tensor, pipeline, context, all;
   bool active() const { return all != nullptr && all->size() > 1; }
   int tensor_size() const { return tensor != nullptr ? tensor->size() : 1; }
   int pipeline_size() const { return pipeline != nullptr ? pipeline->size() : 1; }
+  int context_size() const { return context != nullptr ? context->size() : 1; }
+  int context_rank() const { return context != nullptr ? context->rank() : 0; }
 };
 
-// `world` (of exactly tp x pp ranks) split into the two. Errors: sizes
-// below 1, a world of another size (naming the -np to give).
-Result<ModelParallel> SplitWorld(std::shared_ptr<Communicator> world, int tp, int pp);
+// `world` (of exactly tp x pp x cp ranks) split into the three. Errors:
+// sizes below 1, a world of another size (naming the -np to give).
+Result<ModelParallel> SplitWorld(std::shared_ptr<Communicator> world, int tp, int pp, int cp = 1);
 
 // Whether this process was started by an MPI launcher (mpirun / mpiexec of
 // Open MPI, or a PMI / PMIx one): reads the launcher's environment, does

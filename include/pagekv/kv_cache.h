@@ -34,6 +34,7 @@
 // the sequence they came from.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -61,6 +62,23 @@ struct KvCacheOptions {
   // Called from the destructor with LeakReport() when blocks are still
   // referenced at shutdown; unset = say nothing.
   std::function<void(const std::string&)> leak_sink;
+  // Context parallel (a sequence's tokens spread over processes): every
+  // block of config.block_len tokens is cut into `slices` consecutive
+  // slices of block_len / slices tokens, and this cache's arena holds only
+  // slice `slice` of every block: 1 / slices of the bytes. Block ids,
+  // tables, lengths and every count are the whole pool's, the same in each
+  // process of the split (they allocate in step); writes, reads, block
+  // copies and block payloads touch only this slice's tokens (the others
+  // are skipped). 1 = the whole block. Requires a per-head or MLA cache
+  // without int4 KIVI layers and block_len / slices a power of two >= 8.
+  int32_t slices = 1;
+  int32_t slice = 0;
+  // Mixed into GeometryTag: tells apart shards whose blocks have the same
+  // shape but hold different KV (tensor parallel ranks' heads, pipeline
+  // stages' layers), so a tier shared by them never serves one shard's
+  // bytes to another. 0 = not a shard. Context slices are told apart
+  // without it.
+  uint64_t shard_tag = 0;
 };
 
 // Rows of `num_tokens` consecutive tokens, in the cache's storage format.
@@ -108,6 +126,17 @@ struct SequenceView {
 // at most one row moves per evicted token. Returns (from, to) pairs.
 // REQUIRES: keep holds distinct slots.
 std::vector<std::pair<int32_t, int32_t>> CompactionMoves(std::span<const int32_t> keep);
+
+// A block table of a cache (KvCache::View) as the blocks of its arena
+// (KvCache::arena_layout()): for a context slice (slice `slice` of
+// `slices`), entry j of ceil(num_tokens / (block_len / slices)) is the
+// block holding tokens [j * slice_len, (j + 1) * slice_len) when this slice
+// holds them (block table[j / slices], when j % slices == slice) and
+// kNoBlock when another slice does; for slices = 1 the table itself. Kernels
+// read such a table with AttentionOptions::partial. REQUIRES: 1 <= slices,
+// 0 <= slice < slices, block_len a multiple of slices.
+void ArenaTable(std::span<const BlockId> table, int64_t num_tokens, int32_t block_len, int32_t slices, int32_t slice,
+                std::vector<BlockId>& out);
 
 // What an Append of n tokens would take.
 // A hybrid cache counts every group's table.
@@ -199,7 +228,16 @@ class KvCache {
   KvCache(const KvCache&) = delete;
   KvCache& operator=(const KvCache&) = delete;
 
+  // The cache's geometry: block_len, num_blocks and every count of tables
+  // and positions are read here.
   const KvLayout& layout() const { return layout_; }
+  // The arena's own placement, what kernels index arena() with: layout()
+  // itself, except for a context slice (KvCacheOptions::slices > 1), whose
+  // arena holds block_len / slices tokens of every block; tables for it come
+  // from ArenaTable.
+  const KvLayout& arena_layout() const { return arena_layout_; }
+  int32_t slices() const { return slices_; }
+  int32_t slice() const { return slice_; }
 
   // --- sequences -----------------------------------------------------------
 
@@ -244,12 +282,14 @@ class KvCache {
 
   // Whole blocks as bytes, for moving them to and from other storage tiers:
   // a block's slabs in layout order (layer, plane, head), each slab_bytes
-  // long, with no padding: [slabs_per_block][block_len][row_bytes].
+  // long, with no padding: [slabs_per_block][block_len][row_bytes] (a
+  // context slice's: its block_len / slices tokens of the block).
   int64_t block_payload_bytes() const {
-    return (layout_.bytes_per_block() - layout_.padding_bytes_per_block());
+    return (arena_layout_.bytes_per_block() - arena_layout_.padding_bytes_per_block());
   }
   // A 64-bit tag of everything that shapes a block's bytes (layers, planes,
-  // heads, row elements, block_len, every layer's format and row bytes): blocks of caches with
+  // heads, row elements, block_len, every layer's format and row bytes, a
+  // context slice, KvCacheOptions::shard_tag): blocks of caches with
   // different tags are never interchangeable.
   uint64_t GeometryTag() const;
   // What holds the arena and moves its blocks (KvCacheOptions::backend).
@@ -403,14 +443,38 @@ class KvCache {
   struct Sequence;
   struct State;
 
-  KvCache(KvLayout layout, std::unique_ptr<State> state);
+  KvCache(KvLayout layout, KvLayout arena_layout, std::unique_ptr<State> state);
   // Copies tokens' rows to positions [first_pos, first_pos + n). REQUIRES:
   // the blocks exist and none of them is shared.
   void WriteRows(Sequence& s, int64_t first_pos, const KvTokens& tokens);
   // Truncate without telling the cut listener (Compact tells it once).
   Status Shorten(SeqId id, int64_t new_len);
 
+  // Where position `pos` of a table lives in this arena: false when another
+  // context slice holds it; else its arena block and slot.
+  bool Locate(std::span<const BlockId> blocks, int64_t pos, int64_t& block, int32_t& slot) const {
+    const int64_t bl = layout_.block_len();
+    block = ToInt(blocks[static_cast<size_t>(pos / bl)]);
+    const auto in_block = static_cast<int32_t>(pos % bl);
+    if (slices_ == 1) {
+      slot = in_block;
+      return true;
+    }
+    const int32_t slice_len = arena_layout_.block_len();
+    slot = in_block % slice_len;
+    return in_block / slice_len == slice_;
+  }
+  // Of a block's first `filled` slots, how many lie in this slice.
+  int32_t FilledHere(int32_t filled) const {
+    if (slices_ == 1) return filled;
+    const int32_t slice_len = arena_layout_.block_len();
+    return std::clamp(filled - slice_ * slice_len, 0, slice_len);
+  }
+
   KvLayout layout_;
+  KvLayout arena_layout_;
+  int32_t slices_ = 1, slice_ = 0;
+  uint64_t shard_tag_ = 0;
   std::unique_ptr<State> state_;
 };
 

@@ -1,4 +1,5 @@
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "pagekv/dist.h"
@@ -16,6 +17,13 @@ class Local final : public Communicator {
   }
   Status Broadcast(void*, int64_t bytes, int root) override {
     if (bytes < 0 || root != 0) return InvalidArgumentError("Broadcast: negative size or a root other than 0 (of 1 rank)");
+    return Status::Ok();
+  }
+  Status AllGather(const void* send, int64_t bytes, void* recv) override {
+    if (bytes < 0 || bytes >= (int64_t{1} << 31) || (bytes > 0 && (send == nullptr || recv == nullptr))) {
+      return InvalidArgumentError("AllGather: a negative size (or 2 GiB or more) or a null buffer");
+    }
+    if (bytes > 0 && send != recv) std::memmove(recv, send, static_cast<size_t>(bytes));
     return Status::Ok();
   }
   Result<bool> AllOk(bool ok) override { return ok; }
@@ -39,24 +47,28 @@ const char* Env(const char* name) {
 
 std::shared_ptr<Communicator> LocalCommunicator() { return std::make_shared<Local>(); }
 
-Result<ModelParallel> SplitWorld(std::shared_ptr<Communicator> world, int tp, int pp) {
-  if (tp < 1 || pp < 1) return InvalidArgumentError("--tp and --pp must be at least 1");
+Result<ModelParallel> SplitWorld(std::shared_ptr<Communicator> world, int tp, int pp, int cp) {
+  if (tp < 1 || pp < 1 || cp < 1) return InvalidArgumentError("--tp, --pp and --cp must be at least 1");
   ModelParallel mp;
-  if (world == nullptr || (tp == 1 && pp == 1)) return mp;
-  if (world->size() != tp * pp) {
-    const std::string flags = pp == 1   ? "--tp " + std::to_string(tp)
-                              : tp == 1 ? "--pp " + std::to_string(pp)
-                                        : "--tp " + std::to_string(tp) + " x --pp " + std::to_string(pp);
-    return InvalidArgumentError(flags + " needs " + std::to_string(tp * pp) + " ranks, but this job has " +
-                                std::to_string(world->size()) + ": run mpirun -np " + std::to_string(tp * pp));
+  if (world == nullptr || (tp == 1 && pp == 1 && cp == 1)) return mp;
+  if (world->size() != tp * pp * cp) {
+    std::string flags;
+    for (const auto& [name, n] : {std::pair{"--tp ", tp}, std::pair{"--pp ", pp}, std::pair{"--cp ", cp}}) {
+      if (n > 1) flags += (flags.empty() ? "" : " x ") + (name + std::to_string(n));
+    }
+    return InvalidArgumentError(flags + " needs " + std::to_string(tp * pp * cp) + " ranks, but this job has " +
+                                std::to_string(world->size()) + ": run mpirun -np " + std::to_string(tp * pp * cp));
   }
   const int r = world->rank();
+  const int t = r % tp, c = (r / tp) % cp, s = r / (tp * cp);
   mp.all = world;
-  // Every rank calls both splits, in the same order.
-  PAGEKV_ASSIGN_OR_RETURN(std::shared_ptr<Communicator> tensor, world->Split(r / tp, r % tp));
-  PAGEKV_ASSIGN_OR_RETURN(std::shared_ptr<Communicator> pipeline, world->Split(r % tp, r / tp));
+  // Every rank calls every split, in the same order.
+  PAGEKV_ASSIGN_OR_RETURN(std::shared_ptr<Communicator> tensor, world->Split(r / tp, t));
+  PAGEKV_ASSIGN_OR_RETURN(std::shared_ptr<Communicator> pipeline, world->Split(r % (tp * cp), s));
+  PAGEKV_ASSIGN_OR_RETURN(std::shared_ptr<Communicator> context, world->Split(s * tp + t, c));
   if (tp > 1) mp.tensor = std::move(tensor);
   if (pp > 1) mp.pipeline = std::move(pipeline);
+  if (cp > 1) mp.context = std::move(context);
   return mp;
 }
 

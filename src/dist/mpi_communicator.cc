@@ -75,6 +75,15 @@ class Mpi final : public Communicator {
     return Status::Ok();
   }
 
+  Status AllGather(const void* send, int64_t bytes, void* recv) override {
+    if (bytes < 0 || bytes >= (int64_t{1} << 31) || (bytes > 0 && (send == nullptr || recv == nullptr))) {
+      return InvalidArgumentError("AllGather: a negative size (or 2 GiB or more) or a null buffer");
+    }
+    if (bytes == 0) return Status::Ok();
+    const int count = static_cast<int>(bytes);
+    return Check(MPI_Allgather(send, count, MPI_BYTE, recv, count, MPI_BYTE, comm_), "Allgather");
+  }
+
   Result<bool> AllOk(bool ok) override {
     int mine = ok ? 1 : 0, all = 0;
     PAGEKV_RETURN_IF_ERROR(Check(MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, comm_), "Allreduce"));

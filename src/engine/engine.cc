@@ -156,6 +156,9 @@ Result<std::unique_ptr<Engine>> CreateEngineWithModel(const EngineOptions& o, Lo
         CacheConfig c = stage_config(first, count);
         c.budget_bytes = 0;
         c.num_blocks = 1;
+        // Context parallel: a rank's blocks are its slices of them.
+        const int cp = o.parallel.context_size();
+        if (cp > 1 && c.block_len % cp == 0) c.block_len /= cp;
         if (o.kv_hadamard) PAGEKV_RETURN_IF_ERROR(RotateQuantizedRows(c));
         PAGEKV_ASSIGN_OR_RETURN(const KvLayout layout, KvLayout::Create(c));
         widest = std::max(widest, layout.bytes_per_block());
@@ -174,6 +177,9 @@ Result<std::unique_ptr<Engine>> CreateEngineWithModel(const EngineOptions& o, Lo
     co.config.budget_bytes = budget;
   }
   if (o.kv_hadamard) PAGEKV_RETURN_IF_ERROR(RotateQuantizedRows(co.config));
+  // Context parallel: this rank's slice of every block.
+  co.slices = o.parallel.context_size();
+  co.slice = o.parallel.context_rank();
   PAGEKV_ASSIGN_OR_RETURN(st->cache, KvCache::Create(co));
   if (o.eviction.policy != EvictionPolicy::kNone) {
     PAGEKV_RETURN_IF_ERROR(o.eviction.Validate());
@@ -220,8 +226,8 @@ Result<std::unique_ptr<Engine>> CreateEngineWithModel(const EngineOptions& o, Lo
     if (ko.wait_ms > 0) st->events->WaitForSubscriber(ko.wait_ms);
   }
   st->metrics.kv_groups = st->cache->layout().num_groups();
-  st->metrics.bytes_per_block = st->cache->layout().bytes_per_block();
-  st->metrics.bytes_per_token = st->cache->layout().bytes_per_token();
+  st->metrics.bytes_per_block = st->cache->arena_layout().bytes_per_block();  // this rank's
+  st->metrics.bytes_per_token = st->cache->layout().bytes_per_token() / st->cache->slices();  // this rank's share
   const int64_t blocks = st->cache->layout().num_blocks();
   st->metrics.blocks_total = blocks;  // before the first step's snapshot too (/props, /metrics)
   st->metrics.blocks_free = st->cache->FreeBlockCount();

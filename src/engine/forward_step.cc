@@ -17,8 +17,10 @@ class CacheStepKv final : public StepKv {
  public:
   CacheStepKv(KvCache& cache, std::span<const ForwardItem> items, std::span<const int64_t> start,
               const StepFault* fault)
-      : cache_(cache), items_(items), start_(start), fault_(fault) {}
-  const KvLayout& layout() const override { return cache_.layout(); }
+      : cache_(cache), items_(items), start_(start), fault_(fault), tables_(cache.slices() > 1 ? items.size() : 0) {}
+  // A context slice's arena holds its slice of every block: the kernels
+  // index it with its own layout and tables (KvCache::ArenaTable).
+  const KvLayout& layout() const override { return cache_.arena_layout(); }
   const std::byte* arena() const override { return cache_.arena(); }
   Result<KvSpan> Store(size_t item, int32_t layer, const std::byte* k, const std::byte* v) override {
     const ForwardItem& it = items_[item];
@@ -28,7 +30,10 @@ class CacheStepKv final : public StepKv {
     // A hybrid cache: the table of the layer's group (its block ids index
     // the same arena at the layer's offsets).
     PAGEKV_ASSIGN_OR_RETURN(const SequenceView view, cache_.View(it.seq, cache_.layout().group_of(layer)));
-    return KvSpan{view.blocks, view.num_tokens, view.tail};
+    if (tables_.empty()) return KvSpan{view.blocks, view.num_tokens, view.tail};
+    std::vector<BlockId>& table = tables_[item];  // valid until this item's next Store
+    ArenaTable(view.blocks, view.num_tokens, cache_.layout().block_len(), cache_.slices(), cache_.slice(), table);
+    return KvSpan{table, view.num_tokens, view.tail};
   }
 
  private:
@@ -36,6 +41,7 @@ class CacheStepKv final : public StepKv {
   std::span<const ForwardItem> items_;
   std::span<const int64_t> start_;
   const StepFault* fault_;
+  std::vector<std::vector<BlockId>> tables_;  // context slices: each item's arena table
 };
 
 }  // namespace

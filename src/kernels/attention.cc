@@ -93,7 +93,7 @@ Status ValidateCommon(const PagedKv& kv, const float* q, const float* out, Geome
 // Entries [first_token / block_len, ceil(num_tokens / block_len)) must name
 // blocks of the pool (the ones before a sliding window's first may not).
 Status ValidateTable(const KvLayout& l, std::span<const BlockId> blocks, int64_t num_tokens, size_t index,
-                     int64_t first_token = 0) {
+                     int64_t first_token, bool partial) {
   const int64_t need = CeilDiv(num_tokens, l.block_len());
   if (static_cast<int64_t>(blocks.size()) < need) {
     return InvalidArgumentError("attention: sequence " + std::to_string(index) + " has " +
@@ -102,6 +102,7 @@ Status ValidateTable(const KvLayout& l, std::span<const BlockId> blocks, int64_t
   }
   for (int64_t i = first_token / l.block_len(); i < need; ++i) {
     const int64_t b = ToInt(blocks[static_cast<size_t>(i)]);
+    if (partial && b == ToInt(kNoBlock)) continue;  // held by another process
     if (b < 0 || b >= l.num_blocks()) {
       return InvalidArgumentError("attention: sequence " + std::to_string(index) + " block table entry " +
                                   std::to_string(i) + " = " + std::to_string(b) + " is outside the pool [0, " +
@@ -135,6 +136,18 @@ Status ValidateWindow(int64_t window, bool scores, size_t index) {
   if (window > 0 && scores) {
     return UnimplementedError("attention: sequence " + std::to_string(index) +
                               " asks for attention weights (token eviction) on a sliding-window layer: not supported");
+  }
+  return Status::Ok();
+}
+
+// Partial attention reads no int4 KIVI layer and gives no attention weights.
+Status ValidatePartial(const Geometry& g, bool scores, size_t index) {
+  if (g.kivi_group > 0) {
+    return UnimplementedError("attention: partial attention (context parallel) does not read int4 KIVI layers");
+  }
+  if (scores) {
+    return UnimplementedError("attention: sequence " + std::to_string(index) +
+                              " asks for attention weights (token eviction) of a partial attention: not supported");
   }
   return Status::Ok();
 }
@@ -204,8 +217,9 @@ void AddWeights(const float* weights, const float* block_max, int64_t n, int32_t
 // either writes normalised rows to `out` or leaves the partial state in
 // `partials` for the merge.
 void RunItem(const WorkItem& w, const PagedKv& kv, const Geometry& g, std::span<const BlockId> blocks,
-             int64_t num_tokens, int64_t num_queries_total, const float* q_seq, float* out_seq,
-             float* partial_state, float softcap, const ScoreOut* so, const std::byte* tail, int64_t window) {
+             int64_t num_tokens, int64_t num_queries_total, const float* q_seq, float* out_seq, float* lse_seq,
+             float* partial_state, float softcap, const ScoreOut* so, const std::byte* tail, int64_t window,
+             bool partial) {
   thread_local Scratch s;
   const int32_t rows = w.num_queries * g.group;
   const int32_t d = g.head_dim;
@@ -296,7 +310,25 @@ void RunItem(const WorkItem& w, const PagedKv& kv, const Geometry& g, std::span<
     t.block_max_out = s.block_max.data();
     t.block_max_stride = span_blocks;
   }
-  kernels::AttendRows(t);
+  if (!partial) {
+    kernels::AttendRows(t);
+  } else {
+    // Runs of held blocks, each through the kernel with the rows' running
+    // state carried over; the blocks of other processes are skipped.
+    const int64_t bl = g.block_len;
+    for (int64_t start = w.tok_begin; start < w.tok_end;) {
+      if (blocks[static_cast<size_t>(start / bl)] == kNoBlock) {
+        start += bl;
+        continue;
+      }
+      int64_t end = start;
+      while (end < w.tok_end && blocks[static_cast<size_t>(end / bl)] != kNoBlock) end = std::min(w.tok_end, end + bl);
+      t.tok_begin = start;
+      t.tok_end = end;
+      kernels::AttendRows(t);
+      start = end;
+    }
+  }
 
   if (so != nullptr && so->raw != nullptr && partial_state == nullptr) {
     for (int32_t i = 0; i < g.group; ++i) so->lse[w.kv_head * g.group + i] = m[i] + std::log(l[i]);
@@ -323,10 +355,17 @@ void RunItem(const WorkItem& w, const PagedKv& kv, const Geometry& g, std::span<
   for (int32_t j = 0; j < w.num_queries; ++j) {
     for (int32_t i = 0; i < g.group; ++i) {
       const int32_t r = j * g.group + i;
-      float* dst = out_seq + ((w.first_query + j) * g.q_heads + w.kv_head * g.group + i) * d;
+      const int64_t row = (w.first_query + j) * g.q_heads + w.kv_head * g.group + i;
+      float* dst = out_seq + row * d;
+      if (l[r] == 0.0f) {  // no position read here (partial attention)
+        std::fill(dst, dst + d, 0.0f);
+        if (lse_seq != nullptr) lse_seq[row] = -std::numeric_limits<float>::infinity();
+        continue;
+      }
       const float inv = 1.0f / l[r];
       for (int32_t x = 0; x < d; ++x) dst[x] = acc[static_cast<size_t>(r) * d + x] * inv;
       if (g.hadamard) quant::HadamardInPlace(dst, d);  // sum p (H v) = H (sum p v); H is its own inverse
+      if (lse_seq != nullptr) lse_seq[row] = m[r] + std::log(l[r]);
     }
   }
 }
@@ -344,8 +383,9 @@ Status PagedDecodeAttention(const PagedKv& kv, std::span<const DecodeSeq> seqs, 
                                   " has no tokens: append the new token's K and V first");
     }
     PAGEKV_RETURN_IF_ERROR(ValidateWindow(seqs[i].window, seqs[i].scores != nullptr, i));
+    if (options.partial) PAGEKV_RETURN_IF_ERROR(ValidatePartial(g, seqs[i].scores != nullptr, i));
     const int64_t first = WindowBegin(seqs[i].num_tokens - 1, seqs[i].window);
-    PAGEKV_RETURN_IF_ERROR(ValidateTable(*kv.layout, seqs[i].blocks, seqs[i].num_tokens, i, first));
+    PAGEKV_RETURN_IF_ERROR(ValidateTable(*kv.layout, seqs[i].blocks, seqs[i].num_tokens, i, first, options.partial));
     PAGEKV_RETURN_IF_ERROR(ValidateKivi(g, seqs[i].num_tokens, seqs[i].tail, seqs[i].scores != nullptr, i));
     total_tokens += seqs[i].num_tokens - first;
   }
@@ -425,8 +465,10 @@ Status PagedDecodeAttention(const PagedKv& kv, std::span<const DecodeSeq> seqs, 
     const WorkItem& w = items[static_cast<size_t>(it)];
     const DecodeSeq& sq = seqs[static_cast<size_t>(w.seq)];
     RunItem(w, kv, g, sq.blocks, sq.num_tokens, 1, q + w.seq * per_seq, out + w.seq * per_seq,
+            options.lse != nullptr ? options.lse + w.seq * g.q_heads : nullptr,
             w.partial >= 0 ? partials.data() + w.partial * state_floats : nullptr, options.softcap,
-            sq.scores != nullptr ? &score_out[static_cast<size_t>(w.seq)] : nullptr, sq.tail, sq.window);
+            sq.scores != nullptr ? &score_out[static_cast<size_t>(w.seq)] : nullptr, sq.tail, sq.window,
+            options.partial);
   });
 
   // Merge chunk partials: out = sum_c e^(m_c - M) acc_c / sum_c e^(m_c - M) l_c.
@@ -442,6 +484,11 @@ Status PagedDecodeAttention(const PagedKv& kv, std::span<const DecodeSeq> seqs, 
           for (int64_t c = 0; c < chunks; ++c) big_m = std::max(big_m, base[c * state_floats + r]);
           float* dst = out + static_cast<int64_t>(i) * per_seq + (h * g.group + r) * g.head_dim;
           std::fill(dst, dst + g.head_dim, 0.0f);
+          float* lse_row = options.lse != nullptr ? options.lse + static_cast<int64_t>(i) * g.q_heads + h * g.group + r : nullptr;
+          if (big_m == -std::numeric_limits<float>::infinity()) {  // no chunk read a position (partial attention)
+            if (lse_row != nullptr) *lse_row = big_m;
+            continue;
+          }
           float denom = 0;
           for (int64_t c = 0; c < chunks; ++c) {
             const float* st = base + c * state_floats;
@@ -454,6 +501,7 @@ Status PagedDecodeAttention(const PagedKv& kv, std::span<const DecodeSeq> seqs, 
           for (int32_t x = 0; x < g.head_dim; ++x) dst[x] *= inv;
           if (g.hadamard) quant::HadamardInPlace(dst, g.head_dim);
           if (score_out[i].lse != nullptr) score_out[i].lse[h * g.group + r] = big_m + std::log(denom);
+          if (lse_row != nullptr) *lse_row = big_m + std::log(denom);
         }
       }
     });
@@ -491,8 +539,9 @@ Status PagedPrefillAttention(const PagedKv& kv, std::span<const PrefillSeq> seqs
                                   std::to_string(s.num_queries) + "] (0 scores every query)");
     }
     PAGEKV_RETURN_IF_ERROR(ValidateWindow(s.window, s.scores != nullptr, i));
-    PAGEKV_RETURN_IF_ERROR(
-        ValidateTable(*kv.layout, s.blocks, s.num_tokens, i, WindowBegin(s.num_tokens - s.num_queries, s.window)));
+    if (options.partial) PAGEKV_RETURN_IF_ERROR(ValidatePartial(g, s.scores != nullptr, i));
+    PAGEKV_RETURN_IF_ERROR(ValidateTable(*kv.layout, s.blocks, s.num_tokens, i,
+                                         WindowBegin(s.num_tokens - s.num_queries, s.window), options.partial));
     PAGEKV_RETURN_IF_ERROR(ValidateKivi(g, s.num_tokens, s.tail, s.scores != nullptr, i));
   }
   g.scale = options.scale != 0 ? options.scale : g.default_scale;
@@ -547,10 +596,39 @@ Status PagedPrefillAttention(const PagedKv& kv, std::span<const PrefillSeq> seqs
     const WorkItem& w = items[static_cast<size_t>(it)];
     const PrefillSeq& sq = seqs[static_cast<size_t>(w.seq)];
     const int64_t base = q_offset[static_cast<size_t>(w.seq)] * per_query;
-    RunItem(w, kv, g, sq.blocks, sq.num_tokens, sq.num_queries, q + base, out + base, nullptr, options.softcap,
-            sq.scores != nullptr ? &score_out[static_cast<size_t>(w.seq)] : nullptr, sq.tail, sq.window);
+    RunItem(w, kv, g, sq.blocks, sq.num_tokens, sq.num_queries, q + base, out + base,
+            options.lse != nullptr ? options.lse + q_offset[static_cast<size_t>(w.seq)] * g.q_heads : nullptr, nullptr,
+            options.softcap, sq.scores != nullptr ? &score_out[static_cast<size_t>(w.seq)] : nullptr, sq.tail,
+            sq.window, options.partial);
   });
   return Status::Ok();
+}
+
+void MergeAttentionParts(std::span<const float* const> outs, std::span<const float* const> lses, int64_t rows,
+                         int32_t head_dim, float* out, float* lse) {
+  const size_t parts = outs.size();
+  std::vector<float> row(static_cast<size_t>(head_dim));
+  for (int64_t r = 0; r < rows; ++r) {
+    float big_m = -std::numeric_limits<float>::infinity();
+    for (size_t p = 0; p < parts; ++p) big_m = std::max(big_m, lses[p][r]);
+    float* dst = out + r * head_dim;
+    if (big_m == -std::numeric_limits<float>::infinity()) {  // no part read a position
+      std::fill(dst, dst + head_dim, 0.0f);
+      if (lse != nullptr) lse[r] = big_m;
+      continue;
+    }
+    std::fill(row.begin(), row.end(), 0.0f);
+    float denom = 0;
+    for (size_t p = 0; p < parts; ++p) {
+      const float w = std::exp(lses[p][r] - big_m);  // 0 for a part that read nothing
+      denom += w;
+      const float* src = outs[p] + r * head_dim;
+      for (int32_t x = 0; x < head_dim; ++x) row[static_cast<size_t>(x)] += w * src[x];
+    }
+    const float inv = 1.0f / denom;
+    for (int32_t x = 0; x < head_dim; ++x) dst[x] = row[static_cast<size_t>(x)] * inv;
+    if (lse != nullptr) lse[r] = big_m + std::log(denom);
+  }
 }
 
 std::string AttentionSimdTarget() {

@@ -26,7 +26,37 @@ std::byte* TailOf(const KvLayout& layout, std::vector<std::byte>& tail) {
 }  // namespace
 
 Result<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& options) {
-  PAGEKV_ASSIGN_OR_RETURN(KvLayout layout, KvLayout::Create(options.config));
+  const int32_t slices = options.slices;
+  if (slices < 1 || options.slice < 0 || options.slice >= slices) {
+    return InvalidArgumentError("cache: context slice " + std::to_string(options.slice) + " of " + std::to_string(slices) +
+                                ": slices must be >= 1 and the slice in [0, slices)");
+  }
+  CacheConfig arena_config = options.config;
+  if (slices > 1) {
+    const int32_t bl = options.config.block_len;
+    if (bl % slices != 0 || bl / slices < 8) {
+      return InvalidArgumentError("cache: block_len " + std::to_string(bl) + " does not split into " +
+                                  std::to_string(slices) + " context slices of at least 8 tokens: use a block_len of " +
+                                  std::to_string(8 * slices) + " or more, a multiple of " + std::to_string(slices));
+    }
+    for (int32_t l = 0; l < options.config.num_layers; ++l) {
+      if (options.config.FormatOf(l).IsKivi()) {
+        return UnimplementedError("cache: int4 KIVI layers are not split into context slices (a key group's "
+                                  "parameters span the block): use f16, bf16, int8 or fp8");
+      }
+    }
+    arena_config.block_len = bl / slices;
+  }
+  // The arena's geometry first (a byte budget is this process's, for its
+  // slices), then the whole blocks' with the same block count.
+  PAGEKV_ASSIGN_OR_RETURN(KvLayout arena_layout, KvLayout::Create(arena_config));
+  CacheConfig whole = options.config;
+  whole.num_blocks = arena_layout.num_blocks();
+  whole.budget_bytes = 0;
+  KvLayout layout = arena_layout;
+  if (slices > 1) {
+    PAGEKV_ASSIGN_OR_RETURN(layout, KvLayout::Create(whole));
+  }
   for (int32_t l = 0; l < layout.num_layers(); ++l) {
     const KvFormat& f = layout.format(l);
     if (!f.IsPlainFloat() && !f.IsStoredQuantized(layout.row_elems()) && !f.IsKivi()) {
@@ -36,16 +66,33 @@ Result<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& options) 
     }
   }
   const Backend& backend = options.backend != nullptr ? *options.backend : CpuBackend();
-  PAGEKV_ASSIGN_OR_RETURN(auto arena, backend.AllocateArena({.size_bytes = layout.total_bytes(),
+  PAGEKV_ASSIGN_OR_RETURN(auto arena, backend.AllocateArena({.size_bytes = arena_layout.total_bytes(),
                                                              .huge_pages = options.huge_pages,
                                                              .prefault = options.prefault}));
   auto state = std::make_unique<State>(backend, std::move(arena), static_cast<int32_t>(layout.num_blocks()));
   state->leak_sink = options.leak_sink;
-  return std::unique_ptr<KvCache>(new KvCache(std::move(layout), std::move(state)));
+  auto cache = std::unique_ptr<KvCache>(new KvCache(std::move(layout), std::move(arena_layout), std::move(state)));
+  cache->slices_ = slices;
+  cache->slice_ = options.slice;
+  cache->shard_tag_ = options.shard_tag;
+  return cache;
 }
 
-KvCache::KvCache(KvLayout layout, std::unique_ptr<State> state)
-    : layout_(std::move(layout)), state_(std::move(state)) {}
+KvCache::KvCache(KvLayout layout, KvLayout arena_layout, std::unique_ptr<State> state)
+    : layout_(std::move(layout)), arena_layout_(std::move(arena_layout)), state_(std::move(state)) {}
+
+void ArenaTable(std::span<const BlockId> table, int64_t num_tokens, int32_t block_len, int32_t slices, int32_t slice,
+                std::vector<BlockId>& out) {
+  out.clear();
+  if (slices == 1) {
+    out.assign(table.begin(), table.end());
+    return;
+  }
+  const int32_t slice_len = block_len / slices;
+  const int64_t n = CeilDiv(num_tokens, int64_t{slice_len});
+  out.resize(static_cast<size_t>(n), kNoBlock);
+  for (int64_t j = slice; j < n; j += slices) out[static_cast<size_t>(j)] = table[static_cast<size_t>(j / slices)];
+}
 
 KvCache::~KvCache() {
   if (state_->leak_sink && state_->pool.num_used() > 0) state_->leak_sink(LeakReport());
@@ -139,8 +186,8 @@ Result<bool> KvCache::Reserve(SeqId id, int64_t n, ReserveUndo* undo) {
       // swap it for the private copy.
       const BlockId shared = blocks.back();
       const BlockId copy = fresh[next++];
-      const BlockCopy c{shared, copy, static_cast<int32_t>(s.num_tokens % bl)};
-      state_->backend.CopyBlocks(layout_, base, {&c, 1});
+      const BlockCopy c{shared, copy, FilledHere(static_cast<int32_t>(s.num_tokens % bl))};
+      if (c.filled > 0) state_->backend.CopyBlocks(arena_layout_, base, {&c, 1});
       PAGEKV_CHECK(state_->pool.Release(shared).ok());
       blocks.back() = copy;
       ++state_->copies_on_write;
@@ -201,10 +248,11 @@ Status KvCache::WriteLayer(SeqId id, int32_t layer, int64_t pos, const KvTokens&
   for (int32_t p = 0; p < layout_.num_planes(); ++p) {
     const auto* src = static_cast<const std::byte*>(planes[p]);
     for (int64_t i = 0; i < rows.num_tokens; ++i) {
-      const BlockId b = t.blocks[static_cast<size_t>((pos + i) / bl)];
-      const auto slot = static_cast<int32_t>((pos + i) % bl);
+      int64_t b;
+      int32_t slot;
+      if (!Locate(t.blocks, pos + i, b, slot)) continue;  // another context slice's token
       for (int32_t h = 0; h < heads; ++h) {
-        std::memcpy(base + layout_.RowOffset(layer, p, h, ToInt(b), slot), src + (i * heads + h) * row,
+        std::memcpy(base + arena_layout_.RowOffset(layer, p, h, b, slot), src + (i * heads + h) * row,
                     static_cast<size_t>(row));
       }
     }
@@ -239,9 +287,17 @@ void KvCache::WriteRows(Sequence& s, int64_t first_pos, const KvTokens& tokens) 
         const std::byte* src_h = src + h * row;
         for (int64_t i = 0; i < n; ++i) {
           const int64_t pos = first_pos + i;
-          const BlockId b = blocks[static_cast<size_t>(pos >> shift)];
-          std::memcpy(base + layout_.RowOffset(l, p, h, ToInt(b), static_cast<int32_t>(pos & mask)),
-                      src_h + i * token_stride, static_cast<size_t>(row));
+          if (slices_ == 1) {
+            const BlockId b = blocks[static_cast<size_t>(pos >> shift)];
+            std::memcpy(base + layout_.RowOffset(l, p, h, ToInt(b), static_cast<int32_t>(pos & mask)),
+                        src_h + i * token_stride, static_cast<size_t>(row));
+            continue;
+          }
+          int64_t b;
+          int32_t slot;
+          if (!Locate(blocks, pos, b, slot)) continue;  // another context slice's token
+          std::memcpy(base + arena_layout_.RowOffset(l, p, h, b, slot), src_h + i * token_stride,
+                      static_cast<size_t>(row));
         }
       }
     }
@@ -589,6 +645,9 @@ uint64_t KvCache::GeometryTag() const {
       for (int32_t l : layout_.group_layers(g)) fields.push_back(l);
     }
   }
+  if (slices_ > 1 || shard_tag_ != 0) {  // a shard's blocks (an unsplit cache's tag is as before)
+    fields.insert(fields.end(), {-1000, slices_, slice_, static_cast<int64_t>(shard_tag_)});
+  }
   uint64_t h = 0x9e3779b97f4a7c15ULL;
   for (int64_t v : fields) {  // splitmix64 over the fields
     h += static_cast<uint64_t>(v) + 0x9e3779b97f4a7c15ULL;
@@ -609,7 +668,7 @@ Status KvCache::ReadBlock(BlockId block, std::span<std::byte> out) const {
     return InvalidArgumentError("read block: the buffer has " + std::to_string(out.size()) + " bytes; a block has " +
                                 std::to_string(block_payload_bytes()));
   }
-  state_->backend.BlockToHost(layout_, state_->arena->data(), block, out);
+  state_->backend.BlockToHost(arena_layout_, state_->arena->data(), block, out);
   return Status::Ok();
 }
 
@@ -638,7 +697,7 @@ Status KvCache::WriteBlock(SeqId id, int64_t index, std::span<const std::byte> d
     return FailedPreconditionError("write block: block " + std::to_string(index) + " of " + SeqName(id) +
                                    " is shared or published to the prefix cache");
   }
-  state_->backend.HostToBlock(layout_, state_->arena->data(), block, data);
+  state_->backend.HostToBlock(arena_layout_, state_->arena->data(), block, data);
   return Status::Ok();
 }
 
@@ -651,7 +710,7 @@ Status KvCache::FillBlock(BlockId block, std::span<const std::byte> data) {
     return InvalidArgumentError("fill block: " + std::to_string(data.size()) + " bytes; a block has " +
                                 std::to_string(block_payload_bytes()));
   }
-  state_->backend.HostToBlock(layout_, state_->arena->data(), block, data);
+  state_->backend.HostToBlock(arena_layout_, state_->arena->data(), block, data);
   return Status::Ok();
 }
 
@@ -673,6 +732,17 @@ Status KvCache::Read(SeqId id, int64_t begin, const KvTokensOut& out) const {
                                      " is in a block released by ReleaseBefore");
     }
   }
+  if (slices_ > 1) {
+    // Only this slice's tokens are here.
+    const int64_t bl = layout_.block_len(), slice_len = arena_layout_.block_len();
+    for (int64_t pos = begin; pos < begin + out.num_tokens; ++pos) {
+      if ((pos % bl) / slice_len != slice_) {
+        return FailedPreconditionError("read: position " + std::to_string(pos) + " of " + SeqName(id) +
+                                       " is held by context slice " + std::to_string((pos % bl) / slice_len) +
+                                       ", not this cache's slice " + std::to_string(slice_));
+      }
+    }
+  }
   const std::byte* base = state_->arena->data();
   const int64_t n = out.num_tokens;
   const int64_t heads = layout_.num_heads();
@@ -691,11 +761,11 @@ Status KvCache::Read(SeqId id, int64_t begin, const KvTokensOut& out) const {
     for (int32_t p = 0; p < layout_.num_planes(); ++p) {
       auto* dst = static_cast<std::byte*>(planes[p]) + dst_layer_offset;
       for (int64_t i = 0; i < n; ++i) {
-        const int64_t pos = begin + i;
-        const BlockId b = blocks[static_cast<size_t>(pos / layout_.block_len())];
-        const auto slot = static_cast<int32_t>(pos % layout_.block_len());
+        int64_t b;
+        int32_t slot;
+        PAGEKV_CHECK(Locate(blocks, begin + i, b, slot));  // checked above
         for (int32_t h = 0; h < heads; ++h) {
-          std::memcpy(dst + (i * heads + h) * row, base + layout_.RowOffset(l, p, h, ToInt(b), slot),
+          std::memcpy(dst + (i * heads + h) * row, base + arena_layout_.RowOffset(l, p, h, b, slot),
                       static_cast<size_t>(row));
         }
       }

@@ -44,6 +44,10 @@ Status KvCache::Compact(SeqId id, std::span<const int32_t> keep, int64_t keep_co
     return OutOfRangeError("compact: keep_count " + std::to_string(keep_count) + " of " + SeqName(id) +
                            " must be in [0, " + std::to_string(s.num_tokens) + "]");
   }
+  if (slices_ > 1) {
+    return UnimplementedError("compact: the cache holds one context slice of each block; token eviction moves rows "
+                              "across slices, which live in other processes");
+  }
   if (layout_.hybrid() || s.tables[0].released > 0) {
     return FailedPreconditionError("compact: " + SeqName(id) + (layout_.hybrid() ? " is in a hybrid (sliding-window) cache"
                                    : " released blocks to a sliding window") + "; token eviction and sliding windows do not combine");

@@ -30,7 +30,7 @@ CacheStats KvCache::Stats() const {
     }
   }
   for (int32_t b = 0; b < pool.num_blocks(); ++b) {
-    st.tokens_physical += fill[b];
+    st.tokens_physical += FilledHere(fill[b]);  // a context slice holds its part of each block
     if (pool.RefCount(BlockId{b}) > 1) ++st.blocks_shared;
   }
   st.blocks_total = pool.num_blocks();
@@ -38,8 +38,8 @@ CacheStats KvCache::Stats() const {
   st.blocks_cached_free = pool.num_cached_free();
   st.blocks_used = pool.num_used();
   st.num_sequences = static_cast<int64_t>(state_->sequences.size());
-  st.bytes_pool = layout_.total_bytes();
-  st.bytes_allocated = st.blocks_used * layout_.bytes_per_block();
+  st.bytes_pool = arena_layout_.total_bytes();
+  st.bytes_allocated = st.blocks_used * arena_layout_.bytes_per_block();
   st.bytes_holding_tokens = st.tokens_physical * layout_.bytes_per_block_token();
   st.internal_fragmentation =
       st.bytes_allocated == 0 ? 0.0
@@ -67,8 +67,9 @@ Result<SequenceStats> KvCache::StatsFor(SeqId id) const {
     }
     slots += s.num_tokens - t.released * layout_.block_len();
   }
-  st.bytes_allocated = st.num_blocks * layout_.bytes_per_block();
-  st.bytes_holding_tokens = slots * layout_.bytes_per_block_token();
+  // A context slice's share: its blocks' bytes here, its part of the slots.
+  st.bytes_allocated = st.num_blocks * arena_layout_.bytes_per_block();
+  st.bytes_holding_tokens = slots * layout_.bytes_per_block_token() / slices_;
   return st;
 }
 
@@ -84,14 +85,16 @@ std::vector<SequenceStats> KvCache::AllSequenceStats() const {
 MemoryReport KvCache::Memory() const {
   const CacheStats st = Stats();
   MemoryReport r;
+  // A context slice: this process's bytes (its blocks' slices; a token's
+  // rows are held by one slice, so a contiguous cache's need is shared out).
   r.bytes_per_token = layout_.bytes_per_token();
-  r.bytes_per_block = layout_.bytes_per_block();
-  r.need_unshared_bytes = st.tokens_logical * r.bytes_per_token;
+  r.bytes_per_block = arena_layout_.bytes_per_block();
+  r.need_unshared_bytes = st.tokens_logical * r.bytes_per_token / slices_;
   r.need_bytes = st.tokens_physical * layout_.bytes_per_block_token();
   r.allocated_bytes = st.bytes_allocated;
   r.pool_bytes = st.bytes_pool;
   r.free_bytes = st.blocks_free * r.bytes_per_block;
-  r.padding_bytes_per_block = layout_.padding_bytes_per_block();
+  r.padding_bytes_per_block = arena_layout_.padding_bytes_per_block();
   return r;
 }
 

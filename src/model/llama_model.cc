@@ -340,6 +340,10 @@ Status LlamaModel::Compute(std::span<const StepItem> items, StepKv& kv, const Ba
                 kv_dim = kv_heads * c.head_dim, hd = static_cast<int32_t>(hidden_rows_);
   Communicator* const tp = parallel_.tensor.get();
   Communicator* const pp = parallel_.pipeline.get();
+  // Context parallel: this rank holds one slice of every block (kv's
+  // tables name only its blocks); each layer's attention is this rank's
+  // part, merged with the others' by their log-sum-exps.
+  Communicator* const cp = parallel_.context_size() > 1 ? parallel_.context.get() : nullptr;
   const int stage = pp != nullptr ? pp->rank() : 0, stages = pp != nullptr ? pp->size() : 1;
   double* communication_time = options.timings != nullptr ? &options.timings->communication : nullptr;
   auto all_reduce = [&](float* rows, int64_t n) {
@@ -382,6 +386,29 @@ Status LlamaModel::Compute(std::span<const StepItem> items, StepKv& kv, const Ba
   std::vector<DecodeSeq> decode(items.size());
   AttentionOptions attention_options;
   attention_options.num_threads = options.threads;
+  const int32_t q_heads = shard_.q_heads;
+  // Context parallel: each row's log-sum-exp beside its output, and every
+  // rank's [outputs | log-sum-exps] gathered.
+  const std::span<float> lse = cp != nullptr ? rows(T, q_heads) : std::span<float>();
+  const int64_t part_floats = T * (q_dim + q_heads);
+  const std::span<float> parts = cp != nullptr ? Scratch<float>(slot++, static_cast<size_t>(part_floats * (cp->size() + 1)))
+                                               : std::span<float>();
+  auto merge_attention = [&](float* attr, int64_t r0, int64_t n) -> Status {
+    Stopwatch watch(communication_time);
+    const int64_t floats = n * (q_dim + q_heads);
+    float* mine = parts.data();
+    float* all = parts.data() + part_floats;
+    std::copy_n(attr, n * q_dim, mine);
+    std::copy_n(&lse[static_cast<size_t>(r0 * q_heads)], n * q_heads, mine + n * q_dim);
+    PAGEKV_RETURN_IF_ERROR(cp->AllGather(mine, floats * static_cast<int64_t>(sizeof(float)), all));
+    std::vector<const float*> outs, lses;
+    for (int p = 0; p < cp->size(); ++p) {
+      outs.push_back(all + p * floats);
+      lses.push_back(all + p * floats + n * q_dim);
+    }
+    MergeAttentionParts(outs, lses, n * q_heads, c.head_dim, attr);
+    return Status::Ok();
+  };
   // One layer over items [i0, i1), rows [r0, r1) of the step.
   auto layer = [&](int32_t l, int64_t i0, int64_t i1, int64_t r0, int64_t r1) -> Status {
     const Layer& L = layers_[static_cast<size_t>(l)];
@@ -429,11 +456,15 @@ Status LlamaModel::Compute(std::span<const StepItem> items, StepKv& kv, const Ba
       Stopwatch watch(attention_time);
       const PagedKv paged{&layout, kv.arena(), l};
       const auto from = static_cast<size_t>(i0), count = static_cast<size_t>(i1 - i0);
-      PAGEKV_RETURN_IF_ERROR(i1 - i0 == n ? be.DecodeAttention(paged, std::span(decode).subspan(from, count), qr, attr,
-                                                               attention_options)
-                                          : be.PrefillAttention(paged, std::span(prefill).subspan(from, count), qr, attr,
-                                                                attention_options));
+      AttentionOptions ao = attention_options;
+      if (cp != nullptr) {
+        ao.partial = true;
+        ao.lse = &lse[static_cast<size_t>(r0 * q_heads)];
+      }
+      PAGEKV_RETURN_IF_ERROR(i1 - i0 == n ? be.DecodeAttention(paged, std::span(decode).subspan(from, count), qr, attr, ao)
+                                          : be.PrefillAttention(paged, std::span(prefill).subspan(from, count), qr, attr, ao));
     }
+    if (cp != nullptr) PAGEKV_RETURN_IF_ERROR(merge_attention(attr, r0, n));
     PAGEKV_RETURN_IF_ERROR(matmul(L.wo, attr, n, tmpr));
     if (tp != nullptr) PAGEKV_RETURN_IF_ERROR(all_reduce(tmpr, n));  // every rank's heads' part
     add_bias(tmpr, n, d, L.bo);
