@@ -3,7 +3,8 @@
 // does not split the heads, a model missing on one rank, no launcher)
 // failing every rank with exit 2, none left waiting in a collective (each
 // run is bounded by `timeout`: a hang fails the test, it does not stall it).
-// `pagekv plan --tp`: one rank's pool. `pagekv serve --tp / --pp`: rank 0
+// The same for --cp (context slices). `pagekv plan --tp / --cp`: one rank's
+// pool. `pagekv serve --tp / --pp / --cp`: rank 0
 // serves, the others step with it; the same answers as one server, and a
 // SIGTERM to mpirun stops every rank cleanly.
 #include <sys/wait.h>
@@ -67,7 +68,8 @@ TEST(TensorParallelCliTest, GreedyOutputEqualsOneProcess) {
   const RunResult one = RunCmd(Cli() + args);
   ASSERT_EQ(one.exit_code, 0) << one.out;
   for (const auto& [np, flags] : std::vector<std::pair<int, std::string>>{
-           {2, " --tp 2"}, {4, " --tp 4"}, {2, " --pp 2"}, {4, " --pp 4"}, {4, " --tp 2 --pp 2"}}) {
+           {2, " --tp 2"}, {4, " --tp 4"}, {2, " --pp 2"}, {4, " --pp 4"}, {4, " --tp 2 --pp 2"},
+           {2, " --cp 2"}, {4, " --cp 4"}, {4, " --tp 2 --cp 2"}, {4, " --pp 2 --cp 2"}}) {
     SCOPED_TRACE(flags);
     const RunResult tp = RunCmd(Mpirun(np) + Cli() + args + flags);
     ASSERT_EQ(tp.exit_code, 0) << tp.out;
@@ -110,6 +112,21 @@ TEST(TensorParallelCliTest, MoreStagesThanLayersFailEveryRank) {
   EXPECT_EQ(Count(wrong.out, "--tp 2 x --pp 2 needs 4 ranks, but this job has 3: run mpirun -np 4"), 3u) << wrong.out;
 }
 
+TEST(TensorParallelCliTest, ContextParallelSizesThatDoNotSplitABlockFailEveryRank) {
+  // 3 slices of a power-of-two block: impossible at any block length.
+  const RunResult three = RunCmd(Mpirun(3) + Cli() + " generate --model " + kModel + " --prompt x --cp 3");
+  EXPECT_EQ(three.exit_code, 2) << three.out;
+  EXPECT_EQ(Count(three.out, "3 context slices"), 3u) << three.out;
+  EXPECT_NE(three.out.find("2, 4, 8"), std::string::npos) << three.out;
+  // Slices under 8 tokens.
+  const RunResult small = RunCmd(Mpirun(2) + Cli() + " generate --model " + kModel + " --prompt x --cp 2 --block-len 8");
+  EXPECT_EQ(small.exit_code, 2) << small.out;
+  EXPECT_EQ(Count(small.out, "does not split into 2 context slices of at least 8 tokens"), 2u) << small.out;
+  const RunResult wrong = RunCmd(Mpirun(3) + Cli() + " generate --model " + kModel + " --prompt x --tp 2 --cp 2");
+  EXPECT_EQ(wrong.exit_code, 2) << wrong.out;
+  EXPECT_EQ(Count(wrong.out, "--tp 2 x --cp 2 needs 4 ranks, but this job has 3: run mpirun -np 4"), 3u) << wrong.out;
+}
+
 TEST(TensorParallelCliTest, AModelMissingOnOneRankFailsBothWithoutAHang) {
   // Two programs in one job (MPMD): rank 1 is given a path that does not exist.
   const RunResult r = RunCmd(Mpirun(1) + Cli() + " generate --model " + kModel + " --prompt x --tp 2 : -np 1 " + Cli() +
@@ -150,7 +167,7 @@ TEST(TensorParallelCliTest, ServeSplitOverRanksAnswersAsOneServer) {
     ASSERT_GT(one.port(), 0);
     for (const auto& b : bodies) want.push_back(Complete(one.port(), b));
   }
-  for (const std::string& flags : {std::string("--tp"), std::string("--pp")}) {
+  for (const std::string& flags : {std::string("--tp"), std::string("--pp"), std::string("--cp")}) {
     SCOPED_TRACE(flags);
     pagekv::testing::ChildProcess split({PAGEKV_MPIRUN, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", "2",
                                  Cli(), "serve", "--model", kModel, "--port", "0", flags, "2"},
@@ -195,6 +212,18 @@ TEST(TensorParallelCliTest, PlanPrintsOneRanksPool) {
   EXPECT_NE(bad.out.find("use one of 1, 2, 4, 8, 16, 32"), std::string::npos) << bad.out;
   const RunResult mla = RunCmd(Cli() + " plan --preset deepseek-v3 --tp 2");
   EXPECT_EQ(mla.exit_code, 2) << mla.out;
+  // Context parallel: a rank holds half of every block, so the same bytes
+  // per rank hold twice the blocks, and the pair twice one process's tokens.
+  const RunResult cp = RunCmd(Cli() + " plan --preset llama3-8b --budget 8GiB --cp 2 --seq-len 100000 --json");
+  ASSERT_EQ(cp.exit_code, 0) << cp.out;
+  const nlohmann::json d = nlohmann::json::parse(cp.out);
+  EXPECT_EQ(d["num_blocks"].get<int64_t>(), 2 * a["num_blocks"].get<int64_t>());
+  EXPECT_EQ(d["context_parallel"]["group_tokens_capacity"].get<int64_t>(), 2 * a["tokens_capacity"].get<int64_t>());
+  EXPECT_EQ(d["context_parallel"]["tokens_per_block_per_rank"], 64);
+  EXPECT_EQ(d["blocks_per_sequence"], (100000 + 127) / 128) << "a sequence takes whole blocks of 128 tokens";
+  const RunResult cp3 = RunCmd(Cli() + " plan --preset llama3-8b --cp 3");
+  EXPECT_EQ(cp3.exit_code, 2) << cp3.out;
+  EXPECT_NE(cp3.out.find("does not split into 3 slices"), std::string::npos) << cp3.out;
 }
 
 }  // namespace

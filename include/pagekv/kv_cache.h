@@ -223,6 +223,9 @@ class KvCache {
   // (only f32, f16 and bf16 are stored today); ResourceExhausted when the OS
   // refuses the arena.
   static Result<std::unique_ptr<KvCache>> Create(const KvCacheOptions& options);
+  // Whether blocks of block_len tokens split into `slices` context slices
+  // (KvCacheOptions::slices): a power of two of slices of at least 8 tokens.
+  static Status CheckSlices(int32_t block_len, int32_t slices);
 
   ~KvCache();
   KvCache(const KvCache&) = delete;

@@ -89,6 +89,7 @@ Result<std::unique_ptr<Engine>> CreateEngineWithModel(const EngineOptions& o, Lo
     return InvalidArgumentError("engine: give the pool as num_blocks or as kv_budget_bytes (at most one, not negative)");
   }
   if (o.block_len < 1) return InvalidArgumentError("engine: block_len must be at least 1");
+  PAGEKV_RETURN_IF_ERROR(KvCache::CheckSlices(o.block_len, o.parallel.context_size()));
   if (o.parallel.active()) {
     if (model.model->ranks() != o.parallel.all.get()) {
       return InvalidArgumentError("engine: tensor / pipeline parallel needs the model loaded as this rank's shard (LoadModel with the same ModelParallel)");

@@ -67,6 +67,7 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
                                 " rewrites a sequence's blocks, so it cannot share them: drop --prefix-cache, the KV "
                                 "tiers and --kv-events, or use --kv-policy none");
   }
+  PAGEKV_RETURN_IF_ERROR(KvCache::CheckSlices(o.block_len, o.parallel.context_size()));
   PAGEKV_ASSIGN_OR_RETURN(LoadedModel loaded, LoadModel(o.model_path, o.tokenizer_path, o.parallel));
   const Tokenizer& tok = *loaded.tokenizer;
   const int64_t context = loaded.model->config().context_len;

@@ -37,6 +37,14 @@
 namespace pagekv {
 namespace {
 
+// Tokens per block: 8 per context rank (each holds a slice of 8 tokens of
+// every block), so the one-process reference reads the same blocks.
+int32_t BlockLen(const ModelParallel& p) { return 8 * p.context_size(); }
+
+// Every sum formed as one process forms it: pipeline stages alone (tensor
+// ranks add partial sums, context ranks merge partial attention).
+bool Exact(const ModelParallel& p) { return p.tensor_size() == 1 && p.context_size() == 1; }
+
 using testing::kSanitized;
 
 constexpr const char* kGguf = "../shared/models/stories260K/stories260K.gguf";
@@ -57,13 +65,20 @@ class TensorParallelTest : public ::testing::Test {
     dir_ = std::filesystem::temp_directory_path() /
            ("pagekv-tp-" + std::to_string(::getpid()) + "-" + std::to_string(tp_->rank()));
     std::filesystem::create_directories(dir_);
-    // Every split of this job's ranks (each rank makes them in the same order).
+    // Every split of this job's ranks (each rank makes them in the same
+    // order): all tensor, all pipeline, all context, and at 4 ranks each
+    // pair of 2 x 2.
     const int n = tp_->size();
-    for (const auto& [t, p] : std::vector<std::pair<int, int>>{{n, 1}, {1, n}, {2, n / 2}}) {
-      if (t * p != n || (t == 2 && p == n / 2 && (n < 4 || n % 2 != 0))) continue;
-      Result<ModelParallel> mp = SplitWorld(tp_, t, p);
+    struct Split {
+      int t, p, c;
+    };
+    std::vector<Split> wanted = {{n, 1, 1}, {1, n, 1}};
+    if ((n & (n - 1)) == 0) wanted.push_back({1, 1, n});  // context slices of a power-of-two block: 2, 4, 8 ranks
+    if (n == 4) wanted.insert(wanted.end(), {{2, 2, 1}, {2, 1, 2}, {1, 2, 2}});
+    for (const Split& w : wanted) {
+      Result<ModelParallel> mp = SplitWorld(tp_, w.t, w.p, w.c);
       ASSERT_TRUE(mp.ok()) << mp.status().ToString();
-      splits_.push_back({"tp " + std::to_string(t) + " x pp " + std::to_string(p), *mp});
+      splits_.push_back({"tp " + std::to_string(w.t) + " x pp " + std::to_string(w.p) + " x cp " + std::to_string(w.c), *mp});
     }
   }
   void TearDown() override {
@@ -120,13 +135,14 @@ struct Greedy {
   std::vector<std::vector<double>> gaps;
 };
 
-Greedy GreedyRun(const std::string& path, const std::string& tokenizer, const ModelParallel& parallel, bool prefix_cache) {
+Greedy GreedyRun(const std::string& path, const std::string& tokenizer, const ModelParallel& parallel, bool prefix_cache,
+                 int32_t block_len) {
   GenerateOptions o;
   o.model_path = path;
   o.tokenizer_path = tokenizer;
   o.prompts = {"Once upon a time", "Lily and Ben went to the park", "Once upon a time there was"};
   o.max_new_tokens = 24;
-  o.block_len = 8;
+  o.block_len = block_len;
   o.threads = 1;
   o.prefix_cache = prefix_cache;
   o.parallel = parallel;
@@ -205,11 +221,11 @@ TEST_F(TensorParallelTest, GreedyTokensEqualOneProcess) {
       if (!Splits(c.path, parallel, c.tokenizer)) continue;  // e.g. SmolLM2's 9 heads at 2 or 4 ranks
       for (bool prefix : {false, true}) {
         SCOPED_TRACE(prefix ? "with the prefix cache" : "without the prefix cache");
-        const Greedy want = GreedyRun(c.path, c.tokenizer, {}, prefix);
-        const Greedy got = GreedyRun(c.path, c.tokenizer, parallel, prefix);
+        const Greedy want = GreedyRun(c.path, c.tokenizer, {}, prefix, BlockLen(parallel));
+        const Greedy got = GreedyRun(c.path, c.tokenizer, parallel, prefix, BlockLen(parallel));
         ASSERT_EQ(want.ids.size(), 3u);
         // Pipeline stages alone compute every sum as one process: exact.
-        ExpectSameTokens(want, got, parallel.tensor_size() == 1);
+        ExpectSameTokens(want, got, Exact(parallel));
       }
       ++ran;
     }
@@ -230,15 +246,17 @@ TEST_F(TensorParallelTest, LogitsMatchOneProcessAndEachRankHoldsItsShare) {
     const int t = parallel.tensor_size(), p = parallel.pipeline_size();
     EXPECT_EQ(hs.q_heads * t, c.num_heads);
     EXPECT_EQ(hs.kv_heads * t, std::max(c.num_kv_heads, t)) << "KV heads split, or replicated when fewer than the ranks";
-    const CacheConfig g = shard->model->CacheGeometry(8, DType::kF32, 16);
+    const int32_t bl = BlockLen(parallel);
+    const CacheConfig g = shard->model->CacheGeometry(bl, DType::kF32, 16);
     EXPECT_EQ(g.num_kv_heads, hs.kv_heads);
     const int stage = parallel.pipeline != nullptr ? parallel.pipeline->rank() : 0;
     EXPECT_EQ(g.num_layers, c.num_layers * (stage + 1) / p - c.num_layers * stage / p) << "this stage's layers only";
     EXPECT_EQ(shard->model->first_layer(), c.num_layers * stage / p);
     const std::vector<int32_t> ids = whole->tokenizer->EncodePrompt("Once upon a time, in a big forest, there lived", true);
     const int32_t vocab = c.vocab_size;
-    auto run = [&](const LoadedModel& m) {
-      auto cache = KvCache::Create({.config = m.model->CacheGeometry(8, DType::kF32, 16), .prefault = false});
+    auto run = [&](const LoadedModel& m, const ModelParallel& mp) {
+      auto cache = KvCache::Create({.config = m.model->CacheGeometry(bl, DType::kF32, 16), .prefault = false,
+                                    .slices = mp.context_size(), .slice = mp.context_rank()});
       EXPECT_TRUE(cache.ok());
       std::vector<float> logits(ids.size() * static_cast<size_t>(vocab));
       const SeqId seq = (*cache)->AddSequence();
@@ -252,7 +270,7 @@ TEST_F(TensorParallelTest, LogitsMatchOneProcessAndEachRankHoldsItsShare) {
       EXPECT_TRUE(*ForwardStep(*m.model, **cache, {&d, 1}, {.threads = 1, .activations = Activations::kF32}));
       return logits;
     };
-    const std::vector<float> want = run(*whole), got = run(*shard);
+    const std::vector<float> want = run(*whole, {}), got = run(*shard, parallel);
     double worst = 0;
     for (size_t r = 0; r < ids.size(); ++r) {
       double scale = 1e-30, diff = 0;
@@ -264,8 +282,8 @@ TEST_F(TensorParallelTest, LogitsMatchOneProcessAndEachRankHoldsItsShare) {
       worst = std::max(worst, diff / scale);
     }
     EXPECT_LE(worst, 1e-5) << "relative to each position's largest logit";
-    if (t > 1) {
-      EXPECT_GT(worst, 0.0) << "the shards' sums are added in another order: some last bit should differ";
+    if (!Exact(parallel)) {
+      EXPECT_GT(worst, 0.0) << "the shards' sums (or attention parts) are added in another order: some last bit should differ";
     } else {
       EXPECT_EQ(worst, 0.0) << "pipeline stages compute every sum as one process does";
     }
@@ -278,7 +296,8 @@ TEST_F(TensorParallelTest, RanksThatDisagreeOnAStepAllStopThereAndStayInStep) {
   if (!Splits(kGguf, parallel)) continue;  // 3 ranks do not split stories260K's 8 heads over 4
   Result<LoadedModel> m = LoadModel(kGguf, {}, parallel);
   ASSERT_TRUE(m.ok());
-  auto cache = KvCache::Create({.config = m->model->CacheGeometry(8, DType::kF32, 16), .prefault = false});
+  auto cache = KvCache::Create({.config = m->model->CacheGeometry(BlockLen(parallel), DType::kF32, 16 / parallel.context_size()),
+                                .prefault = false, .slices = parallel.context_size(), .slice = parallel.context_rank()});
   ASSERT_TRUE(cache.ok());
   const SeqId seq = (*cache)->AddSequence();
   std::vector<int32_t> tokens = {1, 403, 407, 261};
@@ -312,7 +331,7 @@ TEST_F(TensorParallelTest, PreemptionAndThePrefixCacheGiveTheOneProcessTokens) {
   auto run = [&](const ModelParallel& parallel, int64_t blocks) {
     EngineOptions o;
     o.model_path = kGguf;
-    o.block_len = 8;
+    o.block_len = BlockLen(parallel);
     o.num_blocks = blocks;
     o.watermark_blocks = 0;
     o.threads = 1;
@@ -330,7 +349,10 @@ TEST_F(TensorParallelTest, PreemptionAndThePrefixCacheGiveTheOneProcessTokens) {
       r.ignore_eos = true;
       ids.push_back(*(*e)->Submit(r));
     }
-    EXPECT_TRUE((*e)->RunUntilIdle().ok());
+    if (Status st = (*e)->RunUntilIdle(); !st.ok()) {
+      ADD_FAILURE() << st.ToString();
+      return std::make_pair(out, int64_t{0});  // the requests left are never answered: do not wait for them
+    }
     int64_t preemptions = 0;
     for (RequestId id : ids) {
       const RequestResult r = (*e)->Wait(id);
@@ -343,9 +365,55 @@ TEST_F(TensorParallelTest, PreemptionAndThePrefixCacheGiveTheOneProcessTokens) {
   for (const auto& [split, parallel] : splits_) {
     SCOPED_TRACE(split);
     if (!Splits(kGguf, parallel)) continue;
-    const auto got = run(parallel, 18);
+    const int64_t cp = parallel.context_size();
+    const auto got = run(parallel, cp == 1 ? 18 : cp == 2 ? 9 : 5);  // about as many tokens as 18 blocks of 8
     EXPECT_EQ(got.first, want.first);
     EXPECT_GT(got.second, 0) << "the small pool was meant to preempt";
+  }
+}
+
+// Context parallel: each rank's pool holds one slice of every block, so
+// with one process's bytes per rank the group holds a sequence C times
+// longer than one process can; it decodes to the one-process tokens (of a
+// pool large enough).
+TEST_F(TensorParallelTest, ContextParallelHoldsASequenceLongerThanOneProcessCan) {
+  auto engine = [&](const ModelParallel& parallel, int64_t budget) {
+    EngineOptions o;
+    o.model_path = kGguf;
+    o.block_len = BlockLen(parallel);
+    o.kv_dtype = DType::kF32;
+    o.kv_budget_bytes = budget;
+    o.watermark_blocks = 0;
+    o.threads = 1;
+    o.parallel = parallel;
+    return Engine::Create(o);
+  };
+  for (const auto& [split, parallel] : splits_) {
+    if (parallel.context_size() == 1 || parallel.tensor_size() > 1 || parallel.pipeline_size() > 1) continue;
+    SCOPED_TRACE(split);
+    const int64_t budget = int64_t{200} * 1280;  // 200 tokens of stories260K's f32 KV (5 layers x 4 heads x 8 x 2 x 4 bytes)
+    auto one = engine({}, budget);  // one process with the bytes each rank has
+    auto big = engine({}, int64_t{1} << 24);
+    auto split_engine = engine(parallel, budget);
+    ASSERT_TRUE(one.ok() && big.ok() && split_engine.ok()) << split_engine.status().ToString();
+    EngineRequest r;
+    r.prompt = (*big)->Encode("Once upon a time");
+    r.max_tokens = 300;  // ~305 positions: more than 200 tokens' blocks
+    r.ignore_eos = true;
+    EXPECT_EQ((*one)->Submit(r).status().code(), StatusCode::kResourceExhausted) << "one process cannot hold it";
+    const RequestId big_id = *(*big)->Submit(r);
+    ASSERT_TRUE((*big)->RunUntilIdle().ok());
+    const RequestResult want = (*big)->Wait(big_id);
+    ASSERT_EQ(want.tokens.size(), 300u);
+    Result<RequestId> id = (*split_engine)->Submit(r);
+    ASSERT_TRUE(id.ok()) << id.status().ToString();
+    ASSERT_TRUE((*split_engine)->RunUntilIdle().ok());
+    const RequestResult got = (*split_engine)->Wait(*id);
+    EXPECT_EQ(got.finish, FinishReason::kLength) << got.error.ToString();
+    EXPECT_EQ(got.tokens, want.tokens);
+    const EngineMetrics m = (*split_engine)->Metrics();
+    EXPECT_LE(m.blocks_total * m.bytes_per_block, budget) << "this rank's pool within its budget";
+    EXPECT_GE(m.blocks_total * BlockLen(parallel), 305) << "the group's blocks hold the whole sequence";
   }
 }
 
@@ -375,7 +443,7 @@ TEST_F(TensorParallelTest, ALeaderEngineTakesRequestsAndItsFollowersStepWithIt) 
     if (!Splits(kGguf, parallel)) continue;
     EngineOptions o;
     o.model_path = kGguf;
-    o.block_len = 8;
+    o.block_len = BlockLen(parallel);
     o.threads = 1;
     o.prefix_cache = true;
     o.parallel = parallel;

@@ -25,6 +25,22 @@ std::byte* TailOf(const KvLayout& layout, std::vector<std::byte>& tail) {
 
 }  // namespace
 
+Status KvCache::CheckSlices(int32_t block_len, int32_t slices) {
+  if (slices < 1) return InvalidArgumentError("cache: " + std::to_string(slices) + " context slices: at least 1");
+  if (slices == 1) return Status::Ok();
+  if ((slices & (slices - 1)) != 0) {
+    return InvalidArgumentError("cache: " + std::to_string(slices) + " context slices: a block and its slices are a "
+                                "power of two tokens long, so the slices must be 2, 4, 8, ... (context parallel over a "
+                                "power of two of ranks)");
+  }
+  if (block_len % slices != 0 || block_len / slices < 8) {
+    return InvalidArgumentError("cache: block_len " + std::to_string(block_len) + " does not split into " +
+                                std::to_string(slices) + " context slices of at least 8 tokens: use a block_len of " +
+                                std::to_string(8 * slices) + " or more, a multiple of " + std::to_string(slices));
+  }
+  return Status::Ok();
+}
+
 Result<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& options) {
   const int32_t slices = options.slices;
   if (slices < 1 || options.slice < 0 || options.slice >= slices) {
@@ -34,11 +50,7 @@ Result<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& options) 
   CacheConfig arena_config = options.config;
   if (slices > 1) {
     const int32_t bl = options.config.block_len;
-    if (bl % slices != 0 || bl / slices < 8) {
-      return InvalidArgumentError("cache: block_len " + std::to_string(bl) + " does not split into " +
-                                  std::to_string(slices) + " context slices of at least 8 tokens: use a block_len of " +
-                                  std::to_string(8 * slices) + " or more, a multiple of " + std::to_string(slices));
-    }
+    PAGEKV_RETURN_IF_ERROR(CheckSlices(bl, slices));
     for (int32_t l = 0; l < options.config.num_layers; ++l) {
       if (options.config.FormatOf(l).IsKivi()) {
         return UnimplementedError("cache: int4 KIVI layers are not split into context slices (a key group's "
