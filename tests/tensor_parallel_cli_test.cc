@@ -69,7 +69,8 @@ TEST(TensorParallelCliTest, GreedyOutputEqualsOneProcess) {
   ASSERT_EQ(one.exit_code, 0) << one.out;
   for (const auto& [np, flags] : std::vector<std::pair<int, std::string>>{
            {2, " --tp 2"}, {4, " --tp 4"}, {2, " --pp 2"}, {4, " --pp 4"}, {4, " --tp 2 --pp 2"},
-           {2, " --cp 2"}, {4, " --cp 4"}, {4, " --tp 2 --cp 2"}, {4, " --pp 2 --cp 2"}}) {
+           {2, " --cp 2"}, {4, " --cp 4"}, {4, " --tp 2 --cp 2"}, {4, " --pp 2 --cp 2"},
+           {2, " --tp 2 --host-cache 1MiB"}, {2, " --pp 2 --host-cache 1MiB"}}) {  // KV tiers per shard
     SCOPED_TRACE(flags);
     const RunResult tp = RunCmd(Mpirun(np) + Cli() + args + flags);
     ASSERT_EQ(tp.exit_code, 0) << tp.out;

@@ -198,7 +198,7 @@ struct GenerateBenchArgs {
   std::vector<int64_t> batches = {1, 8, 32};
   int64_t prompt_len = 128, steps = 32;
   int32_t block_len = 16;
-  bool busy_neighbour = false;
+  bool busy_neighbour = false, no_overlap = false;
   std::string mla_prefill = "auto";
   std::string kv_cache = "auto";
   int tp = 1, pp = 1, cp = 1;
@@ -220,6 +220,7 @@ int RunGenerateBenchCommand(const GenerateBenchArgs& a) {
   o.num_threads = RankThreads(a.threads, a.tp * a.pp * a.cp);
   o.busy_neighbour = a.busy_neighbour;
   o.mla_prefill = ParseMlaPrefill(a.mla_prefill);
+  o.overlap_communication = !a.no_overlap;
   Result<DType> dt = ParseDType(a.kv_dtype);
   if (!dt.ok()) {
     std::fprintf(stderr, "error: --kv-dtype: %s\n", dt.status().message().c_str());
@@ -240,6 +241,7 @@ int RunGenerateBenchCommand(const GenerateBenchArgs& a) {
                   "heads' and layers' weights and its slice of the KV; comm = time in the collectives and stage "
                   "transfers, waiting for the other ranks included)\n",
                   a.tp, a.pp, a.cp);
+      if (a.tp > 1) std::printf("tensor sums: %s\n", a.no_overlap ? "each waited for at once (--no-overlap)" : "overlapped with the other half projection");
     }
     std::printf("%5s %3s %7s %6s %12s %12s %9s %8s %8s %8s %9s %7s %-7s %s\n", "batch", "thr", "prompt", "steps",
                 "prefill t/s", "decode t/s", "ms/step", "attn", "matmul", "comm", "floor ms", "ratio", "bound",
@@ -283,6 +285,7 @@ int RunGenerateBenchCommand(const GenerateBenchArgs& a) {
     j["tensor_parallel"] = a.tp;
     j["context_parallel"] = a.cp;
     j["pipeline_parallel"] = a.pp;
+    j["overlap_communication"] = !a.no_overlap;
     j["results"] = nlohmann::ordered_json::array();
     for (const GenerateBenchResult& x : r->results) {
       j["results"].push_back({{"batch", x.batch},
@@ -823,6 +826,9 @@ CLI::App* AddBenchCommand(CLI::App& app, int& exit_code) {
   g->add_option("--pp", gen.pp, "Pipeline parallel stages (mpirun -np tp x pp; default 1)")->check(CLI::Range(1, 1 << 16));
   g->add_option("--cp", gen.cp, "Context parallel ranks, each holding one slice of every KV block (mpirun -np tp x pp x cp; default 1)")
       ->check(CLI::Range(1, 1 << 16));
+  g->add_flag("--no-overlap", gen.no_overlap,
+              "With --tp: wait for each sum over the ranks at once instead of overlapping it with the next half "
+              "projection (what the overlap is measured against)");
   g->add_flag("--busy-neighbour", gen.busy_neighbour,
               "Run each batch on 1 thread and on --threads while another process keeps one core busy");
   AddMlaPrefillOption(*g, gen.mla_prefill);

@@ -173,6 +173,7 @@ struct GenerateBenchOptions {
   // Tensor / pipeline parallel (EngineOptions::parallel): every rank runs
   // the benchmark with the same options; each measures its own share.
   ModelParallel parallel;
+  bool overlap_communication = true;  // EngineOptions::overlap_communication
   std::function<void(const GenerateBenchResult&)> on_result;  // progress, optional
 };
 

@@ -37,6 +37,16 @@ class Communicator {
   // buf[0, n) summed over every rank, into every rank's buf; every rank gets
   // the same bits (the sum is formed once, in rank order, and broadcast).
   virtual Status AllReduceSum(float* buf, int64_t n) = 0;
+  // Nonblocking sum, for overlapping the traffic with compute: starts
+  // adding buf[0, n) over every rank and returns a handle at once;
+  // WaitSum(handle) completes it, leaving the sum in buf with the same bits
+  // on every rank (each adds the gathered parts in rank order). buf must be
+  // neither read nor written in between. Several may be in flight; wait for
+  // each exactly once, on the thread that started it. Errors: a negative
+  // count, a null buffer, n x size() floats of 2 GiB or more; an unknown
+  // handle.
+  virtual Result<int> StartSum(float* buf, int64_t n) = 0;
+  virtual Status WaitSum(int handle) = 0;
   // root's bytes into every other rank's buf.
   virtual Status Broadcast(void* buf, int64_t bytes, int root) = 0;
   // Every rank's `bytes` bytes of `send`, in rank order, into every rank's

@@ -206,6 +206,11 @@ struct EngineOptions {
   // multiply-adds (unabsorbed for long chunks). Decode is always absorbed.
   enum class MlaPrefill : uint8_t { kAuto, kAbsorbed, kUnabsorbed };
   MlaPrefill mla_prefill = MlaPrefill::kAuto;
+  // Tensor parallel: each sum over the ranks (after the attention output and
+  // feed-forward down projections) runs while the other half of that
+  // projection is multiplied (ForwardOptions::overlap_communication).
+  // false: the same arithmetic, each sum waited for at once.
+  bool overlap_communication = true;
   // The chat template: empty = the model's (tokenizer.chat_template; ChatML
   // when the model has none), else a built-in name (chatml, llama3, llama2,
   // mistral, gemma, phi3, zephyr) or a Jinja file.

@@ -143,6 +143,7 @@ Result<GenerateBenchReport> RunGenerateBench(const GenerateBenchOptions& o) {
     eo.max_queue = batch;
     eo.threads = threads;
     eo.mla_prefill = o.mla_prefill;
+    eo.overlap_communication = o.overlap_communication;
     eo.parallel = o.parallel;
     PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, CreateEngineWithModel(eo, loaded));
     for (int64_t i = 0; i < batch; ++i) {

@@ -19,6 +19,13 @@ class Local final : public Communicator {
     if (bytes < 0 || root != 0) return InvalidArgumentError("Broadcast: negative size or a root other than 0 (of 1 rank)");
     return Status::Ok();
   }
+  Result<int> StartSum(float* buf, int64_t n) override {
+    if (n < 0 || (n > 0 && buf == nullptr)) return InvalidArgumentError("StartSum: a negative count or a null buffer");
+    return 0;
+  }
+  Status WaitSum(int handle) override {
+    return handle == 0 ? Status::Ok() : InvalidArgumentError("WaitSum: unknown handle " + std::to_string(handle));
+  }
   Status AllGather(const void* send, int64_t bytes, void* recv) override {
     if (bytes < 0 || bytes >= (int64_t{1} << 31) || (bytes > 0 && (send == nullptr || recv == nullptr))) {
       return InvalidArgumentError("AllGather: a negative size (or 2 GiB or more) or a null buffer");

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -71,6 +72,45 @@ class Mpi final : public Communicator {
     for (int64_t at = 0; at < bytes; at += kChunk) {
       const int count = static_cast<int>(std::min(kChunk, bytes - at));
       PAGEKV_RETURN_IF_ERROR(Check(MPI_Bcast(static_cast<char*>(buf) + at, count, MPI_BYTE, root, comm_), "Bcast"));
+    }
+    return Status::Ok();
+  }
+
+  Result<int> StartSum(float* buf, int64_t n) override {
+    if (n < 0 || (n > 0 && buf == nullptr)) return InvalidArgumentError("StartSum: a negative count or a null buffer");
+    if (n * size_ >= (int64_t{1} << 29)) return InvalidArgumentError("StartSum: 2 GiB or more gathered: use AllReduceSum");
+    const int handle = next_handle_++;
+    Pending& p = pending_[handle];
+    p.buf = buf;
+    p.n = n;
+    if (size_ == 1 || n == 0) return handle;
+    // Every rank's part to every rank (an all-gather, nonblocking), summed
+    // in rank order at the wait: the same bits everywhere without a second,
+    // dependent round (a reduce then a broadcast cannot be chained without
+    // waiting in between).
+    p.gathered.resize(static_cast<size_t>(n * size_));
+    const int count = static_cast<int>(n);
+    if (Status st = Check(MPI_Iallgather(buf, count, MPI_FLOAT, p.gathered.data(), count, MPI_FLOAT, comm_, &p.request),
+                          "Iallgather");
+        !st.ok()) {
+      pending_.erase(handle);
+      return st;
+    }
+    p.started = true;
+    return handle;
+  }
+
+  Status WaitSum(int handle) override {
+    auto it = pending_.find(handle);
+    if (it == pending_.end()) return InvalidArgumentError("WaitSum: unknown handle " + std::to_string(handle));
+    Pending p = std::move(it->second);
+    pending_.erase(it);
+    if (!p.started) return Status::Ok();
+    PAGEKV_RETURN_IF_ERROR(Check(MPI_Wait(&p.request, MPI_STATUS_IGNORE), "Wait"));
+    for (int64_t i = 0; i < p.n; ++i) {
+      float sum = p.gathered[static_cast<size_t>(i)];
+      for (int r = 1; r < size_; ++r) sum += p.gathered[static_cast<size_t>(r * p.n + i)];
+      p.buf[i] = sum;
     }
     return Status::Ok();
   }
@@ -146,8 +186,17 @@ class Mpi final : public Communicator {
     return Status::Ok();
   }
 
+  struct Pending {
+    MPI_Request request = MPI_REQUEST_NULL;
+    float* buf = nullptr;
+    int64_t n = 0;
+    bool started = false;
+    std::vector<float> gathered;
+  };
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1;
+  int next_handle_ = 1;
+  std::map<int, Pending> pending_;
 };
 
 void FinalizeAtExit() {

@@ -82,6 +82,34 @@ Result<CacheConfig> EngineCacheGeometry(const EngineOptions& o, const Model& mod
   return c;
 }
 
+namespace {
+
+// This rank's shard of a split model, e.g. "tp0of2-pp1of2" (a context rank
+// adds "-cp0of2"); empty when not split. It names the rank's tier keys.
+std::string ShardName(const ModelParallel& p) {
+  if (!p.active()) return {};
+  std::string name;
+  for (const auto& [axis, c] : {std::pair{"tp", p.tensor.get()}, std::pair{"pp", p.pipeline.get()}, std::pair{"cp", p.context.get()}}) {
+    if (c == nullptr || c->size() < 2) continue;
+    if (!name.empty()) name += "-";
+    name += std::string(axis) + std::to_string(c->rank()) + "of" + std::to_string(c->size());
+  }
+  return name;
+}
+
+// The KvCacheOptions::shard_tag of a tensor rank and pipeline stage (16
+// bits each of rank, size; never 0).
+uint64_t ShardTag(const ModelParallel& p) {
+  auto field = [](const Communicator* c, bool size) -> uint64_t {
+    return c == nullptr ? (size ? 1 : 0) : static_cast<uint64_t>(size ? c->size() : c->rank()) & 0xffff;
+  };
+  if (p.tensor == nullptr && p.pipeline == nullptr) return 0;
+  return 1 | field(p.tensor.get(), false) << 1 | field(p.tensor.get(), true) << 17 | field(p.pipeline.get(), false) << 33 |
+         (field(p.pipeline.get(), true) & 0x7fff) << 49;
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Engine>> CreateEngineWithModel(const EngineOptions& o, LoadedModel model) {
   if (o.max_step_tokens < 1) return InvalidArgumentError("engine: max_step_tokens must be at least 1");
   if (o.max_running < 1) return InvalidArgumentError("engine: max_running must be at least 1");
@@ -94,9 +122,9 @@ Result<std::unique_ptr<Engine>> CreateEngineWithModel(const EngineOptions& o, Lo
     if (model.model->ranks() != o.parallel.all.get()) {
       return InvalidArgumentError("engine: tensor / pipeline parallel needs the model loaded as this rank's shard (LoadModel with the same ModelParallel)");
     }
-    if (TiersConfigured(o.tiers) || !o.kv_events.endpoint.empty() || o.eviction.policy != EvictionPolicy::kNone) {
-      return UnimplementedError("engine: tensor and pipeline parallel run without KV tiers, KV events and token eviction for "
-                                "now (each rank's would have to hold its shard under its own keys)");
+    if (!o.kv_events.endpoint.empty() || o.eviction.policy != EvictionPolicy::kNone) {
+      return UnimplementedError("engine: a model split over ranks runs without KV events and token eviction for now "
+                                "(events would come from every rank; evictions would have to be agreed)");
     }
   }
   auto st = std::make_unique<Engine::State>();
@@ -181,6 +209,10 @@ Result<std::unique_ptr<Engine>> CreateEngineWithModel(const EngineOptions& o, Lo
   // Context parallel: this rank's slice of every block.
   co.slices = o.parallel.context_size();
   co.slice = o.parallel.context_rank();
+  // Tensor ranks and pipeline stages: blocks of another shard are never this
+  // one's (context slices are told apart by the cache itself).
+  const std::string shard = ShardName(o.parallel);
+  co.shard_tag = ShardTag(o.parallel);
   PAGEKV_ASSIGN_OR_RETURN(st->cache, KvCache::Create(co));
   if (o.eviction.policy != EvictionPolicy::kNone) {
     PAGEKV_RETURN_IF_ERROR(o.eviction.Validate());
@@ -203,7 +235,14 @@ Result<std::unique_ptr<Engine>> CreateEngineWithModel(const EngineOptions& o, Lo
     PAGEKV_ASSIGN_OR_RETURN(st->fingerprint, FileFingerprint(o.model_path));
     TierOptions to = o.tiers;
     if (to.redis_namespace.empty()) to.redis_namespace = "pagekv:" + st->fingerprint;
+    if (!shard.empty()) {
+      // Each rank's tiers hold its shard, under keys of its own: a Redis
+      // namespace and a disk cache file per shard.
+      to.redis_namespace += ":" + shard;
+      if (!to.disk_path.empty()) to.disk_path += "." + shard;
+    }
     PAGEKV_ASSIGN_OR_RETURN(st->tiers, BlockTiers::Create(to, o.block_len, st->cache->block_payload_bytes()));
+    if (o.parallel.active()) st->agreed = std::make_unique<AgreedTiers>(*st->tiers, o.parallel.all);
     st->metrics.model_fingerprint = st->fingerprint;
   }
   if (!o.kv_events.endpoint.empty() && (o.allocator != Allocator::kPaged || !o.prefix_cache)) {
@@ -211,7 +250,7 @@ Result<std::unique_ptr<Engine>> CreateEngineWithModel(const EngineOptions& o, Lo
   }
   if (o.allocator == Allocator::kPaged && o.prefix_cache) {
     PrefixCacheOptions po;
-    po.tiers = st->tiers.get();
+    po.tiers = st->agreed ? static_cast<LowerTiers*>(st->agreed.get()) : st->tiers.get();
     po.record_events = !o.kv_events.endpoint.empty();
     PAGEKV_ASSIGN_OR_RETURN(st->prefix, PrefixCache::Create(*st->cache, po));
   }
@@ -242,7 +281,8 @@ Result<std::unique_ptr<Engine>> CreateEngineWithModel(const EngineOptions& o, Lo
   so.watermark = st->watermark;
   so.eviction = o.eviction;
   so.prefetch = st->tiers != nullptr;
-  so.background_tier_moves = st->tiers != nullptr && o.background_tier_moves;
+  // Sharded: in line (a background move ends at a time no two ranks share).
+  so.background_tier_moves = st->tiers != nullptr && o.background_tier_moves && !o.parallel.active();
   st->sched = std::make_unique<Scheduler>(so, *st->cache, st->prefix.get());
   if (o.parallel.active() && o.parallel_leader) {
     st->lead = o.parallel.all->rank() == 0;
@@ -486,6 +526,7 @@ Result<bool> Engine::Step() {
                 static_cast<int>(ForwardOptions::MlaPrefill::kUnabsorbed) == static_cast<int>(EngineOptions::MlaPrefill::kUnabsorbed));
   ForwardOptions fo{st.o.threads, &st.timings};
   fo.mla_prefill = static_cast<ForwardOptions::MlaPrefill>(st.o.mla_prefill);
+  fo.overlap_communication = st.o.overlap_communication;
   // A hybrid cache's sliding groups release after the step's blocks are
   // published (below), so that they stay cached for a later hit there.
   const bool release_after_publish = st.prefix != nullptr && st.cache->layout().hybrid();

@@ -20,6 +20,7 @@
 #include <unordered_map>
 
 #include "base/check.h"
+#include "engine/agreed_tiers.h"
 #include "engine/chat.h"
 #include "engine/engine_internal.h"
 #include "engine/forward_step.h"
@@ -110,6 +111,7 @@ struct Engine::State {
   std::vector<int32_t> stop_tokens;
   std::unique_ptr<KvCache> cache;
   std::unique_ptr<BlockTiers> tiers;  // outlives prefix, which calls it
+  std::unique_ptr<AgreedTiers> agreed;  // sharded: what prefix calls, over tiers
   std::unique_ptr<PrefixCache> prefix;
   std::string fingerprint;            // of the model file, with tiers
   std::unique_ptr<KvEventPublisher> events;  // with kv_events.endpoint

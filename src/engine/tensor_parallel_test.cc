@@ -32,6 +32,7 @@
 #include "pagekv/plan.h"
 #include "pagekv/synth_model.h"
 #include "testing/models.h"
+#include "testing/redis_server.h"
 #include "testing/sanitized.h"
 
 namespace pagekv {
@@ -511,6 +512,128 @@ TEST_F(TensorParallelTest, ALeaderEngineTakesRequestsAndItsFollowersStepWithIt) 
   }
 }
 
+// KV tiers under sharding. Conversations whose pool cannot keep them
+// between turns restore each turn's prefix from a lower tier: each rank's
+// tiers hold its shard, under keys of its own (one Redis server and one
+// disk path shared by the job; a shard reading another's bytes would fail
+// their geometry check and recompute), and the ranks agree on every tier
+// answer, also where their tiers hold different blocks (a RAM tier of 6
+// blocks on odd ranks, of thousands on the others): the tokens are the
+// one-process tokens, and every rank took the same hits.
+TEST_F(TensorParallelTest, KvTiersHoldEachRanksShardAndTheRanksAgreeOnTheirAnswers) {
+  const std::vector<std::string> openings = {"Once upon a time", "Lily and Ben went to the park", "The little cat",
+                                             "One day, a boy named Tom", "Sara had a red ball"};
+  constexpr int kTurns = 3;
+  struct Run {
+    std::vector<std::vector<int32_t>> replies;  // by turn, then conversation
+    EngineMetrics metrics;
+  };
+  auto run = [&](const ModelParallel& parallel, int64_t blocks, const TierOptions& tiers) {
+    EngineOptions o;
+    o.model_path = kGguf;
+    o.block_len = BlockLen(parallel);
+    o.num_blocks = blocks;
+    o.watermark_blocks = 0;
+    o.threads = 1;
+    o.prefix_cache = true;
+    o.tiers = tiers;
+    o.parallel = parallel;
+    Run out;
+    Result<std::unique_ptr<Engine>> e = Engine::Create(o);
+    EXPECT_TRUE(e.ok()) << e.status().ToString();
+    if (!e.ok()) return out;
+    std::vector<std::vector<int32_t>> prompts;
+    for (const std::string& s : openings) prompts.push_back((*e)->Encode(s));
+    const std::vector<int32_t> user = (*e)->Encode("Then they");
+    for (int t = 0; t < kTurns; ++t) {
+      std::vector<RequestId> ids;
+      for (size_t c = 0; c < prompts.size(); ++c) {
+        if (t > 0) {
+          const std::vector<int32_t>& reply = out.replies[out.replies.size() - prompts.size() + c];
+          prompts[c].insert(prompts[c].end(), reply.begin(), reply.end());
+          prompts[c].insert(prompts[c].end(), user.begin() + 1, user.end());  // without BOS
+        }
+        EngineRequest r;
+        r.prompt = prompts[c];
+        r.max_tokens = 20;
+        r.ignore_eos = true;
+        ids.push_back(*(*e)->Submit(r));
+      }
+      if (Status st = (*e)->RunUntilIdle(); !st.ok()) {
+        ADD_FAILURE() << st.ToString();
+        return out;
+      }
+      for (RequestId id : ids) out.replies.push_back((*e)->Wait(id).tokens);
+    }
+    (*e)->CheckInvariants();
+    out.metrics = (*e)->Metrics();
+    return out;
+  };
+  auto tier_hits = [](const EngineMetrics& m) {
+    return m.prefix.tier_hit_blocks[1] + m.prefix.tier_hit_blocks[2] + m.prefix.tier_hit_blocks[3];
+  };
+  const Run want = run({}, 1024, {});
+  // One Redis server and one disk path for the whole job (rank 0's).
+  testing::RedisServer redis;
+  int64_t shared[2] = {::getpid(), 0};
+  if (tp_->rank() == 0) {
+    const Status started = redis.Start();
+    EXPECT_TRUE(started.ok()) << started.ToString();
+    shared[1] = started.ok() ? redis.port() : 0;
+  }
+  ASSERT_TRUE(tp_->Broadcast(shared, sizeof shared, 0).ok());
+  ASSERT_NE(shared[1], 0) << "rank 0 could not start redis-server";
+  const std::filesystem::path disk =
+      std::filesystem::temp_directory_path() / ("pagekv-tp-tiers-" + std::to_string(shared[0]));
+  for (const auto& [split, parallel] : splits_) {
+    SCOPED_TRACE(split);
+    if (!Splits(kGguf, parallel)) continue;
+    const int64_t blocks = 24 / parallel.context_size();  // 192 tokens: a turn fits, the earlier ones do not stay
+    struct Case {
+      std::string name;
+      TierOptions tiers;
+    };
+    std::vector<Case> cases(3);
+    cases[0].name = "RAM, of different sizes";
+    cases[0].tiers.host_bytes = tp_->rank() % 2 == 1 ? 64 << 10 : 8 << 20;
+    cases[1].name = "disk";
+    cases[1].tiers.disk_path = disk.string();
+    cases[1].tiers.disk_bytes = 8 << 20;
+    cases[2].name = "redis";
+    cases[2].tiers.redis_url = "redis://127.0.0.1:" + std::to_string(shared[1]);
+    cases[2].tiers.redis_namespace = "pagekv-tp:" + split;  // the job's; each shard's keys go under it
+    for (const Case& c : cases) {
+      SCOPED_TRACE(c.name);
+      const Run got = run(parallel, blocks, c.tiers);
+      EXPECT_EQ(got.replies, want.replies);
+      const int64_t hits = tier_hits(got.metrics);
+      EXPECT_GT(hits, 0) << "no block came back from a lower tier";
+      const Result<bool> same = tp_->AllEqual(static_cast<uint64_t>(hits));
+      EXPECT_TRUE(same.ok() && *same) << "the ranks took different tier hits";
+      ASSERT_TRUE(got.metrics.tiers.has_value());
+      for (const TierStats& t : got.metrics.tiers->tiers) EXPECT_EQ(t.corrupt, 0) << t.name << ": another shard's bytes";
+      if (c.name == "disk") {
+        // One file per shard beside the path given, none at it.
+        ASSERT_TRUE(tp_->AllOk(true).ok());  // every rank's engine is gone
+        EXPECT_FALSE(std::filesystem::exists(disk));
+        int files = 0;
+        for (const auto& f : std::filesystem::directory_iterator(disk.parent_path())) {
+          const std::string name = f.path().filename().string();
+          if (name.rfind(disk.filename().string() + ".", 0) == 0 && name.find(".index") == std::string::npos) ++files;
+        }
+        EXPECT_EQ(files, tp_->size());
+        ASSERT_TRUE(tp_->AllOk(true).ok());
+        if (tp_->rank() == 0) {
+          for (const auto& f : std::filesystem::directory_iterator(disk.parent_path())) {
+            if (f.path().filename().string().rfind(disk.filename().string() + ".", 0) == 0) std::filesystem::remove(f.path());
+          }
+        }
+        ASSERT_TRUE(tp_->AllOk(true).ok());
+      }
+    }
+  }
+}
+
 TEST_F(TensorParallelTest, RefusesWhatItDoesNotShard) {
   SynthModelSpec ds = *FindSynthModelPreset("tiny-deepseek2");
   Result<LoadedModel> m = LoadModel(Synth(ds, "f32"), {}, splits_.front().second);
@@ -520,8 +643,7 @@ TEST_F(TensorParallelTest, RefusesWhatItDoesNotShard) {
   EngineOptions o;
   o.model_path = kGguf;
   o.parallel = splits_.back().second;  // pipeline stages: stories260K's 5 layers split at any of these sizes
-  o.prefix_cache = true;
-  o.tiers.host_bytes = 1 << 20;
+  o.eviction.policy = EvictionPolicy::kStreaming;
   Result<std::unique_ptr<Engine>> e = Engine::Create(o);
   ASSERT_FALSE(e.ok());
   EXPECT_EQ(e.status().code(), StatusCode::kUnimplemented);

@@ -268,6 +268,15 @@ Status LlamaModel::ShardLayers(ModelParallel parallel) {
       if (L.bk != nullptr) L.bk += k0;
       if (L.bv != nullptr) L.bv += k0;
       // bo is added once, after the ranks' partial sums are.
+      // The two projections whose outputs are summed, in two halves of
+      // their rows (a multiple of the 32-row panels packing pads to).
+      const int64_t half = c.dim / 2 / 32 * 32;
+      if (half > 0 && half < c.dim) {
+        L.wo_halves[0] = SliceRows(L.wo, 0, half);
+        L.wo_halves[1] = SliceRows(L.wo, half, c.dim);
+        L.w_down_halves[0] = SliceRows(L.w_down, 0, half);
+        L.w_down_halves[1] = SliceRows(L.w_down, half, c.dim);
+      }
     }
   }
   parallel_ = std::move(parallel);
@@ -277,7 +286,17 @@ Status LlamaModel::ShardLayers(ModelParallel parallel) {
 Status LlamaModel::PackWeights() {
   if (last_stage()) PAGEKV_RETURN_IF_ERROR(PackHead());  // earlier pipeline stages never compute logits
   for (Layer& L : layers_) {
-    for (Matrix* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) PAGEKV_RETURN_IF_ERROR(Pack(*m));
+    for (Matrix* m : {&L.wq, &L.wk, &L.wv, &L.w_gate, &L.w_up}) PAGEKV_RETURN_IF_ERROR(Pack(*m));
+    if (L.wo_halves[0].rows == 0) {
+      PAGEKV_RETURN_IF_ERROR(Pack(L.wo));
+      PAGEKV_RETURN_IF_ERROR(Pack(L.w_down));
+      continue;
+    }
+    // Split: the halves are what is multiplied (wo and w_down themselves
+    // are never read again; their file pages go with the halves').
+    for (Matrix* m : {&L.wo_halves[0], &L.wo_halves[1], &L.w_down_halves[0], &L.w_down_halves[1]}) {
+      PAGEKV_RETURN_IF_ERROR(Pack(*m));
+    }
   }
   return Status::Ok();
 }
@@ -369,6 +388,44 @@ Status LlamaModel::Compute(std::span<const StepItem> items, StepKv& kv, const Ba
   auto matmul_shared = [&](std::initializer_list<MatMulOutput> outputs, const float* in, int64_t n) {
     Stopwatch watch(matmul_time);
     return be.MatMulShared({outputs.begin(), outputs.size()}, in, n, options.threads, options.activations);
+  };
+  // A projection whose output the tensor ranks sum. Split in halves of its
+  // output features: the first half's sum (nonblocking) runs while the
+  // second half is multiplied, then both are waited for (the time spent
+  // waiting is the communication left exposed).
+  const std::span<float> halves = tp != nullptr ? rows(T, d) : std::span<float>();
+  auto project_sum = [&](const Matrix& whole, const Matrix* parts, const float* in, int64_t n, float* out) -> Status {
+    if (tp == nullptr) return matmul(whole, in, n, out);
+    if (parts[0].rows == 0) {
+      PAGEKV_RETURN_IF_ERROR(matmul(whole, in, n, out));
+      return all_reduce(out, n);
+    }
+    const int64_t h0 = parts[0].rows, h1 = parts[1].rows;
+    // One row: the halves are the row's two ends; more: side by side in
+    // `halves`, then interleaved back.
+    float* lo = n == 1 ? out : halves.data();
+    float* hi = n == 1 ? out + h0 : halves.data() + n * h0;
+    int handle[2] = {0, 0};
+    PAGEKV_RETURN_IF_ERROR(matmul(parts[0], in, n, lo));
+    {
+      Stopwatch watch(communication_time);
+      PAGEKV_ASSIGN_OR_RETURN(handle[0], tp->StartSum(lo, n * h0));
+      if (!options.overlap_communication) PAGEKV_RETURN_IF_ERROR(tp->WaitSum(handle[0]));
+    }
+    PAGEKV_RETURN_IF_ERROR(matmul(parts[1], in, n, hi));
+    {
+      Stopwatch watch(communication_time);
+      PAGEKV_ASSIGN_OR_RETURN(handle[1], tp->StartSum(hi, n * h1));
+      if (options.overlap_communication) PAGEKV_RETURN_IF_ERROR(tp->WaitSum(handle[0]));
+      PAGEKV_RETURN_IF_ERROR(tp->WaitSum(handle[1]));
+    }
+    if (n > 1) {
+      for (int64_t t = 0; t < n; ++t) {
+        std::copy_n(lo + t * h0, h0, out + t * d);
+        std::copy_n(hi + t * h1, h1, out + t * d + h0);
+      }
+    }
+    return Status::Ok();
   };
   if (stage == 0) Embed(items, batch, be, x.data());
   auto for_rows = [&options](int64_t n, const auto& fn) { ForRows(n, options.threads, fn); };
@@ -465,8 +522,7 @@ Status LlamaModel::Compute(std::span<const StepItem> items, StepKv& kv, const Ba
                                           : be.PrefillAttention(paged, std::span(prefill).subspan(from, count), qr, attr, ao));
     }
     if (cp != nullptr) PAGEKV_RETURN_IF_ERROR(merge_attention(attr, r0, n));
-    PAGEKV_RETURN_IF_ERROR(matmul(L.wo, attr, n, tmpr));
-    if (tp != nullptr) PAGEKV_RETURN_IF_ERROR(all_reduce(tmpr, n));  // every rank's heads' part
+    PAGEKV_RETURN_IF_ERROR(project_sum(L.wo, L.wo_halves, attr, n, tmpr));  // every rank's heads' part, summed
     add_bias(tmpr, n, d, L.bo);
     for_rows(n, [&](int64_t t0, int64_t t1) {
       be.AddInPlace(xr + t0 * d, tmpr + t0 * d, (t1 - t0) * d);
@@ -474,8 +530,7 @@ Status LlamaModel::Compute(std::span<const StepItem> items, StepKv& kv, const Ba
     });
     PAGEKV_RETURN_IF_ERROR(matmul_shared({{L.w_gate, h1r}, {L.w_up, h2r}}, xbr, n));
     for_rows(n, [&](int64_t t0, int64_t t1) { be.SwiGluInPlace(h1r + t0 * hd, h2r + t0 * hd, (t1 - t0) * hd); });
-    PAGEKV_RETURN_IF_ERROR(matmul(L.w_down, h1r, n, tmpr));
-    if (tp != nullptr) PAGEKV_RETURN_IF_ERROR(all_reduce(tmpr, n));  // every rank's hidden units' part
+    PAGEKV_RETURN_IF_ERROR(project_sum(L.w_down, L.w_down_halves, h1r, n, tmpr));  // every rank's hidden units' part
     for_rows(n, [&](int64_t t0, int64_t t1) { be.AddInPlace(xr + t0 * d, tmpr + t0 * d, (t1 - t0) * d); });
     return Status::Ok();
   };

@@ -64,6 +64,10 @@ class LlamaModel final : public Model {
     const float* bk = nullptr;
     const float* bv = nullptr;
     const float* bo = nullptr;
+    // Tensor parallel: wo and w_down as two halves of their output rows
+    // (packed instead of them), so that the first half's sum over the ranks
+    // overlaps the second half's product; empty when not split.
+    Matrix wo_halves[2], w_down_halves[2];
   };
 
   LlamaModel() = default;

@@ -140,6 +140,12 @@ struct ForwardOptions {
   // Pipeline parallel: micro-batches a step's items are split into, so the
   // stages work at once (0: as many as stages; at most one per item).
   int micro_batches = 0;
+  // Tensor parallel: the attention output and feed-forward down projections
+  // are computed in two halves of their output features; the first half's
+  // sum over the ranks runs (nonblocking) while the second half is
+  // multiplied. false: each half's sum is waited for at once (the same
+  // arithmetic, nothing hidden: what the overlap is measured against).
+  bool overlap_communication = true;
 };
 
 class Model {
