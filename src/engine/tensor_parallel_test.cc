@@ -15,7 +15,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -190,6 +192,56 @@ int ExpectSameTokens(const Greedy& want, const Greedy& got, bool exact) {
     ++flips;
   }
   return flips;
+}
+
+// The collectives the model uses, against sums formed here: every rank
+// knows every rank's values (a function of the rank), so the rank-order sum
+// is computed locally and compared bit for bit.
+TEST_F(TensorParallelTest, NonblockingSumsAndGathersGiveTheRankOrderResultOnEveryRank) {
+  const int n = tp_->size(), me = tp_->rank();
+  auto value = [](int rank, int64_t i, int which) {
+    return std::ldexp(static_cast<float>((rank * 7919 + i * 104729 + which * 31) % 2003) - 1001.0f, (rank + i) % 9 - 4);
+  };
+  for (const int64_t count : {int64_t{1}, int64_t{3}, int64_t{768}, int64_t{100000}}) {
+    SCOPED_TRACE(count);
+    // Two sums in flight at once, waited for in the reverse order.
+    std::vector<float> a(static_cast<size_t>(count)), b(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i) {
+      a[static_cast<size_t>(i)] = value(me, i, 0);
+      b[static_cast<size_t>(i)] = value(me, i, 1);
+    }
+    Result<int> ha = tp_->StartSum(a.data(), count);
+    Result<int> hb = tp_->StartSum(b.data(), count);
+    ASSERT_TRUE(ha.ok() && hb.ok());
+    EXPECT_NE(*ha, *hb);
+    ASSERT_TRUE(tp_->WaitSum(*hb).ok());
+    ASSERT_TRUE(tp_->WaitSum(*ha).ok());
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < count; ++i) {
+      float sa = value(0, i, 0), sb = value(0, i, 1);
+      for (int r = 1; r < n; ++r) {
+        sa += value(r, i, 0);
+        sb += value(r, i, 1);
+      }
+      wrong += a[static_cast<size_t>(i)] != sa || b[static_cast<size_t>(i)] != sb;
+    }
+    EXPECT_EQ(wrong, 0) << "elements that are not the rank-order sum";
+    const Result<bool> same = tp_->AllEqual(std::hash<std::string_view>{}(
+        std::string_view(reinterpret_cast<const char*>(a.data()), a.size() * sizeof(float))));
+    EXPECT_TRUE(same.ok() && *same) << "the ranks' sums differ in their bits";
+    // The gather: every rank's bytes in rank order.
+    std::vector<int32_t> mine(static_cast<size_t>(count), me * 1000 + 1), all(static_cast<size_t>(count * n));
+    ASSERT_TRUE(tp_->AllGather(mine.data(), count * 4, all.data()).ok());
+    for (int r = 0; r < n; ++r) EXPECT_EQ(all[static_cast<size_t>(r * count + count - 1)], r * 1000 + 1);
+  }
+  // Errors, on every rank alike (no collective started).
+  EXPECT_FALSE(tp_->StartSum(nullptr, 4).ok());
+  EXPECT_FALSE(tp_->StartSum(nullptr, -1).ok());
+  EXPECT_FALSE(tp_->WaitSum(987654).ok()) << "an unknown handle";
+  Result<int> once = tp_->StartSum(nullptr, 0);
+  ASSERT_TRUE(once.ok());
+  EXPECT_TRUE(tp_->WaitSum(*once).ok());
+  EXPECT_FALSE(tp_->WaitSum(*once).ok()) << "a handle waited for twice";
 }
 
 TEST_F(TensorParallelTest, GreedyTokensEqualOneProcess) {
