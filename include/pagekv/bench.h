@@ -352,7 +352,10 @@ Result<FleetBenchReport> RunFleetBench(const FleetBenchOptions& options);
 // each reports its own timings.
 struct CollectiveBenchResult {
   int64_t bytes = 0;
-  double all_reduce_us = 0, broadcast_us = 0, send_us = 0;
+  // all_reduce: AllReduceSum (reduce then broadcast); start_sum: StartSum
+  // then WaitSum at once (the all-gather form the overlapped tensor sums
+  // use, nothing to hide it under).
+  double all_reduce_us = 0, start_sum_us = 0, broadcast_us = 0, send_us = 0;
   double send_gbps = 0;  // bytes / send_us
 };
 Result<std::vector<CollectiveBenchResult>> RunCollectiveBench(Communicator& comm, const std::vector<int64_t>& sizes,

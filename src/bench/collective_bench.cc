@@ -37,6 +37,10 @@ Result<std::vector<CollectiveBenchResult>> RunCollectiveBench(Communicator& comm
       return 1e6 * std::chrono::duration<double>(Clock::now() - t0).count() / static_cast<double>(n);
     };
     PAGEKV_ASSIGN_OR_RETURN(r.all_reduce_us, timed([&] { return comm.AllReduceSum(buf.data(), bytes / 4); }));
+    PAGEKV_ASSIGN_OR_RETURN(r.start_sum_us, timed([&]() -> Status {
+                              PAGEKV_ASSIGN_OR_RETURN(const int handle, comm.StartSum(buf.data(), bytes / 4));
+                              return comm.WaitSum(handle);
+                            }));
     PAGEKV_ASSIGN_OR_RETURN(r.broadcast_us, timed([&] { return comm.Broadcast(buf.data(), bytes, 0); }));
     // Ping-pong between ranks 0 and 1 (the others wait): one way is half a round trip.
     const int rank = comm.rank();
