@@ -1,5 +1,7 @@
 // Paged attention through Intel AMX tiles (AMX-BF16), for bf16 K/V and tasks
-// of at least eight query rows per KV head (GQA decode with G >= 8, prefill).
+// of at least eight query rows per KV head (GQA decode with G >= 8, prefill),
+// and for f16 K/V from sixteen rows (each row split into bf16 hi + lo tiles
+// as it is read: Run<true>).
 //
 // Why: at G = 8 the vector kernel spends its time on per-token work, not on
 // memory: each score is a dot product reduced across lanes, and each V row is
@@ -87,6 +89,11 @@ std::atomic<bool> amx_allowed{true};
 // Fewest rows per task the tiles take: G = 4 measured no faster than the
 // vector kernel (0.40-0.46 of the roofline against 0.48-0.49).
 constexpr int32_t kMinRows = 8;
+// f16 K/V: each token's rows are split into bf16 hi + lo first (~45 ns per
+// token and KV head at d = 128, one thread), which the tiles win back only
+// from 16 rows: at G = 8 the vector kernel took 44-48 ns per token against
+// the tiles' 86-88, at G = 16 104 against 91 (BM_DecodeHot, Intel Xeon).
+constexpr int32_t kMinRowsF16 = 16;
 
 // All eight tile registers are 16 rows of 64 bytes. Scores: tmm0 and tmm2
 // accumulators (two token tiles), tmm4-5 K, tmm6-7 Q^T hi / lo. P.V: tmm0-1
@@ -107,7 +114,8 @@ struct Buffers {
   std::vector<float> m, l;         // [padded rows]
   std::vector<float> st;           // [update's tokens rounded up to 32][16] token-major scores / probabilities
   std::vector<uint16_t> p_tiles;   // [group][hi, lo][16 rows][update's tokens rounded up to 32] bf16
-  std::vector<uint16_t> v_tile;    // [d / 16][16 token pairs][32] bf16: one step
+  std::vector<uint16_t> v_tile;    // [hi, lo (f16 only)][d / 16][16 token pairs][32] bf16: one step
+  std::vector<uint16_t> k_tiles;   // f16 K: [token tile][hi, lo][16 rows][d] bf16, one update's
 };
 
 Buffers& ThreadBuffers() {
@@ -214,10 +222,45 @@ void BuildQBf16(const float* q, int32_t rows, int32_t groups, int32_t d, uint16_
   }
 }
 
+// 32 f16 values as bf16 hi and lo, hi + lo == x exactly: hi keeps the top 8
+// of f16's 11 significant bits (the f32 value truncated to bf16), lo the
+// remaining 3 (exact in bf16, whose exponent range is f32's).
+inline void SplitF16(__m512i halves, __m512i* hi, __m512i* lo) {
+  const __m512i keep = _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
+  const __m512 x0 = _mm512_cvtph_ps(_mm512_castsi512_si256(halves));
+  const __m512 x1 = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(halves, 1));
+  const __m512 h0 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x0), keep));
+  const __m512 h1 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x1), keep));
+  *hi = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(h1, h0));
+  *lo = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(_mm512_sub_ps(x1, h1), _mm512_sub_ps(x0, h0)));
+}
+
+// f16 K as A tiles: `tiles` token tiles of 16 rows from `at(tile)`, each as
+// bf16 hi and lo copies [tile][hi, lo][16][d] (row stride 2d bytes). Rows
+// are converted whatever they hold: scores past a row's limit are masked.
+template <typename At>
+void BuildKF16(const At& at, int64_t row_bytes, int32_t tiles, int32_t d, uint16_t* out) {
+  for (int32_t i = 0; i < tiles; ++i) {
+    const std::byte* rows = at(i);
+    uint16_t* hi = out + static_cast<int64_t>(i) * 2 * 16 * d;
+    uint16_t* lo = hi + 16 * d;
+    for (int32_t t = 0; t < 16; ++t) {
+      for (int32_t j = 0; j < d; j += 32) {
+        __m512i h, l;
+        SplitF16(_mm512_loadu_si512(rows + t * row_bytes + j * 2), &h, &l);
+        _mm512_storeu_si512(hi + t * d + j, h);
+        _mm512_storeu_si512(lo + t * d + j, l);
+      }
+    }
+  }
+}
+
 // One step of 32 tokens of V as B tiles: tile j covers dimensions 16j ..
 // 16j + 15, row i = tokens (2i, 2i + 1) interleaved per dimension. The
 // step's two halves of 16 tokens may come from two blocks (rows[0], rows[1]);
-// tokens at or past n are zero (whatever the block holds there).
+// tokens at or past n are zero (whatever the block holds there). f16 V: the
+// hi tiles, then (at tiles + d * 16) the lo ones.
+template <bool kF16>
 void BuildV(const std::byte* const rows[2], int64_t row_bytes, int32_t n, int32_t d, uint16_t* tiles) {
   const __m512i lo_idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37, 5,
                                           36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
@@ -228,16 +271,33 @@ void BuildV(const std::byte* const rows[2], int64_t row_bytes, int32_t n, int32_
     const std::byte* row = rows[t / 16] + (t % 16) * row_bytes;
     return _mm512_loadu_si512(row + j * 2);
   };
+  auto store_pair = [&](uint16_t* set, int32_t i, int32_t j, __m512i a, __m512i b) {
+    _mm512_storeu_si512(set + (static_cast<int64_t>(j / 16) * 16 + i) * 32, _mm512_permutex2var_epi16(a, lo_idx, b));
+    _mm512_storeu_si512(set + (static_cast<int64_t>(j / 16 + 1) * 16 + i) * 32, _mm512_permutex2var_epi16(a, hi_idx, b));
+  };
+  const int64_t set_elems = int64_t{d} * 32;  // one set: d / 16 tiles of 16 x 32
   const int32_t pairs = std::min(16, (n + 1) / 2);
   for (int32_t i = 0; i < pairs; ++i) {
     for (int32_t j = 0; j < d; j += 32) {
       const __m512i a = load32(2 * i, j), b = load32(2 * i + 1, j);
-      _mm512_storeu_si512(tiles + (static_cast<int64_t>(j / 16) * 16 + i) * 32, _mm512_permutex2var_epi16(a, lo_idx, b));
-      _mm512_storeu_si512(tiles + (static_cast<int64_t>(j / 16 + 1) * 16 + i) * 32, _mm512_permutex2var_epi16(a, hi_idx, b));
+      if constexpr (kF16) {
+        __m512i ah, al, bh, bl;
+        SplitF16(a, &ah, &al);
+        SplitF16(b, &bh, &bl);
+        store_pair(tiles, i, j, ah, bh);
+        store_pair(tiles + set_elems, i, j, al, bl);
+      } else {
+        store_pair(tiles, i, j, a, b);
+      }
     }
   }
-  for (int32_t i = pairs; i < 16; ++i)
-    for (int32_t j = 0; j < d / 16; ++j) _mm512_storeu_si512(tiles + (static_cast<int64_t>(j) * 16 + i) * 32, _mm512_setzero_si512());
+  for (int32_t set = 0; set < (kF16 ? 2 : 1); ++set) {
+    for (int32_t i = pairs; i < 16; ++i) {
+      for (int32_t j = 0; j < d / 16; ++j) {
+        _mm512_storeu_si512(tiles + set * set_elems + (static_cast<int64_t>(j) * 16 + i) * 32, _mm512_setzero_si512());
+      }
+    }
+  }
 }
 
 // Software prefetches of a list of byte ranges into L2, spread evenly over
@@ -285,6 +345,11 @@ class LinePrefetcher {
 // 0.39 -> 0.41 of the roofline at block_len 16 against one 32-token step.
 constexpr int32_t kMinChunk = 64;
 
+// kF16: K and V stored as f16, each split into bf16 hi + lo (exact) as
+// they are read: the scores take qhi.Khi + qlo.Khi + qhi.Klo, P.V
+// phi.Vhi + plo.Vhi + phi.Vlo (the dropped lo.lo products are under 2^-16
+// of |q||K| and |p||V|).
+template <bool kF16>
 void Run(const RowTask& task) {
   const int32_t d = task.head_dim, rows = task.rows, bl = task.block_len;
   const int32_t groups = (rows + 15) / 16, padded = groups * 16;
@@ -307,7 +372,9 @@ void Run(const RowTask& task) {
   const int32_t span_max = (chunk + 31) / 32 * 32;
   b.st.resize(static_cast<size_t>(span_max) * 16);
   b.p_tiles.resize(static_cast<size_t>(groups) * 2 * 16 * span_max);
-  b.v_tile.resize(static_cast<size_t>(d / 16) * 16 * 32);
+  b.v_tile.resize(static_cast<size_t>(kF16 ? 2 : 1) * (d / 16) * 16 * 32);
+  if (kF16) b.k_tiles.resize(static_cast<size_t>((chunk + 15) / 16) * 2 * 16 * d);
+  const int64_t v_set = int64_t{d} * 32;  // elements of one set of V tiles (d / 16 of 16 x 32)
   int32_t limit_rel[kMaxRows + 16];
 
   TileConfig cfg;
@@ -356,22 +423,37 @@ void Run(const RowTask& task) {
     if (!any_valid) continue;
 
     alignas(64) float corr_all[kMaxRows + 16];
+    if constexpr (kF16) {
+      BuildKF16([&](int32_t i) { return k_at(start + int64_t{i} * 16); }, row_bytes, tiles, d, b.k_tiles.data());
+    }
+    const int64_t k_tile_elems = int64_t{2} * 16 * d;
     for (int32_t grp = 0; grp < groups; ++grp) {
       // 1. Scores, token-major: st[t][row], two tiles of 16 tokens at a
       // time, q's hi and lo products into one accumulator per token tile.
       for (int32_t i = 0; i < tiles; i += 2) {
         pf.Step();
         const bool two = i + 1 < tiles;
-        const std::byte* k0 = k_at(start + int64_t{i} * 16);
-        const std::byte* k1 = two ? k_at(start + int64_t{i + 1} * 16) : k0;
+        [[maybe_unused]] const std::byte* k0 = k_at(start + int64_t{i} * 16);
+        [[maybe_unused]] const std::byte* k1 = two ? k_at(start + int64_t{i + 1} * 16) : k0;
         _tile_zero(0);
         _tile_zero(2);
         for (int32_t c = 0; c < dchunks; ++c) {
-          _tile_loadd(4, k0 + c * 64, row_bytes);
-          _tile_loadd(5, k1 + c * 64, row_bytes);
           const uint16_t* qt = b.q_tiles.data() + (static_cast<int64_t>(grp) * dchunks + c) * 2 * 512;
           _tile_loadd(6, qt, 64);
           _tile_loadd(7, qt + 512, 64);
+          if constexpr (kF16) {
+            const uint16_t* kh0 = b.k_tiles.data() + i * k_tile_elems + c * 32;
+            const uint16_t* kh1 = two ? kh0 + k_tile_elems : kh0;
+            _tile_loadd(4, kh0, int64_t{d} * 2);
+            _tile_loadd(5, kh1, int64_t{d} * 2);
+            _tile_loadd(1, kh0 + 16 * d, int64_t{d} * 2);
+            _tile_loadd(3, kh1 + 16 * d, int64_t{d} * 2);
+            _tile_dpbf16ps(0, 1, 6);
+            _tile_dpbf16ps(2, 3, 6);
+          } else {
+            _tile_loadd(4, k0 + c * 64, row_bytes);
+            _tile_loadd(5, k1 + c * 64, row_bytes);
+          }
           _tile_dpbf16ps(0, 4, 6);
           _tile_dpbf16ps(2, 5, 6);
           _tile_dpbf16ps(0, 4, 7);
@@ -457,7 +539,7 @@ void Run(const RowTask& task) {
     for (int32_t s = 0; s < steps; ++s) {
       const std::byte* vrows[2] = {v_at(start + int64_t{s} * 32),
                                    2 * s + 1 < tiles ? v_at(start + int64_t{s} * 32 + 16) : nullptr};
-      BuildV(vrows, row_bytes, std::min(32, n - s * 32), d, b.v_tile.data());
+      BuildV<kF16>(vrows, row_bytes, std::min(32, n - s * 32), d, b.v_tile.data());
       for (int32_t grp = 0; grp < groups; ++grp) {
         const uint16_t* ph = b.p_tiles.data() + static_cast<int64_t>(grp) * 2 * 16 * span_max + s * 32;
         const uint16_t* pl = ph + 16 * span_max;
@@ -471,6 +553,12 @@ void Run(const RowTask& task) {
           _tile_loadd(1, acc + j * 16 + 16, int64_t{d} * 4);
           _tile_loadd(4, vt, 64);
           _tile_loadd(5, vt + 16 * 32, 64);
+          if constexpr (kF16) {
+            _tile_loadd(2, vt + v_set, 64);
+            _tile_loadd(3, vt + v_set + 16 * 32, 64);
+            _tile_dpbf16ps(0, 6, 2);
+            _tile_dpbf16ps(1, 6, 3);
+          }
           _tile_dpbf16ps(0, 6, 4);
           _tile_dpbf16ps(1, 6, 5);
           _tile_dpbf16ps(0, 7, 4);
@@ -503,13 +591,18 @@ bool SetAmxForTest(bool allowed) {
 }
 
 bool AmxAttendRows(const RowTask& task) {
-  if (task.dtype != DType::kBF16 || task.rows < kMinRows || task.softcap > 0 || task.begin != nullptr ||
+  if ((task.dtype != DType::kBF16 && task.dtype != DType::kF16) ||
+      task.rows < (task.dtype == DType::kF16 ? kMinRowsF16 : kMinRows) || task.softcap > 0 || task.begin != nullptr ||
       task.block_len % 16 != 0 ||
       task.head_dim % 32 != 0 || task.head_dim > 256 || task.row_bytes != int64_t{task.head_dim} * 2) {
     return false;
   }
   if (!AmxEnabled()) return false;
-  Run(task);
+  if (task.dtype == DType::kF16) {
+    Run<true>(task);
+  } else {
+    Run<false>(task);
+  }
   return true;
 }
 

@@ -5,11 +5,11 @@
 //     implies (4 * G * head_dim flops per token).
 //   BM_DecodeHotBf16Widened: BM_DecodeHot's bf16 rows with the AVX-512 BF16
 //     dot products turned off (where the CPU has them), for comparison.
-//   BM_DecodeHotNoAmx: the same bf16 rows with AMX tiles turned off.
+//   BM_DecodeHotNoAmx: the same bf16 and f16 rows with AMX tiles turned off.
 //   BM_PrefillHot: one sequence's last chunk of 512 queries over a prefix of
 //     512 cached tokens plus themselves (causal), head_dim 64 or 128, one
 //     KV head, f16. Counter: GFLOP/s (4 * head_dim flops per query row and
-//     visible token).
+//     visible token). BM_PrefillHotNoAmx: the same without AMX tiles.
 // docs/PERFORMANCE.md quotes these.
 #include <chrono>
 #include <cstring>
@@ -77,7 +77,7 @@ void BM_DecodeHot(benchmark::State& state) {
   DecodeHot(state, static_cast<int32_t>(state.range(0)), static_cast<DType>(state.range(1)));
 }
 BENCHMARK(BM_DecodeHot)
-    ->ArgsProduct({{1, 4, 8}, {static_cast<int64_t>(DType::kF32), static_cast<int64_t>(DType::kF16),
+    ->ArgsProduct({{1, 4, 8, 16}, {static_cast<int64_t>(DType::kF32), static_cast<int64_t>(DType::kF16),
                                 static_cast<int64_t>(DType::kBF16)}});
 
 // bf16 widened to f32 and run through FMAs, where the CPU would otherwise
@@ -94,12 +94,13 @@ BENCHMARK(BM_DecodeHotBf16Widened)->Arg(1)->Arg(4)->Arg(8);
 // vector kernel, for comparison with the tile path in one run.
 void BM_DecodeHotNoAmx(benchmark::State& state) {
   kernels::SetAmxForTest(false);
-  DecodeHot(state, static_cast<int32_t>(state.range(0)), DType::kBF16);
+  DecodeHot(state, static_cast<int32_t>(state.range(0)), static_cast<DType>(state.range(1)));
   kernels::SetAmxForTest(true);
 }
-BENCHMARK(BM_DecodeHotNoAmx)->Arg(4)->Arg(8);
+BENCHMARK(BM_DecodeHotNoAmx)
+    ->ArgsProduct({{4, 8, 16}, {static_cast<int64_t>(DType::kF16), static_cast<int64_t>(DType::kBF16)}});
 
-void BM_PrefillHot(benchmark::State& state) {
+void PrefillHot(benchmark::State& state) {
   const auto group = static_cast<int32_t>(state.range(0));
   const auto head_dim = static_cast<int32_t>(state.range(1));
   constexpr int32_t kBlockLen = 16, kPrefix = 512, kQueries = 512;
@@ -126,7 +127,15 @@ void BM_PrefillHot(benchmark::State& state) {
   state.counters["gflops"] = static_cast<double>(state.iterations()) * pairs * group * 4.0 * head_dim / seconds / 1e9;
   state.SetLabel("f16 G=" + std::to_string(group) + " head_dim " + std::to_string(head_dim));
 }
+void BM_PrefillHot(benchmark::State& state) { PrefillHot(state); }
 BENCHMARK(BM_PrefillHot)->ArgsProduct({{1, 2, 8}, {64, 128}});
+
+void BM_PrefillHotNoAmx(benchmark::State& state) {
+  kernels::SetAmxForTest(false);
+  PrefillHot(state);
+  kernels::SetAmxForTest(true);
+}
+BENCHMARK(BM_PrefillHotNoAmx)->ArgsProduct({{1, 2, 8}, {64, 128}});
 
 }  // namespace
 }  // namespace pagekv

@@ -386,8 +386,8 @@ void AttendRowsDim(const RowTask& task) {
   const hn::ScalableTag<float> full;
   const int32_t d = task.head_dim;
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-  // Many rows of bf16 on a CPU with AMX: tiles (kernels/amx_attention.cc).
-  if constexpr (std::is_same_v<T, hwy::bfloat16_t>) {
+  // Many rows of bf16 or f16 on a CPU with AMX: tiles (kernels/amx_attention.cc).
+  if constexpr (std::is_same_v<T, hwy::bfloat16_t> || std::is_same_v<T, hwy::float16_t>) {
     if (AmxAttendRows(task)) return;
   }
 #endif

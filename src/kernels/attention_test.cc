@@ -133,49 +133,59 @@ TEST_P(AttentionTargetTest, DecodeBf16DotProductsKeepF32Accuracy) {
   kernels::SetBf16DotForTest(true);
 }
 
-// bf16 K/V through AMX tiles (kernels/amx_attention.cc, where the CPU has
-// AMX-BF16; AVX-512 targets only) and through the vector kernel: both at f32
+// bf16 and f16 K/V through AMX tiles (kernels/amx_attention.cc, where the
+// CPU has AMX-BF16; AVX-512 targets only; f16 rows split into exact bf16 hi
+// + lo as they are read) and through the vector kernel: both at f32
 // accuracy against the reference. Groups of 8 to 32 rows (one and two tile
 // groups, rows that do not fill a tile), head_dims 32 to 256, block_len 16
-// (updates over several blocks, a step over two), 32, 64 and
-// 128, decode over every context edge and causal prefill with trailing
-// chunks; with AMX, the outputs must also differ in some bit from the vector
-// kernel's (the tiles did run).
-TEST_P(AttentionTargetTest, Bf16ThroughAmxTilesKeepsF32Accuracy) {
+// (updates over several blocks, a step over two), 32, 64 and 128, decode
+// over every context edge and causal prefill with trailing chunks (f16 from
+// 16 rows, where the tiles start for it); with
+// AMX, the outputs must also differ in some bit from the vector kernel's
+// (the tiles did run).
+TEST_P(AttentionTargetTest, Bf16AndF16ThroughAmxTilesKeepF32Accuracy) {
   const bool avx512 = kernels::TargetName(GetParam()).rfind("AVX3", 0) == 0;
   if (!kernels::SetAmxForTest(true) || !avx512) {
     GTEST_SKIP() << "AMX-BF16 tiles not used here: the CPU or kernel lacks them or the target is "
                  << kernels::TargetName(GetParam()) << " (the vector kernel is tested by the other cases)";
   }
-  uint32_t seed = 300;
-  const std::vector<std::pair<Shape, int32_t>> cases = {
-      {{8, 1, 128}, 16}, {{16, 2, 64}, 16}, {{32, 1, 128}, 32}, {{12, 1, 256}, 64}, {{64, 8, 128}, 128}, {{8, 1, 32}, 128}};
-  for (const auto& [s, bl] : cases) {
-    for (bool amx : {true, false}) {
-      kernels::SetAmxForTest(amx);
-      CheckDecode(s, DType::kBF16, bl, {}, seed, 2e-5);
+  for (const DType dtype : {DType::kBF16, DType::kF16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    uint32_t seed = dtype == DType::kBF16 ? 300 : 500;
+    // f16 takes the tiles from 16 rows (kMinRowsF16), bf16 from 8.
+    const std::vector<std::pair<Shape, int32_t>> cases =
+        dtype == DType::kBF16
+            ? std::vector<std::pair<Shape, int32_t>>{{{8, 1, 128}, 16}, {{16, 2, 64}, 16}, {{32, 1, 128}, 32},
+                                                     {{12, 1, 256}, 64}, {{64, 8, 128}, 128}, {{8, 1, 32}, 128}}
+            : std::vector<std::pair<Shape, int32_t>>{{{16, 1, 128}, 16}, {{32, 2, 64}, 16}, {{24, 1, 128}, 32},
+                                                     {{16, 1, 256}, 64}, {{128, 8, 128}, 128}, {{16, 1, 32}, 128}};
+    for (const auto& [s, bl] : cases) {
+      for (bool amx : {true, false}) {
+        kernels::SetAmxForTest(amx);
+        CheckDecode(s, dtype, bl, {}, seed, 2e-5);
+      }
+      // Same inputs, both paths: they must not be bit-identical.
+      const std::vector<int64_t> lengths = {3 * bl + 5};
+      PagedFixture f(1, s.q_heads, s.kv_heads, s.head_dim, bl, dtype, lengths, seed + 1000);
+      const DecodeSeq seq{f.Table(0), lengths[0]};
+      const std::vector<float> q = RandomQ(f.rng(), static_cast<size_t>(s.q_heads) * s.head_dim);
+      std::vector<float> with(q.size()), without(q.size());
+      kernels::SetAmxForTest(true);
+      ASSERT_TRUE(PagedDecodeAttention(f.Kv(0), {&seq, 1}, q.data(), with.data()).ok());
+      kernels::SetAmxForTest(false);
+      ASSERT_TRUE(PagedDecodeAttention(f.Kv(0), {&seq, 1}, q.data(), without.data()).ok());
+      EXPECT_NE(std::memcmp(with.data(), without.data(), with.size() * sizeof(float)), 0)
+          << "the AMX path did not run for q_heads=" << s.q_heads << " kv_heads=" << s.kv_heads;
+      ++seed;
     }
-    // Same inputs, both paths: they must not be bit-identical.
-    const std::vector<int64_t> lengths = {3 * bl + 5};
-    PagedFixture f(1, s.q_heads, s.kv_heads, s.head_dim, bl, DType::kBF16, lengths, seed + 1000);
-    const DecodeSeq seq{f.Table(0), lengths[0]};
-    const std::vector<float> q = RandomQ(f.rng(), static_cast<size_t>(s.q_heads) * s.head_dim);
-    std::vector<float> with(q.size()), without(q.size());
-    kernels::SetAmxForTest(true);
-    ASSERT_TRUE(PagedDecodeAttention(f.Kv(0), {&seq, 1}, q.data(), with.data()).ok());
-    kernels::SetAmxForTest(false);
-    ASSERT_TRUE(PagedDecodeAttention(f.Kv(0), {&seq, 1}, q.data(), without.data()).ok());
-    EXPECT_NE(std::memcmp(with.data(), without.data(), with.size() * sizeof(float)), 0)
-        << "the AMX path did not run for q_heads=" << s.q_heads << " kv_heads=" << s.kv_heads;
-    ++seed;
-  }
-  // Causal prefill: 8 query heads over 1 KV head, whole prompts and a
-  // trailing chunk, rows per task far above one tile group.
-  for (int32_t bl : {16, 128}) {
-    for (bool amx : {true, false}) {
-      kernels::SetAmxForTest(amx);
-      CheckPrefill({8, 1, 128}, DType::kBF16, bl, {bl + 3, 3 * bl + 7}, {bl + 3, 2 * bl + 1}, 400 + bl, 1, 2e-5,
-                   amx ? "AMX tiles" : "vector kernel");
+    // Causal prefill: 8 query heads over 1 KV head, whole prompts and a
+    // trailing chunk, rows per task far above one tile group.
+    for (int32_t bl : {16, 128}) {
+      for (bool amx : {true, false}) {
+        kernels::SetAmxForTest(amx);
+        CheckPrefill({8, 1, 128}, dtype, bl, {bl + 3, 3 * bl + 7}, {bl + 3, 2 * bl + 1}, 400 + bl, 1, 2e-5,
+                     amx ? "AMX tiles" : "vector kernel");
+      }
     }
   }
   kernels::SetAmxForTest(true);
