@@ -174,8 +174,10 @@ Status MlaPrefillAttention(const PagedKv& kv, std::span<const PrefillSeq> seqs, 
                            float* out, const AttentionOptions& options = {});
 
 // The SIMD target the kernels dispatch to on this CPU, e.g. "AVX3", "AVX2";
-// "+BF16" where bf16 K/V run through AVX-512 BF16 dot products, "+AMX" where
-// bf16 K/V tasks of 8 or more query rows run through AMX-BF16 tiles.
+// "+BF16" where bf16 K/V run through AVX-512 BF16 dot products (AMD; on Intel
+// they are widened to f32, which runs faster there), "+AMX" where
+// bf16 K/V tasks of 8 or more query rows (f16 of 16 or more) run through
+// AMX-BF16 tiles.
 std::string AttentionSimdTarget();
 
 }  // namespace pagekv

@@ -3,8 +3,9 @@
 //   BM_DecodeHot: one sequence, one KV head, 1024 tokens (L2-resident).
 //     Counters: ns_per_token (per KV head), and the f32 GFLOP/s that
 //     implies (4 * G * head_dim flops per token).
-//   BM_DecodeHotBf16Widened: BM_DecodeHot's bf16 rows with the AVX-512 BF16
-//     dot products turned off (where the CPU has them), for comparison.
+//   BM_DecodeHotBf16Widened / BM_DecodeHotBf16Dot: BM_DecodeHot's bf16 rows
+//     with the AVX-512 BF16 dot products turned off / on (where the CPU has
+//     them), whichever the CPU's default is.
 //   BM_DecodeHotNoAmx: the same bf16 and f16 rows with AMX tiles turned off.
 //   BM_PrefillHot: one sequence's last chunk of 512 queries over a prefix of
 //     512 cached tokens plus themselves (causal), head_dim 64 or 128, one
@@ -86,9 +87,18 @@ BENCHMARK(BM_DecodeHot)
 void BM_DecodeHotBf16Widened(benchmark::State& state) {
   kernels::SetBf16DotForTest(false);
   DecodeHot(state, static_cast<int32_t>(state.range(0)), DType::kBF16);
-  kernels::SetBf16DotForTest(true);
+  kernels::ClearBf16DotForTest();
 }
 BENCHMARK(BM_DecodeHotBf16Widened)->Arg(1)->Arg(4)->Arg(8);
+
+// And through the dot products, wherever the CPU has them (the default on
+// AMD, not on Intel: kernels::Bf16DotEnabled).
+void BM_DecodeHotBf16Dot(benchmark::State& state) {
+  if (!kernels::SetBf16DotForTest(true)) state.SkipWithError("no AVX-512 BF16 here");
+  DecodeHot(state, static_cast<int32_t>(state.range(0)), DType::kBF16);
+  kernels::ClearBf16DotForTest();
+}
+BENCHMARK(BM_DecodeHotBf16Dot)->Arg(1)->Arg(4)->Arg(8);
 
 // BM_DecodeHot's bf16 rows without AMX tiles (where the CPU has them): the
 // vector kernel, for comparison with the tile path in one run.

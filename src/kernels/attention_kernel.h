@@ -91,10 +91,15 @@ void SetTargetForTest(int64_t target);
 // A target's name ("AVX2", ...), e.g. for naming per-target test cases.
 std::string TargetName(int64_t target);
 
-// Whether bf16 K/V run through AVX-512 BF16 `vdpbf16ps` (kernels/bf16_dot-inl.h):
-// on AVX-512 targets of a CPU that has the instructions, unless a test turned
-// it off. SetBf16DotForTest returns whether the CPU has them.
+// Whether bf16 K/V run through AVX-512 BF16 `vdpbf16ps` (kernels/bf16_dot-inl.h)
+// rather than widened to f32 for FMAs: on AVX-512 targets of a CPU that has
+// the instructions and runs them faster than the widening (AMD Zen 4 / 5:
+// yes; Intel Sapphire Rapids and later, told apart by AVX512-FP16: no, the
+// hi / lo dot products measured 1.25-1.8x slower there), unless a test chose.
+// SetBf16DotForTest forces the choice and returns whether the CPU has the
+// instructions; ClearBf16DotForTest goes back to the CPU's default.
 bool Bf16DotEnabled();
 bool SetBf16DotForTest(bool allowed);
+void ClearBf16DotForTest();
 
 }  // namespace pagekv::kernels

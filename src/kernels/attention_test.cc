@@ -130,7 +130,7 @@ TEST_P(AttentionTargetTest, DecodeBf16DotProductsKeepF32Accuracy) {
       }
     }
   }
-  kernels::SetBf16DotForTest(true);
+  kernels::ClearBf16DotForTest();
 }
 
 // bf16 and f16 K/V through AMX tiles (kernels/amx_attention.cc, where the
