@@ -1,6 +1,7 @@
 // Hot-loop microbenchmarks of the attention kernels, one thread, so the
 // figure is the kernel's compute cost without memory stalls.
-//   BM_DecodeHot: one sequence, one KV head, 1024 tokens (L2-resident).
+//   BM_DecodeHot: one sequence, one KV head, 1024 tokens (L2-resident), f32,
+//     f16, bf16 and int8 rows.
 //     Counters: ns_per_token (per KV head), and the f32 GFLOP/s that
 //     implies (4 * G * head_dim flops per token).
 //   BM_DecodeHotBf16Widened / BM_DecodeHotBf16Dot: BM_DecodeHot's bf16 rows
@@ -34,7 +35,7 @@ KvLayout OneHead(int32_t group, int32_t head_dim, int32_t block_len, DType dtype
   c.num_q_heads = group;
   c.head_dim = head_dim;
   c.block_len = block_len;
-  c.format = KvFormat::Plain(dtype);
+  c.format = dtype == DType::kInt8 ? KvFormat::Int8(head_dim) : KvFormat::Plain(dtype);
   c.num_blocks = blocks;
   return *KvLayout::Create(c);
 }
@@ -47,7 +48,11 @@ void DecodeHot(benchmark::State& state, int32_t group, DType dtype) {
   const int64_t elems = layout.total_bytes() / (DTypeBits(dtype) / 8);
   for (int64_t i = 0; i < elems; ++i) {
     const float x = static_cast<float>((i * 37) % 101) / 101.0f - 0.5f;
-    if (dtype == DType::kF32) {
+    if (dtype == DType::kInt8) {
+      // Bytes whose every 2-byte view is a normal f16 (the rows' scales
+      // among them): 0x30 - 0x3f.
+      arena[i] = static_cast<std::byte>(0x30 + (i * 37) % 16);
+    } else if (dtype == DType::kF32) {
       std::memcpy(arena + 4 * i, &x, 4);
     } else {
       const uint16_t h = dtype == DType::kF16 ? F32ToF16(x) : F32ToBF16(x);
@@ -79,7 +84,7 @@ void BM_DecodeHot(benchmark::State& state) {
 }
 BENCHMARK(BM_DecodeHot)
     ->ArgsProduct({{1, 4, 8, 16}, {static_cast<int64_t>(DType::kF32), static_cast<int64_t>(DType::kF16),
-                                static_cast<int64_t>(DType::kBF16)}});
+                                   static_cast<int64_t>(DType::kBF16), static_cast<int64_t>(DType::kInt8)}});
 
 // bf16 widened to f32 and run through FMAs, where the CPU would otherwise
 // use AVX-512 BF16 dot products (BM_DecodeHot's bf16 rows): the two paths in
