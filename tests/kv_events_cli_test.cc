@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <random>
 #include <string>
 #include <thread>
 
@@ -13,6 +12,8 @@
 #include <msgpack.hpp>
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
+
+#include "testing/child_process.h"
 
 namespace {
 
@@ -26,8 +27,10 @@ const msgpack::object& Field(const msgpack::object& map, const std::string& name
 }
 
 TEST(KvEventsCliTest, ASubscriberDecodesTheBatchesGenerateSends) {
-  std::mt19937 rng(static_cast<uint32_t>(::getpid()));
-  const int port = 20000 + static_cast<int>(rng() % 30000);
+  // A port the kernel just handed out (a random one could be another
+  // test's, run beside this one).
+  const int port = pagekv::testing::FreeLoopbackPort();
+  ASSERT_GT(port, 0);
   const std::string endpoint = "tcp://127.0.0.1:" + std::to_string(port);
   const std::string cmd = std::string(PAGEKV_CLI_PATH) +
                           " generate --model ../shared/models/stories260K/stories260K.gguf"
