@@ -68,6 +68,7 @@ ThreadPool::Stats ThreadPool::stats() const {
   s.preempted_spins = preempted_spins_.load(std::memory_order_relaxed);
   s.crowded_loops = crowded_loops_.load(std::memory_order_relaxed);
   s.host_stalls = host_stalls_.load(std::memory_order_relaxed);
+  s.last_stretch_us = last_stretch_us_.load(std::memory_order_relaxed);
   return s;
 }
 
@@ -264,12 +265,18 @@ void ThreadPool::ParallelFor(int64_t n, int max_threads, const std::function<voi
     // (a noisy host): start from the shortest stretch. Doubling on any
     // trouble within twice the stretch instead kept a merely noisy machine
     // solo for most of a run (83 of 107 tokens/s on one q8_0 model).
-    const bool probe = parallel_since_solo_ <= kProbeLoops && last_trouble_ != Clock::time_point{} &&
-                       end - last_trouble_ < 2 * backoff_ + kMaxBackoff;
+    // A neighbour that takes a core every few milliseconds lands its next
+    // trouble a few milliseconds after a short stretch, whatever the loop
+    // count (loops of 0.3 ms at batch 1: a dozen in 4 ms), so trouble within
+    // one stretch's length of time after it counts too.
+    const bool soon = parallel_since_solo_ <= kProbeLoops || end - stretch_end_ < backoff_;
+    const bool probe = soon && last_trouble_ != Clock::time_point{} && end - last_trouble_ < 2 * backoff_ + kMaxBackoff;
     backoff_ = probe ? std::max(min_backoff_, std::min(kMaxBackoff, 2 * backoff_)) : min_backoff_;
     last_trouble_ = end;
     parallel_since_solo_ = 0;
-    solo_until_.store((end + backoff_).time_since_epoch().count(), std::memory_order_relaxed);
+    stretch_end_ = end + backoff_;
+    last_stretch_us_.store(std::chrono::duration_cast<std::chrono::microseconds>(backoff_).count(), std::memory_order_relaxed);
+    solo_until_.store(stretch_end_.time_since_epoch().count(), std::memory_order_relaxed);
   }
 }
 

@@ -93,6 +93,7 @@ class ThreadPool {
     // Late or crowded loops and preempted spins seen while no other task
     // of this machine was runnable (the host paused a vCPU): ignored.
     int64_t host_stalls = 0;
+    int64_t last_stretch_us = 0;  // the length of the latest solo stretch (0: none yet)
   };
   Stats stats() const;
 
@@ -140,6 +141,8 @@ class ThreadPool {
   // Written under call_mutex_; read by RunningAlone() without it.
   std::atomic<Clock::rep> solo_until_{0};
   Clock::time_point last_trouble_{};
+  Clock::time_point stretch_end_{};  // when the last solo stretch ended (or ends)
+  std::atomic<int64_t> last_stretch_us_{0};
   const Clock::duration min_backoff_;
   Clock::duration backoff_;
   static constexpr Clock::duration kMaxBackoff = std::chrono::seconds(1);
@@ -151,9 +154,9 @@ class ThreadPool {
   std::atomic<int> sleeping_{0};  // workers blocked on wake_
   int loops_since_sample_ = 0;
   int64_t parallel_since_solo_ = 0;  // parallel loops since the last trouble
-  // Trouble within this many parallel loops after a solo stretch doubles
-  // the next one (the neighbour is still there); later trouble restarts
-  // from the shortest.
+  // Trouble within this many parallel loops after a solo stretch, or within
+  // one stretch's length of time after it, doubles the next one (the
+  // neighbour is still there); later trouble restarts from the shortest.
   static constexpr int64_t kProbeLoops = 8;
   static constexpr int kCpuSampleEvery = 4;
   static constexpr Clock::duration kCrowdedMinWall = std::chrono::microseconds(50);

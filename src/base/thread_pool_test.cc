@@ -106,6 +106,21 @@ TEST(ThreadPoolTest, ALateWorkerSendsTheNextCallsToTheCallerAloneForAWhile) {
   EXPECT_EQ(pool.stats().parallel_loops, parallel + 1);
 }
 
+// A neighbour that comes back a little after each solo stretch doubles the
+// next one, however many quick loops ran in between (at batch 1 a dozen
+// loops fit in the few milliseconds before the neighbour takes a core
+// again; counting loops alone restarted every stretch from the shortest).
+TEST(ThreadPoolTest, TroubleSoonAfterAStretchDoublesTheNextOneWhateverTheLoopCount) {
+  ThreadPool pool(2, std::chrono::milliseconds(500), [] { return 3; });
+  if (!LoopWithALateWorker(pool)) GTEST_SKIP() << "no worker claimed an index within 2 s (an overloaded machine)";
+  ASSERT_EQ(pool.stats().last_stretch_us, 500000);
+  while (pool.RunningAlone()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  for (int i = 0; i < 20; ++i) pool.ParallelFor(4, 0, [](int64_t) {});  // more loops than the probe counts
+  // The next trouble ~200 ms after the stretch ended (the worker's sleep).
+  if (!LoopWithALateWorker(pool)) GTEST_SKIP() << "a quick loop was late (an overloaded machine): the pool went solo";
+  EXPECT_EQ(pool.stats().last_stretch_us, 1000000);
+}
+
 // The same late loop while nothing else on this machine is runnable (the
 // host paused a vCPU, as on a shared cloud host): going solo would only lose
 // the second core, so the pool counts a host stall and keeps both threads.
