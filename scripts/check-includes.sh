@@ -91,7 +91,7 @@ for dir in src/*/; do
     public_ok="$(closure "$mod")"
     check_file "$f" "$mod pagekv ${deps[$mod]} $extra"
   done \
-    < <(find "$dir" -name '*.h' -o -name '*.cc' | sort)
+    < <(find "$dir" -name '*.h' -o -name '*.cc' -o -name '*.cu' | sort)
 done
 while IFS= read -r f; do
   o="${owner[$(basename "$f")]}"

@@ -1,0 +1,58 @@
+// Paged decode attention on NVIDIA GPUs (CUDA), reading the KV cache in the
+// byte layout of docs/KV_LAYOUT.md: the cache of one layer is two planes (K,
+// V); the rows of token slot s of block b for KV head h start at
+//   plane_base + h * head_stride + b * slab_stride + s * row_bytes,
+// so a device arena holding the same bytes as the host arena is read with
+// the same block ids and tables. Flash-decoding: each (sequence, KV head)
+// is split over `splits` ranges of blocks, each CTA serves every query head
+// of its group (one read of a K / V row for G heads), and a merge kernel
+// combines the splits by their log-sum-exps.
+//
+// This header needs only the CUDA runtime (no other project library), so
+// the kernels' test and benchmark build on a machine with the CUDA toolkit
+// alone (scripts/cuda-device-check.sh).
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+namespace pagekv::cuda {
+
+enum class KvType : int32_t { kF32 = 0, kF16 = 1, kBF16 = 2 };
+
+struct DecodeParams {
+  KvType type = KvType::kF16;
+  int32_t num_seqs = 0;
+  int32_t q_heads = 0, kv_heads = 0;  // q_heads a multiple of kv_heads; G = q_heads / kv_heads <= 16
+  int32_t head_dim = 0;               // a multiple of 8 (16-byte rows of f16), up to 256
+  int32_t block_len = 0;
+  // Device pointers.
+  const void* k_plane = nullptr;  // K rows of KV head 0, block 0, slot 0 of the layer
+  const void* v_plane = nullptr;
+  int64_t head_stride = 0, slab_stride = 0, row_bytes = 0;  // bytes
+  const int32_t* block_tables = nullptr;  // [num_seqs][max_blocks]
+  int32_t max_blocks = 0;
+  const int32_t* context_lens = nullptr;  // [num_seqs]
+  const float* q = nullptr;               // [num_seqs][q_heads][head_dim]
+  float* out = nullptr;                   // [num_seqs][q_heads][head_dim]
+  float scale = 0;                        // 0: 1 / sqrt(head_dim)
+  // Flash-decoding: blocks per split (0: chosen from the shape); scratch of
+  // ScratchBytes() bytes (device), or null to launch one split only.
+  int32_t blocks_per_split = 0;
+  void* scratch = nullptr;
+  // head_dim / 8 a power of two: the kernel whose threads own 16-byte
+  // chunks of a row (false: the general one, for comparison and tests).
+  bool use_chunk_kernel = true;
+};
+
+// Splits the launch uses for `p` (p.blocks_per_split, or chosen so the GPU
+// has a few CTAs per multiprocessor), and the scratch they need.
+int32_t Splits(const DecodeParams& p, int32_t longest_context, int32_t multiprocessors);
+size_t ScratchBytes(const DecodeParams& p, int32_t splits);
+
+// Runs the decode attention on `stream`. Errors: a shape outside the
+// limits above (cudaErrorInvalidValue), or the launch's error.
+cudaError_t PagedDecodeAttention(const DecodeParams& p, int32_t splits, cudaStream_t stream);
+
+}  // namespace pagekv::cuda

@@ -1,0 +1,436 @@
+// The CUDA paged decode attention against a double-precision reference on
+// the host, and (with --bench) its speed against the device's own measured
+// read bandwidth. Needs only the CUDA toolkit (no other library), so it
+// builds and runs on a GPU machine that has nothing else
+// (scripts/cuda-device-check.sh); in the project's build it is a CTest test
+// that exits 77 (reported as skipped) where no GPU is present.
+//
+// Cases: every KV type (f32, f16, bf16), G = 1, 2, 4, 8 and 16, head_dim 64,
+// 128, 256 (and 8, 80), block_len 16, 32, 128, contexts around block
+// boundaries (1, bl - 1, bl, bl + 1, many blocks), mixed lengths in one
+// batch, shuffled block tables drawn from a pool larger than the batch,
+// one split, the chosen split and 1, 2, 3 blocks per split, through both
+// kernels (16-byte chunks per thread, and the general one); the output is
+// poisoned with NaN first so every element must be written.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda/paged_attention.h"
+
+namespace {
+
+using pagekv::cuda::DecodeParams;
+using pagekv::cuda::KvType;
+
+#define CHECK_CUDA(x)                                                                  \
+  do {                                                                                 \
+    cudaError_t e_ = (x);                                                              \
+    if (e_ != cudaSuccess) {                                                           \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                    \
+    }                                                                                  \
+  } while (0)
+
+int ElemBytes(KvType t) { return t == KvType::kF32 ? 4 : 2; }
+const char* Name(KvType t) { return t == KvType::kF32 ? "f32" : t == KvType::kF16 ? "f16" : "bf16"; }
+
+// A stored value and what it reads back as.
+float Store(KvType t, float x, unsigned char* out) {
+  if (t == KvType::kF32) {
+    std::memcpy(out, &x, 4);
+    return x;
+  }
+  if (t == KvType::kF16) {
+    const __half h = __float2half_rn(x);
+    std::memcpy(out, &h, 2);
+    return __half2float(h);
+  }
+  const __nv_bfloat16 b = __float2bfloat16_rn(x);
+  std::memcpy(out, &b, 2);
+  return __bfloat162float(b);
+}
+
+struct Shape {
+  KvType type;
+  int q_heads, kv_heads, d, bl;
+  std::vector<int> contexts;
+};
+
+// One layer's cache in the layout of docs/KV_LAYOUT.md: planes K then V,
+// each [head][block][slot][row], slabs 64-byte aligned.
+struct Cache {
+  int64_t row_bytes, slab_stride, head_stride, plane_bytes;
+  int num_blocks;
+  std::vector<unsigned char> bytes;
+  std::vector<float> values;  // what each stored element reads as, same indexing / elem
+};
+
+struct Case {
+  Shape s;
+  Cache c;
+  std::vector<int32_t> tables;  // [seq][max_blocks]
+  int max_blocks = 0;
+  std::vector<float> q;
+};
+
+Case Make(const Shape& s, std::mt19937& rng) {
+  Case k;
+  k.s = s;
+  const int seqs = static_cast<int>(s.contexts.size());
+  for (int c : s.contexts) k.max_blocks = std::max(k.max_blocks, (c + s.bl - 1) / s.bl);
+  k.max_blocks = std::max(k.max_blocks, 1);
+  Cache& c = k.c;
+  c.num_blocks = seqs * k.max_blocks + 5;  // spare blocks: tables drawn from a larger pool
+  c.row_bytes = static_cast<int64_t>(s.d) * ElemBytes(s.type);
+  c.row_bytes = (c.row_bytes + 15) / 16 * 16;
+  c.slab_stride = (s.bl * c.row_bytes + 63) / 64 * 64;
+  c.head_stride = static_cast<int64_t>(c.num_blocks) * c.slab_stride;
+  c.plane_bytes = static_cast<int64_t>(s.kv_heads) * c.head_stride;
+  c.bytes.assign(static_cast<size_t>(2 * c.plane_bytes), 0);
+  c.values.assign(c.bytes.size() / ElemBytes(s.type), 0.0f);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (int64_t plane = 0; plane < 2; ++plane)
+    for (int h = 0; h < s.kv_heads; ++h)
+      for (int b = 0; b < c.num_blocks; ++b)
+        for (int t = 0; t < s.bl; ++t)
+          for (int j = 0; j < s.d; ++j) {
+            const int64_t off = plane * c.plane_bytes + h * c.head_stride + b * c.slab_stride + t * c.row_bytes +
+                                static_cast<int64_t>(j) * ElemBytes(s.type);
+            c.values[static_cast<size_t>(off / ElemBytes(s.type))] = Store(s.type, u(rng), c.bytes.data() + off);
+          }
+  std::vector<int32_t> ids(static_cast<size_t>(c.num_blocks));
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  k.tables.assign(static_cast<size_t>(seqs) * k.max_blocks, 0);
+  for (size_t i = 0; i < k.tables.size(); ++i) k.tables[i] = ids[i];
+  k.q.resize(static_cast<size_t>(seqs) * s.q_heads * s.d);
+  for (float& x : k.q) x = 2.0f * u(rng);
+  return k;
+}
+
+std::vector<double> Reference(const Case& k) {
+  const Shape& s = k.s;
+  const int seqs = static_cast<int>(s.contexts.size()), G = s.q_heads / s.kv_heads;
+  std::vector<double> out(static_cast<size_t>(seqs) * s.q_heads * s.d, 0.0);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(s.d));
+  auto val = [&](int plane, int h, int tok, int seq, int j) {
+    const int b = k.tables[static_cast<size_t>(seq) * k.max_blocks + tok / s.bl];
+    const int64_t off = plane * k.c.plane_bytes + h * k.c.head_stride + b * k.c.slab_stride + (tok % s.bl) * k.c.row_bytes +
+                        static_cast<int64_t>(j) * ElemBytes(s.type);
+    return static_cast<double>(k.c.values[static_cast<size_t>(off / ElemBytes(s.type))]);
+  };
+  for (int seq = 0; seq < seqs; ++seq) {
+    const int n = s.contexts[static_cast<size_t>(seq)];
+    for (int qh = 0; qh < s.q_heads; ++qh) {
+      const int h = qh / G;
+      const float* q = k.q.data() + (static_cast<size_t>(seq) * s.q_heads + qh) * s.d;
+      std::vector<double> sc(static_cast<size_t>(n));
+      double m = -INFINITY;
+      for (int t = 0; t < n; ++t) {
+        double dot = 0;
+        for (int j = 0; j < s.d; ++j) dot += static_cast<double>(q[j]) * val(0, h, t, seq, j);
+        sc[static_cast<size_t>(t)] = dot * scale;
+        m = std::max(m, sc[static_cast<size_t>(t)]);
+      }
+      double l = 0;
+      for (double& x : sc) l += (x = std::exp(x - m));
+      double* o = out.data() + (static_cast<size_t>(seq) * s.q_heads + qh) * s.d;
+      for (int t = 0; t < n; ++t)
+        for (int j = 0; j < s.d; ++j) o[j] += sc[static_cast<size_t>(t)] / l * val(1, h, t, seq, j);
+    }
+  }
+  return out;
+}
+
+struct Device {
+  void* arena = nullptr;
+  int32_t* tables = nullptr;
+  int32_t* lens = nullptr;
+  float* q = nullptr;
+  float* out = nullptr;
+  void* scratch = nullptr;
+  size_t scratch_bytes = 0;
+  ~Device() {
+    cudaFree(arena);
+    cudaFree(tables);
+    cudaFree(lens);
+    cudaFree(q);
+    cudaFree(out);
+    cudaFree(scratch);
+  }
+};
+
+DecodeParams Params(const Case& k, const Device& dev) {
+  DecodeParams p;
+  p.type = k.s.type;
+  p.num_seqs = static_cast<int32_t>(k.s.contexts.size());
+  p.q_heads = k.s.q_heads;
+  p.kv_heads = k.s.kv_heads;
+  p.head_dim = k.s.d;
+  p.block_len = k.s.bl;
+  p.k_plane = dev.arena;
+  p.v_plane = static_cast<char*>(dev.arena) + k.c.plane_bytes;
+  p.head_stride = k.c.head_stride;
+  p.slab_stride = k.c.slab_stride;
+  p.row_bytes = k.c.row_bytes;
+  p.block_tables = dev.tables;
+  p.max_blocks = k.max_blocks;
+  p.context_lens = dev.lens;
+  p.q = dev.q;
+  p.out = dev.out;
+  return p;
+}
+
+void Upload(const Case& k, Device& dev) {
+  CHECK_CUDA(cudaMalloc(&dev.arena, k.c.bytes.size()));
+  CHECK_CUDA(cudaMemcpy(dev.arena, k.c.bytes.data(), k.c.bytes.size(), cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMalloc(&dev.tables, k.tables.size() * 4));
+  CHECK_CUDA(cudaMemcpy(dev.tables, k.tables.data(), k.tables.size() * 4, cudaMemcpyHostToDevice));
+  std::vector<int32_t> lens(k.s.contexts.begin(), k.s.contexts.end());
+  CHECK_CUDA(cudaMalloc(&dev.lens, lens.size() * 4));
+  CHECK_CUDA(cudaMemcpy(dev.lens, lens.data(), lens.size() * 4, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMalloc(&dev.q, k.q.size() * 4));
+  CHECK_CUDA(cudaMemcpy(dev.q, k.q.data(), k.q.size() * 4, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMalloc(&dev.out, k.q.size() * 4));
+}
+
+int RunTests() {
+  std::mt19937 rng(7);
+  std::vector<Shape> shapes;
+  for (KvType t : {KvType::kF32, KvType::kF16, KvType::kBF16}) {
+    shapes.push_back({t, 4, 4, 64, 16, {1, 15, 16, 17, 100}});
+    shapes.push_back({t, 8, 2, 128, 16, {33, 1, 257, 64}});
+    shapes.push_back({t, 8, 1, 128, 32, {31, 32, 33, 500}});
+    shapes.push_back({t, 16, 2, 256, 128, {127, 128, 129, 700}});
+    shapes.push_back({t, 16, 1, 64, 16, {1000, 5}});
+    shapes.push_back({t, 6, 3, 80, 16, {47, 48, 49}});
+    shapes.push_back({t, 2, 2, 8, 16, {3, 40}});
+  }
+  int failures = 0, checked = 0;
+  for (const Shape& s : shapes) {
+    const Case k = Make(s, rng);
+    const std::vector<double> ref = Reference(k);
+    Device dev;
+    Upload(k, dev);
+    int longest = *std::max_element(s.contexts.begin(), s.contexts.end());
+    for (int variant = 0; variant < 10; ++variant) {
+      const int bps = std::vector<int>{0, -1, 1, 2, 3}[variant % 5];  // -1: one split, no scratch
+      const bool chunk = variant < 5;  // the chunk kernel (where head_dim / 8 is a power of two), then the general one
+      DecodeParams p = Params(k, dev);
+      p.use_chunk_kernel = chunk;
+      int splits = 1;
+      if (bps >= 0) {
+        p.blocks_per_split = bps;
+        int sms = 0;
+        CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+        splits = pagekv::cuda::Splits(p, longest, sms);
+        if (bps > 0) splits = std::max(splits, (k.max_blocks + bps - 1) / bps);
+        if (bps == 0 && splits > 1) {
+          // The chosen splits must cover the table's blocks.
+          p.blocks_per_split = (k.max_blocks + splits - 1) / splits;
+        }
+        const size_t need = pagekv::cuda::ScratchBytes(p, splits);
+        if (need > dev.scratch_bytes) {
+          cudaFree(dev.scratch);
+          CHECK_CUDA(cudaMalloc(&dev.scratch, need));
+          dev.scratch_bytes = need;
+        }
+        p.scratch = dev.scratch;
+      }
+      CHECK_CUDA(cudaMemset(dev.out, 0xff, k.q.size() * 4));  // NaN everywhere
+      CHECK_CUDA(pagekv::cuda::PagedDecodeAttention(p, splits, nullptr));
+      CHECK_CUDA(cudaDeviceSynchronize());
+      std::vector<float> got(k.q.size());
+      CHECK_CUDA(cudaMemcpy(got.data(), dev.out, got.size() * 4, cudaMemcpyDeviceToHost));
+      double worst = 0;
+      for (size_t row = 0; row < got.size() / s.d; ++row) {
+        double big = 1e-30;
+        for (int j = 0; j < s.d; ++j) big = std::max(big, std::fabs(ref[row * s.d + j]));
+        for (int j = 0; j < s.d; ++j) {
+          const double e = std::isnan(got[row * s.d + j]) ? INFINITY : std::fabs(got[row * s.d + j] - ref[row * s.d + j]) / big;
+          worst = std::max(worst, e);
+        }
+      }
+      ++checked;
+      if (!(worst <= 2e-5)) {
+        ++failures;
+        std::printf("FAIL %s q/kv %d/%d d %d bl %d blocks/split %d (splits %d, %s kernel): max row-relative error %.3g\n",
+                    Name(s.type), s.q_heads, s.kv_heads, s.d, s.bl, bps, splits, chunk ? "chunk" : "general", worst);
+      }
+    }
+  }
+  // Bad shapes are refused.
+  {
+    DecodeParams p;
+    if (pagekv::cuda::PagedDecodeAttention(p, 1, nullptr) != cudaErrorInvalidValue) {
+      ++failures;
+      std::printf("FAIL: an empty shape was not refused\n");
+    }
+    cudaGetLastError();
+  }
+  std::printf("%d of %d checks passed\n", checked - failures, checked);
+  return failures == 0 ? 0 : 1;
+}
+
+// --- Benchmark ---------------------------------------------------------------
+
+__global__ void ReadKernel(const float4* p, int64_t n, float* sink) {
+  float acc = 0.0f;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float4 v = p[i];
+    acc += v.x + v.y + v.z + v.w;
+  }
+  if (acc == 12345.678f) *sink = acc;  // keeps the loads
+}
+
+double ReadBandwidth() {
+  const int64_t bytes = int64_t{4} << 30;
+  float4* buf = nullptr;
+  float* sink = nullptr;
+  CHECK_CUDA(cudaMalloc(&buf, bytes));
+  CHECK_CUDA(cudaMalloc(&sink, 4));
+  CHECK_CUDA(cudaMemset(buf, 0, bytes));
+  int sms = 0;
+  CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  double best = 0;
+  for (int rep = 0; rep < 6; ++rep) {
+    cudaEventRecord(a);
+    ReadKernel<<<sms * 8, 512>>>(buf, bytes / 16, sink);
+    cudaEventRecord(b);
+    CHECK_CUDA(cudaEventSynchronize(b));
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    if (rep > 0) best = std::max(best, bytes / (ms * 1e6));
+  }
+  cudaFree(buf);
+  cudaFree(sink);
+  return best;
+}
+
+int RunBench() {
+  cudaDeviceProp prop;
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  const double bw = ReadBandwidth();
+  std::printf("device: %s, %d SMs; streaming read %.0f GB/s\n", prop.name, prop.multiProcessorCount, bw);
+  std::printf("%5s %6s %6s %5s %5s %10s %8s %7s\n", "batch", "ctx", "q/kv", "block", "dtype", "us/call", "GB/s", "of read");
+  std::mt19937 rng(11);
+  struct B {
+    int batch, ctx, q, kv, bl;
+    KvType t;
+  };
+  std::vector<B> rows;
+  for (KvType t : {KvType::kF16, KvType::kBF16})
+    for (int bl : {16, 128})
+      for (auto [q, kv] : {std::pair{32, 32}, std::pair{32, 8}, std::pair{64, 8}})
+        for (auto [batch, ctx] : {std::pair{8, 4096}, std::pair{32, 4096}, std::pair{8, 16384}}) rows.push_back({batch, ctx, q, kv, bl, t});
+  for (const B& r : rows) {
+    // The cache: a shuffled pool of exactly the blocks the batch holds; values are
+    // not checked here, so the bytes are left as cudaMalloc gives them (zeroed).
+    const int d = 128;
+    const int blocks_per_seq = (r.ctx + r.bl - 1) / r.bl;
+    const int num_blocks = r.batch * blocks_per_seq;
+    const int64_t row_bytes = d * 2, slab = ((int64_t)r.bl * row_bytes + 63) / 64 * 64;
+    const int64_t head_stride = num_blocks * slab, plane = r.kv * head_stride;
+    Device dev;
+    CHECK_CUDA(cudaMalloc(&dev.arena, 2 * plane));
+    CHECK_CUDA(cudaMemset(dev.arena, 0, 2 * plane));
+    std::vector<int32_t> ids(num_blocks);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    CHECK_CUDA(cudaMalloc(&dev.tables, ids.size() * 4));
+    CHECK_CUDA(cudaMemcpy(dev.tables, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
+    std::vector<int32_t> lens(r.batch, r.ctx);
+    CHECK_CUDA(cudaMalloc(&dev.lens, lens.size() * 4));
+    CHECK_CUDA(cudaMemcpy(dev.lens, lens.data(), lens.size() * 4, cudaMemcpyHostToDevice));
+    const size_t qn = static_cast<size_t>(r.batch) * r.q * d;
+    CHECK_CUDA(cudaMalloc(&dev.q, qn * 4));
+    CHECK_CUDA(cudaMemset(dev.q, 0, qn * 4));
+    CHECK_CUDA(cudaMalloc(&dev.out, qn * 4));
+    DecodeParams p;
+    p.type = r.t;
+    p.num_seqs = r.batch;
+    p.q_heads = r.q;
+    p.kv_heads = r.kv;
+    p.head_dim = d;
+    p.block_len = r.bl;
+    p.k_plane = dev.arena;
+    p.v_plane = static_cast<char*>(dev.arena) + plane;
+    p.head_stride = head_stride;
+    p.slab_stride = slab;
+    p.row_bytes = row_bytes;
+    p.block_tables = dev.tables;
+    p.max_blocks = blocks_per_seq;
+    p.context_lens = dev.lens;
+    p.q = dev.q;
+    p.out = dev.out;
+    // The chosen splits, and twice as many (what more parallelism buys).
+    const int chosen = pagekv::cuda::Splits(p, r.ctx, prop.multiProcessorCount);
+    double us = 0, gbps = 0;
+    int splits = chosen;
+    double first = 0;
+    for (int variant = 0; variant < 2; ++variant) {
+      const int s = variant == 0 ? chosen : std::min(2 * chosen, blocks_per_seq);
+      DecodeParams pv = p;
+      pv.blocks_per_split = (blocks_per_seq + s - 1) / s;
+      const int used = (blocks_per_seq + pv.blocks_per_split - 1) / pv.blocks_per_split;
+      cudaFree(dev.scratch);
+      CHECK_CUDA(cudaMalloc(&dev.scratch, pagekv::cuda::ScratchBytes(pv, used)));
+      pv.scratch = dev.scratch;
+      cudaEvent_t a, b;
+      cudaEventCreate(&a);
+      cudaEventCreate(&b);
+      CHECK_CUDA(pagekv::cuda::PagedDecodeAttention(pv, used, nullptr));
+      CHECK_CUDA(cudaDeviceSynchronize());
+      const int iters = 20;
+      cudaEventRecord(a);
+      for (int i = 0; i < iters; ++i) pagekv::cuda::PagedDecodeAttention(pv, used, nullptr);
+      cudaEventRecord(b);
+      CHECK_CUDA(cudaEventSynchronize(b));
+      float ms = 0;
+      cudaEventElapsedTime(&ms, a, b);
+      cudaEventDestroy(a);
+      cudaEventDestroy(b);
+      const double u = 1e3 * ms / iters;
+      const double g = 2.0 * r.batch * r.ctx * r.kv * row_bytes / (u * 1e3);
+      if (variant == 0) first = g;
+      if (variant == 0 || g > gbps) {
+        us = u;
+        gbps = g;
+        splits = used;
+      }
+      if (variant == 1) std::printf("      (splits %d: %.0f GB/s; splits %d: %.0f GB/s)\n", chosen, first, used, g);
+    }
+    std::printf("%5d %6d %3d/%-2d %5d %5s %10.1f %8.0f %7.2f   (splits %d)\n", r.batch, r.ctx, r.q, r.kv, r.bl, Name(r.t), us, gbps,
+                gbps / bw, splits);
+    std::printf("JSON {\"batch\":%d,\"ctx\":%d,\"q_heads\":%d,\"kv_heads\":%d,\"block_len\":%d,\"dtype\":\"%s\",\"us\":%.2f,"
+                "\"gbps\":%.1f,\"read_gbps\":%.1f,\"ratio\":%.3f}\n",
+                r.batch, r.ctx, r.q, r.kv, r.bl, Name(r.t), us, gbps, bw, gbps / bw);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("no CUDA device here: the GPU kernel tests are skipped (they run on a machine with an NVIDIA GPU)\n");
+    return 77;
+  }
+  const bool bench = argc > 1 && std::string(argv[1]) == "--bench";
+  return bench ? RunBench() : RunTests();
+}
