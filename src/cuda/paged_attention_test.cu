@@ -216,6 +216,9 @@ int RunTests() {
     shapes.push_back({t, 16, 1, 64, 16, {1000, 5}});
     shapes.push_back({t, 6, 3, 80, 16, {47, 48, 49}});
     shapes.push_back({t, 2, 2, 8, 16, {3, 40}});
+    shapes.push_back({t, 16, 1, 128, 16, {65, 300}});   // G = 16 over 16 chunks: the reduce-scatter all the way
+    shapes.push_back({t, 4, 2, 128, 32, {31, 97}});     // G = 2
+    shapes.push_back({t, 12, 4, 32, 16, {50, 7}});      // G = 3 (a tile of 4), 4 chunks
   }
   int failures = 0, checked = 0;
   for (const Shape& s : shapes) {
