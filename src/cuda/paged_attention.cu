@@ -23,6 +23,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
+
+#include "cuda/kv_codec.h"
 
 namespace pagekv::cuda {
 namespace {
@@ -80,6 +83,66 @@ struct Elem<__nv_bfloat16> {
   }
   __device__ static float One(const void* p, int i) { return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]); }
 };
+
+// The 8-bit row formats: one byte per element, the row's f16 scale after its
+// head_dim codes. Rows are head_dim + 2 bytes apart, so only 2-byte loads are
+// aligned; eight codes are four of them. E4M3's bits placed at f16 bits 14..7
+// are its value / 256, so 256 joins the row scale (the host kernels' trick,
+// docs/KV_LAYOUT.md).
+struct I8 {
+  uint8_t b;
+};
+struct E4M3 {
+  uint8_t b;
+};
+struct E5M2 {
+  uint8_t b;
+};
+template <typename T>
+constexpr bool kScaled = sizeof(T) == 1;
+
+template <typename Code>
+__device__ inline float DecodeCode(uint32_t c) {
+  if constexpr (std::is_same_v<Code, I8>) {
+    return codec::DecodeInt8(c);
+  } else if constexpr (std::is_same_v<Code, E5M2>) {
+    return codec::DecodeE5M2(c);
+  } else {
+    return codec::DecodeE4M3Shifted(c);
+  }
+}
+template <typename Code>
+struct Codes {
+  static constexpr int kPerLoad = 8;
+  __device__ static void Load(const void* p, float* out) {
+    const unsigned short* w = static_cast<const unsigned short*>(p);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t u = w[i];
+      out[2 * i] = DecodeCode<Code>(u & 0xFFu);
+      out[2 * i + 1] = DecodeCode<Code>(u >> 8);
+    }
+  }
+  __device__ static float One(const void* p, int i) { return DecodeCode<Code>(static_cast<const uint8_t*>(p)[i]); }
+};
+template <>
+struct Elem<I8> : Codes<I8> {};
+template <>
+struct Elem<E4M3> : Codes<E4M3> {};
+template <>
+struct Elem<E5M2> : Codes<E5M2> {};
+
+// What a row's decoded elements are multiplied by: 1 for plain rows, the
+// trailing f16 scale (x 256 for E4M3) for the 8-bit ones.
+template <typename T>
+__device__ inline float RowScale(const char* row, int d) {
+  if constexpr (kScaled<T>) {
+    const float s = codec::ScaleValue(*reinterpret_cast<const unsigned short*>(row + d));
+    return std::is_same_v<T, E4M3> ? s * codec::kE4M3Unshift : s;
+  } else {
+    return 1.0f;
+  }
+}
 
 __device__ inline float WarpMax(float v) {
 #pragma unroll
@@ -144,7 +207,7 @@ __global__ void __launch_bounds__(kThreads) DecodeKernel(DecodeParams p, int32_t
 #pragma unroll
           for (int e = 0; e < kPer; ++e) sum = fmaf(qrow[j + e], k[e], sum);
         }
-        s = sum;
+        s = sum * RowScale<T>(row, d);
       }
       sc[g * kChunk + t] = s;
     }
@@ -179,11 +242,12 @@ __global__ void __launch_bounds__(kThreads) DecodeKernel(DecodeParams p, int32_t
     }
     for (int t = 0; t < n; ++t) {
       const char* row = row_at(vp, c0 + t);
+      const float vs = RowScale<T>(row, d);
       float v[kDimsPerThread];
 #pragma unroll
       for (int k = 0; k < kDimsPerThread; ++k) {
         const int dim = tid + k * kThreads;
-        v[k] = dim < d ? Elem<T>::One(row, dim) : 0.0f;
+        v[k] = dim < d ? Elem<T>::One(row, dim) * vs : 0.0f;
       }
 #pragma unroll
       for (int g = 0; g < kMaxG; ++g) {
@@ -261,15 +325,21 @@ __global__ void __launch_bounds__(kThreads) ChunkKernel(DecodeParams p, int32_t 
   const int32_t* table = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks;
   const int64_t chunk_off = static_cast<int64_t>(c) * 8 * sizeof(T);
   auto chunk_at = [&](const char* plane, int tok) {
-    return plane + static_cast<int64_t>(table[tok / bl]) * p.slab_stride + static_cast<int64_t>(tok % bl) * p.row_bytes +
-           chunk_off;
+    return plane + static_cast<int64_t>(table[tok / bl]) * p.slab_stride + static_cast<int64_t>(tok % bl) * p.row_bytes;
   };
-  auto load8 = [&](const char* at, float* out) {
+  // This thread's 8 elements of the row at `row`, decoded and scaled.
+  auto load8 = [&](const char* row, float* out) {
+    const char* at = row + chunk_off;
     if constexpr (sizeof(T) == 4) {
       Elem<float>::Load(at, out);
       Elem<float>::Load(at + 16, out + 4);
     } else {
       Elem<T>::Load(at, out);
+    }
+    if constexpr (kScaled<T>) {
+      const float s = RowScale<T>(row, d);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) out[e] *= s;
     }
   };
   for (int c0 = begin; c0 < end; c0 += kTile) {
@@ -455,8 +525,10 @@ bool Valid(const DecodeParams& p) {
   if (p.num_seqs < 1 || p.kv_heads < 1 || p.q_heads < p.kv_heads || p.q_heads % p.kv_heads != 0) return false;
   if (p.q_heads / p.kv_heads > kMaxG || p.head_dim < 8 || p.head_dim > kMaxHeadDim || p.head_dim % 8 != 0) return false;
   if (p.block_len < 1 || p.max_blocks < 1 || p.row_bytes < 1 || p.slab_stride < 1) return false;
-  const int64_t elem = p.type == KvType::kF32 ? 4 : 2;
-  if (p.row_bytes < elem * p.head_dim || p.row_bytes % 16 != 0 || p.slab_stride % 16 != 0 || p.head_stride % 16 != 0) {
+  if (static_cast<int32_t>(p.type) < 0 || static_cast<int32_t>(p.type) > static_cast<int32_t>(KvType::kFp8E5M2)) return false;
+  const int64_t align = ScaledRows(p.type) ? 2 : 16;
+  if (p.row_bytes < RowBytesNeeded(p.type, p.head_dim) || p.row_bytes % align != 0 || p.slab_stride % align != 0 ||
+      p.head_stride % align != 0) {
     return false;
   }
   return p.k_plane != nullptr && p.v_plane != nullptr && p.block_tables != nullptr && p.context_lens != nullptr &&
@@ -509,19 +581,41 @@ cudaError_t PagedDecodeAttention(const DecodeParams& p, int32_t splits, cudaStre
       case KvType::kBF16:
         LaunchChunk<__nv_bfloat16>(p, grid, shared, stream, splits, tokens_per_split, part_acc, part_ml);
         break;
+      case KvType::kInt8:
+        LaunchChunk<I8>(p, grid, shared, stream, splits, tokens_per_split, part_acc, part_ml);
+        break;
+      case KvType::kFp8E4M3:
+        LaunchChunk<E4M3>(p, grid, shared, stream, splits, tokens_per_split, part_acc, part_ml);
+        break;
+      case KvType::kFp8E5M2:
+        LaunchChunk<E5M2>(p, grid, shared, stream, splits, tokens_per_split, part_acc, part_ml);
+        break;
     }
   } else {
-  switch (p.type) {
-    case KvType::kF32:
-      DecodeKernel<float><<<grid, kThreads, shared, stream>>>(p, splits, tokens_per_split, part_acc, part_ml);
-      break;
-    case KvType::kF16:
-      DecodeKernel<__half><<<grid, kThreads, shared, stream>>>(p, splits, tokens_per_split, part_acc, part_ml);
-      break;
-    case KvType::kBF16:
-      DecodeKernel<__nv_bfloat16><<<grid, kThreads, shared, stream>>>(p, splits, tokens_per_split, part_acc, part_ml);
-      break;
-  }
+    auto general = [&](auto tag) {
+      using T = decltype(tag);
+      DecodeKernel<T><<<grid, kThreads, shared, stream>>>(p, splits, tokens_per_split, part_acc, part_ml);
+    };
+    switch (p.type) {
+      case KvType::kF32:
+        general(float{});
+        break;
+      case KvType::kF16:
+        general(__half{});
+        break;
+      case KvType::kBF16:
+        general(__nv_bfloat16{});
+        break;
+      case KvType::kInt8:
+        general(I8{});
+        break;
+      case KvType::kFp8E4M3:
+        general(E4M3{});
+        break;
+      case KvType::kFp8E5M2:
+        general(E5M2{});
+        break;
+    }
   }
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   if (splits > 1) {

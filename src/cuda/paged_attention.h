@@ -19,7 +19,18 @@
 
 namespace pagekv::cuda {
 
-enum class KvType : int32_t { kF32 = 0, kF16 = 1, kBF16 = 2 };
+// Row formats (docs/KV_LAYOUT.md). The 8-bit ones end each row with its f16
+// scale: row = [head_dim codes][f16 s]; int8 codes are q with x = q s, fp8
+// codes are E4M3 / E5M2 values with x = value s.
+enum class KvType : int32_t { kF32 = 0, kF16 = 1, kBF16 = 2, kInt8 = 3, kFp8E4M3 = 4, kFp8E5M2 = 5 };
+
+// Bytes of one element, and whether a row carries a trailing f16 scale.
+constexpr int32_t ElementBytes(KvType t) { return t == KvType::kF32 ? 4 : t == KvType::kF16 || t == KvType::kBF16 ? 2 : 1; }
+constexpr bool ScaledRows(KvType t) { return ElementBytes(t) == 1; }
+// The bytes a row needs (the arena may space rows further apart).
+constexpr int64_t RowBytesNeeded(KvType t, int32_t head_dim) {
+  return static_cast<int64_t>(head_dim) * ElementBytes(t) + (ScaledRows(t) ? 2 : 0);
+}
 
 struct DecodeParams {
   KvType type = KvType::kF16;
@@ -30,7 +41,9 @@ struct DecodeParams {
   // Device pointers.
   const void* k_plane = nullptr;  // K rows of KV head 0, block 0, slot 0 of the layer
   const void* v_plane = nullptr;
-  int64_t head_stride = 0, slab_stride = 0, row_bytes = 0;  // bytes
+  // Bytes. f32 / f16 / bf16: multiples of 16 (16-byte loads); the 8-bit
+  // formats: multiples of 2 (their rows are head_dim + 2 bytes apart).
+  int64_t head_stride = 0, slab_stride = 0, row_bytes = 0;
   const int32_t* block_tables = nullptr;  // [num_seqs][max_blocks]
   int32_t max_blocks = 0;
   const int32_t* context_lens = nullptr;  // [num_seqs]

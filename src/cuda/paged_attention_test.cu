@@ -5,7 +5,7 @@
 // (scripts/cuda-device-check.sh); in the project's build it is a CTest test
 // that exits 77 (reported as skipped) where no GPU is present.
 //
-// Cases: every KV type (f32, f16, bf16), G = 1, 2, 4, 8 and 16, head_dim 64,
+// Cases: every KV type (f32, f16, bf16, int8, fp8 E4M3 / E5M2), G = 1, 2, 4, 8 and 16, head_dim 64,
 // 128, 256 (and 8, 80), block_len 16, 32, 128, contexts around block
 // boundaries (1, bl - 1, bl, bl + 1, many blocks), mixed lengths in one
 // batch, shuffled block tables drawn from a pool larger than the batch,
@@ -42,10 +42,23 @@ using pagekv::cuda::KvType;
     }                                                                                  \
   } while (0)
 
-int ElemBytes(KvType t) { return t == KvType::kF32 ? 4 : 2; }
-const char* Name(KvType t) { return t == KvType::kF32 ? "f32" : t == KvType::kF16 ? "f16" : "bf16"; }
+using pagekv::cuda::ElementBytes;
+using pagekv::cuda::RowBytesNeeded;
+using pagekv::cuda::ScaledRows;
 
-// A stored value and what it reads back as.
+const char* Name(KvType t) {
+  switch (t) {
+    case KvType::kF32: return "f32";
+    case KvType::kF16: return "f16";
+    case KvType::kBF16: return "bf16";
+    case KvType::kInt8: return "int8";
+    case KvType::kFp8E4M3: return "e4m3";
+    case KvType::kFp8E5M2: return "e5m2";
+  }
+  return "?";
+}
+
+// A plain stored value and what it reads back as.
 float Store(KvType t, float x, unsigned char* out) {
   if (t == KvType::kF32) {
     std::memcpy(out, &x, 4);
@@ -61,6 +74,45 @@ float Store(KvType t, float x, unsigned char* out) {
   return __bfloat162float(b);
 }
 
+// An 8-bit code's value from the formats' definitions (sign, exponent,
+// mantissa; docs/KV_LAYOUT.md), written out independently of the kernel's
+// bit tricks.
+double CodeValue(KvType t, uint8_t c) {
+  if (t == KvType::kInt8) return static_cast<int8_t>(c);
+  const bool e4m3 = t == KvType::kFp8E4M3;
+  const int mant_bits = e4m3 ? 3 : 2, bias = e4m3 ? 7 : 15;
+  const int e = (c & 0x7F) >> mant_bits, m = c & ((1 << mant_bits) - 1);
+  const double frac = static_cast<double>(m) / (1 << mant_bits);
+  const double mag = e == 0 ? std::ldexp(frac, 1 - bias) : std::ldexp(1.0 + frac, e - bias);
+  return (c & 0x80) ? -mag : mag;
+}
+
+// One row of `d` elements written at `row` in type t; `values` gets what
+// each element reads back as (the 8-bit formats: code value x row scale).
+// The 8-bit rows hold random codes (never NaN or Inf) under a random f16
+// scale that puts the values near [-1.5, 1.5].
+void StoreRow(KvType t, int d, std::mt19937& rng, unsigned char* row, float* values) {
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  if (!ScaledRows(t)) {
+    for (int j = 0; j < d; ++j) values[j] = Store(t, u(rng), row + static_cast<int64_t>(j) * ElementBytes(t));
+    return;
+  }
+  const double top = t == KvType::kInt8 ? 127.0 : t == KvType::kFp8E4M3 ? 448.0 : 57344.0;
+  const __half s = __float2half_rn(static_cast<float>((1.0 + 0.5 * u(rng)) / top));
+  const double sv = __half2float(s);
+  std::memcpy(row + d, &s, 2);
+  std::uniform_int_distribution<int> code(0, 255);
+  for (int j = 0; j < d; ++j) {
+    uint8_t c;
+    do {
+      c = static_cast<uint8_t>(code(rng));
+    } while ((t == KvType::kInt8 && c == 0x80) || (t == KvType::kFp8E4M3 && (c & 0x7F) == 0x7F) ||
+             (t == KvType::kFp8E5M2 && (c & 0x7C) == 0x7C));
+    row[j] = c;
+    values[j] = static_cast<float>(CodeValue(t, c) * sv);
+  }
+}
+
 struct Shape {
   KvType type;
   int q_heads, kv_heads, d, bl;
@@ -73,7 +125,7 @@ struct Cache {
   int64_t row_bytes, slab_stride, head_stride, plane_bytes;
   int num_blocks;
   std::vector<unsigned char> bytes;
-  std::vector<float> values;  // what each stored element reads as, same indexing / elem
+  std::vector<float> values;  // what each stored element reads as: [plane][head][block][slot][d]
 };
 
 struct Case {
@@ -92,23 +144,24 @@ Case Make(const Shape& s, std::mt19937& rng) {
   k.max_blocks = std::max(k.max_blocks, 1);
   Cache& c = k.c;
   c.num_blocks = seqs * k.max_blocks + 5;  // spare blocks: tables drawn from a larger pool
-  c.row_bytes = static_cast<int64_t>(s.d) * ElemBytes(s.type);
-  c.row_bytes = (c.row_bytes + 15) / 16 * 16;
+  // Rows as the host arena spaces them: plain rows 16-byte multiples, 8-bit
+  // rows head_dim + 2 bytes (2-byte aligned only).
+  c.row_bytes = RowBytesNeeded(s.type, s.d);
+  if (!ScaledRows(s.type)) c.row_bytes = (c.row_bytes + 15) / 16 * 16;
   c.slab_stride = (s.bl * c.row_bytes + 63) / 64 * 64;
   c.head_stride = static_cast<int64_t>(c.num_blocks) * c.slab_stride;
   c.plane_bytes = static_cast<int64_t>(s.kv_heads) * c.head_stride;
   c.bytes.assign(static_cast<size_t>(2 * c.plane_bytes), 0);
-  c.values.assign(c.bytes.size() / ElemBytes(s.type), 0.0f);
+  c.values.assign(static_cast<size_t>(2) * s.kv_heads * c.num_blocks * s.bl * s.d, 0.0f);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   for (int64_t plane = 0; plane < 2; ++plane)
     for (int h = 0; h < s.kv_heads; ++h)
       for (int b = 0; b < c.num_blocks; ++b)
-        for (int t = 0; t < s.bl; ++t)
-          for (int j = 0; j < s.d; ++j) {
-            const int64_t off = plane * c.plane_bytes + h * c.head_stride + b * c.slab_stride + t * c.row_bytes +
-                                static_cast<int64_t>(j) * ElemBytes(s.type);
-            c.values[static_cast<size_t>(off / ElemBytes(s.type))] = Store(s.type, u(rng), c.bytes.data() + off);
-          }
+        for (int t = 0; t < s.bl; ++t) {
+          const int64_t off = plane * c.plane_bytes + h * c.head_stride + b * c.slab_stride + t * c.row_bytes;
+          const size_t at = static_cast<size_t>((((plane * s.kv_heads + h) * c.num_blocks + b) * s.bl + t) * s.d);
+          StoreRow(s.type, s.d, rng, c.bytes.data() + off, c.values.data() + at);
+        }
   std::vector<int32_t> ids(static_cast<size_t>(c.num_blocks));
   std::iota(ids.begin(), ids.end(), 0);
   std::shuffle(ids.begin(), ids.end(), rng);
@@ -125,10 +178,9 @@ std::vector<double> Reference(const Case& k) {
   std::vector<double> out(static_cast<size_t>(seqs) * s.q_heads * s.d, 0.0);
   const double scale = 1.0 / std::sqrt(static_cast<double>(s.d));
   auto val = [&](int plane, int h, int tok, int seq, int j) {
-    const int b = k.tables[static_cast<size_t>(seq) * k.max_blocks + tok / s.bl];
-    const int64_t off = plane * k.c.plane_bytes + h * k.c.head_stride + b * k.c.slab_stride + (tok % s.bl) * k.c.row_bytes +
-                        static_cast<int64_t>(j) * ElemBytes(s.type);
-    return static_cast<double>(k.c.values[static_cast<size_t>(off / ElemBytes(s.type))]);
+    const int64_t b = k.tables[static_cast<size_t>(seq) * k.max_blocks + tok / s.bl];
+    const size_t at = static_cast<size_t>((((plane * s.kv_heads + h) * k.c.num_blocks + b) * s.bl + tok % s.bl) * s.d + j);
+    return static_cast<double>(k.c.values[at]);
   };
   for (int seq = 0; seq < seqs; ++seq) {
     const int n = s.contexts[static_cast<size_t>(seq)];
@@ -208,7 +260,7 @@ void Upload(const Case& k, Device& dev) {
 int RunTests() {
   std::mt19937 rng(7);
   std::vector<Shape> shapes;
-  for (KvType t : {KvType::kF32, KvType::kF16, KvType::kBF16}) {
+  for (KvType t : {KvType::kF32, KvType::kF16, KvType::kBF16, KvType::kInt8, KvType::kFp8E4M3, KvType::kFp8E5M2}) {
     shapes.push_back({t, 4, 4, 64, 16, {1, 15, 16, 17, 100}});
     shapes.push_back({t, 8, 2, 128, 16, {33, 1, 257, 64}});
     shapes.push_back({t, 8, 1, 128, 32, {31, 32, 33, 500}});
@@ -336,7 +388,7 @@ int RunBench() {
     KvType t;
   };
   std::vector<B> rows;
-  for (KvType t : {KvType::kF16, KvType::kBF16})
+  for (KvType t : {KvType::kF16, KvType::kBF16, KvType::kInt8})
     for (int bl : {16, 128})
       for (auto [q, kv] : {std::pair{32, 32}, std::pair{32, 8}, std::pair{64, 8}})
         for (auto [batch, ctx] : {std::pair{8, 4096}, std::pair{32, 4096}, std::pair{8, 16384}}) rows.push_back({batch, ctx, q, kv, bl, t});
@@ -346,7 +398,7 @@ int RunBench() {
     const int d = 128;
     const int blocks_per_seq = (r.ctx + r.bl - 1) / r.bl;
     const int num_blocks = r.batch * blocks_per_seq;
-    const int64_t row_bytes = d * 2, slab = ((int64_t)r.bl * row_bytes + 63) / 64 * 64;
+    const int64_t row_bytes = RowBytesNeeded(r.t, d), slab = ((int64_t)r.bl * row_bytes + 63) / 64 * 64;
     const int64_t head_stride = num_blocks * slab, plane = r.kv * head_stride;
     Device dev;
     CHECK_CUDA(cudaMalloc(&dev.arena, 2 * plane));
