@@ -46,6 +46,7 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 #include "kernels/amx_attention.h"
+#include "kernels/amx_support.h"
 
 #include <algorithm>
 #include <atomic>
@@ -57,32 +58,13 @@
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define PAGEKV_HAVE_AMX_KERNEL 1
-#include <cpuid.h>
 #include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 #endif
 
 namespace pagekv::kernels {
 
 #ifdef PAGEKV_HAVE_AMX_KERNEL
 namespace {
-
-constexpr int kArchReqXcompPerm = 0x1023;  // linux/arch/x86/include/uapi/asm/prctl.h
-constexpr int kXfeatureXtiledata = 18;
-
-bool CpuAndKernelHaveAmx() {
-  static const bool has = [] {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) return false;
-    const bool bf16 = (d >> 22) & 1, tile = (d >> 24) & 1;
-    const bool avx512 = ((b >> 16) & 1) && ((b >> 30) & 1) && ((b >> 31) & 1);  // F, BW, VL
-    if (!bf16 || !tile || !avx512) return false;
-    // The kernel hands out the tile data state on request, once per process.
-    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
-  }();
-  return has;
-}
 
 std::atomic<bool> amx_allowed{true};
 
@@ -99,14 +81,6 @@ constexpr int32_t kMinRowsF16 = 16;
 // accumulators (two token tiles), tmm4-5 K, tmm6-7 Q^T hi / lo. P.V: tmm0-1
 // accumulators (two dimension tiles), tmm4-5 V, tmm6-7 P hi / lo.
 
-struct alignas(64) TileConfig {
-  uint8_t palette_id = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-static_assert(sizeof(TileConfig) == 64);
 
 struct Buffers {
   std::vector<uint16_t> q_tiles;   // [group][dim chunk][hi, lo][16 pairs][32] bf16
@@ -583,11 +557,11 @@ void Run(const RowTask& task) {
 
 }  // namespace
 
-bool AmxEnabled() { return CpuAndKernelHaveAmx() && amx_allowed.load(std::memory_order_relaxed); }
+bool AmxEnabled() { return CpuAndKernelHaveAmxBf16() && amx_allowed.load(std::memory_order_relaxed); }
 
 bool SetAmxForTest(bool allowed) {
   amx_allowed.store(allowed, std::memory_order_relaxed);
-  return CpuAndKernelHaveAmx();
+  return CpuAndKernelHaveAmxBf16();
 }
 
 bool AmxAttendRows(const RowTask& task) {

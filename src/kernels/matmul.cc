@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "base/thread_pool.h"
+#include "kernels/amx_matmul.h"
 #include "kernels/matmul.h"
 #include "kernels/simd-inl.h"
 #include "kernels/quant_blocks-inl.h"
@@ -35,6 +36,9 @@ constexpr int64_t kQ8BlockBytes = 34;  // f16 scale + 32 int8
 constexpr int kPanelRows = 16;         // rows per panel (WeightMatrix::panels)
 constexpr int64_t kIntMaxTokens = 15;  // Activations::kInt16 runs integer products up to this many tokens
 constexpr int64_t kPanelPadRows = 32;  // packed rows are padded to a multiple of this (the widest tile)
+// Tokens from which the decoded-panel path beats decoding per token tile
+// (and the integer path: measured on SmolLM2's Q4_1, docs/PERFORMANCE.md).
+constexpr int64_t kDecodedPanelMinTokens = 16;
 
 // One call's task, shared by every thread.
 struct MatMulTask {
@@ -47,6 +51,9 @@ struct MatMulTask {
   const int16_t* xq = nullptr;
   const float* xd = nullptr;
   const float* xs = nullptr;
+  // Set where the call runs through AMX tiles (amx_matmul.h; panels and
+  // block formats from kAmxMinTokens tokens): X split into bf16 hi + lo.
+  const AmxActivations* amx = nullptr;
 };
 
 }  // namespace pagekv::kernels
@@ -366,6 +373,23 @@ template <typename T>
 void PanelRange(const MatMulTask& task, int64_t row_begin, int64_t row_end) {
   const int64_t cols = task.w.cols, rows = task.w.rows;
   const int64_t panel_elems = cols * kPanelRows;
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  if (task.amx != nullptr) {
+    static_assert(kPanelTileRows == 32);
+    constexpr AmxPanelType kType = std::is_same_v<T, float>              ? AmxPanelType::kF32
+                                   : std::is_same_v<T, hwy::float16_t> ? AmxPanelType::kF16
+                                                                         : AmxPanelType::kBF16;
+    // Up to kAmxMaxRows rows at a time (the panels' padding completes the last 32-row tile).
+    const int64_t per_task = AmxRowsPerTask(cols);
+    for (int64_t r0 = row_begin; r0 < std::min(row_end, rows); r0 += per_task) {
+      const int64_t n = std::min<int64_t>({per_task, rows - r0, row_end - r0});
+      AmxStagePanels(0, static_cast<int>((n + 31) / 32 * 2), reinterpret_cast<const T*>(task.w.data) + (r0 / kPanelRows) * panel_elems,
+                     kType, panel_elems, cols);
+      AmxMultiplyStaged(*task.amx, static_cast<int>(n), kType == AmxPanelType::kBF16, task.y + r0, rows);
+    }
+    return;
+  }
+#endif
   // Tokens per pass: their X rows fit in ~256 KiB of L2 beside the tile's weights.
   const int64_t token_chunk = std::max<int64_t>(kPanelTokens, (int64_t{256} << 10) / (cols * 4) / kPanelTokens * kPanelTokens);
   HWY_ALIGN float scratch[kPanelTokens * kPanelTileRows];
@@ -431,6 +455,7 @@ void DecodedPanelRange(const MatMulTask& task, int64_t row_begin, int64_t row_en
   const hn::ScalableTag<float> df;
   const int n = static_cast<int>(hn::Lanes(df));
   float scale[Tr::kElems / Tr::kSub], bias[Tr::kElems / Tr::kSub];
+  [[maybe_unused]] int64_t amx_first = row_begin;  // the first row staged for the AMX tiles, not yet multiplied
   for (int64_t r0 = row_begin; r0 < row_end; r0 += kPanelTileRows) {
     const int64_t nr = std::min<int64_t>(kPanelTileRows, row_end - r0);
     for (int64_t g = 0; g < kPanelTileRows; g += 4) {  // four rows at a time, decoded then transposed
@@ -471,6 +496,20 @@ void DecodedPanelRange(const MatMulTask& task, int64_t row_begin, int64_t row_en
       }
 #endif
     }
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+    // AMX: each decoded tile staged as B tiles, up to kAmxMaxRows rows at a
+    // time multiplied over every token.
+    if (task.amx != nullptr) {
+      static_assert(kPanelTileRows == 32 && kAmxMaxRows % 32 == 0);
+      AmxStagePanels(static_cast<int>((r0 - amx_first) / kPanelRows), 2, buffer, AmxPanelType::kF32, panel_elems, cols);
+      const int64_t staged_end = std::min(r0 + kPanelTileRows, row_end);
+      if (staged_end == row_end || staged_end - amx_first >= AmxRowsPerTask(cols)) {
+        AmxMultiplyStaged(*task.amx, static_cast<int>(staged_end - amx_first), false, task.y + amx_first, rows);
+        amx_first = staged_end;
+      }
+      continue;
+    }
+#endif
     const int64_t tiles = (task.tokens + kPanelTokens - 1) / kPanelTokens;
     for (int64_t tile = 0, t = 0; tile < tiles; ++tile) {
       const int64_t nt = task.tokens / tiles + (tile < task.tokens % tiles ? 1 : 0);
@@ -487,10 +526,6 @@ void DecodedPanelRange(const MatMulTask& task, int64_t row_begin, int64_t row_en
     }
   }
 }
-
-// Tokens from which the decoded-panel path beats decoding per token tile
-// (and the integer path: measured on SmolLM2's Q4_1, docs/PERFORMANCE.md).
-constexpr int64_t kDecodedPanelMinTokens = 16;
 
 void PanelRangeImpl(const MatMulTask& task, int64_t row_begin, int64_t row_end) {
   switch (task.w.type) {
@@ -544,6 +579,10 @@ bool VnniTargetImpl() {
 #endif
 }
 
+// Whether this target takes the AMX tiles (the AVX-512 ones; tests that
+// force a narrower target test that target's own kernels).
+bool AmxTargetImpl() { return HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3; }
+
 bool IntDotImpl() {
 #ifdef PAGEKV_HAVE_INT_DOT
   return true;
@@ -596,6 +635,7 @@ HWY_EXPORT(IntDotImpl);
 HWY_EXPORT(QuantizeQ16Impl);
 HWY_EXPORT(MatMulTargetNameImpl);
 HWY_EXPORT(VnniTargetImpl);
+HWY_EXPORT(AmxTargetImpl);
 namespace {
 std::atomic<bool> vnni_allowed{true};
 }  // namespace
@@ -612,9 +652,11 @@ bool SetVnniForTest(bool allowed) {
   vnni_allowed.store(allowed, std::memory_order_relaxed);
   return CpuHasAvx512Vnni();
 }
+bool AmxTarget() { return HWY_DYNAMIC_DISPATCH(AmxTargetImpl)(); }
 std::string MatMulTargetName() {
   const bool vnni = HWY_DYNAMIC_DISPATCH(VnniTargetImpl)() && VnniEnabled();
-  return std::string(HWY_DYNAMIC_DISPATCH(MatMulTargetNameImpl)()) + (vnni ? "+VNNI" : "");
+  const bool amx = AmxTarget() && AmxMatMulEnabled();
+  return std::string(HWY_DYNAMIC_DISPATCH(MatMulTargetNameImpl)()) + (vnni ? "+VNNI" : "") + (amx ? "+AMX" : "");
 }
 void RowRange(const MatMulTask& task, int64_t row_begin, int64_t row_end) {
   HWY_DYNAMIC_DISPATCH(RowRangeImpl)(task, row_begin, row_end);
@@ -644,7 +686,10 @@ Status MatMulShared(std::span<const MatMulOutput> outputs, const float* x, int64
   int64_t work = 0, chunks = 0;
   // Chunks of 32 rows (a few per thread at least) for load balance; panels
   // end on the padded row count (a multiple of the widest tile).
-  constexpr int64_t kChunkRows = kernels::kPanelPadRows;
+  // With the AMX tiles, chunks of kAmxMaxRows rows (X is streamed once per chunk).
+  const bool amx_call = tokens >= kernels::kAmxMinTokens && !outputs.empty() && outputs[0].w.cols % 32 == 0 &&
+                        kernels::AmxMatMulEnabled() && kernels::AmxTarget();
+  const int64_t kChunkRows = amx_call ? kernels::AmxRowsPerTask(outputs[0].w.cols) : kernels::kPanelPadRows;
   for (const MatMulOutput& out : outputs) {
     const WeightMatrix& w = out.w;
     if (w.data == nullptr || out.y == nullptr) return InvalidArgumentError("matmul: null pointer");
@@ -662,7 +707,7 @@ Status MatMulShared(std::span<const MatMulOutput> outputs, const float* x, int64
     }
     if (w.cols != outputs[0].w.cols) return InvalidArgumentError("matmul: products sharing X need the same column count");
     tasks.push_back({w, WeightRowBytes(w.type, w.cols), x, tokens, out.y});
-    row_ends.push_back(w.panels ? (w.rows + kChunkRows - 1) / kChunkRows * kChunkRows : w.rows);
+    row_ends.push_back(w.panels ? (w.rows + kernels::kPanelPadRows - 1) / kernels::kPanelPadRows * kernels::kPanelPadRows : w.rows);
     first_chunk.push_back(chunks);
     chunks += (row_ends.back() + kChunkRows - 1) / kChunkRows;
     work += w.rows * w.cols * tokens;
@@ -688,6 +733,36 @@ Status MatMulShared(std::span<const MatMulOutput> outputs, const float* x, int64
       t.xq = xq.data();
       t.xd = xd.data();
       t.xs = xs.data();
+    }
+  }
+  // AMX tiles for many tokens (amx_matmul.h): X split once for every
+  // product of the call that takes them (panels, block formats).
+  static_assert(kernels::kAmxMinTokens >= kernels::kDecodedPanelMinTokens);
+  kernels::AmxActivations amx_x;
+  if (amx_call) {
+    bool any = false;
+    for (const kernels::MatMulTask& t : tasks) any = any || t.w.panels || IsBlockQuantized(t.w.type);
+    if (any) {
+      const int64_t cols = outputs[0].w.cols;
+      amx_x = {nullptr, nullptr, tokens, kernels::AmxPaddedTokens(tokens), cols};
+      thread_local std::vector<uint16_t> xhi, xlo;
+      xhi.resize(static_cast<size_t>(amx_x.tokens_pad * cols));
+      xlo.resize(xhi.size());
+      // Split on the pool too (it reads X from memory once, at the memory's pace).
+      const int64_t pieces = amx_x.tokens_pad / 32;
+      uint16_t* const hi = xhi.data();  // this thread's buffers (inside the lambda the names are the worker's)
+      uint16_t* const lo = xlo.data();
+      auto split = [=](int64_t i) { kernels::AmxSplitActivations(x, tokens, cols, 32 * i, 32 * (i + 1), hi, lo); };
+      if (threads == 1 || pieces == 1 || ThreadPool::Shared().RunningAlone()) {
+        for (int64_t i = 0; i < pieces; ++i) split(i);
+      } else {
+        ThreadPool::Shared().ParallelFor(pieces, threads, split);
+      }
+      amx_x.hi = xhi.data();
+      amx_x.lo = xlo.data();
+      for (kernels::MatMulTask& t : tasks) {
+        if (t.w.panels || IsBlockQuantized(t.w.type)) t.amx = &amx_x;
+      }
     }
   }
   auto run = [&](size_t o, int64_t begin, int64_t end) {

@@ -10,6 +10,7 @@
 
 #include <benchmark/benchmark.h>
 
+#include "kernels/amx_matmul.h"
 #include "kernels/matmul.h"
 #include "layout/float16.h"
 
@@ -149,6 +150,77 @@ BENCHMARK(BM_QuantMatMul)->Apply([](benchmark::internal::Benchmark* b) {
         for (int64_t act : {0, 1, 2}) {
           if (act >= 1 && tokens >= 16) continue;  // the same path as f32 there
           for (int64_t threads : {1, 0}) b->Args({shape, tokens, type, act, threads});
+        }
+      }
+    }
+  }
+  b->UseRealTime();
+});
+
+// Many tokens (prefill) with and without the AMX-BF16 tiles
+// (kernels/amx_matmul.cc), at llama-110m's shapes: args shape (kShapes),
+// tokens, weights (0-2: f32, f16, bf16 in panels, as the model packs them;
+// 3 q8_0, 4 q4_k, 5 q6_k), tiles (1 on, 0 off: the f32 vector kernels),
+// threads (0 = all). Skipped where the CPU has no AMX.
+void BM_ManyTokens(benchmark::State& state) {
+  const Shape s = kShapes[state.range(0)];
+  const int64_t tokens = state.range(1);
+  const int64_t kind = state.range(2);
+  const WeightType type = kind <= 2   ? static_cast<WeightType>(kind)
+                          : kind == 3 ? WeightType::kQ8_0
+                          : kind == 4 ? WeightType::kQ4_K
+                                      : WeightType::kQ6_K;
+  const bool amx = state.range(3) != 0;
+  if (!kernels::SetAmxMatMulForTest(true)) {
+    state.SkipWithError("no AMX-BF16 on this CPU");
+    return;
+  }
+  const int threads = static_cast<int>(state.range(4));
+  std::vector<std::byte> bytes(static_cast<size_t>(s.rows * WeightRowBytes(type, s.cols)));
+  if (IsBlockQuantized(type)) {
+    std::mt19937 rng(3);
+    for (auto& b : bytes) b = static_cast<std::byte>(rng());
+    const int64_t block_bytes = FormatOf(type).block_bytes;
+    const std::vector<int> halves = type == WeightType::kQ6_K ? std::vector<int>{208}
+                                    : type == WeightType::kQ4_K ? std::vector<int>{0, 2}
+                                                                : std::vector<int>{0};
+    for (size_t at = 0; at < bytes.size(); at += static_cast<size_t>(block_bytes)) {
+      for (int off : halves) {
+        const uint16_t h = F32ToF16(0.01f);
+        std::memcpy(bytes.data() + at + off, &h, 2);
+      }
+    }
+  } else {
+    const std::vector<float> w = Random(s.rows * s.cols);
+    for (int64_t i = 0; i < s.rows * s.cols; ++i) {
+      const float v = w[static_cast<size_t>(i)];
+      if (type == WeightType::kF32) {
+        std::memcpy(bytes.data() + 4 * i, &v, 4);
+      } else {
+        const uint16_t h = type == WeightType::kF16 ? F32ToF16(v) : F32ToBF16(v);
+        std::memcpy(bytes.data() + 2 * i, &h, 2);
+      }
+    }
+  }
+  WeightMatrix m{bytes.data(), type, s.rows, s.cols};
+  Result<PackedWeights> packed = IsBlockQuantized(type) ? Result<PackedWeights>(InvalidArgumentError("")) : PackedWeights::Pack(m);
+  if (packed.ok()) m = packed->matrix();
+  const std::vector<float> x = Random(tokens * s.cols);
+  std::vector<float> y(static_cast<size_t>(tokens * s.rows));
+  kernels::SetAmxMatMulForTest(amx);
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(MatMul(m, x.data(), tokens, y.data(), threads));
+    benchmark::ClobberMemory();
+  }
+  kernels::SetAmxMatMulForTest(true);
+  Counters(state, static_cast<int64_t>(bytes.size()), 2.0 * static_cast<double>(s.rows * s.cols * tokens));
+}
+BENCHMARK(BM_ManyTokens)->Apply([](benchmark::internal::Benchmark* b) {
+  for (int64_t shape : {0, 1, 2, 3}) {
+    for (int64_t tokens : {16, 32, 128, 512}) {
+      for (int64_t kind = 0; kind < 6; ++kind) {
+        for (int64_t amx : {1, 0}) {
+          for (int64_t threads : {1, 0}) b->Args({shape, tokens, kind, amx, threads});
         }
       }
     }

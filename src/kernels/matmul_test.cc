@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include "kernels/amx_matmul.h"
 #include "kernels/attention_kernel.h"
 #include "layout/float16.h"
 
@@ -263,6 +264,59 @@ TEST_P(MatMulTargetTest, PanelsEveryTypeAndTail) {
         }
       }
     }
+  }
+}
+
+// AMX-BF16 tiles (kernels/amx_matmul.cc) for calls of 16 tokens and more,
+// X and W split into bf16 hi + lo: the f32 path's tolerance on every panel
+// type and block format, around the 16-token tiles, the 32-row tiles and
+// their padding; on the AVX-512 target the tiles must actually run (their
+// sums differ from the vector kernel's in the last bits). Other targets
+// never take them.
+TEST_P(MatMulTargetTest, AmxTilesKeepTheF32Accuracy) {
+  if (!kernels::SetAmxMatMulForTest(true)) GTEST_SKIP() << "this CPU (or its kernel) has no AMX-BF16 tiles";
+  const bool avx512 = kernels::TargetName(GetParam()).rfind("AVX3", 0) == 0;
+  EXPECT_EQ(kernels::MatMulTargetName().find("+AMX") != std::string::npos, avx512) << kernels::MatMulTargetName();
+  uint32_t seed = 2100;
+  int differed = 0, compared = 0;
+  auto check = [&](const Weights& w, const WeightMatrix& m, int64_t tokens) {
+    ExpectProduct(w, tokens, seed, 1, &m);
+    std::mt19937 rng(seed++);
+    std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+    std::vector<float> x(static_cast<size_t>(tokens * m.cols));
+    for (float& v : x) v = uni(rng);
+    std::vector<float> with(static_cast<size_t>(tokens * m.rows)), without(with.size());
+    ASSERT_TRUE(MatMul(m, x.data(), tokens, with.data(), 1).ok());
+    kernels::SetAmxMatMulForTest(false);
+    ASSERT_TRUE(MatMul(m, x.data(), tokens, without.data(), 1).ok());
+    kernels::SetAmxMatMulForTest(true);
+    ++compared;
+    differed += with != without ? 1 : 0;
+  };
+  for (WeightType type : {WeightType::kF32, WeightType::kF16, WeightType::kBF16}) {
+    for (int64_t rows : {1, 16, 17, 32, 33, 70}) {
+      for (int64_t cols : {32, 96, 288}) {
+        const Weights w = MakeWeights(type, rows, cols, seed++);
+        Result<PackedWeights> packed = PackedWeights::Pack(w.matrix);
+        ASSERT_TRUE(packed.ok());
+        for (int64_t tokens : {16, 17, 31, 32, 33, 50}) check(w, packed->matrix(), tokens);
+      }
+    }
+  }
+  for (WeightType type : {WeightType::kQ8_0, WeightType::kQ4_1, WeightType::kQ5_0, WeightType::kQ4_K, WeightType::kQ6_K,
+                          WeightType::kQ3_K}) {
+    const int64_t block = FormatOf(type).block_elems;
+    for (int64_t rows : {3, 32, 45}) {
+      for (int64_t blocks : {1, 3}) {
+        const Weights w = MakeWeights(type, rows, blocks * std::max<int64_t>(block, 64), seed++);
+        for (int64_t tokens : {16, 33}) check(w, w.matrix, tokens);
+      }
+    }
+  }
+  if (avx512) {
+    EXPECT_GT(differed, compared / 2) << "the AMX tiles did not run";
+  } else {
+    EXPECT_EQ(differed, 0) << "only the AVX-512 targets take the tiles";
   }
 }
 
