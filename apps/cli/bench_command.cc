@@ -190,7 +190,7 @@ struct GenerateBenchArgs {
   std::vector<int64_t> batches = {1, 8, 32};
   int64_t prompt_len = 128, steps = 32;
   int32_t block_len = 16;
-  bool busy_neighbour = false, no_overlap = false;
+  bool busy_neighbour = false, no_overlap = false, no_amx = false;
   std::string mla_prefill = "auto";
   std::string kv_cache = "auto";
   int tp = 1, pp = 1, cp = 1;
@@ -213,6 +213,7 @@ int RunGenerateBenchCommand(const GenerateBenchArgs& a) {
   o.busy_neighbour = a.busy_neighbour;
   o.mla_prefill = ParseMlaPrefill(a.mla_prefill);
   o.overlap_communication = !a.no_overlap;
+  if (a.no_amx) SetAmxPaths(false);
   Result<DType> dt = ParseDType(a.kv_dtype);
   if (!dt.ok()) {
     std::fprintf(stderr, "error: --kv-dtype: %s\n", dt.status().message().c_str());
@@ -772,6 +773,8 @@ CLI::App* AddBenchCommand(CLI::App& app, int& exit_code) {
               "projection (what the overlap is measured against)");
   g->add_flag("--busy-neighbour", gen.busy_neighbour,
               "Run each batch on 1 thread and on --threads while another process keeps one core busy");
+  g->add_flag("--no-amx", gen.no_amx,
+              "Leave the Intel AMX tiles unused (attention and weight products): what they are measured against");
   AddMlaPrefillOption(*g, gen.mla_prefill);
   g->callback([&exit_code] { exit_code = RunGenerateBenchCommand(gen); });
   return bench;

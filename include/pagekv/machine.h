@@ -20,4 +20,10 @@ struct MachineFacts {
 };
 MachineFacts DescribeMachine();
 
+// Turns the Intel AMX tile paths (the attention kernels' and the weight
+// products') on or off for this process; on by default where the CPU and
+// kernel allow them. What `pagekv bench generate --no-amx` measures
+// against. Returns whether this machine has them at all.
+bool SetAmxPaths(bool enabled);
+
 }  // namespace pagekv

@@ -6,6 +6,8 @@
 #include <string>
 #include <thread>
 
+#include "kernels/amx_attention.h"
+#include "kernels/amx_matmul.h"
 #include "kernels/attention_kernel.h"
 #include "kernels/matmul.h"
 #include "pagekv/attention.h"
@@ -46,6 +48,12 @@ std::string MachineFacts::Line() const {
   return "machine: " + cpu + ", " + std::to_string(logical_cpus) + " logical CPUs; ISA " +
          (isa_list.empty() ? "(none of the listed)" : isa_list) + "; dispatched " + simd_target + ", attention " +
          attention_path + ", weight products " + matmul_path;
+}
+
+bool SetAmxPaths(bool enabled) {
+  const bool attention = kernels::SetAmxForTest(enabled);
+  const bool matmul = kernels::SetAmxMatMulForTest(enabled);
+  return attention || matmul;
 }
 
 }  // namespace pagekv

@@ -250,4 +250,34 @@ BENCHMARK(BM_OpenBlasSgemm)->Apply([](benchmark::internal::Benchmark* b) { Args(
 }  // namespace
 }  // namespace pagekv
 
+namespace pagekv {
+namespace {
+// One token (decode) through q8_0 matrices read cold from DRAM: 160 MiB of
+// copies of one shape, a different copy each call, as a model's decode step
+// streams its weights. args rows, cols (llama-110m's q / qkv / gate+up /
+// down / classifier); integer activations, every thread.
+void BM_ColdQ8Decode(benchmark::State& state) {
+  const int64_t rows = state.range(0), cols = state.range(1);
+  const auto type = WeightType::kQ8_0;
+  const int copies = static_cast<int>((int64_t{160} << 20) / (rows * WeightRowBytes(type, cols)) + 1);
+  std::vector<std::vector<std::byte>> mats(static_cast<size_t>(copies));
+  for (auto& m : mats) {
+    m.resize(static_cast<size_t>(rows * WeightRowBytes(type, cols)));
+    const uint16_t h = F32ToF16(0.01f);
+    for (size_t i = 0; i < m.size(); i += 34) std::memcpy(m.data() + i, &h, 2);
+  }
+  const std::vector<float> x = Random(cols);
+  std::vector<float> y(static_cast<size_t>(rows));
+  size_t i = 0;
+  for (auto _ : state) {
+    const WeightMatrix m{mats[i].data(), type, rows, cols};
+    benchmark::DoNotOptimize(MatMul(m, x.data(), 1, y.data(), 0, Activations::kInt16));
+    i = (i + 1) % mats.size();
+  }
+  Counters(state, static_cast<int64_t>(mats[0].size()), 2.0 * static_cast<double>(rows * cols));
+}
+BENCHMARK(BM_ColdQ8Decode)->Args({768, 768})->Args({1280, 768})->Args({5120, 768})->Args({768, 2560})->Args({32000, 768})->UseRealTime();
+}  // namespace
+}  // namespace pagekv
+
 // main(): src/kernels/bench_main.cc.
