@@ -34,7 +34,7 @@ namespace pagekv::kernels {
 constexpr int64_t kQ8Block = 32;       // elements per q8_0 block
 constexpr int64_t kQ8BlockBytes = 34;  // f16 scale + 32 int8
 constexpr int kPanelRows = 16;         // rows per panel (WeightMatrix::panels)
-constexpr int64_t kIntMaxTokens = 15;  // Activations::kInt16 runs integer products up to this many tokens
+constexpr int64_t kIntMaxTokens = 15;  // Activations::kFast runs block formats as integer products up to this many tokens
 constexpr int64_t kPanelPadRows = 32;  // packed rows are padded to a multiple of this (the widest tile)
 // Tokens from which the decoded-panel path beats decoding per token tile
 // (and the integer path: measured on SmolLM2's Q4_1, docs/PERFORMANCE.md).
@@ -47,7 +47,7 @@ struct MatMulTask {
   const float* x = nullptr;
   int64_t tokens = 0;
   float* y = nullptr;
-  // Activations::kInt16 on a block format: X as q16 rows (int_dot-inl.h), else null.
+  // Activations::kFast on a block format: X as q16 rows (int_dot-inl.h), else null.
   const int16_t* xq = nullptr;
   const float* xd = nullptr;
   const float* xs = nullptr;
@@ -687,8 +687,8 @@ Status MatMulShared(std::span<const MatMulOutput> outputs, const float* x, int64
   // Chunks of 32 rows (a few per thread at least) for load balance; panels
   // end on the padded row count (a multiple of the widest tile).
   // With the AMX tiles, chunks of kAmxMaxRows rows (X is streamed once per chunk).
-  const bool amx_call = tokens >= kernels::kAmxMinTokens && !outputs.empty() && outputs[0].w.cols % 32 == 0 &&
-                        kernels::AmxMatMulEnabled() && kernels::AmxTarget();
+  const bool amx_call = activations == Activations::kFast && tokens >= kernels::kAmxMinTokens && !outputs.empty() &&
+                        outputs[0].w.cols % 32 == 0 && kernels::AmxMatMulEnabled() && kernels::AmxTarget();
   const int64_t kChunkRows = amx_call ? kernels::AmxRowsPerTask(outputs[0].w.cols) : kernels::kPanelPadRows;
   for (const MatMulOutput& out : outputs) {
     const WeightMatrix& w = out.w;
@@ -714,7 +714,7 @@ Status MatMulShared(std::span<const MatMulOutput> outputs, const float* x, int64
   }
   first_chunk.push_back(chunks);
   // The integer path: X quantized once for every block-format product of the call.
-  bool integer = activations == Activations::kInt16 && tokens <= kernels::kIntMaxTokens && outputs[0].w.cols % 32 == 0;
+  bool integer = activations == Activations::kFast && tokens <= kernels::kIntMaxTokens && outputs[0].w.cols % 32 == 0;
   if (integer) {
     integer = false;
     for (const kernels::MatMulTask& t : tasks) integer = integer || (IsBlockQuantized(t.w.type) && !t.w.panels);

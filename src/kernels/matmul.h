@@ -44,16 +44,19 @@ struct WeightMatrix {
   bool panels = false;
 };
 
-// How block-quantized weights meet the activations. kF32: decoded to f32
-// and multiplied in f32 (the exact path: the same sums as a product of the
-// decoded weights, up to their order). kInt16: for calls of fewer than 16
-// tokens, the activations are rounded to int16 in blocks of 32 (a scale
-// per block) and the products are integer dot products
-// (kernels/int_dot-inl.h; x86 with AVX2 and up, else the f32 path); at 16
-// tokens and more the weights are decoded once per tile into f32 panels and
-// the path is f32 either way. Plain f32 / f16 / bf16 weights always run in
-// f32.
-enum class Activations : uint8_t { kF32, kInt16 };
+// How the weights meet the activations. kF32: every product in f32 (the
+// exact path: the same sums as a product of the decoded weights, up to
+// their order, whatever the call's token count). kFast, the engine's
+// default, trades the last bits for speed:
+//   - block formats, calls of fewer than 16 tokens: the activations are
+//     rounded to int16 in blocks of 32 (a scale per block) and the products
+//     are integer dot products (kernels/int_dot-inl.h; x86 with AVX2 and up,
+//     else the f32 path);
+//   - calls of 16 tokens and more on a CPU with AMX-BF16 (panels and block
+//     formats): Intel AMX tiles with X and W split into bf16 hi + lo
+//     (kernels/amx_matmul.h: within about 3 x 2^-18 of each |x w|);
+//   - everything else: the f32 path.
+enum class Activations : uint8_t { kF32, kFast };
 
 // Y[t][r] = sum_c X[t][c] * W[r][c] for t < tokens. `threads` = 0 uses the
 // whole shared pool. Errors: null pointers, non-positive sizes, a block
@@ -71,7 +74,8 @@ struct MatMulOutput {
 Status MatMulShared(std::span<const MatMulOutput> outputs, const float* x, int64_t tokens, int threads = 0,
                     Activations activations = Activations::kF32);
 
-// Whether this CPU runs kInt16 as integer products (else as f32).
+// Whether this CPU runs kFast's few-token block-format products as integer
+// products (else as f32).
 bool IntActivationsAvailable();
 
 namespace kernels {

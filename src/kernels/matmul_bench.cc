@@ -106,7 +106,7 @@ void BM_QuantMatMul(benchmark::State& state) {
   const auto type = static_cast<WeightType>(state.range(2));
   const Shape s = (FormatOf(type).block_elems == 256 ? kKQuantShapes : kQuantShapes)[state.range(0)];
   const int64_t tokens = state.range(1);
-  const Activations act = state.range(3) >= 1 ? Activations::kInt16 : Activations::kF32;
+  const Activations act = state.range(3) >= 1 ? Activations::kFast : Activations::kF32;
   kernels::SetVnniForTest(state.range(3) != 2);
   const int threads = static_cast<int>(state.range(4));
   std::vector<std::byte> bytes(static_cast<size_t>(s.rows * WeightRowBytes(type, s.cols)));
@@ -161,7 +161,8 @@ BENCHMARK(BM_QuantMatMul)->Apply([](benchmark::internal::Benchmark* b) {
 // (kernels/amx_matmul.cc), at llama-110m's shapes: args shape (kShapes),
 // tokens, weights (0-2: f32, f16, bf16 in panels, as the model packs them;
 // 3 q8_0, 4 q4_k, 5 q6_k), tiles (1 on, 0 off: the f32 vector kernels),
-// threads (0 = all). Skipped where the CPU has no AMX.
+// threads (0 = all); the fast path (Activations::kFast). Skipped where the
+// CPU has no AMX.
 void BM_ManyTokens(benchmark::State& state) {
   const Shape s = kShapes[state.range(0)];
   const int64_t tokens = state.range(1);
@@ -209,7 +210,7 @@ void BM_ManyTokens(benchmark::State& state) {
   std::vector<float> y(static_cast<size_t>(tokens * s.rows));
   kernels::SetAmxMatMulForTest(amx);
   for (auto _ : state) {
-    benchmark::DoNotOptimize(MatMul(m, x.data(), tokens, y.data(), threads));
+    benchmark::DoNotOptimize(MatMul(m, x.data(), tokens, y.data(), threads, Activations::kFast));
     benchmark::ClobberMemory();
   }
   kernels::SetAmxMatMulForTest(true);
@@ -271,7 +272,7 @@ void BM_ColdQ8Decode(benchmark::State& state) {
   size_t i = 0;
   for (auto _ : state) {
     const WeightMatrix m{mats[i].data(), type, rows, cols};
-    benchmark::DoNotOptimize(MatMul(m, x.data(), 1, y.data(), 0, Activations::kInt16));
+    benchmark::DoNotOptimize(MatMul(m, x.data(), 1, y.data(), 0, Activations::kFast));
     i = (i + 1) % mats.size();
   }
   Counters(state, static_cast<int64_t>(mats[0].size()), 2.0 * static_cast<double>(rows * cols));

@@ -99,7 +99,8 @@ Weights MakeWeights(WeightType type, int64_t rows, int64_t cols, uint32_t seed) 
 }
 
 // `matrix`: w's own, or its panel copy (PackedWeights).
-void ExpectProduct(const Weights& w, int64_t tokens, uint32_t seed, int threads, const WeightMatrix* matrix = nullptr) {
+void ExpectProduct(const Weights& w, int64_t tokens, uint32_t seed, int threads, const WeightMatrix* matrix = nullptr,
+                   Activations activations = Activations::kF32) {
   const WeightMatrix& m = matrix != nullptr ? *matrix : w.matrix;
   const int64_t rows = w.matrix.rows, cols = w.matrix.cols;
   std::mt19937 rng(seed);
@@ -107,7 +108,7 @@ void ExpectProduct(const Weights& w, int64_t tokens, uint32_t seed, int threads,
   std::vector<float> x(static_cast<size_t>(tokens * cols));
   for (float& v : x) v = uni(rng);
   std::vector<float> y(static_cast<size_t>(tokens * rows), -1e30f);
-  ASSERT_TRUE(MatMul(m, x.data(), tokens, y.data(), threads).ok());
+  ASSERT_TRUE(MatMul(m, x.data(), tokens, y.data(), threads, activations).ok());
   for (int64_t t = 0; t < tokens; ++t) {
     for (int64_t r = 0; r < rows; ++r) {
       double ref = 0, mag = 0;
@@ -171,7 +172,7 @@ TEST_P(MatMulTargetTest, EveryBlockFormat) {
 
 // The integer activation path: X rounded to int16 per 32 values by a
 // quantizer written here (the reference), then the same double-precision
-// product; on targets without the integer kernels kInt16 is the f32 path.
+// product; on targets without the integer kernels kFast is the f32 path.
 TEST_P(MatMulTargetTest, IntActivationsMatchAProductOfTheRoundedActivations) {
   uint32_t seed = 900;
   const bool integer = IntActivationsAvailable();
@@ -197,7 +198,7 @@ TEST_P(MatMulTargetTest, IntActivationsMatchAProductOfTheRoundedActivations) {
             }
           }
           std::vector<float> y(static_cast<size_t>(tokens * rows));
-          ASSERT_TRUE(MatMul(w.matrix, x.data(), tokens, y.data(), 1, Activations::kInt16).ok());
+          ASSERT_TRUE(MatMul(w.matrix, x.data(), tokens, y.data(), 1, Activations::kFast).ok());
           for (int64_t t = 0; t < tokens; ++t) {
             for (int64_t r = 0; r < rows; ++r) {
               double ref = 0, mag = 0;
@@ -234,9 +235,9 @@ TEST_P(MatMulTargetTest, VnniGivesTheSameProductsBitForBit) {
       for (float& v : x) v = uni(rng);
       std::vector<float> with(static_cast<size_t>(tokens * rows)), without(with.size());
       kernels::SetVnniForTest(true);
-      ASSERT_TRUE(MatMul(w.matrix, x.data(), tokens, with.data(), 1, Activations::kInt16).ok());
+      ASSERT_TRUE(MatMul(w.matrix, x.data(), tokens, with.data(), 1, Activations::kFast).ok());
       kernels::SetVnniForTest(false);
-      ASSERT_TRUE(MatMul(w.matrix, x.data(), tokens, without.data(), 1, Activations::kInt16).ok());
+      ASSERT_TRUE(MatMul(w.matrix, x.data(), tokens, without.data(), 1, Activations::kFast).ok());
       kernels::SetVnniForTest(true);
       for (size_t i = 0; i < with.size(); ++i) {
         ASSERT_EQ(std::bit_cast<uint32_t>(with[i]), std::bit_cast<uint32_t>(without[i]))
@@ -267,12 +268,13 @@ TEST_P(MatMulTargetTest, PanelsEveryTypeAndTail) {
   }
 }
 
-// AMX-BF16 tiles (kernels/amx_matmul.cc) for calls of 16 tokens and more,
-// X and W split into bf16 hi + lo: the f32 path's tolerance on every panel
-// type and block format, around the 16-token tiles, the 32-row tiles and
-// their padding; on the AVX-512 target the tiles must actually run (their
-// sums differ from the vector kernel's in the last bits). Other targets
-// never take them.
+// AMX-BF16 tiles (kernels/amx_matmul.cc) for the fast path's calls of 16
+// tokens and more, X and W split into bf16 hi + lo: the f32 path's
+// tolerance on every panel type and block format, around the 16-token
+// tiles, the 32-row tiles and their padding; on the AVX-512 target the tiles
+// must actually run (their sums differ from the vector kernel's in the last
+// bits), never on the other targets, and never on the exact path (kF32:
+// bit for bit the same with the tiles allowed or not).
 TEST_P(MatMulTargetTest, AmxTilesKeepTheF32Accuracy) {
   if (!kernels::SetAmxMatMulForTest(true)) GTEST_SKIP() << "this CPU (or its kernel) has no AMX-BF16 tiles";
   const bool avx512 = kernels::TargetName(GetParam()).rfind("AVX3", 0) == 0;
@@ -280,16 +282,18 @@ TEST_P(MatMulTargetTest, AmxTilesKeepTheF32Accuracy) {
   uint32_t seed = 2100;
   int differed = 0, compared = 0;
   auto check = [&](const Weights& w, const WeightMatrix& m, int64_t tokens) {
-    ExpectProduct(w, tokens, seed, 1, &m);
+    ExpectProduct(w, tokens, seed, 1, &m, Activations::kFast);
     std::mt19937 rng(seed++);
     std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
     std::vector<float> x(static_cast<size_t>(tokens * m.cols));
     for (float& v : x) v = uni(rng);
-    std::vector<float> with(static_cast<size_t>(tokens * m.rows)), without(with.size());
-    ASSERT_TRUE(MatMul(m, x.data(), tokens, with.data(), 1).ok());
+    std::vector<float> with(static_cast<size_t>(tokens * m.rows)), without(with.size()), exact(with.size());
+    ASSERT_TRUE(MatMul(m, x.data(), tokens, with.data(), 1, Activations::kFast).ok());
+    ASSERT_TRUE(MatMul(m, x.data(), tokens, exact.data(), 1, Activations::kF32).ok());
     kernels::SetAmxMatMulForTest(false);
-    ASSERT_TRUE(MatMul(m, x.data(), tokens, without.data(), 1).ok());
+    ASSERT_TRUE(MatMul(m, x.data(), tokens, without.data(), 1, Activations::kFast).ok());
     kernels::SetAmxMatMulForTest(true);
+    ASSERT_EQ(exact, without) << "the exact path must not depend on whether the tiles are allowed";
     ++compared;
     differed += with != without ? 1 : 0;
   };

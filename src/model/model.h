@@ -123,10 +123,12 @@ struct ForwardTimings {
 struct ForwardOptions {
   int threads = 0;                    // 0 = every hardware thread
   ForwardTimings* timings = nullptr;  // optional
-  // Block-quantized weights: kInt16 (the default, the fast path) rounds the
-  // activations of steps of a few tokens to int16 for integer dot products;
-  // kF32 keeps every product in f32 (the exact path). kernels/matmul.h.
-  Activations activations = Activations::kInt16;
+  // Weight products: kFast (the default) rounds the activations of steps of
+  // a few tokens to int16 for integer dot products with block-quantized
+  // weights, and runs steps of 16 tokens and more through AMX tiles with
+  // bf16 hi + lo parts where the CPU has them; kF32 keeps every product in
+  // f32 (the exact path). kernels/matmul.h.
+  Activations activations = Activations::kFast;
   // Runs the math (kernels/backend.h); null = the CPU backend.
   const Backend* backend = nullptr;
   // Multi-head latent attention over a prompt chunk (deepseek_model.h):
