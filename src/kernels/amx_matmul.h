@@ -18,6 +18,8 @@
 
 #include <cstdint>
 
+#include "kernels/weight_formats.h"
+
 namespace pagekv::kernels {
 
 // Whether the AMX weight products may run: the CPU and kernel allow AMX-BF16
@@ -26,8 +28,11 @@ namespace pagekv::kernels {
 bool AmxMatMulEnabled();
 bool SetAmxMatMulForTest(bool allowed);
 
-// Fewest tokens a call needs to take the tiles (docs/PERFORMANCE.md).
-inline constexpr int64_t kAmxMinTokens = 16;
+// Fewest tokens a call needs to take the tiles: measured against the f32
+// vector kernels (docs/PERFORMANCE.md): bf16 weights win from 16 tokens,
+// block formats break even at 16 and win from 32, f32 / f16 panels lose at
+// 16 and win from 32.
+constexpr int64_t AmxMinTokens(WeightType type) { return type == WeightType::kBF16 ? 16 : 32; }
 
 // One call's X split for the tiles: tokens_pad x cols bf16 each (tile-major,
 // amx_matmul.cc TileOffset), the rows

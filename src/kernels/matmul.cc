@@ -52,7 +52,7 @@ struct MatMulTask {
   const float* xd = nullptr;
   const float* xs = nullptr;
   // Set where the call runs through AMX tiles (amx_matmul.h; panels and
-  // block formats from kAmxMinTokens tokens): X split into bf16 hi + lo.
+  // block formats from AmxMinTokens tokens): X split into bf16 hi + lo.
   const AmxActivations* amx = nullptr;
 };
 
@@ -687,8 +687,16 @@ Status MatMulShared(std::span<const MatMulOutput> outputs, const float* x, int64
   // Chunks of 32 rows (a few per thread at least) for load balance; panels
   // end on the padded row count (a multiple of the widest tile).
   // With the AMX tiles, chunks of kAmxMaxRows rows (X is streamed once per chunk).
-  const bool amx_call = activations == Activations::kFast && tokens >= kernels::kAmxMinTokens && !outputs.empty() &&
-                        outputs[0].w.cols % 32 == 0 && kernels::AmxMatMulEnabled() && kernels::AmxTarget();
+  auto takes_amx = [&](const WeightMatrix& w) {
+    return (w.panels || IsBlockQuantized(w.type)) && tokens >= kernels::AmxMinTokens(w.type);
+  };
+  bool amx_call = activations == Activations::kFast && !outputs.empty() && outputs[0].w.cols % 32 == 0 &&
+                  kernels::AmxMatMulEnabled() && kernels::AmxTarget();
+  if (amx_call) {
+    bool any = false;
+    for (const MatMulOutput& out : outputs) any = any || takes_amx(out.w);
+    amx_call = any;
+  }
   const int64_t kChunkRows = amx_call ? kernels::AmxRowsPerTask(outputs[0].w.cols) : kernels::kPanelPadRows;
   for (const MatMulOutput& out : outputs) {
     const WeightMatrix& w = out.w;
@@ -737,12 +745,10 @@ Status MatMulShared(std::span<const MatMulOutput> outputs, const float* x, int64
   }
   // AMX tiles for many tokens (amx_matmul.h): X split once for every
   // product of the call that takes them (panels, block formats).
-  static_assert(kernels::kAmxMinTokens >= kernels::kDecodedPanelMinTokens);
+  static_assert(kernels::AmxMinTokens(WeightType::kQ8_0) >= kernels::kDecodedPanelMinTokens);
   kernels::AmxActivations amx_x;
   if (amx_call) {
-    bool any = false;
-    for (const kernels::MatMulTask& t : tasks) any = any || t.w.panels || IsBlockQuantized(t.w.type);
-    if (any) {
+    {
       const int64_t cols = outputs[0].w.cols;
       amx_x = {nullptr, nullptr, tokens, kernels::AmxPaddedTokens(tokens), cols};
       thread_local std::vector<uint16_t> xhi, xlo;
@@ -761,7 +767,7 @@ Status MatMulShared(std::span<const MatMulOutput> outputs, const float* x, int64
       amx_x.hi = xhi.data();
       amx_x.lo = xlo.data();
       for (kernels::MatMulTask& t : tasks) {
-        if (t.w.panels || IsBlockQuantized(t.w.type)) t.amx = &amx_x;
+        if (takes_amx(t.w)) t.amx = &amx_x;
       }
     }
   }
