@@ -230,32 +230,41 @@ TEST_F(SmolLM2Test, FastPathKeepsEveryClearGreedyStepAndTheNllWithinHalfAPercent
   }
 }
 
+// The licence text in one pass, within 1e-5 of the reference's mean NLL on
+// the exact path and on the default fast path (a 2,048-token step: on a CPU
+// with AMX every weight product runs through the bf16 hi + lo tiles,
+// kernels/amx_matmul.h; measured 4.7e-7 there, 7.5e-5 with the lo parts of
+// X dropped).
 TEST_F(SmolLM2Test, MeanNllOfTheLicenceTextMatchesTheReference) {
   const auto& nll = (*goldens_)["nll"];
   std::vector<int32_t> ids = nll["ids"].get<std::vector<int32_t>>();
   if (kSanitized) ids.resize(128);
   const int32_t vocab = model_->model->config().vocab_size;
-  auto cache = Cache(static_cast<int64_t>(ids.size()));
-  const SeqId seq = cache->AddSequence();
-  std::vector<float> logits(ids.size() * static_cast<size_t>(vocab));
-  ForwardItem item{seq, ids, logits.data(), true};
-  ASSERT_TRUE(*ForwardStep(*model_->model, *cache, {&item, 1}, kExact));
-  double total = 0;
-  for (size_t i = 0; i + 1 < ids.size(); ++i) {
-    const float* row = logits.data() + i * static_cast<size_t>(vocab);
-    const float mx = *std::max_element(row, row + vocab);
-    double sum = 0;
-    for (int32_t t = 0; t < vocab; ++t) sum += std::exp(static_cast<double>(row[t]) - mx);
-    total += -(static_cast<double>(row[ids[i + 1]]) - mx - std::log(sum));
-  }
-  const double mean = total / static_cast<double>(ids.size() - 1);
-  if (!kSanitized) {
-    const double ref = nll["mean_nll"];
-    EXPECT_NEAR(mean, ref, 1e-4 * ref) << "mean NLL over " << ids.size() << " tokens";
-    std::printf("mean NLL %.6f, reference %.6f\n", mean, ref);
-  } else {
-    EXPECT_GT(mean, 0.5);
-    EXPECT_LT(mean, 6.0);
+  for (const bool exact : {true, false}) {
+    auto cache = Cache(static_cast<int64_t>(ids.size()));
+    const SeqId seq = cache->AddSequence();
+    std::vector<float> logits(ids.size() * static_cast<size_t>(vocab));
+    ForwardItem item{seq, ids, logits.data(), true};
+    ASSERT_TRUE(*ForwardStep(*model_->model, *cache, {&item, 1}, exact ? kExact : ForwardOptions{}));
+    double total = 0;
+    for (size_t i = 0; i + 1 < ids.size(); ++i) {
+      const float* row = logits.data() + i * static_cast<size_t>(vocab);
+      const float mx = *std::max_element(row, row + vocab);
+      double sum = 0;
+      for (int32_t t = 0; t < vocab; ++t) sum += std::exp(static_cast<double>(row[t]) - mx);
+      total += -(static_cast<double>(row[ids[i + 1]]) - mx - std::log(sum));
+    }
+    const double mean = total / static_cast<double>(ids.size() - 1);
+    if (!kSanitized) {
+      const double ref = nll["mean_nll"];
+      EXPECT_NEAR(mean, ref, 1e-5 * ref)
+          << (exact ? "exact" : "fast") << " path, mean NLL over " << ids.size() << " tokens";
+      std::printf("%s path: mean NLL %.6f, reference %.6f (%+.2e relative)\n", exact ? "exact" : "fast", mean, ref,
+                  (mean - ref) / ref);
+    } else {
+      EXPECT_GT(mean, 0.5);
+      EXPECT_LT(mean, 6.0);
+    }
   }
 }
 
