@@ -444,6 +444,63 @@ inline void Tile32(const std::byte* const* rows, int64_t cols, const int16_t* xq
   }
 }
 
+// Bytes ahead of the one being read that Q8Panel prefetches: the panels are
+// one stream per thread, but the hardware prefetchers stop at each 4 KiB
+// page and restart on every chunk of rows a thread claims. Cold from DRAM,
+// two threads (BM_ColdQ8Decode): none 14-16 GB/s, 512 15-18, 1024 16-18,
+// 2048 17-20, 4096 17-20, 8192 16-18 (Intel kind).
+#ifndef PAGEKV_Q8P_AHEAD
+#define PAGEKV_Q8P_AHEAD 2048
+#endif
+// out[t * 16 + n] = row n of a q8_0 panel (matmul.cc kQ8PanelBlockBytes:
+// per block the 16 rows' f16 scales, then per pair of columns the 16 rows'
+// two bytes) times token t's q16 row, for kT tokens. Per pair of columns:
+// the 16 rows' bytes widened once (two loads, rows 0-7 and 8-15), one pair
+// product per token against the token's two values broadcast; the rows sit
+// in lanes, so there is no horizontal sum, and the panel is read front to
+// back.
+template <int kT, bool kVnni = false>
+inline void Q8Panel(const std::byte* panel, int64_t blocks, const int16_t* xq, int64_t x_stride, const float* xd,
+                    int64_t xd_stride, float* out) {
+  __m256 acc[kT][2];
+  for (int t = 0; t < kT; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const auto* blk = reinterpret_cast<const uint8_t*>(panel + b * 16 * 34);
+    const __m256 s0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk)));
+    const __m256 s1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 16)));
+    __m256i sum[kT][2];
+    for (int t = 0; t < kT; ++t) sum[t][0] = sum[t][1] = _mm256_setzero_si256();
+    for (int j = 0; j < 16; ++j) {
+      if (j % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(blk + 32 + 32 * j + PAGEKV_Q8P_AHEAD), _MM_HINT_T0);
+      const __m256i w0 = _mm256_cvtepi8_epi16(Load16(blk + 32 + 32 * j));
+      const __m256i w1 = _mm256_cvtepi8_epi16(Load16(blk + 48 + 32 * j));
+      for (int t = 0; t < kT; ++t) {
+        int32_t pair;
+        std::memcpy(&pair, xq + t * x_stride + 32 * b + 2 * j, 4);
+        const __m256i x = _mm256_set1_epi32(pair);
+#if HWY_TARGET <= HWY_AVX3
+        if constexpr (kVnni) {
+          asm("%{evex%} vpdpwssd %2, %1, %0" : "+v"(sum[t][0]) : "v"(w0), "v"(x));
+          asm("%{evex%} vpdpwssd %2, %1, %0" : "+v"(sum[t][1]) : "v"(w1), "v"(x));
+          continue;
+        }
+#endif
+        sum[t][0] = _mm256_add_epi32(sum[t][0], _mm256_madd_epi16(w0, x));
+        sum[t][1] = _mm256_add_epi32(sum[t][1], _mm256_madd_epi16(w1, x));
+      }
+    }
+    for (int t = 0; t < kT; ++t) {
+      const __m256 d = _mm256_set1_ps(xd[t * xd_stride + b]);
+      acc[t][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[t][0]), _mm256_mul_ps(s0, d), acc[t][0]);
+      acc[t][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[t][1]), _mm256_mul_ps(s1, d), acc[t][1]);
+    }
+  }
+  for (int t = 0; t < kT; ++t) {
+    _mm256_storeu_ps(out + t * 16, acc[t][0]);
+    _mm256_storeu_ps(out + t * 16 + 8, acc[t][1]);
+  }
+}
+
 }  // namespace intdot
 
 #endif  // x86 AVX2 and up

@@ -33,6 +33,12 @@ namespace pagekv::kernels {
 
 constexpr int64_t kQ8Block = 32;       // elements per q8_0 block
 constexpr int64_t kQ8BlockBytes = 34;  // f16 scale + 32 int8
+// q8_0 in panels (PackedWeights): per 16-row panel and 32-column block, the
+// 16 rows' f16 scales (32 bytes), then for each pair of columns (2j, 2j + 1)
+// the 16 rows' two int8 (32 bytes): the same 544 bytes as 16 q8_0 blocks,
+// read front to back by every kernel, the pairs as the int16 pair products
+// (vpmaddwd / vpdpwssd) take them.
+constexpr int64_t kQ8PanelBlockBytes = 16 * kQ8BlockBytes;
 constexpr int kPanelRows = 16;         // rows per panel (WeightMatrix::panels)
 constexpr int64_t kIntMaxTokens = 15;  // Activations::kFast runs block formats as integer products up to this many tokens
 constexpr int64_t kPanelPadRows = 32;  // packed rows are padded to a multiple of this (the widest tile)
@@ -429,35 +435,75 @@ void PanelRange(const MatMulTask& task, int64_t row_begin, int64_t row_end) {
   }
 }
 
-// Block-quantized rows for many tokens: each tile of kPanelTileRows rows is
-// decoded once into an f32 panel (the layout PackedWeights gives f32
-// weights, in a per-thread buffer that stays in L2) and the panel kernel
-// runs every token over it, so the decoding is paid once per tile rather
-// than once per few tokens.
-template <WeightType kType>
-void DecodedPanelRange(const MatMulTask& task, int64_t row_begin, int64_t row_end) {
-  using Tr = QuantTraits<kType>;
+// Rows [row_begin, row_end) (row_end <= w.rows) for every token, each tile
+// of kPanelTileRows rows decoded once by decode(r0, nr, buffer) into two f32
+// panels (the layout PackedWeights gives f32 weights; rows past nr zero) in
+// a per-thread buffer that stays in L2, then multiplied over every token:
+// through the AMX tiles where the call takes them, else the panel kernel.
+// So the decoding is paid once per tile rather than once per few tokens.
+template <class Decode>
+void DecodedTiles(const MatMulTask& task, int64_t row_begin, int64_t row_end, const Decode& decode) {
   const int64_t cols = task.w.cols, rows = task.w.rows;
   const int64_t panel_elems = cols * kPanelRows;
-  const int64_t block_bytes = FormatOf(kType).block_bytes;
-  // Per-thread buffers, grown to the widest matrix seen: the panel (64-byte
-  // aligned for the panel kernel's loads) and four decoded rows.
+  // Per-thread, grown to the widest matrix seen; 64-byte aligned for the
+  // panel kernel's loads.
   thread_local hwy::AlignedFreeUniquePtr<float[]> panel_buf;
   thread_local int64_t panel_cap = 0;
-  thread_local std::vector<float> row_buf;  // four decoded rows, row-major
   if (panel_cap < kPanelTileRows * cols) {
     panel_cap = kPanelTileRows * cols;
     panel_buf = hwy::AllocateAligned<float>(static_cast<size_t>(panel_cap));
   }
   float* const buffer = panel_buf.get();
-  row_buf.resize(static_cast<size_t>(4 * cols));
   HWY_ALIGN float scratch[kPanelTokens * kPanelTileRows];
-  const hn::ScalableTag<float> df;
-  const int n = static_cast<int>(hn::Lanes(df));
-  float scale[Tr::kElems / Tr::kSub], bias[Tr::kElems / Tr::kSub];
   [[maybe_unused]] int64_t amx_first = row_begin;  // the first row staged for the AMX tiles, not yet multiplied
   for (int64_t r0 = row_begin; r0 < row_end; r0 += kPanelTileRows) {
     const int64_t nr = std::min<int64_t>(kPanelTileRows, row_end - r0);
+    decode(r0, nr, buffer);
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+    // AMX: each decoded tile staged as B tiles, up to AmxRowsPerTask rows
+    // at a time multiplied over every token.
+    if (task.amx != nullptr) {
+      static_assert(kPanelTileRows == 32 && kAmxMaxRows % 32 == 0);
+      AmxStagePanels(static_cast<int>((r0 - amx_first) / kPanelRows), 2, buffer, AmxPanelType::kF32, panel_elems, cols);
+      const int64_t staged_end = std::min(r0 + kPanelTileRows, row_end);
+      if (staged_end == row_end || staged_end - amx_first >= AmxRowsPerTask(cols)) {
+        AmxMultiplyStaged(*task.amx, static_cast<int>(staged_end - amx_first), false, task.y + amx_first, rows);
+        amx_first = staged_end;
+      }
+      continue;
+    }
+#endif
+    const int64_t tiles = (task.tokens + kPanelTokens - 1) / kPanelTokens;
+    for (int64_t tile = 0, t = 0; tile < tiles; ++tile) {
+      const int64_t nt = task.tokens / tiles + (tile < task.tokens % tiles ? 1 : 0);
+      const bool direct = nr == kPanelTileRows;
+      float* out = direct ? task.y + t * rows + r0 : scratch;
+      const int64_t stride = direct ? rows : kPanelTileRows;
+      PanelTileN<float>(nt, buffer, panel_elems, task.x + t * cols, cols, out, stride, nullptr);
+      if (!direct) {
+        for (int64_t i = 0; i < nt; ++i) {
+          std::memcpy(task.y + (t + i) * rows + r0, scratch + i * kPanelTileRows, static_cast<size_t>(nr) * 4);
+        }
+      }
+      t += nt;
+    }
+  }
+}
+
+// Row-major block-quantized rows for many tokens (DecodedTiles): four rows
+// at a time decoded, then transposed into the panels.
+template <WeightType kType>
+void DecodedPanelRange(const MatMulTask& task, int64_t row_begin, int64_t row_end) {
+  using Tr = QuantTraits<kType>;
+  const int64_t cols = task.w.cols;
+  const int64_t panel_elems = cols * kPanelRows;
+  const int64_t block_bytes = FormatOf(kType).block_bytes;
+  thread_local std::vector<float> row_buf;  // four decoded rows, row-major
+  row_buf.resize(static_cast<size_t>(4 * cols));
+  const hn::ScalableTag<float> df;
+  const int n = static_cast<int>(hn::Lanes(df));
+  float scale[Tr::kElems / Tr::kSub], bias[Tr::kElems / Tr::kSub];
+  DecodedTiles(task, row_begin, row_end, [&](int64_t r0, int64_t nr, float* buffer) {
     for (int64_t g = 0; g < kPanelTileRows; g += 4) {  // four rows at a time, decoded then transposed
       for (int64_t k = 0; k < 4; ++k) {
         float* row = row_buf.data() + k * cols;
@@ -496,35 +542,85 @@ void DecodedPanelRange(const MatMulTask& task, int64_t row_begin, int64_t row_en
       }
 #endif
     }
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-    // AMX: each decoded tile staged as B tiles, up to kAmxMaxRows rows at a
-    // time multiplied over every token.
-    if (task.amx != nullptr) {
-      static_assert(kPanelTileRows == 32 && kAmxMaxRows % 32 == 0);
-      AmxStagePanels(static_cast<int>((r0 - amx_first) / kPanelRows), 2, buffer, AmxPanelType::kF32, panel_elems, cols);
-      const int64_t staged_end = std::min(r0 + kPanelTileRows, row_end);
-      if (staged_end == row_end || staged_end - amx_first >= AmxRowsPerTask(cols)) {
-        AmxMultiplyStaged(*task.amx, static_cast<int>(staged_end - amx_first), false, task.y + amx_first, rows);
-        amx_first = staged_end;
+  });
+}
+
+// ---- q8_0 in panels (PackedWeights; the layout in kQ8PanelBlockBytes'
+// comment). out = the 16 rows' f32 panel [cols][16]: per k-pair, each
+// row's two bytes split (the even byte is the low one, sign-extended by a
+// shift pair) and scaled.
+void DecodeQ8Panel(const std::byte* panel, int64_t cols, float* HWY_RESTRICT out) {
+  const hn::CappedTag<float, kPanelRows> df;
+  const int n = static_cast<int>(hn::Lanes(df));
+  const hn::Rebind<int16_t, decltype(df)> d16;
+  const hn::Rebind<int32_t, decltype(df)> d32;
+  const hn::Rebind<hwy::float16_t, decltype(df)> dh;
+  for (int64_t b = 0; b < cols / kQ8Block; ++b) {
+    const std::byte* blk = panel + b * kQ8PanelBlockBytes;
+    const auto* scales = reinterpret_cast<const hwy::float16_t*>(blk);
+    const auto* pairs = reinterpret_cast<const int16_t*>(blk + 2 * kPanelRows);
+    for (int j = 0; j < kQ8Block / 2; ++j) {
+      float* even = out + (b * kQ8Block + 2 * j) * kPanelRows;
+      for (int r = 0; r < kPanelRows; r += n) {
+        const auto v = hn::LoadU(d16, pairs + j * kPanelRows + r);
+        const auto s = hn::PromoteTo(df, hn::LoadU(dh, scales + r));
+        const auto lo = hn::ShiftRight<8>(hn::ShiftLeft<8>(v)), hi = hn::ShiftRight<8>(v);
+        hn::StoreU(hn::Mul(hn::ConvertTo(df, hn::PromoteTo(d32, lo)), s), df, even + r);
+        hn::StoreU(hn::Mul(hn::ConvertTo(df, hn::PromoteTo(d32, hi)), s), df, even + kPanelRows + r);
       }
-      continue;
-    }
-#endif
-    const int64_t tiles = (task.tokens + kPanelTokens - 1) / kPanelTokens;
-    for (int64_t tile = 0, t = 0; tile < tiles; ++tile) {
-      const int64_t nt = task.tokens / tiles + (tile < task.tokens % tiles ? 1 : 0);
-      const bool direct = nr == kPanelTileRows;
-      float* out = direct ? task.y + t * rows + r0 : scratch;
-      const int64_t stride = direct ? rows : kPanelTileRows;
-      PanelTileN<float>(nt, buffer, panel_elems, task.x + t * cols, cols, out, stride, nullptr);
-      if (!direct) {
-        for (int64_t i = 0; i < nt; ++i) {
-          std::memcpy(task.y + (t + i) * rows + r0, scratch + i * kPanelTileRows, static_cast<size_t>(nr) * 4);
-        }
-      }
-      t += nt;
     }
   }
+}
+
+// q8_0 panels, rows [row_begin, row_end) for every token: X as q16 rows
+// (the fast path's few tokens, x86) through the panel's integer kernel, two
+// tokens at a time; else the panels decoded to f32 once per 32-row tile
+// (DecodedTiles).
+void Q8PanelRange(const MatMulTask& task, int64_t row_begin, int64_t row_end) {
+  const int64_t cols = task.w.cols, rows = task.w.rows;
+  const int64_t panel_bytes = cols / kQ8Block * kQ8PanelBlockBytes;
+  row_end = std::min(row_end, rows);
+#ifdef PAGEKV_HAVE_INT_DOT
+  if (task.xq != nullptr) {
+    [[maybe_unused]] const bool vnni = VnniEnabled();
+    const int64_t blocks = cols / kQ8Block;
+    float out[2 * kPanelRows];
+    for (int64_t r0 = row_begin; r0 < row_end; r0 += kPanelRows) {
+      const std::byte* panel = task.w.data + (r0 / kPanelRows) * panel_bytes;
+      const int64_t nr = std::min<int64_t>(kPanelRows, row_end - r0);
+      for (int64_t t = 0; t < task.tokens; t += 2) {
+        const int64_t nt = std::min<int64_t>(2, task.tokens - t);
+        const int16_t* xq = task.xq + t * cols;
+        const float* xd = task.xd + t * blocks;
+#if HWY_TARGET <= HWY_AVX3
+        if (vnni) {
+          if (nt == 2) {
+            intdot::Q8Panel<2, true>(panel, blocks, xq, cols, xd, blocks, out);
+          } else {
+            intdot::Q8Panel<1, true>(panel, blocks, xq, cols, xd, blocks, out);
+          }
+        } else
+#endif
+        if (nt == 2) {
+          intdot::Q8Panel<2>(panel, blocks, xq, cols, xd, blocks, out);
+        } else {
+          intdot::Q8Panel<1>(panel, blocks, xq, cols, xd, blocks, out);
+        }
+        for (int64_t i = 0; i < nt; ++i) {
+          std::memcpy(task.y + (t + i) * rows + r0, out + i * kPanelRows, static_cast<size_t>(nr) * 4);
+        }
+      }
+    }
+    return;
+  }
+#endif
+  const int64_t panel_elems = cols * kPanelRows;
+  DecodedTiles(task, row_begin, row_end, [&](int64_t r0, int64_t, float* buffer) {
+    // Rows past the matrix are the packing's zero padding (to 32 rows).
+    for (int p = 0; p < kPanelTileRows / kPanelRows; ++p) {
+      DecodeQ8Panel(task.w.data + (r0 / kPanelRows + p) * panel_bytes, cols, buffer + p * panel_elems);
+    }
+  });
 }
 
 void PanelRangeImpl(const MatMulTask& task, int64_t row_begin, int64_t row_end) {
@@ -532,7 +628,8 @@ void PanelRangeImpl(const MatMulTask& task, int64_t row_begin, int64_t row_end) 
     case WeightType::kF32: return PanelRange<float>(task, row_begin, row_end);
     case WeightType::kF16: return PanelRange<hwy::float16_t>(task, row_begin, row_end);
     case WeightType::kBF16: return PanelRange<hwy::bfloat16_t>(task, row_begin, row_end);
-    default: return;  // block formats are never packed (PackWeights refuses them)
+    case WeightType::kQ8_0: return Q8PanelRange(task, row_begin, row_end);
+    default: return;  // the other block formats are never packed (PackWeights refuses them)
   }
 }
 
@@ -710,7 +807,7 @@ Status MatMulShared(std::span<const MatMulOutput> outputs, const float* x, int64
       return InvalidArgumentError("matmul: " + std::string(f.name) + " rows need a multiple of " +
                                   std::to_string(f.block_elems) + " columns, got " + std::to_string(w.cols));
     }
-    if (w.panels && IsBlockQuantized(w.type)) {
+    if (w.panels && IsBlockQuantized(w.type) && w.type != WeightType::kQ8_0) {
       return InvalidArgumentError("matmul: " + std::string(f.name) + " weights are never in panels");
     }
     if (w.cols != outputs[0].w.cols) return InvalidArgumentError("matmul: products sharing X need the same column count");
@@ -725,7 +822,7 @@ Status MatMulShared(std::span<const MatMulOutput> outputs, const float* x, int64
   bool integer = activations == Activations::kFast && tokens <= kernels::kIntMaxTokens && outputs[0].w.cols % 32 == 0;
   if (integer) {
     integer = false;
-    for (const kernels::MatMulTask& t : tasks) integer = integer || (IsBlockQuantized(t.w.type) && !t.w.panels);
+    for (const kernels::MatMulTask& t : tasks) integer = integer || IsBlockQuantized(t.w.type);
     integer = integer && IntActivationsAvailable();
   }
   if (integer) {
@@ -796,18 +893,41 @@ Status MatMulShared(std::span<const MatMulOutput> outputs, const float* x, int64
 Result<PackedWeights> PackedWeights::Pack(const WeightMatrix& w) {
   if (w.data == nullptr || w.rows <= 0 || w.cols <= 0) return InvalidArgumentError("pack weights: empty matrix");
   if (w.panels) return InvalidArgumentError("pack weights: the matrix is already in panels");
-  if (IsBlockQuantized(w.type)) {
+  if (IsBlockQuantized(w.type) && w.type != WeightType::kQ8_0) {
     return InvalidArgumentError("pack weights: " + std::string(FormatOf(w.type).name) +
-                                " rows stay row-major (the elements of a block share scales)");
+                                " rows stay row-major (only f32, f16, bf16 and q8_0 have a panel layout)");
   }
-  const int64_t elem = w.type == WeightType::kF32 ? 4 : 2;
+  if (w.type == WeightType::kQ8_0 && w.cols % kernels::kQ8Block != 0) {
+    return InvalidArgumentError("pack weights: q8_0 rows need a multiple of 32 columns, got " + std::to_string(w.cols));
+  }
   const int64_t padded = (w.rows + kernels::kPanelPadRows - 1) / kernels::kPanelPadRows * kernels::kPanelPadRows;
   PackedWeights p;
-  p.bytes_ = padded * w.cols * elem;
+  p.bytes_ = padded * WeightRowBytes(w.type, w.cols);
   p.data_.reset(static_cast<std::byte*>(std::aligned_alloc(64, static_cast<size_t>((p.bytes_ + 63) / 64 * 64))));
   if (p.data_ == nullptr) return ResourceExhaustedError("pack weights: out of memory for " + std::to_string(p.bytes_) + " bytes");
   std::memset(p.data_.get(), 0, static_cast<size_t>(p.bytes_));
   const int64_t row_bytes = WeightRowBytes(w.type, w.cols);
+  if (w.type == WeightType::kQ8_0) {
+    // kQ8PanelBlockBytes: per panel and block, the rows' scales, then per
+    // pair of columns the rows' two bytes.
+    const int64_t panel_bytes = w.cols / kernels::kQ8Block * kernels::kQ8PanelBlockBytes;
+    for (int64_t r = 0; r < w.rows; ++r) {
+      const std::byte* src = w.data + r * row_bytes;
+      const int64_t n = r % kernels::kPanelRows;
+      std::byte* panel = p.data_.get() + (r / kernels::kPanelRows) * panel_bytes;
+      for (int64_t b = 0; b < w.cols / kernels::kQ8Block; ++b) {
+        const std::byte* in = src + b * kernels::kQ8BlockBytes;
+        std::byte* out = panel + b * kernels::kQ8PanelBlockBytes;
+        std::memcpy(out + 2 * n, in, 2);
+        for (int64_t j = 0; j < kernels::kQ8Block / 2; ++j) {
+          std::memcpy(out + 2 * kernels::kPanelRows + j * 2 * kernels::kPanelRows + 2 * n, in + 2 + 2 * j, 2);
+        }
+      }
+    }
+    p.matrix_ = WeightMatrix{p.data_.get(), w.type, w.rows, w.cols, true};
+    return p;
+  }
+  const int64_t elem = w.type == WeightType::kF32 ? 4 : 2;
   for (int64_t r = 0; r < w.rows; ++r) {
     const std::byte* src = w.data + r * row_bytes;
     std::byte* panel = p.data_.get() + (r / kernels::kPanelRows) * w.cols * kernels::kPanelRows * elem;
@@ -821,6 +941,21 @@ Result<PackedWeights> PackedWeights::Pack(const WeightMatrix& w) {
 }
 
 void WeightRow(const WeightMatrix& w, int64_t r, float* out) {
+  if (w.type == WeightType::kQ8_0 && w.panels) {
+    const int64_t n = r % kernels::kPanelRows;
+    const std::byte* panel = w.data + (r / kernels::kPanelRows) * (w.cols / kernels::kQ8Block * kernels::kQ8PanelBlockBytes);
+    for (int64_t b = 0; b < w.cols / kernels::kQ8Block; ++b) {
+      const std::byte* blk = panel + b * kernels::kQ8PanelBlockBytes;
+      uint16_t h;
+      std::memcpy(&h, blk + 2 * n, 2);
+      const float scale = F16ToF32(h);
+      for (int64_t e = 0; e < kernels::kQ8Block; ++e) {
+        const auto q = static_cast<int8_t>(blk[2 * kernels::kPanelRows + (e / 2) * 2 * kernels::kPanelRows + 2 * n + e % 2]);
+        out[b * kernels::kQ8Block + e] = scale * static_cast<float>(q);
+      }
+    }
+    return;
+  }
   if (IsBlockQuantized(w.type)) {  // row-major only
     DecodeWeights(w.type, w.data + r * WeightRowBytes(w.type, w.cols), w.cols, out);
     return;

@@ -256,9 +256,11 @@ namespace {
 // One token (decode) through q8_0 matrices read cold from DRAM: 160 MiB of
 // copies of one shape, a different copy each call, as a model's decode step
 // streams its weights. args rows, cols (llama-110m's q / qkv / gate+up /
-// down / classifier); integer activations, every thread.
+// down / classifier), layout (0 row-major, 1 panels as the model packs
+// them); integer activations, every thread.
 void BM_ColdQ8Decode(benchmark::State& state) {
   const int64_t rows = state.range(0), cols = state.range(1);
+  const bool panels = state.range(2) != 0;
   const auto type = WeightType::kQ8_0;
   const int copies = static_cast<int>((int64_t{160} << 20) / (rows * WeightRowBytes(type, cols)) + 1);
   std::vector<std::vector<std::byte>> mats(static_cast<size_t>(copies));
@@ -267,17 +269,30 @@ void BM_ColdQ8Decode(benchmark::State& state) {
     const uint16_t h = F32ToF16(0.01f);
     for (size_t i = 0; i < m.size(); i += 34) std::memcpy(m.data() + i, &h, 2);
   }
+  std::vector<WeightMatrix> ms;
+  std::vector<PackedWeights> packed;
+  for (auto& m : mats) {
+    ms.push_back({m.data(), type, rows, cols});
+    if (!panels) continue;
+    Result<PackedWeights> p = PackedWeights::Pack(ms.back());
+    if (!p.ok()) {
+      state.SkipWithError(p.status().message().c_str());
+      return;
+    }
+    ms.back() = p->matrix();
+    packed.push_back(std::move(*p));
+    std::vector<std::byte>().swap(m);
+  }
   const std::vector<float> x = Random(cols);
   std::vector<float> y(static_cast<size_t>(rows));
   size_t i = 0;
   for (auto _ : state) {
-    const WeightMatrix m{mats[i].data(), type, rows, cols};
-    benchmark::DoNotOptimize(MatMul(m, x.data(), 1, y.data(), 0, Activations::kFast));
-    i = (i + 1) % mats.size();
+    benchmark::DoNotOptimize(MatMul(ms[i], x.data(), 1, y.data(), 0, Activations::kFast));
+    i = (i + 1) % ms.size();
   }
-  Counters(state, static_cast<int64_t>(mats[0].size()), 2.0 * static_cast<double>(rows * cols));
+  Counters(state, rows * WeightRowBytes(type, cols), 2.0 * static_cast<double>(rows * cols));
 }
-BENCHMARK(BM_ColdQ8Decode)->Args({768, 768})->Args({1280, 768})->Args({5120, 768})->Args({768, 2560})->Args({32000, 768})->UseRealTime();
+BENCHMARK(BM_ColdQ8Decode)->ArgsProduct({{768, 1280, 5120, 32000}, {768}, {0, 1}})->Args({768, 2560, 0})->Args({768, 2560, 1})->UseRealTime();
 }  // namespace
 }  // namespace pagekv
 

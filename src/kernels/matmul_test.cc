@@ -327,6 +327,62 @@ TEST_P(MatMulTargetTest, AmxTilesKeepTheF32Accuracy) {
   }
 }
 
+// q8_0 in panels: the exact path (the panels decoded to f32) on every tail
+// of the 16-row panels, their 32-row padding and the token tiles; the fast
+// path's few tokens (the panel's integer kernel, X rounded to int16 per 32
+// values: against the same double product of the rounded X as the
+// row-major integer path) and many (AMX tiles where the CPU has them, else
+// f32); the rows read back for the embedding lookup.
+TEST_P(MatMulTargetTest, Q8PanelsEveryPathAndTail) {
+  uint32_t seed = 3100;
+  const bool integer = IntActivationsAvailable();
+  for (int64_t rows : {1, 15, 16, 17, 31, 32, 33, 70}) {
+    for (int64_t cols : {32, 64, 288}) {
+      const Weights w = MakeWeights(WeightType::kQ8_0, rows, cols, seed++);
+      Result<PackedWeights> packed = PackedWeights::Pack(w.matrix);
+      ASSERT_TRUE(packed.ok()) << packed.status().message();
+      const WeightMatrix& m = packed->matrix();
+      ASSERT_TRUE(m.panels);
+      for (int64_t tokens : {1, 2, 3, 5, 13, 16, 17, 33}) ExpectProduct(w, tokens, seed++, 1, &m);
+      for (int64_t tokens : {32, 33, 50}) ExpectProduct(w, tokens, seed++, 1, &m, Activations::kFast);
+      for (int64_t tokens : {1, 2, 3, 7, 15}) {
+        std::mt19937 rng(seed++);
+        std::uniform_real_distribution<float> uni(-2.0f, 2.0f);
+        std::vector<float> x(static_cast<size_t>(tokens * cols));
+        for (float& v : x) v = uni(rng);
+        std::vector<double> xr(x.begin(), x.end());  // X as the product sees it
+        if (integer) {
+          for (size_t b = 0; b < x.size() / 32; ++b) {
+            float amax = 0;
+            for (size_t i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[b * 32 + i]));
+            const float d = amax / 32767.0f;
+            for (size_t i = 0; i < 32; ++i) xr[b * 32 + i] = d == 0 ? 0.0 : double{d} * std::nearbyint(x[b * 32 + i] / d);
+          }
+        }
+        std::vector<float> y(static_cast<size_t>(tokens * rows), NAN);
+        ASSERT_TRUE(MatMul(m, x.data(), tokens, y.data(), 1, Activations::kFast).ok());
+        for (int64_t t = 0; t < tokens; ++t) {
+          for (int64_t r = 0; r < rows; ++r) {
+            double ref = 0, mag = 0;
+            for (int64_t c = 0; c < cols; ++c) {
+              const double p = double{w.values[static_cast<size_t>(r * cols + c)]} * xr[static_cast<size_t>(t * cols + c)];
+              ref += p;
+              mag += std::fabs(p);
+            }
+            ASSERT_NEAR(y[static_cast<size_t>(t * rows + r)], ref, 2e-5 * mag + 1e-6)
+                << "token " << t << " row " << r << " of " << rows << "x" << cols << ", " << tokens << " tokens";
+          }
+        }
+      }
+      std::vector<float> row(static_cast<size_t>(cols));
+      for (int64_t r : {int64_t{0}, rows / 2, rows - 1}) {
+        WeightRow(m, r, row.data());
+        for (int64_t c = 0; c < cols; ++c) ASSERT_EQ(row[static_cast<size_t>(c)], w.values[static_cast<size_t>(r * cols + c)]);
+      }
+    }
+  }
+}
+
 TEST_P(MatMulTargetTest, ThreadedLargeMatchesReference) {
   // Large enough to take the pool (rows split in chunks) and the token chunks.
   for (WeightType type : {WeightType::kF32, WeightType::kQ8_0, WeightType::kQ4_K}) {
@@ -371,9 +427,13 @@ TEST(MatMulTest, SharedEqualsSeparate) {
   EXPECT_EQ(MatMulShared(mismatched, x.data(), 1).code(), StatusCode::kInvalidArgument);
 }
 
-TEST(MatMulTest, PackRefusesQ8AndPackedInput) {
+TEST(MatMulTest, PackRefusesTheOtherBlockFormatsAndPackedInput) {
+  const Weights q4 = MakeWeights(WeightType::kQ4_0, 4, 64, 3);
+  EXPECT_EQ(PackedWeights::Pack(q4.matrix).status().code(), StatusCode::kInvalidArgument);
   const Weights q8 = MakeWeights(WeightType::kQ8_0, 4, 64, 3);
-  EXPECT_EQ(PackedWeights::Pack(q8.matrix).status().code(), StatusCode::kInvalidArgument);
+  Result<PackedWeights> q8p = PackedWeights::Pack(q8.matrix);
+  ASSERT_TRUE(q8p.ok());
+  EXPECT_EQ(PackedWeights::Pack(q8p->matrix()).status().code(), StatusCode::kInvalidArgument);
   const Weights f = MakeWeights(WeightType::kF32, 4, 8, 3);
   Result<PackedWeights> packed = PackedWeights::Pack(f.matrix);
   ASSERT_TRUE(packed.ok());
