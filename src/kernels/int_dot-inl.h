@@ -447,7 +447,7 @@ inline void Tile32(const std::byte* const* rows, int64_t cols, const int16_t* xq
 // Bytes ahead of the one being read that Q8Panel prefetches: the panels are
 // one stream per thread, but the hardware prefetchers stop at each 4 KiB
 // page and restart on every chunk of rows a thread claims. Cold from DRAM,
-// two threads (BM_ColdQ8Decode): none 14-16 GB/s, 512 15-18, 1024 16-18,
+// two threads (BM_ColdDecode): none 14-16 GB/s, 512 15-18, 1024 16-18,
 // 2048 17-20, 4096 17-20, 8192 16-18 (Intel kind).
 #ifndef PAGEKV_Q8P_AHEAD
 #define PAGEKV_Q8P_AHEAD 2048

@@ -253,21 +253,27 @@ BENCHMARK(BM_OpenBlasSgemm)->Apply([](benchmark::internal::Benchmark* b) { Args(
 
 namespace pagekv {
 namespace {
-// One token (decode) through q8_0 matrices read cold from DRAM: 160 MiB of
-// copies of one shape, a different copy each call, as a model's decode step
-// streams its weights. args rows, cols (llama-110m's q / qkv / gate+up /
-// down / classifier), layout (0 row-major, 1 panels as the model packs
-// them); integer activations, every thread.
-void BM_ColdQ8Decode(benchmark::State& state) {
+// One token (decode) through block-format matrices read cold from DRAM:
+// 160 MiB of copies of one shape, a different copy each call, as a model's
+// decode step streams its weights. args rows, cols (llama-110m's q / qkv /
+// gate+up / classifier, and down), weight type (as WeightType: 3 q8_0,
+// 10 q4_k, 12 q6_k), layout (0 row-major, 1 panels as the model packs
+// q8_0); integer activations, every thread.
+void BM_ColdDecode(benchmark::State& state) {
   const int64_t rows = state.range(0), cols = state.range(1);
-  const bool panels = state.range(2) != 0;
-  const auto type = WeightType::kQ8_0;
-  const int copies = static_cast<int>((int64_t{160} << 20) / (rows * WeightRowBytes(type, cols)) + 1);
+  const auto type = static_cast<WeightType>(state.range(2));
+  const bool panels = state.range(3) != 0;
+  const int64_t bytes = rows * WeightRowBytes(type, cols);
+  const int copies = static_cast<int>((int64_t{160} << 20) / bytes + 1);
+  const WeightFormat& f = FormatOf(type);
+  const int half = type == WeightType::kQ6_K ? 208 : 0;  // where each block's f16 d sits
   std::vector<std::vector<std::byte>> mats(static_cast<size_t>(copies));
+  std::mt19937 rng(5);
   for (auto& m : mats) {
-    m.resize(static_cast<size_t>(rows * WeightRowBytes(type, cols)));
+    m.resize(static_cast<size_t>(bytes));
+    for (auto& b : m) b = static_cast<std::byte>(rng() & 0x3F);
     const uint16_t h = F32ToF16(0.01f);
-    for (size_t i = 0; i < m.size(); i += 34) std::memcpy(m.data() + i, &h, 2);
+    for (size_t i = 0; i < m.size(); i += static_cast<size_t>(f.block_bytes)) std::memcpy(m.data() + i + half, &h, 2);
   }
   std::vector<WeightMatrix> ms;
   std::vector<PackedWeights> packed;
@@ -290,9 +296,14 @@ void BM_ColdQ8Decode(benchmark::State& state) {
     benchmark::DoNotOptimize(MatMul(ms[i], x.data(), 1, y.data(), 0, Activations::kFast));
     i = (i + 1) % ms.size();
   }
-  Counters(state, rows * WeightRowBytes(type, cols), 2.0 * static_cast<double>(rows * cols));
+  Counters(state, bytes, 2.0 * static_cast<double>(rows * cols));
 }
-BENCHMARK(BM_ColdQ8Decode)->ArgsProduct({{768, 1280, 5120, 32000}, {768}, {0, 1}})->Args({768, 2560, 0})->Args({768, 2560, 1})->UseRealTime();
+BENCHMARK(BM_ColdDecode)
+    ->ArgsProduct({{768, 1280, 5120, 32000}, {768}, {3}, {0, 1}})
+    ->ArgsProduct({{768}, {2560}, {3}, {0, 1}})
+    ->ArgsProduct({{768, 5120, 32000}, {768}, {10, 12}, {0}})
+    ->ArgsProduct({{768}, {2560}, {10, 12}, {0}})
+    ->UseRealTime();
 }  // namespace
 }  // namespace pagekv
 
