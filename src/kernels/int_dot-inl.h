@@ -444,14 +444,46 @@ inline void Tile32(const std::byte* const* rows, int64_t cols, const int16_t* xq
   }
 }
 
-// Bytes ahead of the one being read that Q8Panel prefetches: the panels are
+// Bytes ahead of the one being read that the panel kernels prefetch: the panels are
 // one stream per thread, but the hardware prefetchers stop at each 4 KiB
 // page and restart on every chunk of rows a thread claims. Cold from DRAM,
 // two threads (BM_ColdDecode): none 14-16 GB/s, 512 15-18, 1024 16-18,
 // 2048 17-20, 4096 17-20, 8192 16-18 (Intel kind).
-#ifndef PAGEKV_Q8P_AHEAD
-#define PAGEKV_Q8P_AHEAD 2048
+#ifndef PAGEKV_PANEL_AHEAD
+#define PAGEKV_PANEL_AHEAD 2048
 #endif
+// Tokens' q16 rows for the panel kernels: token t's values at xq + t *
+// cols, its per-32 scales at xd + t * cols / 32, its per-16 sums (scale
+// times the sum of the 16 values) at xs + t * cols / 16.
+struct PanelX {
+  const int16_t* xq;
+  const float* xd;
+  const float* xs;
+  int64_t cols;
+};
+
+// Adds the pair products of 16 rows' int16 pairs (w0: rows 0-7, w1: rows
+// 8-15) with one token's pair x to the token's sums.
+template <bool kVnni>
+inline void PairProducts(__m256i w0, __m256i w1, __m256i x, __m256i* sum) {
+#if HWY_TARGET <= HWY_AVX3
+  if constexpr (kVnni) {
+    asm("%{evex%} vpdpwssd %2, %1, %0" : "+v"(sum[0]) : "v"(w0), "v"(x));
+    asm("%{evex%} vpdpwssd %2, %1, %0" : "+v"(sum[1]) : "v"(w1), "v"(x));
+    return;
+  }
+#endif
+  sum[0] = _mm256_add_epi32(sum[0], _mm256_madd_epi16(w0, x));
+  sum[1] = _mm256_add_epi32(sum[1], _mm256_madd_epi16(w1, x));
+}
+
+// Token t's values 2j and 2j + 1 from `at` on, as one int32 for the pair products.
+inline __m256i XPair(const int16_t* at) {
+  int32_t pair;
+  std::memcpy(&pair, at, 4);
+  return _mm256_set1_epi32(pair);
+}
+
 // out[t * 16 + n] = row n of a q8_0 panel (matmul.cc kQ8PanelBlockBytes:
 // per block the 16 rows' f16 scales, then per pair of columns the 16 rows'
 // two bytes) times token t's q16 row, for kT tokens. Per pair of columns:
@@ -460,8 +492,7 @@ inline void Tile32(const std::byte* const* rows, int64_t cols, const int16_t* xq
 // in lanes, so there is no horizontal sum, and the panel is read front to
 // back.
 template <int kT, bool kVnni = false>
-inline void Q8Panel(const std::byte* panel, int64_t blocks, const int16_t* xq, int64_t x_stride, const float* xd,
-                    int64_t xd_stride, float* out) {
+inline void Q8Panel(const std::byte* panel, int64_t blocks, const PanelX& x, float* out) {
   __m256 acc[kT][2];
   for (int t = 0; t < kT; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
@@ -471,26 +502,13 @@ inline void Q8Panel(const std::byte* panel, int64_t blocks, const int16_t* xq, i
     __m256i sum[kT][2];
     for (int t = 0; t < kT; ++t) sum[t][0] = sum[t][1] = _mm256_setzero_si256();
     for (int j = 0; j < 16; ++j) {
-      if (j % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(blk + 32 + 32 * j + PAGEKV_Q8P_AHEAD), _MM_HINT_T0);
+      if (j % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(blk + 32 + 32 * j + PAGEKV_PANEL_AHEAD), _MM_HINT_T0);
       const __m256i w0 = _mm256_cvtepi8_epi16(Load16(blk + 32 + 32 * j));
       const __m256i w1 = _mm256_cvtepi8_epi16(Load16(blk + 48 + 32 * j));
-      for (int t = 0; t < kT; ++t) {
-        int32_t pair;
-        std::memcpy(&pair, xq + t * x_stride + 32 * b + 2 * j, 4);
-        const __m256i x = _mm256_set1_epi32(pair);
-#if HWY_TARGET <= HWY_AVX3
-        if constexpr (kVnni) {
-          asm("%{evex%} vpdpwssd %2, %1, %0" : "+v"(sum[t][0]) : "v"(w0), "v"(x));
-          asm("%{evex%} vpdpwssd %2, %1, %0" : "+v"(sum[t][1]) : "v"(w1), "v"(x));
-          continue;
-        }
-#endif
-        sum[t][0] = _mm256_add_epi32(sum[t][0], _mm256_madd_epi16(w0, x));
-        sum[t][1] = _mm256_add_epi32(sum[t][1], _mm256_madd_epi16(w1, x));
-      }
+      for (int t = 0; t < kT; ++t) PairProducts<kVnni>(w0, w1, XPair(x.xq + t * x.cols + 32 * b + 2 * j), sum[t]);
     }
     for (int t = 0; t < kT; ++t) {
-      const __m256 d = _mm256_set1_ps(xd[t * xd_stride + b]);
+      const __m256 d = _mm256_set1_ps(x.xd[t * (x.cols / 32) + b]);
       acc[t][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[t][0]), _mm256_mul_ps(s0, d), acc[t][0]);
       acc[t][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[t][1]), _mm256_mul_ps(s1, d), acc[t][1]);
     }
@@ -500,6 +518,144 @@ inline void Q8Panel(const std::byte* panel, int64_t blocks, const int16_t* xq, i
     _mm256_storeu_ps(out + t * 16 + 8, acc[t][1]);
   }
 }
+
+// Eight bytes as eight int32 lanes holding (low nibble, high nibble) as an
+// int16 pair: (v | v << 12) & 0x000F000F.
+inline __m256i NibblePairs(const uint8_t* p) {
+  const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_and_si256(_mm256_or_si256(v, _mm256_slli_epi32(v, 12)), _mm256_set1_epi32(0x000F000F));
+}
+
+// Eight bytes as eight f32 lanes.
+inline __m256 ByteLanes(const uint8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+
+// out[t * 16 + n] = row n of a q4_k panel (matmul.cc kQ4KPanelBlockBytes)
+// times token t's q16 row, for kT tokens. Per sub-block of 32 columns, the
+// pair products of each row's nibbles u with the token's int16 values sum
+// to an exact integer, taken once as d * sc * dx; the mins once as dmin *
+// m times the sub-block's sum of X.
+template <int kT, bool kVnni = false>
+inline void Q4KPanel(const std::byte* panel, int64_t blocks, const PanelX& x, float* out) {
+  __m256 acc[kT][2];
+  for (int t = 0; t < kT; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const auto* blk = reinterpret_cast<const uint8_t*>(panel + b * (64 + 256 + 2048));
+    const __m256 d[2] = {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk))),
+                         _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 16)))};
+    const __m256 dmin[2] = {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 32))),
+                            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 48)))};
+    for (int sub = 0; sub < 8; ++sub) {
+      const uint8_t* q = blk + 320 + 256 * sub;
+      __m256i sum[kT][2];
+      for (int t = 0; t < kT; ++t) sum[t][0] = sum[t][1] = _mm256_setzero_si256();
+      for (int j = 0; j < 16; ++j) {
+        if (j % 4 == 0) _mm_prefetch(reinterpret_cast<const char*>(q + 16 * j + PAGEKV_PANEL_AHEAD), _MM_HINT_T0);
+        const __m256i w0 = NibblePairs(q + 16 * j), w1 = NibblePairs(q + 16 * j + 8);
+        const int64_t c = 256 * b + 32 * sub + 2 * j;
+        for (int t = 0; t < kT; ++t) PairProducts<kVnni>(w0, w1, XPair(x.xq + t * x.cols + c), sum[t]);
+      }
+      for (int h = 0; h < 2; ++h) {
+        const __m256 scale = _mm256_mul_ps(d[h], ByteLanes(blk + 64 + 16 * sub + 8 * h));
+        const __m256 bias = _mm256_mul_ps(dmin[h], ByteLanes(blk + 192 + 16 * sub + 8 * h));
+        for (int t = 0; t < kT; ++t) {
+          const int64_t chunk = 8 * b + sub;  // the 32-value chunk of X
+          const float* s16 = x.xs + t * (x.cols / 16) + 2 * chunk;
+          const __m256 dx = _mm256_set1_ps(x.xd[t * (x.cols / 32) + chunk]);
+          acc[t][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[t][h]), _mm256_mul_ps(scale, dx), acc[t][h]);
+          acc[t][h] = _mm256_fnmadd_ps(bias, _mm256_set1_ps(s16[0] + s16[1]), acc[t][h]);
+        }
+      }
+    }
+  }
+  for (int t = 0; t < kT; ++t) {
+    _mm256_storeu_ps(out + t * 16, acc[t][0]);
+    _mm256_storeu_ps(out + t * 16 + 8, acc[t][1]);
+  }
+}
+
+#if HWY_TARGET <= HWY_AVX3
+// The AVX-512 forms of Q8Panel and Q4KPanel: the 16 rows in one register,
+// half the instructions per column pair (a panel kernel with one token
+// issues about one instruction per 5 bytes of q4_k, where the 256-bit form
+// issues one per 2 and falls behind DRAM).
+template <bool kVnni>
+inline __m512i PairProducts512(__m512i w, __m512i x, __m512i sum) {
+  if constexpr (kVnni) {
+    asm("vpdpwssd %2, %1, %0" : "+v"(sum) : "v"(w), "v"(x));
+    return sum;
+  }
+  return _mm512_add_epi32(sum, _mm512_madd_epi16(w, x));
+}
+
+inline __m512i XPair512(const int16_t* at) {
+  int32_t pair;
+  std::memcpy(&pair, at, 4);
+  return _mm512_set1_epi32(pair);
+}
+
+inline __m512 ByteLanes512(const uint8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+
+template <int kT, bool kVnni = false>
+inline void Q8Panel512(const std::byte* panel, int64_t blocks, const PanelX& x, float* out) {
+  __m512 acc[kT];
+  for (int t = 0; t < kT; ++t) acc[t] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const auto* blk = reinterpret_cast<const uint8_t*>(panel + b * 16 * 34);
+    const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
+    __m512i sum[kT];
+    for (int t = 0; t < kT; ++t) sum[t] = _mm512_setzero_si512();
+    for (int j = 0; j < 16; ++j) {
+      if (j % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(blk + 32 + 32 * j + PAGEKV_PANEL_AHEAD), _MM_HINT_T0);
+      const __m512i w = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32 + 32 * j)));
+      for (int t = 0; t < kT; ++t) sum[t] = PairProducts512<kVnni>(w, XPair512(x.xq + t * x.cols + 32 * b + 2 * j), sum[t]);
+    }
+    for (int t = 0; t < kT; ++t) {
+      const __m512 d = _mm512_set1_ps(x.xd[t * (x.cols / 32) + b]);
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[t]), _mm512_mul_ps(s, d), acc[t]);
+    }
+  }
+  for (int t = 0; t < kT; ++t) _mm512_storeu_ps(out + t * 16, acc[t]);
+}
+
+template <int kT, bool kVnni = false>
+inline void Q4KPanel512(const std::byte* panel, int64_t blocks, const PanelX& x, float* out) {
+  __m512 acc[kT];
+  for (int t = 0; t < kT; ++t) acc[t] = _mm512_setzero_ps();
+  const __m512i nibbles = _mm512_set1_epi32(0x000F000F);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const auto* blk = reinterpret_cast<const uint8_t*>(panel + b * (64 + 256 + 2048));
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
+    const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32)));
+    for (int sub = 0; sub < 8; ++sub) {
+      const uint8_t* q = blk + 320 + 256 * sub;
+      __m512i sum[kT];
+      for (int t = 0; t < kT; ++t) sum[t] = _mm512_setzero_si512();
+      for (int j = 0; j < 16; ++j) {
+        if (j % 4 == 0) _mm_prefetch(reinterpret_cast<const char*>(q + 16 * j + PAGEKV_PANEL_AHEAD), _MM_HINT_T0);
+        const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16 * j)));
+        // (v | v << 12) & 0x000F000F: each row's two nibbles as an int16 pair.
+        const __m512i w = _mm512_ternarylogic_epi32(v, _mm512_slli_epi32(v, 12), nibbles, 0xA8);
+        const int64_t c = 256 * b + 32 * sub + 2 * j;
+        for (int t = 0; t < kT; ++t) sum[t] = PairProducts512<kVnni>(w, XPair512(x.xq + t * x.cols + c), sum[t]);
+      }
+      const __m512 scale = _mm512_mul_ps(d, ByteLanes512(blk + 64 + 16 * sub));
+      const __m512 bias = _mm512_mul_ps(dmin, ByteLanes512(blk + 192 + 16 * sub));
+      for (int t = 0; t < kT; ++t) {
+        const int64_t chunk = 8 * b + sub;
+        const float* s16 = x.xs + t * (x.cols / 16) + 2 * chunk;
+        const __m512 dx = _mm512_set1_ps(x.xd[t * (x.cols / 32) + chunk]);
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[t]), _mm512_mul_ps(scale, dx), acc[t]);
+        acc[t] = _mm512_fnmadd_ps(bias, _mm512_set1_ps(s16[0] + s16[1]), acc[t]);
+      }
+    }
+  }
+  for (int t = 0; t < kT; ++t) _mm512_storeu_ps(out + t * 16, acc[t]);
+}
+#endif  // AVX-512
 
 }  // namespace intdot
 

@@ -39,6 +39,23 @@ constexpr int64_t kQ8BlockBytes = 34;  // f16 scale + 32 int8
 // read front to back by every kernel, the pairs as the int16 pair products
 // (vpmaddwd / vpdpwssd) take them.
 constexpr int64_t kQ8PanelBlockBytes = 16 * kQ8BlockBytes;
+// q4_k in panels: per 16-row panel and 256-column block, the rows' f16 d
+// (32 bytes) and dmin (32), their sub-block scales [8][16] and mins [8][16]
+// as bytes (256), then for each pair of columns (2p, 2p + 1) the 16 rows'
+// two nibbles, one byte per row (the low nibble column 2p): 2368 bytes,
+// 2.8% over the rows' own 2304.
+constexpr int64_t kQ4KPanelBlockBytes = 64 + 256 + 2048;
+constexpr int64_t kQ4KQuantsAt = 320;  // offset of the nibble pairs in a panel block
+// Bytes of one 16-row panel's block in a block format's panel layout (0: none).
+constexpr int64_t PanelBlockBytes(WeightType t) {
+  return t == WeightType::kQ8_0 ? kQ8PanelBlockBytes : t == WeightType::kQ4_K ? kQ4KPanelBlockBytes : 0;
+}
+inline bool HasPanelLayout(WeightType t) { return !IsBlockQuantized(t) || PanelBlockBytes(t) > 0; }
+// Bytes of one 16-row panel of `cols` columns.
+inline int64_t PanelBytes(WeightType t, int64_t cols) {
+  if (IsBlockQuantized(t)) return cols / FormatOf(t).block_elems * PanelBlockBytes(t);
+  return cols * 16 * (t == WeightType::kF32 ? 4 : 2);
+}
 constexpr int kPanelRows = 16;         // rows per panel (WeightMatrix::panels)
 constexpr int64_t kIntMaxTokens = 15;  // Activations::kFast runs block formats as integer products up to this many tokens
 constexpr int64_t kPanelPadRows = 32;  // packed rows are padded to a multiple of this (the widest tile)
@@ -572,39 +589,87 @@ void DecodeQ8Panel(const std::byte* panel, int64_t cols, float* HWY_RESTRICT out
   }
 }
 
-// q8_0 panels, rows [row_begin, row_end) for every token: X as q16 rows
-// (the fast path's few tokens, x86) through the panel's integer kernel, two
-// tokens at a time; else the panels decoded to f32 once per 32-row tile
-// (DecodedTiles).
-void Q8PanelRange(const MatMulTask& task, int64_t row_begin, int64_t row_end) {
+// ---- q4_k in panels (the layout in kQ4KPanelBlockBytes' comment). out =
+// the 16 rows' f32 panel [cols][16]: per sub-block the rows' d * sc and
+// dmin * m, per pair of columns each row's two nibbles.
+void DecodeQ4KPanel(const std::byte* panel, int64_t cols, float* HWY_RESTRICT out) {
+  const hn::CappedTag<float, kPanelRows> df;
+  const int n = static_cast<int>(hn::Lanes(df));
+  const hn::Rebind<uint8_t, decltype(df)> d8;
+  const hn::Rebind<int32_t, decltype(df)> d32;
+  const hn::Rebind<hwy::float16_t, decltype(df)> dh;
+  for (int64_t b = 0; b < cols / 256; ++b) {
+    const std::byte* blk = panel + b * kQ4KPanelBlockBytes;
+    const auto* d = reinterpret_cast<const hwy::float16_t*>(blk);
+    const auto* dmin = d + kPanelRows;
+    const auto* u8 = reinterpret_cast<const uint8_t*>(blk);
+    for (int sub = 0; sub < 8; ++sub) {
+      for (int r = 0; r < kPanelRows; r += n) {
+        const auto sc = hn::ConvertTo(df, hn::PromoteTo(d32, hn::LoadU(d8, u8 + 64 + 16 * sub + r)));
+        const auto m = hn::ConvertTo(df, hn::PromoteTo(d32, hn::LoadU(d8, u8 + 192 + 16 * sub + r)));
+        const auto scale = hn::Mul(hn::PromoteTo(df, hn::LoadU(dh, d + r)), sc);
+        const auto bias = hn::Mul(hn::PromoteTo(df, hn::LoadU(dh, dmin + r)), m);
+        for (int j = 0; j < 16; ++j) {
+          const int p = 16 * sub + j;
+          const auto q = hn::PromoteTo(d32, hn::LoadU(d8, u8 + kQ4KQuantsAt + 16 * p + r));
+          const auto lo = hn::ConvertTo(df, hn::And(q, hn::Set(d32, 0x0F)));
+          const auto hi = hn::ConvertTo(df, hn::ShiftRight<4>(q));
+          float* col = out + (b * 256 + 2 * p) * kPanelRows + r;
+          hn::StoreU(hn::MulSub(scale, lo, bias), df, col);
+          hn::StoreU(hn::MulSub(scale, hi, bias), df, col + kPanelRows);
+        }
+      }
+    }
+  }
+}
+
+// Block-format panels (q8_0, q4_k), rows [row_begin, row_end) for every
+// token: X as q16 rows (the fast path's few tokens, x86) through the
+// panel's integer kernel, two tokens at a time; else the panels decoded to
+// f32 once per 32-row tile (DecodedTiles).
+template <WeightType kType>
+void BlockPanelRange(const MatMulTask& task, int64_t row_begin, int64_t row_end) {
   const int64_t cols = task.w.cols, rows = task.w.rows;
-  const int64_t panel_bytes = cols / kQ8Block * kQ8PanelBlockBytes;
+  const int64_t panel_bytes = PanelBytes(kType, cols);
   row_end = std::min(row_end, rows);
 #ifdef PAGEKV_HAVE_INT_DOT
   if (task.xq != nullptr) {
     [[maybe_unused]] const bool vnni = VnniEnabled();
-    const int64_t blocks = cols / kQ8Block;
     float out[2 * kPanelRows];
     for (int64_t r0 = row_begin; r0 < row_end; r0 += kPanelRows) {
       const std::byte* panel = task.w.data + (r0 / kPanelRows) * panel_bytes;
       const int64_t nr = std::min<int64_t>(kPanelRows, row_end - r0);
       for (int64_t t = 0; t < task.tokens; t += 2) {
         const int64_t nt = std::min<int64_t>(2, task.tokens - t);
-        const int16_t* xq = task.xq + t * cols;
-        const float* xd = task.xd + t * blocks;
+        const intdot::PanelX x{task.xq + t * cols, task.xd + t * (cols / 32), task.xs + t * (cols / 16), cols};
+        auto run = [&]<int kT, bool kVnni>() {
+#if HWY_TARGET <= HWY_AVX3
+          if constexpr (kType == WeightType::kQ8_0) {
+            intdot::Q8Panel512<kT, kVnni>(panel, cols / 32, x, out);
+          } else {
+            intdot::Q4KPanel512<kT, kVnni>(panel, cols / 256, x, out);
+          }
+#else
+          if constexpr (kType == WeightType::kQ8_0) {
+            intdot::Q8Panel<kT, kVnni>(panel, cols / 32, x, out);
+          } else {
+            intdot::Q4KPanel<kT, kVnni>(panel, cols / 256, x, out);
+          }
+#endif
+        };
 #if HWY_TARGET <= HWY_AVX3
         if (vnni) {
           if (nt == 2) {
-            intdot::Q8Panel<2, true>(panel, blocks, xq, cols, xd, blocks, out);
+            run.template operator()<2, true>();
           } else {
-            intdot::Q8Panel<1, true>(panel, blocks, xq, cols, xd, blocks, out);
+            run.template operator()<1, true>();
           }
         } else
 #endif
         if (nt == 2) {
-          intdot::Q8Panel<2>(panel, blocks, xq, cols, xd, blocks, out);
+          run.template operator()<2, false>();
         } else {
-          intdot::Q8Panel<1>(panel, blocks, xq, cols, xd, blocks, out);
+          run.template operator()<1, false>();
         }
         for (int64_t i = 0; i < nt; ++i) {
           std::memcpy(task.y + (t + i) * rows + r0, out + i * kPanelRows, static_cast<size_t>(nr) * 4);
@@ -618,7 +683,12 @@ void Q8PanelRange(const MatMulTask& task, int64_t row_begin, int64_t row_end) {
   DecodedTiles(task, row_begin, row_end, [&](int64_t r0, int64_t, float* buffer) {
     // Rows past the matrix are the packing's zero padding (to 32 rows).
     for (int p = 0; p < kPanelTileRows / kPanelRows; ++p) {
-      DecodeQ8Panel(task.w.data + (r0 / kPanelRows + p) * panel_bytes, cols, buffer + p * panel_elems);
+      const std::byte* panel = task.w.data + (r0 / kPanelRows + p) * panel_bytes;
+      if constexpr (kType == WeightType::kQ8_0) {
+        DecodeQ8Panel(panel, cols, buffer + p * panel_elems);
+      } else {
+        DecodeQ4KPanel(panel, cols, buffer + p * panel_elems);
+      }
     }
   });
 }
@@ -628,7 +698,8 @@ void PanelRangeImpl(const MatMulTask& task, int64_t row_begin, int64_t row_end) 
     case WeightType::kF32: return PanelRange<float>(task, row_begin, row_end);
     case WeightType::kF16: return PanelRange<hwy::float16_t>(task, row_begin, row_end);
     case WeightType::kBF16: return PanelRange<hwy::bfloat16_t>(task, row_begin, row_end);
-    case WeightType::kQ8_0: return Q8PanelRange(task, row_begin, row_end);
+    case WeightType::kQ8_0: return BlockPanelRange<WeightType::kQ8_0>(task, row_begin, row_end);
+    case WeightType::kQ4_K: return BlockPanelRange<WeightType::kQ4_K>(task, row_begin, row_end);
     default: return;  // the other block formats are never packed (PackWeights refuses them)
   }
 }
@@ -807,7 +878,7 @@ Status MatMulShared(std::span<const MatMulOutput> outputs, const float* x, int64
       return InvalidArgumentError("matmul: " + std::string(f.name) + " rows need a multiple of " +
                                   std::to_string(f.block_elems) + " columns, got " + std::to_string(w.cols));
     }
-    if (w.panels && IsBlockQuantized(w.type) && w.type != WeightType::kQ8_0) {
+    if (w.panels && !kernels::HasPanelLayout(w.type)) {
       return InvalidArgumentError("matmul: " + std::string(f.name) + " weights are never in panels");
     }
     if (w.cols != outputs[0].w.cols) return InvalidArgumentError("matmul: products sharing X need the same column count");
@@ -893,24 +964,52 @@ Status MatMulShared(std::span<const MatMulOutput> outputs, const float* x, int64
 Result<PackedWeights> PackedWeights::Pack(const WeightMatrix& w) {
   if (w.data == nullptr || w.rows <= 0 || w.cols <= 0) return InvalidArgumentError("pack weights: empty matrix");
   if (w.panels) return InvalidArgumentError("pack weights: the matrix is already in panels");
-  if (IsBlockQuantized(w.type) && w.type != WeightType::kQ8_0) {
+  if (!kernels::HasPanelLayout(w.type)) {
     return InvalidArgumentError("pack weights: " + std::string(FormatOf(w.type).name) +
-                                " rows stay row-major (only f32, f16, bf16 and q8_0 have a panel layout)");
+                                " rows stay row-major (f32, f16, bf16, q8_0 and q4_k have a panel layout)");
   }
-  if (w.type == WeightType::kQ8_0 && w.cols % kernels::kQ8Block != 0) {
-    return InvalidArgumentError("pack weights: q8_0 rows need a multiple of 32 columns, got " + std::to_string(w.cols));
+  const int64_t block = FormatOf(w.type).block_elems;
+  if (w.cols % block != 0) {
+    return InvalidArgumentError("pack weights: " + std::string(FormatOf(w.type).name) + " rows need a multiple of " +
+                                std::to_string(block) + " columns, got " + std::to_string(w.cols));
   }
   const int64_t padded = (w.rows + kernels::kPanelPadRows - 1) / kernels::kPanelPadRows * kernels::kPanelPadRows;
   PackedWeights p;
-  p.bytes_ = padded * WeightRowBytes(w.type, w.cols);
+  const int64_t panel_bytes = kernels::PanelBytes(w.type, w.cols);
+  p.bytes_ = padded / kernels::kPanelRows * panel_bytes;
   p.data_.reset(static_cast<std::byte*>(std::aligned_alloc(64, static_cast<size_t>((p.bytes_ + 63) / 64 * 64))));
   if (p.data_ == nullptr) return ResourceExhaustedError("pack weights: out of memory for " + std::to_string(p.bytes_) + " bytes");
   std::memset(p.data_.get(), 0, static_cast<size_t>(p.bytes_));
   const int64_t row_bytes = WeightRowBytes(w.type, w.cols);
+  if (w.type == WeightType::kQ4_K) {
+    // kQ4KPanelBlockBytes: per panel and block, the rows' d and dmin, their
+    // sub-block scales and mins as bytes, then per pair of columns the
+    // rows' two nibbles.
+    for (int64_t r = 0; r < w.rows; ++r) {
+      const std::byte* src = w.data + r * row_bytes;
+      const int64_t n = r % kernels::kPanelRows;
+      std::byte* panel = p.data_.get() + (r / kernels::kPanelRows) * panel_bytes;
+      for (int64_t b = 0; b < w.cols / 256; ++b) {
+        const std::byte* in = src + b * FormatOf(w.type).block_bytes;
+        auto* out = reinterpret_cast<uint8_t*>(panel + b * kernels::kQ4KPanelBlockBytes);
+        std::memcpy(out + 2 * n, in, 2);
+        std::memcpy(out + 32 + 2 * n, in + 2, 2);
+        for (int j = 0; j < 8; ++j) Q4KScaleMin(in, j, out[64 + 16 * j + n], out[192 + 16 * j + n]);
+        const auto* qs = reinterpret_cast<const uint8_t*>(in + 16);
+        // Element e: chunk e / 64 of qs's 32-byte groups, the low nibble
+        // for the first 32 of the chunk, the high one for the rest.
+        auto nibble = [&](int e) { return e % 64 < 32 ? qs[32 * (e / 64) + e % 64] & 0x0F : qs[32 * (e / 64) + e % 64 - 32] >> 4; };
+        for (int pr = 0; pr < 128; ++pr) {
+          out[kernels::kQ4KQuantsAt + 16 * pr + n] = static_cast<uint8_t>(nibble(2 * pr) | (nibble(2 * pr + 1) << 4));
+        }
+      }
+    }
+    p.matrix_ = WeightMatrix{p.data_.get(), w.type, w.rows, w.cols, true};
+    return p;
+  }
   if (w.type == WeightType::kQ8_0) {
     // kQ8PanelBlockBytes: per panel and block, the rows' scales, then per
     // pair of columns the rows' two bytes.
-    const int64_t panel_bytes = w.cols / kernels::kQ8Block * kernels::kQ8PanelBlockBytes;
     for (int64_t r = 0; r < w.rows; ++r) {
       const std::byte* src = w.data + r * row_bytes;
       const int64_t n = r % kernels::kPanelRows;
@@ -941,6 +1040,26 @@ Result<PackedWeights> PackedWeights::Pack(const WeightMatrix& w) {
 }
 
 void WeightRow(const WeightMatrix& w, int64_t r, float* out) {
+  if (w.type == WeightType::kQ4_K && w.panels) {
+    const int64_t n = r % kernels::kPanelRows;
+    const std::byte* panel = w.data + (r / kernels::kPanelRows) * kernels::PanelBytes(w.type, w.cols);
+    for (int64_t b = 0; b < w.cols / 256; ++b) {
+      const auto* blk = reinterpret_cast<const uint8_t*>(panel + b * kernels::kQ4KPanelBlockBytes);
+      uint16_t h;
+      std::memcpy(&h, blk + 2 * n, 2);
+      const float d = F16ToF32(h);
+      std::memcpy(&h, blk + 32 + 2 * n, 2);
+      const float dmin = F16ToF32(h);
+      for (int e = 0; e < 256; ++e) {
+        const int sub = e / 32;
+        const uint8_t q = blk[kernels::kQ4KQuantsAt + 16 * (e / 2) + n];
+        const int u = e % 2 == 0 ? q & 0x0F : q >> 4;
+        out[b * 256 + e] = d * static_cast<float>(blk[64 + 16 * sub + n]) * static_cast<float>(u) -
+                           dmin * static_cast<float>(blk[192 + 16 * sub + n]);
+      }
+    }
+    return;
+  }
   if (w.type == WeightType::kQ8_0 && w.panels) {
     const int64_t n = r % kernels::kPanelRows;
     const std::byte* panel = w.data + (r / kernels::kPanelRows) * (w.cols / kernels::kQ8Block * kernels::kQ8PanelBlockBytes);

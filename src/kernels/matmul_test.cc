@@ -163,7 +163,8 @@ TEST_P(MatMulTargetTest, EveryBlockFormat) {
         }
       }
     }
-    EXPECT_FALSE(PackedWeights::Pack(MakeWeights(type, 4, block, 1).matrix).ok()) << "block formats stay row-major";
+    EXPECT_EQ(PackedWeights::Pack(MakeWeights(type, 4, block, 1).matrix).ok(), type == WeightType::kQ4_K)
+        << "only q8_0 and q4_k have a panel layout";
     std::vector<float> x(block / 2), y(4);
     const Weights bad = MakeWeights(type, 1, block, 2);
     EXPECT_EQ(MatMul({bad.matrix.data, type, 1, block / 2}, x.data(), 1, y.data()).code(), StatusCode::kInvalidArgument);
@@ -327,18 +328,20 @@ TEST_P(MatMulTargetTest, AmxTilesKeepTheF32Accuracy) {
   }
 }
 
-// q8_0 in panels: the exact path (the panels decoded to f32) on every tail
-// of the 16-row panels, their 32-row padding and the token tiles; the fast
-// path's few tokens (the panel's integer kernel, X rounded to int16 per 32
-// values: against the same double product of the rounded X as the
-// row-major integer path) and many (AMX tiles where the CPU has them, else
-// f32); the rows read back for the embedding lookup.
-TEST_P(MatMulTargetTest, Q8PanelsEveryPathAndTail) {
+// q8_0 and q4_k in panels: the exact path (the panels decoded to f32) on
+// every tail of the 16-row panels, their 32-row padding and the token
+// tiles; the fast path's few tokens (the panel's integer kernel, X rounded
+// to int16 per 32 values: against the same double product of the rounded X
+// as the row-major integer path) and many (AMX tiles where the CPU has
+// them, else f32); the rows read back for the embedding lookup.
+TEST_P(MatMulTargetTest, BlockPanelsEveryPathAndTail) {
   uint32_t seed = 3100;
   const bool integer = IntActivationsAvailable();
+  for (WeightType type : {WeightType::kQ8_0, WeightType::kQ4_K})
   for (int64_t rows : {1, 15, 16, 17, 31, 32, 33, 70}) {
-    for (int64_t cols : {32, 64, 288}) {
-      const Weights w = MakeWeights(WeightType::kQ8_0, rows, cols, seed++);
+    for (int64_t cols : type == WeightType::kQ8_0 ? std::vector<int64_t>{32, 64, 288} : std::vector<int64_t>{256, 768}) {
+      SCOPED_TRACE(FormatOf(type).name);
+      const Weights w = MakeWeights(type, rows, cols, seed++);
       Result<PackedWeights> packed = PackedWeights::Pack(w.matrix);
       ASSERT_TRUE(packed.ok()) << packed.status().message();
       const WeightMatrix& m = packed->matrix();
@@ -377,7 +380,10 @@ TEST_P(MatMulTargetTest, Q8PanelsEveryPathAndTail) {
       std::vector<float> row(static_cast<size_t>(cols));
       for (int64_t r : {int64_t{0}, rows / 2, rows - 1}) {
         WeightRow(m, r, row.data());
-        for (int64_t c = 0; c < cols; ++c) ASSERT_EQ(row[static_cast<size_t>(c)], w.values[static_cast<size_t>(r * cols + c)]);
+        for (int64_t c = 0; c < cols; ++c) {
+          const float want = w.values[static_cast<size_t>(r * cols + c)];
+          ASSERT_NEAR(row[static_cast<size_t>(c)], want, 1e-6f * std::fabs(want)) << "row " << r << " column " << c;
+        }
       }
     }
   }

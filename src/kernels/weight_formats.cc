@@ -197,4 +197,6 @@ void DecodeWeights(WeightType type, const std::byte* data, int64_t n, float* out
   }
 }
 
+void Q4KScaleMin(const std::byte* block, int j, uint8_t& sc, uint8_t& m) { ScaleMinK4(j, U8(block + 4), sc, m); }
+
 }  // namespace pagekv

@@ -50,4 +50,9 @@ int64_t WeightRowBytes(WeightType type, int64_t cols);
 // at `data` in `type`, as f32. Every SIMD kernel is tested against it.
 void DecodeWeights(WeightType type, const std::byte* data, int64_t n, float* out);
 
+// q4_k / q5_k: the 6-bit scale and min of sub-block j (0..7) of the block at
+// `block` (its 12 packed bytes after d and dmin); element e of sub-block j
+// is d * sc * u - dmin * m.
+void Q4KScaleMin(const std::byte* block, int j, uint8_t& sc, uint8_t& m);
+
 }  // namespace pagekv
