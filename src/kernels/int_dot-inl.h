@@ -519,13 +519,6 @@ inline void Q8Panel(const std::byte* panel, int64_t blocks, const PanelX& x, flo
   }
 }
 
-// Eight bytes as eight int32 lanes holding (low nibble, high nibble) as an
-// int16 pair: (v | v << 12) & 0x000F000F.
-inline __m256i NibblePairs(const uint8_t* p) {
-  const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-  return _mm256_and_si256(_mm256_or_si256(v, _mm256_slli_epi32(v, 12)), _mm256_set1_epi32(0x000F000F));
-}
-
 // Eight bytes as eight f32 lanes.
 inline __m256 ByteLanes(const uint8_t* p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
@@ -550,11 +543,15 @@ inline void Q4KPanel(const std::byte* panel, int64_t blocks, const PanelX& x, fl
       const uint8_t* q = blk + 320 + 256 * sub;
       __m256i sum[kT][2];
       for (int t = 0; t < kT; ++t) sum[t][0] = sum[t][1] = _mm256_setzero_si256();
-      for (int j = 0; j < 16; ++j) {
-        if (j % 4 == 0) _mm_prefetch(reinterpret_cast<const char*>(q + 16 * j + PAGEKV_PANEL_AHEAD), _MM_HINT_T0);
-        const __m256i w0 = NibblePairs(q + 16 * j), w1 = NibblePairs(q + 16 * j + 8);
-        const int64_t c = 256 * b + 32 * sub + 2 * j;
-        for (int t = 0; t < kT; ++t) PairProducts<kVnni>(w0, w1, XPair(x.xq + t * x.cols + c), sum[t]);
+      const __m256i nib = _mm256_set1_epi16(0x0F);
+      for (int j = 0; j < 8; ++j) {  // four columns: rows 0-7's 16 bytes, then rows 8-15's
+        if (j % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(q + 32 * j + PAGEKV_PANEL_AHEAD), _MM_HINT_T0);
+        const __m256i v0 = Bytes16(q + 32 * j), v1 = Bytes16(q + 32 * j + 16);
+        const int64_t c = 256 * b + 32 * sub + 4 * j;
+        for (int t = 0; t < kT; ++t) {
+          PairProducts<kVnni>(_mm256_and_si256(v0, nib), _mm256_and_si256(v1, nib), XPair(x.xq + t * x.cols + c), sum[t]);
+          PairProducts<kVnni>(_mm256_srli_epi16(v0, 4), _mm256_srli_epi16(v1, 4), XPair(x.xq + t * x.cols + c + 2), sum[t]);
+        }
       }
       for (int h = 0; h < 2; ++h) {
         const __m256 scale = _mm256_mul_ps(d[h], ByteLanes(blk + 64 + 16 * sub + 8 * h));
@@ -589,6 +586,13 @@ inline __m512i PairProducts512(__m512i w, __m512i x, __m512i sum) {
   return _mm512_add_epi32(sum, _mm512_madd_epi16(w, x));
 }
 
+template <int kS>
+inline __m512i SumAll(const __m512i* v) {
+  __m512i s = v[0];
+  for (int a = 1; a < kS; ++a) s = _mm512_add_epi32(s, v[a]);
+  return s;
+}
+
 inline __m512i XPair512(const int16_t* at) {
   int32_t pair;
   std::memcpy(&pair, at, 4);
@@ -599,48 +603,59 @@ inline __m512 ByteLanes512(const uint8_t* p) {
   return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
 
-template <int kT, bool kVnni = false>
+template <int kT, bool kVnni = false, int kS = 4 / kT>
 inline void Q8Panel512(const std::byte* panel, int64_t blocks, const PanelX& x, float* out) {
   __m512 acc[kT];
   for (int t = 0; t < kT; ++t) acc[t] = _mm512_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
     const auto* blk = reinterpret_cast<const uint8_t*>(panel + b * 16 * 34);
     const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
-    __m512i sum[kT];
-    for (int t = 0; t < kT; ++t) sum[t] = _mm512_setzero_si512();
+    // kS independent sums per token: a pair product's latency is several
+    // cycles, and one chain of 16 would bound the loop.
+    __m512i sum[kT][kS];
+    for (int t = 0; t < kT; ++t) {
+      for (int a = 0; a < kS; ++a) sum[t][a] = _mm512_setzero_si512();
+    }
     for (int j = 0; j < 16; ++j) {
       if (j % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(blk + 32 + 32 * j + PAGEKV_PANEL_AHEAD), _MM_HINT_T0);
       const __m512i w = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32 + 32 * j)));
-      for (int t = 0; t < kT; ++t) sum[t] = PairProducts512<kVnni>(w, XPair512(x.xq + t * x.cols + 32 * b + 2 * j), sum[t]);
+      for (int t = 0; t < kT; ++t) {
+        sum[t][j % kS] = PairProducts512<kVnni>(w, XPair512(x.xq + t * x.cols + 32 * b + 2 * j), sum[t][j % kS]);
+      }
     }
     for (int t = 0; t < kT; ++t) {
       const __m512 d = _mm512_set1_ps(x.xd[t * (x.cols / 32) + b]);
-      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[t]), _mm512_mul_ps(s, d), acc[t]);
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(SumAll<kS>(sum[t])), _mm512_mul_ps(s, d), acc[t]);
     }
   }
   for (int t = 0; t < kT; ++t) _mm512_storeu_ps(out + t * 16, acc[t]);
 }
 
-template <int kT, bool kVnni = false>
+template <int kT, bool kVnni = false, int kS = 4 / kT>
 inline void Q4KPanel512(const std::byte* panel, int64_t blocks, const PanelX& x, float* out) {
   __m512 acc[kT];
   for (int t = 0; t < kT; ++t) acc[t] = _mm512_setzero_ps();
-  const __m512i nibbles = _mm512_set1_epi32(0x000F000F);
+  const __m512i nibbles = _mm512_set1_epi16(0x0F);
   for (int64_t b = 0; b < blocks; ++b) {
     const auto* blk = reinterpret_cast<const uint8_t*>(panel + b * (64 + 256 + 2048));
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
     const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32)));
     for (int sub = 0; sub < 8; ++sub) {
       const uint8_t* q = blk + 320 + 256 * sub;
-      __m512i sum[kT];
-      for (int t = 0; t < kT; ++t) sum[t] = _mm512_setzero_si512();
-      for (int j = 0; j < 16; ++j) {
-        if (j % 4 == 0) _mm_prefetch(reinterpret_cast<const char*>(q + 16 * j + PAGEKV_PANEL_AHEAD), _MM_HINT_T0);
-        const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16 * j)));
-        // (v | v << 12) & 0x000F000F: each row's two nibbles as an int16 pair.
-        const __m512i w = _mm512_ternarylogic_epi32(v, _mm512_slli_epi32(v, 12), nibbles, 0xA8);
-        const int64_t c = 256 * b + 32 * sub + 2 * j;
-        for (int t = 0; t < kT; ++t) sum[t] = PairProducts512<kVnni>(w, XPair512(x.xq + t * x.cols + c), sum[t]);
+      __m512i sum[kT][kS];
+      for (int t = 0; t < kT; ++t) {
+        for (int a = 0; a < kS; ++a) sum[t][a] = _mm512_setzero_si512();
+      }
+      for (int j = 0; j < 8; ++j) {  // four columns: the 16 rows' 32 bytes widened to 16-bit lanes
+        if (j % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(q + 32 * j + PAGEKV_PANEL_AHEAD), _MM_HINT_T0);
+        const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * j)));
+        const __m512i lo = _mm512_and_si512(v, nibbles), hi = _mm512_srli_epi16(v, 4);  // pairs (c, c + 1), (c + 2, c + 3)
+        const int64_t c = 256 * b + 32 * sub + 4 * j;
+        for (int t = 0; t < kT; ++t) {
+          const int a = (2 * j) % kS;
+          sum[t][a] = PairProducts512<kVnni>(lo, XPair512(x.xq + t * x.cols + c), sum[t][a]);
+          sum[t][(a + 1) % kS] = PairProducts512<kVnni>(hi, XPair512(x.xq + t * x.cols + c + 2), sum[t][(a + 1) % kS]);
+        }
       }
       const __m512 scale = _mm512_mul_ps(d, ByteLanes512(blk + 64 + 16 * sub));
       const __m512 bias = _mm512_mul_ps(dmin, ByteLanes512(blk + 192 + 16 * sub));
@@ -648,7 +663,7 @@ inline void Q4KPanel512(const std::byte* panel, int64_t blocks, const PanelX& x,
         const int64_t chunk = 8 * b + sub;
         const float* s16 = x.xs + t * (x.cols / 16) + 2 * chunk;
         const __m512 dx = _mm512_set1_ps(x.xd[t * (x.cols / 32) + chunk]);
-        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[t]), _mm512_mul_ps(scale, dx), acc[t]);
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(SumAll<kS>(sum[t])), _mm512_mul_ps(scale, dx), acc[t]);
         acc[t] = _mm512_fnmadd_ps(bias, _mm512_set1_ps(s16[0] + s16[1]), acc[t]);
       }
     }
