@@ -124,6 +124,42 @@ void ExpectProduct(const Weights& w, int64_t tokens, uint32_t seed, int threads,
   }
 }
 
+// The fast path's product of `m` (w's own matrix or its panels) with a
+// random X, against a double product of X as the integer kernels see it
+// when `rounded` (int16 per 32 values: d = max |x| / 32767, round(x / d),
+// a quantizer written here), else of X itself.
+void ExpectFastProduct(const Weights& w, const WeightMatrix& m, int64_t tokens, uint32_t seed, bool rounded) {
+  const int64_t rows = m.rows, cols = m.cols;
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> uni(-2.0f, 2.0f);
+  std::vector<float> x(static_cast<size_t>(tokens * cols));
+  for (float& v : x) v = uni(rng);
+  std::vector<double> xr(x.begin(), x.end());  // X as the product sees it
+  if (rounded) {
+    for (size_t b = 0; b < x.size() / 32; ++b) {
+      float amax = 0;
+      for (size_t i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[b * 32 + i]));
+      const float d = amax / 32767.0f;
+      for (size_t i = 0; i < 32; ++i) xr[b * 32 + i] = d == 0 ? 0.0 : double{d} * std::nearbyint(x[b * 32 + i] / d);
+    }
+  }
+  std::vector<float> y(static_cast<size_t>(tokens * rows), NAN);
+  ASSERT_TRUE(MatMul(m, x.data(), tokens, y.data(), 1, Activations::kFast).ok());
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t r = 0; r < rows; ++r) {
+      double ref = 0, mag = 0;
+      for (int64_t c = 0; c < cols; ++c) {
+        const double p = double{w.values[static_cast<size_t>(r * cols + c)]} * xr[static_cast<size_t>(t * cols + c)];
+        ref += p;
+        mag += std::fabs(p);
+      }
+      ASSERT_NEAR(y[static_cast<size_t>(t * rows + r)], ref, 2e-5 * mag + 1e-6)
+          << FormatOf(m.type).name << " token " << t << " row " << r << " of " << rows << "x" << cols << ", " << tokens
+          << " tokens" << (m.panels ? ", panels" : "") << (rounded ? ", X rounded" : "");
+    }
+  }
+}
+
 class MatMulTargetTest : public ::testing::TestWithParam<int64_t> {
  protected:
   void SetUp() override { kernels::SetTargetForTest(GetParam()); }
@@ -184,36 +220,7 @@ TEST_P(MatMulTargetTest, IntActivationsMatchAProductOfTheRoundedActivations) {
       for (int64_t blocks : {1, 3}) {
         const int64_t cols = blocks * std::max<int64_t>(block, 64);
         const Weights w = MakeWeights(type, rows, cols, seed++);
-        for (int64_t tokens : {1, 2, 3, 7, 15, 16}) {
-          std::mt19937 rng(seed++);
-          std::uniform_real_distribution<float> uni(-2.0f, 2.0f);
-          std::vector<float> x(static_cast<size_t>(tokens * cols));
-          for (float& v : x) v = uni(rng);
-          std::vector<double> xr(x.begin(), x.end());  // X as the product sees it
-          if (integer && tokens < 16) {
-            for (size_t b = 0; b < x.size() / 32; ++b) {
-              float amax = 0;
-              for (size_t i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[b * 32 + i]));
-              const float d = amax / 32767.0f;
-              for (size_t i = 0; i < 32; ++i) xr[b * 32 + i] = d == 0 ? 0.0 : double{d} * std::nearbyint(x[b * 32 + i] / d);
-            }
-          }
-          std::vector<float> y(static_cast<size_t>(tokens * rows));
-          ASSERT_TRUE(MatMul(w.matrix, x.data(), tokens, y.data(), 1, Activations::kFast).ok());
-          for (int64_t t = 0; t < tokens; ++t) {
-            for (int64_t r = 0; r < rows; ++r) {
-              double ref = 0, mag = 0;
-              for (int64_t c = 0; c < cols; ++c) {
-                const double p = double{w.values[static_cast<size_t>(r * cols + c)]} * xr[static_cast<size_t>(t * cols + c)];
-                ref += p;
-                mag += std::fabs(p);
-              }
-              ASSERT_NEAR(y[static_cast<size_t>(t * rows + r)], ref, 2e-5 * mag + 1e-6)
-                  << FormatOf(type).name << " token " << t << " row " << r << " of " << rows << "x" << cols << ", "
-                  << tokens << " tokens, integer " << integer;
-            }
-          }
-        }
+        for (int64_t tokens : {1, 2, 3, 7, 15, 16}) ExpectFastProduct(w, w.matrix, tokens, seed++, integer && tokens < 16);
       }
     }
   }
@@ -348,35 +355,7 @@ TEST_P(MatMulTargetTest, BlockPanelsEveryPathAndTail) {
       ASSERT_TRUE(m.panels);
       for (int64_t tokens : {1, 2, 3, 5, 13, 16, 17, 33}) ExpectProduct(w, tokens, seed++, 1, &m);
       for (int64_t tokens : {32, 33, 50}) ExpectProduct(w, tokens, seed++, 1, &m, Activations::kFast);
-      for (int64_t tokens : {1, 2, 3, 7, 15}) {
-        std::mt19937 rng(seed++);
-        std::uniform_real_distribution<float> uni(-2.0f, 2.0f);
-        std::vector<float> x(static_cast<size_t>(tokens * cols));
-        for (float& v : x) v = uni(rng);
-        std::vector<double> xr(x.begin(), x.end());  // X as the product sees it
-        if (integer) {
-          for (size_t b = 0; b < x.size() / 32; ++b) {
-            float amax = 0;
-            for (size_t i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[b * 32 + i]));
-            const float d = amax / 32767.0f;
-            for (size_t i = 0; i < 32; ++i) xr[b * 32 + i] = d == 0 ? 0.0 : double{d} * std::nearbyint(x[b * 32 + i] / d);
-          }
-        }
-        std::vector<float> y(static_cast<size_t>(tokens * rows), NAN);
-        ASSERT_TRUE(MatMul(m, x.data(), tokens, y.data(), 1, Activations::kFast).ok());
-        for (int64_t t = 0; t < tokens; ++t) {
-          for (int64_t r = 0; r < rows; ++r) {
-            double ref = 0, mag = 0;
-            for (int64_t c = 0; c < cols; ++c) {
-              const double p = double{w.values[static_cast<size_t>(r * cols + c)]} * xr[static_cast<size_t>(t * cols + c)];
-              ref += p;
-              mag += std::fabs(p);
-            }
-            ASSERT_NEAR(y[static_cast<size_t>(t * rows + r)], ref, 2e-5 * mag + 1e-6)
-                << "token " << t << " row " << r << " of " << rows << "x" << cols << ", " << tokens << " tokens";
-          }
-        }
-      }
+      for (int64_t tokens : {1, 2, 3, 7, 15}) ExpectFastProduct(w, m, tokens, seed++, integer);
       std::vector<float> row(static_cast<size_t>(cols));
       for (int64_t r : {int64_t{0}, rows / 2, rows - 1}) {
         WeightRow(m, r, row.data());
