@@ -172,7 +172,12 @@ template <AmxPanelType kType>
 void StageImpl(int first, int count, const void* panels, int64_t panel_elems, int64_t cols) {
   constexpr int64_t kElemBytes = kType == AmxPanelType::kF32 ? 4 : 2;
   Staging& st = ThreadStaging();
-  if (st.buffer.Get(static_cast<size_t>(2 * (kAmxMaxRows / 16) * 16 * cols)) == nullptr) std::abort();
+  // Room for the panels of one task (AmxRowsPerTask): the callers stage no
+  // more, and the buffer keeps its contents between the calls of a task.
+  const int64_t panels_max = AmxRowsPerTask(cols) / 16;
+  if (first + count > panels_max || st.buffer.Get(static_cast<size_t>(2 * panels_max * 16 * cols)) == nullptr) {
+    std::abort();  // a caller staged more than a task, or no memory for a few MiB
+  }
   st.cols = cols;
   for (int p = 0; p < count; ++p) {
     const void* panel = static_cast<const char*>(panels) + p * panel_elems * kElemBytes;

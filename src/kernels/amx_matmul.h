@@ -74,7 +74,7 @@ inline int64_t AmxTokensPerChunk(int64_t cols) {
 // Converts `count` 16-row panels of W ([cols][16] elements of `type` each,
 // `panel_elems` elements apart) into B tiles, as panels first .. first +
 // count - 1 of the calling thread's staging buffer (first + count <=
-// kAmxMaxRows / 16). cols: a multiple of 32.
+// AmxRowsPerTask(cols) / 16). cols: a multiple of 32.
 void AmxStagePanels(int first, int count, const void* panels, AmxPanelType type, int64_t panel_elems, int64_t cols);
 
 // y[t * y_stride + i] = sum_c X[t][c] W[i][c] for t < x.tokens and
