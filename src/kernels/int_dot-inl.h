@@ -572,6 +572,60 @@ inline void Q4KPanel(const std::byte* panel, int64_t blocks, const PanelX& x, fl
   }
 }
 
+// out[t * 16 + n] = row n of a q6_k panel (matmul.cc kQ6KPanelBlockBytes)
+// times token t's q16 row, for kT tokens. Per four columns, each row's low
+// nibbles widened as q4_k's, the high two bits shifted into bits 4-5 of
+// the same int16 lanes; per 16-element group the exact integer sum scaled
+// once by d x the group's scale, and the values' offset of 32 taken from
+// the group's sum of X.
+template <int kT, bool kVnni = false>
+inline void Q6KPanel(const std::byte* panel, int64_t blocks, const PanelX& x, float* out) {
+  __m256 acc[kT][2];
+  for (int t = 0; t < kT; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+  const __m256i nib = _mm256_set1_epi16(0x0F), top = _mm256_set1_epi16(0x30);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const auto* blk = reinterpret_cast<const uint8_t*>(panel + b * (32 + 256 + 2048 + 1024));
+    const __m256 d[2] = {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk))),
+                         _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 16)))};
+    for (int g = 0; g < 16; ++g) {
+      __m256i sum[kT][2];
+      for (int t = 0; t < kT; ++t) sum[t][0] = sum[t][1] = _mm256_setzero_si256();
+      const uint8_t* grp = blk + 32 + 208 * g;  // scales, low nibbles, high bits
+      const uint8_t* high = grp + 144;
+      Unrolled<4>([&](auto jc) {
+        constexpr int j = decltype(jc)::value, kSh = 2 * (j % 2);  // the group's high bits: bits kSh and 4 + kSh
+        _mm_prefetch(reinterpret_cast<const char*>(grp + 64 * j + PAGEKV_PANEL_AHEAD), _MM_HINT_T0);
+        const uint8_t* low = grp + 16 + 32 * j;
+        const __m256i v0 = Bytes16(low), v1 = Bytes16(low + 16);
+        const __m256i h0 = Bytes16(high + 32 * (j / 2)), h1 = Bytes16(high + 32 * (j / 2) + 16);
+        const __m256i lo0 = _mm256_or_si256(_mm256_and_si256(v0, nib), _mm256_and_si256(_mm256_slli_epi16(h0, 4 - kSh), top));
+        const __m256i lo1 = _mm256_or_si256(_mm256_and_si256(v1, nib), _mm256_and_si256(_mm256_slli_epi16(h1, 4 - kSh), top));
+        const __m256i hi0 = _mm256_or_si256(_mm256_srli_epi16(v0, 4), _mm256_and_si256(_mm256_srli_epi16(h0, kSh), top));
+        const __m256i hi1 = _mm256_or_si256(_mm256_srli_epi16(v1, 4), _mm256_and_si256(_mm256_srli_epi16(h1, kSh), top));
+        const int64_t c = 256 * b + 16 * g + 4 * j;
+        for (int t = 0; t < kT; ++t) {
+          PairProducts<kVnni>(lo0, lo1, XPair(x.xq + t * x.cols + c), sum[t]);
+          PairProducts<kVnni>(hi0, hi1, XPair(x.xq + t * x.cols + c + 2), sum[t]);
+        }
+      });
+      for (int h = 0; h < 2; ++h) {
+        const __m128i sc8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(grp + 8 * h));
+        const __m256 scale = _mm256_mul_ps(d[h], _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8)));
+        for (int t = 0; t < kT; ++t) {
+          const __m256 dx = _mm256_set1_ps(x.xd[t * (x.cols / 32) + 8 * b + g / 2]);
+          const float s16 = x.xs[t * (x.cols / 16) + 16 * b + g];
+          acc[t][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[t][h]), _mm256_mul_ps(scale, dx), acc[t][h]);
+          acc[t][h] = _mm256_fnmadd_ps(scale, _mm256_set1_ps(32.0f * s16), acc[t][h]);
+        }
+      }
+    }
+  }
+  for (int t = 0; t < kT; ++t) {
+    _mm256_storeu_ps(out + t * 16, acc[t][0]);
+    _mm256_storeu_ps(out + t * 16 + 8, acc[t][1]);
+  }
+}
+
 #if HWY_TARGET <= HWY_AVX3
 // The AVX-512 forms of Q8Panel and Q4KPanel: the 16 rows in one register,
 // half the instructions per column pair (a panel kernel with one token
@@ -665,6 +719,48 @@ inline void Q4KPanel512(const std::byte* panel, int64_t blocks, const PanelX& x,
         const __m512 dx = _mm512_set1_ps(x.xd[t * (x.cols / 32) + chunk]);
         acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(SumAll<kS>(sum[t])), _mm512_mul_ps(scale, dx), acc[t]);
         acc[t] = _mm512_fnmadd_ps(bias, _mm512_set1_ps(s16[0] + s16[1]), acc[t]);
+      }
+    }
+  }
+  for (int t = 0; t < kT; ++t) _mm512_storeu_ps(out + t * 16, acc[t]);
+}
+template <int kT, bool kVnni = false, int kS = 4 / kT>
+inline void Q6KPanel512(const std::byte* panel, int64_t blocks, const PanelX& x, float* out) {
+  __m512 acc[kT];
+  for (int t = 0; t < kT; ++t) acc[t] = _mm512_setzero_ps();
+  const __m512i nib = _mm512_set1_epi16(0x0F), top = _mm512_set1_epi16(0x30);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const auto* blk = reinterpret_cast<const uint8_t*>(panel + b * (32 + 256 + 2048 + 1024));
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
+    for (int g = 0; g < 16; ++g) {
+      __m512i sum[kT][kS];
+      for (int t = 0; t < kT; ++t) {
+        for (int a = 0; a < kS; ++a) sum[t][a] = _mm512_setzero_si512();
+      }
+      const uint8_t* grp = blk + 32 + 208 * g;  // scales, low nibbles, high bits
+      const uint8_t* high = grp + 144;
+      Unrolled<4>([&](auto jc) {
+        constexpr int j = decltype(jc)::value, kSh = 2 * (j % 2);
+        _mm_prefetch(reinterpret_cast<const char*>(grp + 64 * j + PAGEKV_PANEL_AHEAD), _MM_HINT_T0);
+        const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(grp + 16 + 32 * j)));
+        const __m512i h = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(high + 32 * (j / 2))));
+        // A | (B & C), imm 0xF8: the low nibbles with the high bits in 4-5.
+        const __m512i lo = _mm512_ternarylogic_epi32(_mm512_and_si512(v, nib), _mm512_slli_epi16(h, 4 - kSh), top, 0xF8);
+        const __m512i hi = _mm512_ternarylogic_epi32(_mm512_srli_epi16(v, 4), _mm512_srli_epi16(h, kSh), top, 0xF8);
+        const int64_t c = 256 * b + 16 * g + 4 * j;
+        for (int t = 0; t < kT; ++t) {
+          const int a = (2 * j) % kS;
+          sum[t][a] = PairProducts512<kVnni>(lo, XPair512(x.xq + t * x.cols + c), sum[t][a]);
+          sum[t][(a + 1) % kS] = PairProducts512<kVnni>(hi, XPair512(x.xq + t * x.cols + c + 2), sum[t][(a + 1) % kS]);
+        }
+      });
+      const __m512 scale = _mm512_mul_ps(
+          d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(grp)))));
+      for (int t = 0; t < kT; ++t) {
+        const __m512 dx = _mm512_set1_ps(x.xd[t * (x.cols / 32) + 8 * b + g / 2]);
+        const float s16 = x.xs[t * (x.cols / 16) + 16 * b + g];
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(SumAll<kS>(sum[t])), _mm512_mul_ps(scale, dx), acc[t]);
+        acc[t] = _mm512_fnmadd_ps(scale, _mm512_set1_ps(32.0f * s16), acc[t]);
       }
     }
   }

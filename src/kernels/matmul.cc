@@ -52,11 +52,31 @@ constexpr int64_t kQ4KQuantsAt = 320;  // offset of the nibbles in a panel block
 // byte, and the nibble's shift.
 constexpr int64_t Q4KNibbleByte(int e, int n) { return kQ4KQuantsAt + 32 * (e / 4) + 2 * n + e % 2; }
 constexpr int Q4KNibbleShift(int e) { return 4 * ((e % 4) / 2); }
+// q6_k in panels: per 16-row panel and 256-column block, the rows' f16 d
+// (32 bytes), then per 16-element group, in the order the kernel reads
+// them (one stream, as q8_0's and q4_k's): the rows' int8 scales (16
+// bytes), the low four bits of the group's values as q4_k's nibbles are
+// laid out (128), and their high two bits (64): row n's bytes 2n and 2n + 1
+// of each 32-byte line hold, for the group's first four-column step of a
+// pair, the high bits of columns c and c + 1 at bits 0-1 and of c + 2, c + 3
+// at bits 4-5, and for the second the same at bits 2-3 and 6-7, so that
+// shifted into place they complete the low nibbles' int16 pairs. 3360
+// bytes, the rows' own.
+constexpr int64_t kQ6KGroupBytes = 16 + 128 + 64;
+constexpr int64_t kQ6KPanelBlockBytes = 32 + 16 * kQ6KGroupBytes;
+constexpr int64_t Q6KGroupAt(int g) { return 32 + kQ6KGroupBytes * g; }
+constexpr int64_t Q6KScaleByte(int g, int n) { return Q6KGroupAt(g) + n; }
+constexpr int64_t Q6KLowByte(int e, int n) { return Q6KGroupAt(e / 16) + 16 + 32 * ((e % 16) / 4) + 2 * n + e % 2; }
+constexpr int64_t Q6KHighByte(int e, int n) { return Q6KGroupAt(e / 16) + 144 + 32 * ((e % 16) / 8) + 2 * n + e % 2; }
+constexpr int Q6KHighShift(int e) { return 2 * ((e / 4) % 2) + 4 * ((e % 4) / 2); }
 // Bytes of one 16-row panel's block in a block format's panel layout (0: none).
 constexpr int64_t PanelBlockBytes(WeightType t) {
-  return t == WeightType::kQ8_0 ? kQ8PanelBlockBytes : t == WeightType::kQ4_K ? kQ4KPanelBlockBytes : 0;
+  return t == WeightType::kQ8_0   ? kQ8PanelBlockBytes
+         : t == WeightType::kQ4_K ? kQ4KPanelBlockBytes
+         : t == WeightType::kQ6_K ? kQ6KPanelBlockBytes
+                                  : 0;
 }
-inline bool HasPanelLayout(WeightType t) { return !IsBlockQuantized(t) || PanelBlockBytes(t) > 0; }
+inline bool PanelLayout(WeightType t) { return !IsBlockQuantized(t) || PanelBlockBytes(t) > 0; }
 // Bytes of one 16-row panel of `cols` columns.
 inline int64_t PanelBytes(WeightType t, int64_t cols) {
   if (IsBlockQuantized(t)) return cols / FormatOf(t).block_elems * PanelBlockBytes(t);
@@ -638,7 +658,72 @@ void DecodeQ4KPanel(const std::byte* panel, int64_t cols, float* out) {
   }
 }
 
-// Block-format panels (q8_0, q4_k), rows [row_begin, row_end) for every
+// ---- q6_k in panels (the layout in kQ6KPanelBlockBytes' comment). out =
+// the 16 rows' f32 panel [cols][16]: per four columns each row's low
+// nibbles and high bits, times d x the group's scale, less 32 of them.
+void DecodeQ6KPanel(const std::byte* panel, int64_t cols, float* out) {
+#if HWY_TARGET == HWY_SCALAR
+  // The vector form below left the panel unwritten on the scalar target
+  // (GCC 12, the first matrix of a test, and not when instrumented; not
+  // understood); the scalar target reads the layout element by element.
+  for (int64_t b = 0; b < cols / 256; ++b) {
+    const auto* blk = reinterpret_cast<const uint8_t*>(panel + b * kQ6KPanelBlockBytes);
+    for (int n = 0; n < kPanelRows; ++n) {
+      uint16_t h;
+      std::memcpy(&h, blk + 2 * n, 2);
+      const float d = F16ToF32(h);
+      for (int e = 0; e < 256; ++e) {
+        const int low = (blk[Q6KLowByte(e, n)] >> (4 * ((e % 4) / 2))) & 0x0F;
+        const int high = (blk[Q6KHighByte(e, n)] >> Q6KHighShift(e)) & 3;
+        const float scale = d * static_cast<float>(static_cast<int8_t>(blk[Q6KScaleByte(e / 16, n)]));
+        out[(b * 256 + e) * kPanelRows + n] = scale * static_cast<float>(low | high << 4) - scale * 32.0f;
+      }
+    }
+  }
+  return;
+#endif
+  const hn::CappedTag<float, kPanelRows> df;
+  const int n = static_cast<int>(hn::Lanes(df));
+  const hn::Rebind<uint8_t, decltype(df)> d8;
+  const hn::Rebind<int8_t, decltype(df)> d8s;
+  const hn::Rebind<uint32_t, decltype(df)> d32u;
+  const hn::Rebind<int32_t, decltype(df)> d32;
+  const hn::Rebind<hwy::float16_t, decltype(df)> dh;
+  for (int64_t b = 0; b < cols / 256; ++b) {
+    const std::byte* blk = panel + b * kQ6KPanelBlockBytes;
+    const auto* d = reinterpret_cast<const hwy::float16_t*>(blk);
+    const auto* u8 = reinterpret_cast<const uint8_t*>(blk);
+    const auto* s8 = reinterpret_cast<const int8_t*>(blk);
+    for (int g = 0; g < 16; ++g) {  // 16-element groups: four four-column steps
+      for (int r = 0; r < kPanelRows; r += n) {
+        const auto scale = hn::Mul(hn::PromoteTo(df, hn::LoadU(dh, d + r)),
+                                   hn::ConvertTo(df, hn::PromoteTo(d32, hn::LoadU(d8s, s8 + Q6KScaleByte(g, r)))));
+        const auto offset = hn::Mul(scale, hn::Set(df, 32.0f));
+        for (int j = 0; j < 4; ++j) {
+          const int quad = 4 * g + j;
+          hn::Vec<decltype(d8)> l0, l1, h0, h1;  // bytes 2n and 2n + 1 of rows r..
+          hn::LoadInterleaved2(d8, u8 + Q6KLowByte(4 * quad, r), l0, l1);
+          hn::LoadInterleaved2(d8, u8 + Q6KHighByte(4 * quad, r), h0, h1);
+          const auto a = hn::PromoteTo(d32u, l0), c = hn::PromoteTo(d32u, l1);
+          const auto ha = hn::PromoteTo(d32u, h0), hc = hn::PromoteTo(d32u, h1);
+          const int sh = 2 * (quad % 2);  // the high bits' place for this group
+          const auto three = hn::Set(d32u, 3), nib = hn::Set(d32u, 0x0F);
+          auto q6 = [&](auto low, auto high, int at) {
+            const auto hi2 = hn::And(hn::ShiftRightSame(high, sh + at), three);
+            return hn::ConvertTo(df, hn::BitCast(d32, hn::Or(low, hn::ShiftLeft<4>(hi2))));
+          };
+          float* col = out + (b * 256 + 4 * quad) * kPanelRows + r;
+          hn::StoreU(hn::MulSub(scale, q6(hn::And(a, nib), ha, 0), offset), df, col);
+          hn::StoreU(hn::MulSub(scale, q6(hn::And(c, nib), hc, 0), offset), df, col + kPanelRows);
+          hn::StoreU(hn::MulSub(scale, q6(hn::ShiftRight<4>(a), ha, 4), offset), df, col + 2 * kPanelRows);
+          hn::StoreU(hn::MulSub(scale, q6(hn::ShiftRight<4>(c), hc, 4), offset), df, col + 3 * kPanelRows);
+        }
+      }
+    }
+  }
+}
+
+// Block-format panels (q8_0, q4_k, q6_k), rows [row_begin, row_end) for every
 // token: X as q16 rows (the fast path's few tokens, x86) through the
 // panel's integer kernel, two tokens at a time; else the panels decoded to
 // f32 once per 32-row tile (DecodedTiles).
@@ -661,14 +746,18 @@ void BlockPanelRange(const MatMulTask& task, int64_t row_begin, int64_t row_end)
 #if HWY_TARGET <= HWY_AVX3
           if constexpr (kType == WeightType::kQ8_0) {
             intdot::Q8Panel512<kT, kVnni>(panel, cols / 32, x, out);
-          } else {
+          } else if constexpr (kType == WeightType::kQ4_K) {
             intdot::Q4KPanel512<kT, kVnni>(panel, cols / 256, x, out);
+          } else {
+            intdot::Q6KPanel512<kT, kVnni>(panel, cols / 256, x, out);
           }
 #else
           if constexpr (kType == WeightType::kQ8_0) {
             intdot::Q8Panel<kT, kVnni>(panel, cols / 32, x, out);
-          } else {
+          } else if constexpr (kType == WeightType::kQ4_K) {
             intdot::Q4KPanel<kT, kVnni>(panel, cols / 256, x, out);
+          } else {
+            intdot::Q6KPanel<kT, kVnni>(panel, cols / 256, x, out);
           }
 #endif
         };
@@ -701,8 +790,10 @@ void BlockPanelRange(const MatMulTask& task, int64_t row_begin, int64_t row_end)
       const std::byte* panel = task.w.data + (r0 / kPanelRows + p) * panel_bytes;
       if constexpr (kType == WeightType::kQ8_0) {
         DecodeQ8Panel(panel, cols, buffer + p * panel_elems);
-      } else {
+      } else if constexpr (kType == WeightType::kQ4_K) {
         DecodeQ4KPanel(panel, cols, buffer + p * panel_elems);
+      } else {
+        DecodeQ6KPanel(panel, cols, buffer + p * panel_elems);
       }
     }
   });
@@ -715,6 +806,7 @@ void PanelRangeImpl(const MatMulTask& task, int64_t row_begin, int64_t row_end) 
     case WeightType::kBF16: return PanelRange<hwy::bfloat16_t>(task, row_begin, row_end);
     case WeightType::kQ8_0: return BlockPanelRange<WeightType::kQ8_0>(task, row_begin, row_end);
     case WeightType::kQ4_K: return BlockPanelRange<WeightType::kQ4_K>(task, row_begin, row_end);
+    case WeightType::kQ6_K: return BlockPanelRange<WeightType::kQ6_K>(task, row_begin, row_end);
     default: return;  // the other block formats are never packed (PackWeights refuses them)
   }
 }
@@ -893,7 +985,7 @@ Status MatMulShared(std::span<const MatMulOutput> outputs, const float* x, int64
       return InvalidArgumentError("matmul: " + std::string(f.name) + " rows need a multiple of " +
                                   std::to_string(f.block_elems) + " columns, got " + std::to_string(w.cols));
     }
-    if (w.panels && !kernels::HasPanelLayout(w.type)) {
+    if (w.panels && !kernels::PanelLayout(w.type)) {
       return InvalidArgumentError("matmul: " + std::string(f.name) + " weights are never in panels");
     }
     if (w.cols != outputs[0].w.cols) return InvalidArgumentError("matmul: products sharing X need the same column count");
@@ -979,9 +1071,9 @@ Status MatMulShared(std::span<const MatMulOutput> outputs, const float* x, int64
 Result<PackedWeights> PackedWeights::Pack(const WeightMatrix& w) {
   if (w.data == nullptr || w.rows <= 0 || w.cols <= 0) return InvalidArgumentError("pack weights: empty matrix");
   if (w.panels) return InvalidArgumentError("pack weights: the matrix is already in panels");
-  if (!kernels::HasPanelLayout(w.type)) {
+  if (!kernels::PanelLayout(w.type)) {
     return InvalidArgumentError("pack weights: " + std::string(FormatOf(w.type).name) +
-                                " rows stay row-major (f32, f16, bf16, q8_0 and q4_k have a panel layout)");
+                                " rows stay row-major (f32, f16, bf16, q8_0, q4_k and q6_k have a panel layout)");
   }
   const int64_t block = FormatOf(w.type).block_elems;
   if (w.cols % block != 0) {
@@ -996,6 +1088,32 @@ Result<PackedWeights> PackedWeights::Pack(const WeightMatrix& w) {
   if (p.data_ == nullptr) return ResourceExhaustedError("pack weights: out of memory for " + std::to_string(p.bytes_) + " bytes");
   std::memset(p.data_.get(), 0, static_cast<size_t>(p.bytes_));
   const int64_t row_bytes = WeightRowBytes(w.type, w.cols);
+  if (w.type == WeightType::kQ6_K) {
+    // kQ6KPanelBlockBytes: per panel and block, the rows' d, their group
+    // scales, then the values' low nibbles and high bits.
+    for (int64_t r = 0; r < w.rows; ++r) {
+      const std::byte* src = w.data + r * row_bytes;
+      const int n = static_cast<int>(r % kernels::kPanelRows);
+      std::byte* panel = p.data_.get() + (r / kernels::kPanelRows) * panel_bytes;
+      for (int64_t b = 0; b < w.cols / 256; ++b) {
+        const auto* in = reinterpret_cast<const uint8_t*>(src + b * FormatOf(w.type).block_bytes);
+        auto* out = reinterpret_cast<uint8_t*>(panel + b * kernels::kQ6KPanelBlockBytes);
+        std::memcpy(out + 2 * n, in + 208, 2);
+        for (int g = 0; g < 16; ++g) out[kernels::Q6KScaleByte(g, n)] = in[192 + g];
+        for (int e = 0; e < 256; ++e) {
+          // weight_formats.cc's order: half h, then four runs of 32 (k).
+          const int h = e / 128, k = (e % 128) / 32, l = e % 32;
+          const uint8_t ql = in[64 * h + l + 32 * (k % 2)];
+          const int low = k < 2 ? ql & 0x0F : ql >> 4;
+          const int high = (in[128 + 32 * h + l] >> (2 * k)) & 3;
+          out[kernels::Q6KLowByte(e, n)] |= static_cast<uint8_t>(low << (4 * ((e % 4) / 2)));
+          out[kernels::Q6KHighByte(e, n)] |= static_cast<uint8_t>(high << kernels::Q6KHighShift(e));
+        }
+      }
+    }
+    p.matrix_ = WeightMatrix{p.data_.get(), w.type, w.rows, w.cols, true};
+    return p;
+  }
   if (w.type == WeightType::kQ4_K) {
     // kQ4KPanelBlockBytes: per panel and block, the rows' d and dmin, their
     // sub-block scales and mins as bytes, then per pair of columns the
@@ -1054,7 +1172,26 @@ Result<PackedWeights> PackedWeights::Pack(const WeightMatrix& w) {
   return p;
 }
 
+bool HasPanelLayout(WeightType type) { return kernels::PanelLayout(type); }
+
 void WeightRow(const WeightMatrix& w, int64_t r, float* out) {
+  if (w.type == WeightType::kQ6_K && w.panels) {
+    const int n = static_cast<int>(r % kernels::kPanelRows);
+    const std::byte* panel = w.data + (r / kernels::kPanelRows) * kernels::PanelBytes(w.type, w.cols);
+    for (int64_t b = 0; b < w.cols / 256; ++b) {
+      const auto* blk = reinterpret_cast<const uint8_t*>(panel + b * kernels::kQ6KPanelBlockBytes);
+      uint16_t h;
+      std::memcpy(&h, blk + 2 * n, 2);
+      const float d = F16ToF32(h);
+      for (int e = 0; e < 256; ++e) {
+        const int low = (blk[kernels::Q6KLowByte(e, n)] >> (4 * ((e % 4) / 2))) & 0x0F;
+        const int high = (blk[kernels::Q6KHighByte(e, n)] >> kernels::Q6KHighShift(e)) & 3;
+        const auto sc = static_cast<int8_t>(blk[kernels::Q6KScaleByte(e / 16, n)]);
+        out[b * 256 + e] = d * static_cast<float>(sc) * static_cast<float>((low | high << 4) - 32);
+      }
+    }
+    return;
+  }
   if (w.type == WeightType::kQ4_K && w.panels) {
     const int64_t n = r % kernels::kPanelRows;
     const std::byte* panel = w.data + (r / kernels::kPanelRows) * kernels::PanelBytes(w.type, w.cols);

@@ -40,9 +40,10 @@ struct WeightMatrix {
   int64_t cols = 0;  // a multiple of the format's block (32 or 256 elements)
   // false: row-major [rows][cols]. true: PackedWeights' panel layout, rows in
   // groups of 16 stored column by column ([rows/16][cols][16], zero rows
-  // padding the count to a multiple of 32); f32, f16, bf16, and q8_0 (per
-  // panel and 32-column block the 16 rows' f16 scales, then per pair of
-  // columns the 16 rows' two int8: the same bytes as the rows).
+  // padding the count to a multiple of 32); f32, f16, bf16, and q8_0, q4_k,
+  // q6_k in their own panel layouts (matmul.cc: per panel and block the 16
+  // rows' scales, then each column pair's or four columns' 16 rows together,
+  // in the order the one-token kernels read them).
   bool panels = false;
 };
 
@@ -92,17 +93,22 @@ bool VnniEnabled();
 bool SetVnniForTest(bool allowed);
 }  // namespace kernels
 
+// Whether PackedWeights has a panel layout for this type (f32, f16, bf16,
+// q8_0, q4_k, q6_k).
+bool HasPanelLayout(WeightType type);
+
 // Row r of W converted to f32 (the embedding lookup); either layout.
 void WeightRow(const WeightMatrix& w, int64_t r, float* out);
 
-// A copy of a row-major f32 / f16 / bf16 / q8_0 matrix regrouped into
+// A copy of a row-major f32 / f16 / bf16 / q8_0 / q4_k / q6_k matrix regrouped into
 // panels (WeightMatrix::panels), owned here. With panels, a product
 // broadcasts each token's X element (q8_0: pair of elements) against one
 // vector of 16 rows' weights, so it needs no horizontal sums and runs near
 // the FMA peak even when rows are short (a model of dim 256: ~2x the
 // row-major kernel from 8 tokens up); with one token it streams the same
 // bytes as the row-major kernel, front to back (q8_0: the hardware
-// prefetchers follow one stream instead of four interleaved rows).
+// prefetchers follow one stream instead of four interleaved rows; q4_k /
+// q6_k: scales decoded once at packing).
 // docs/PERFORMANCE.md has the figures. Errors: the other block formats
 // (they stay row-major), a matrix already in panels, out of memory.
 class PackedWeights {

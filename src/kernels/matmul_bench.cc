@@ -258,7 +258,7 @@ namespace {
 // decode step streams its weights. args rows, cols (llama-110m's q / qkv /
 // gate+up / classifier, and down), weight type (as WeightType: 3 q8_0,
 // 10 q4_k, 12 q6_k), layout (0 row-major, 1 panels as the model packs
-// q8_0 and q4_k); integer activations, every thread.
+// q8_0, q4_k and q6_k); integer activations, every thread.
 void BM_ColdDecode(benchmark::State& state) {
   const int64_t rows = state.range(0), cols = state.range(1);
   const auto type = static_cast<WeightType>(state.range(2));
@@ -303,8 +303,8 @@ BENCHMARK(BM_ColdDecode)
     ->ArgsProduct({{768}, {2560}, {3}, {0, 1}})
     ->ArgsProduct({{768, 5120, 32000}, {768}, {10}, {0, 1}})
     ->ArgsProduct({{768}, {2560}, {10}, {0, 1}})
-    ->ArgsProduct({{768, 5120, 32000}, {768}, {12}, {0}})
-    ->ArgsProduct({{768}, {2560}, {12}, {0}})
+    ->ArgsProduct({{768, 5120, 32000}, {768}, {12}, {0, 1}})
+    ->ArgsProduct({{768}, {2560}, {12}, {0, 1}})
     ->UseRealTime();
 }  // namespace
 }  // namespace pagekv

@@ -280,11 +280,9 @@ Status Model::LoadEmbeddingAndHead() {
 }
 
 Status Model::Pack(Matrix& m) {
-  // f32 / f16 / bf16 / q8_0 / q4_k into panels (kernels/matmul.h
+  // f32 / f16 / bf16 / q8_0 / q4_k / q6_k into panels (kernels/matmul.h
   // PackedWeights); the other block formats stay row-major.
-  if ((IsBlockQuantized(m.type) && m.type != WeightType::kQ8_0 && m.type != WeightType::kQ4_K) || m.panels) {
-    return Status::Ok();
-  }
+  if (!HasPanelLayout(m.type) || m.panels) return Status::Ok();
   // GGUF opened from a file, or a llama2.c checkpoint (always mapped).
   const bool file_backed = file_ == nullptr || file_->mapped();
   PAGEKV_ASSIGN_OR_RETURN(PackedWeights p, PackedWeights::Pack(m));
