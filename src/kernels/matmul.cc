@@ -69,9 +69,16 @@ constexpr int64_t Q6KScaleByte(int g, int n) { return Q6KGroupAt(g) + n; }
 constexpr int64_t Q6KLowByte(int e, int n) { return Q6KGroupAt(e / 16) + 16 + 32 * ((e % 16) / 4) + 2 * n + e % 2; }
 constexpr int64_t Q6KHighByte(int e, int n) { return Q6KGroupAt(e / 16) + 144 + 32 * ((e % 16) / 8) + 2 * n + e % 2; }
 constexpr int Q6KHighShift(int e) { return 2 * ((e / 4) % 2) + 4 * ((e % 4) / 2); }
+// q4_1 in panels: per 16-row panel and 32-column block, the rows' f16 d
+// (32 bytes) and m (32), then per four columns the 16 rows' nibbles as
+// q4_k's (row n's byte 2n holds columns c and c + 2, byte 2n + 1 columns
+// c + 1 and c + 3): 320 bytes, the rows' own, read front to back.
+constexpr int64_t kQ41PanelBlockBytes = 64 + 256;
+constexpr int64_t Q41NibbleByte(int e, int n) { return 64 + 32 * (e / 4) + 2 * n + e % 2; }
 // Bytes of one 16-row panel's block in a block format's panel layout (0: none).
 constexpr int64_t PanelBlockBytes(WeightType t) {
   return t == WeightType::kQ8_0   ? kQ8PanelBlockBytes
+         : t == WeightType::kQ4_1 ? kQ41PanelBlockBytes
          : t == WeightType::kQ4_K ? kQ4KPanelBlockBytes
          : t == WeightType::kQ6_K ? kQ6KPanelBlockBytes
                                   : 0;
@@ -658,6 +665,40 @@ void DecodeQ4KPanel(const std::byte* panel, int64_t cols, float* out) {
   }
 }
 
+// ---- q4_1 in panels (the layout in kQ41PanelBlockBytes' comment). out =
+// the 16 rows' f32 panel [cols][16]: per block each row's d * q + m.
+void DecodeQ41Panel(const std::byte* panel, int64_t cols, float* out) {
+  const hn::CappedTag<float, kPanelRows> df;
+  const int n = static_cast<int>(hn::Lanes(df));
+  const hn::Rebind<uint8_t, decltype(df)> d8;
+  const hn::Rebind<uint32_t, decltype(df)> d32u;
+  const hn::Rebind<int32_t, decltype(df)> d32;
+  const hn::Rebind<hwy::float16_t, decltype(df)> dh;
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    const std::byte* blk = panel + b * kQ41PanelBlockBytes;
+    const auto* d = reinterpret_cast<const hwy::float16_t*>(blk);
+    const auto* m = d + kPanelRows;
+    const auto* u8 = reinterpret_cast<const uint8_t*>(blk);
+    for (int r = 0; r < kPanelRows; r += n) {
+      const auto scale = hn::PromoteTo(df, hn::LoadU(dh, d + r));
+      const auto bias = hn::PromoteTo(df, hn::LoadU(dh, m + r));
+      for (int quad = 0; quad < 8; ++quad) {
+        hn::Vec<decltype(d8)> e0, e1;  // bytes 2n and 2n + 1 of rows r..
+        hn::LoadInterleaved2(d8, u8 + Q41NibbleByte(4 * quad, r), e0, e1);
+        const auto nib = hn::Set(d32u, 0x0F);
+        const auto b0 = hn::PromoteTo(d32u, e0), b1 = hn::PromoteTo(d32u, e1);
+        float* col = out + (b * 32 + 4 * quad) * kPanelRows + r;
+        hn::StoreU(hn::MulAdd(scale, hn::ConvertTo(df, hn::BitCast(d32, hn::And(b0, nib))), bias), df, col);
+        hn::StoreU(hn::MulAdd(scale, hn::ConvertTo(df, hn::BitCast(d32, hn::And(b1, nib))), bias), df, col + kPanelRows);
+        hn::StoreU(hn::MulAdd(scale, hn::ConvertTo(df, hn::BitCast(d32, hn::ShiftRight<4>(b0))), bias), df,
+                   col + 2 * kPanelRows);
+        hn::StoreU(hn::MulAdd(scale, hn::ConvertTo(df, hn::BitCast(d32, hn::ShiftRight<4>(b1))), bias), df,
+                   col + 3 * kPanelRows);
+      }
+    }
+  }
+}
+
 // ---- q6_k in panels (the layout in kQ6KPanelBlockBytes' comment). out =
 // the 16 rows' f32 panel [cols][16]: per four columns each row's low
 // nibbles and high bits, times d x the group's scale, less 32 of them.
@@ -723,7 +764,7 @@ void DecodeQ6KPanel(const std::byte* panel, int64_t cols, float* out) {
   }
 }
 
-// Block-format panels (q8_0, q4_k, q6_k), rows [row_begin, row_end) for every
+// Block-format panels (q8_0, q4_1, q4_k, q6_k), rows [row_begin, row_end) for every
 // token: X as q16 rows (the fast path's few tokens, x86) through the
 // panel's integer kernel, two tokens at a time; else the panels decoded to
 // f32 once per 32-row tile (DecodedTiles).
@@ -746,6 +787,8 @@ void BlockPanelRange(const MatMulTask& task, int64_t row_begin, int64_t row_end)
 #if HWY_TARGET <= HWY_AVX3
           if constexpr (kType == WeightType::kQ8_0) {
             intdot::Q8Panel512<kT, kVnni>(panel, cols / 32, x, out);
+          } else if constexpr (kType == WeightType::kQ4_1) {
+            intdot::Q41Panel512<kT, kVnni>(panel, cols / 32, x, out);
           } else if constexpr (kType == WeightType::kQ4_K) {
             intdot::Q4KPanel512<kT, kVnni>(panel, cols / 256, x, out);
           } else {
@@ -754,6 +797,8 @@ void BlockPanelRange(const MatMulTask& task, int64_t row_begin, int64_t row_end)
 #else
           if constexpr (kType == WeightType::kQ8_0) {
             intdot::Q8Panel<kT, kVnni>(panel, cols / 32, x, out);
+          } else if constexpr (kType == WeightType::kQ4_1) {
+            intdot::Q41Panel<kT, kVnni>(panel, cols / 32, x, out);
           } else if constexpr (kType == WeightType::kQ4_K) {
             intdot::Q4KPanel<kT, kVnni>(panel, cols / 256, x, out);
           } else {
@@ -790,6 +835,8 @@ void BlockPanelRange(const MatMulTask& task, int64_t row_begin, int64_t row_end)
       const std::byte* panel = task.w.data + (r0 / kPanelRows + p) * panel_bytes;
       if constexpr (kType == WeightType::kQ8_0) {
         DecodeQ8Panel(panel, cols, buffer + p * panel_elems);
+      } else if constexpr (kType == WeightType::kQ4_1) {
+        DecodeQ41Panel(panel, cols, buffer + p * panel_elems);
       } else if constexpr (kType == WeightType::kQ4_K) {
         DecodeQ4KPanel(panel, cols, buffer + p * panel_elems);
       } else {
@@ -805,6 +852,7 @@ void PanelRangeImpl(const MatMulTask& task, int64_t row_begin, int64_t row_end) 
     case WeightType::kF16: return PanelRange<hwy::float16_t>(task, row_begin, row_end);
     case WeightType::kBF16: return PanelRange<hwy::bfloat16_t>(task, row_begin, row_end);
     case WeightType::kQ8_0: return BlockPanelRange<WeightType::kQ8_0>(task, row_begin, row_end);
+    case WeightType::kQ4_1: return BlockPanelRange<WeightType::kQ4_1>(task, row_begin, row_end);
     case WeightType::kQ4_K: return BlockPanelRange<WeightType::kQ4_K>(task, row_begin, row_end);
     case WeightType::kQ6_K: return BlockPanelRange<WeightType::kQ6_K>(task, row_begin, row_end);
     default: return;  // the other block formats are never packed (PackWeights refuses them)
@@ -1073,7 +1121,7 @@ Result<PackedWeights> PackedWeights::Pack(const WeightMatrix& w) {
   if (w.panels) return InvalidArgumentError("pack weights: the matrix is already in panels");
   if (!kernels::PanelLayout(w.type)) {
     return InvalidArgumentError("pack weights: " + std::string(FormatOf(w.type).name) +
-                                " rows stay row-major (f32, f16, bf16, q8_0, q4_k and q6_k have a panel layout)");
+                                " rows stay row-major (f32, f16, bf16, q8_0, q4_1, q4_k and q6_k have a panel layout)");
   }
   const int64_t block = FormatOf(w.type).block_elems;
   if (w.cols % block != 0) {
@@ -1108,6 +1156,28 @@ Result<PackedWeights> PackedWeights::Pack(const WeightMatrix& w) {
           const int high = (in[128 + 32 * h + l] >> (2 * k)) & 3;
           out[kernels::Q6KLowByte(e, n)] |= static_cast<uint8_t>(low << (4 * ((e % 4) / 2)));
           out[kernels::Q6KHighByte(e, n)] |= static_cast<uint8_t>(high << kernels::Q6KHighShift(e));
+        }
+      }
+    }
+    p.matrix_ = WeightMatrix{p.data_.get(), w.type, w.rows, w.cols, true};
+    return p;
+  }
+  if (w.type == WeightType::kQ4_1) {
+    // kQ41PanelBlockBytes: per panel and block, the rows' d and m, then per
+    // four columns the rows' nibbles.
+    for (int64_t r = 0; r < w.rows; ++r) {
+      const std::byte* src = w.data + r * row_bytes;
+      const int n = static_cast<int>(r % kernels::kPanelRows);
+      std::byte* panel = p.data_.get() + (r / kernels::kPanelRows) * panel_bytes;
+      for (int64_t b = 0; b < w.cols / 32; ++b) {
+        const std::byte* in = src + b * FormatOf(w.type).block_bytes;
+        auto* out = reinterpret_cast<uint8_t*>(panel + b * kernels::kQ41PanelBlockBytes);
+        std::memcpy(out + 2 * n, in, 2);
+        std::memcpy(out + 32 + 2 * n, in + 2, 2);
+        const auto* qs = reinterpret_cast<const uint8_t*>(in + 4);
+        for (int e = 0; e < 32; ++e) {  // element e: qs[e]'s low nibble, then qs[e - 16]'s high one
+          const int q = e < 16 ? qs[e] & 0x0F : qs[e - 16] >> 4;
+          out[kernels::Q41NibbleByte(e, n)] |= static_cast<uint8_t>(q << kernels::Q4KNibbleShift(e));
         }
       }
     }
@@ -1188,6 +1258,23 @@ void WeightRow(const WeightMatrix& w, int64_t r, float* out) {
         const int high = (blk[kernels::Q6KHighByte(e, n)] >> kernels::Q6KHighShift(e)) & 3;
         const auto sc = static_cast<int8_t>(blk[kernels::Q6KScaleByte(e / 16, n)]);
         out[b * 256 + e] = d * static_cast<float>(sc) * static_cast<float>((low | high << 4) - 32);
+      }
+    }
+    return;
+  }
+  if (w.type == WeightType::kQ4_1 && w.panels) {
+    const int n = static_cast<int>(r % kernels::kPanelRows);
+    const std::byte* panel = w.data + (r / kernels::kPanelRows) * kernels::PanelBytes(w.type, w.cols);
+    for (int64_t b = 0; b < w.cols / 32; ++b) {
+      const auto* blk = reinterpret_cast<const uint8_t*>(panel + b * kernels::kQ41PanelBlockBytes);
+      uint16_t h;
+      std::memcpy(&h, blk + 2 * n, 2);
+      const float d = F16ToF32(h);
+      std::memcpy(&h, blk + 32 + 2 * n, 2);
+      const float m = F16ToF32(h);
+      for (int e = 0; e < 32; ++e) {
+        const int q = (blk[kernels::Q41NibbleByte(e, n)] >> kernels::Q4KNibbleShift(e)) & 0x0F;
+        out[b * 32 + e] = d * static_cast<float>(q) + m;
       }
     }
     return;
