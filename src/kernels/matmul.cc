@@ -75,10 +75,22 @@ constexpr int Q6KHighShift(int e) { return 2 * ((e / 4) % 2) + 4 * ((e % 4) / 2)
 // c + 1 and c + 3): 320 bytes, the rows' own, read front to back.
 constexpr int64_t kQ41PanelBlockBytes = 64 + 256;
 constexpr int64_t Q41NibbleByte(int e, int n) { return 64 + 32 * (e / 4) + 2 * n + e % 2; }
+// q5_0 in panels: per 16-row panel and 32-column block, the rows' f16 d
+// (32 bytes), the low four bits of every value as q4_k's nibbles (256),
+// then their fifth bits in two 32-byte lines, one per four four-column
+// steps: for step j, row n's byte 2n holds the bits of columns c and c + 2
+// at bits j % 4 and 4 + j % 4, byte 2n + 1 those of c + 1 and c + 3, so
+// that shifted into bit 4 they complete the nibbles' int16 pairs. 352
+// bytes, the rows' own.
+constexpr int64_t kQ50PanelBlockBytes = 32 + 256 + 64;
+constexpr int64_t Q50NibbleByte(int e, int n) { return 32 + 32 * (e / 4) + 2 * n + e % 2; }
+constexpr int64_t Q50HighByte(int e, int n) { return 288 + 32 * (e / 16) + 2 * n + e % 2; }
+constexpr int Q50HighShift(int e) { return (e / 4) % 4 + 4 * ((e % 4) / 2); }
 // Bytes of one 16-row panel's block in a block format's panel layout (0: none).
 constexpr int64_t PanelBlockBytes(WeightType t) {
   return t == WeightType::kQ8_0   ? kQ8PanelBlockBytes
          : t == WeightType::kQ4_1 ? kQ41PanelBlockBytes
+         : t == WeightType::kQ5_0 ? kQ50PanelBlockBytes
          : t == WeightType::kQ4_K ? kQ4KPanelBlockBytes
          : t == WeightType::kQ6_K ? kQ6KPanelBlockBytes
                                   : 0;
@@ -699,6 +711,61 @@ void DecodeQ41Panel(const std::byte* panel, int64_t cols, float* out) {
   }
 }
 
+// ---- q5_0 in panels (the layout in kQ50PanelBlockBytes' comment). out =
+// the 16 rows' f32 panel [cols][16]: per block each row's d * (q - 16).
+void DecodeQ50Panel(const std::byte* panel, int64_t cols, float* out) {
+#if HWY_TARGET == HWY_SCALAR
+  // Element by element on the scalar target, as DecodeQ6KPanel.
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    const auto* blk = reinterpret_cast<const uint8_t*>(panel + b * kQ50PanelBlockBytes);
+    for (int n = 0; n < kPanelRows; ++n) {
+      uint16_t h;
+      std::memcpy(&h, blk + 2 * n, 2);
+      const float d = F16ToF32(h);
+      for (int e = 0; e < 32; ++e) {
+        const int low = (blk[Q50NibbleByte(e, n)] >> Q4KNibbleShift(e)) & 0x0F;
+        const int high = (blk[Q50HighByte(e, n)] >> Q50HighShift(e)) & 1;
+        out[(b * 32 + e) * kPanelRows + n] = d * static_cast<float>((low | high << 4) - 16);
+      }
+    }
+  }
+  return;
+#endif
+  const hn::CappedTag<float, kPanelRows> df;
+  const int n = static_cast<int>(hn::Lanes(df));
+  const hn::Rebind<uint8_t, decltype(df)> d8;
+  const hn::Rebind<uint32_t, decltype(df)> d32u;
+  const hn::Rebind<int32_t, decltype(df)> d32;
+  const hn::Rebind<hwy::float16_t, decltype(df)> dh;
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    const std::byte* blk = panel + b * kQ50PanelBlockBytes;
+    const auto* d = reinterpret_cast<const hwy::float16_t*>(blk);
+    const auto* u8 = reinterpret_cast<const uint8_t*>(blk);
+    for (int r = 0; r < kPanelRows; r += n) {
+      const auto scale = hn::PromoteTo(df, hn::LoadU(dh, d + r));
+      const auto offset = hn::Mul(scale, hn::Set(df, 16.0f));
+      for (int quad = 0; quad < 8; ++quad) {
+        hn::Vec<decltype(d8)> l0, l1, h0, h1;  // bytes 2n and 2n + 1 of rows r..
+        hn::LoadInterleaved2(d8, u8 + Q50NibbleByte(4 * quad, r), l0, l1);
+        hn::LoadInterleaved2(d8, u8 + Q50HighByte(4 * quad, r), h0, h1);
+        const auto a = hn::PromoteTo(d32u, l0), c = hn::PromoteTo(d32u, l1);
+        const auto ha = hn::PromoteTo(d32u, h0), hc = hn::PromoteTo(d32u, h1);
+        const int sh = quad % 4;  // the fifth bits' place for this step
+        const auto one = hn::Set(d32u, 1), nib = hn::Set(d32u, 0x0F);
+        auto q5 = [&](auto low, auto high, int at) {
+          const auto bit = hn::And(hn::ShiftRightSame(high, sh + at), one);
+          return hn::ConvertTo(df, hn::BitCast(d32, hn::Or(low, hn::ShiftLeft<4>(bit))));
+        };
+        float* col = out + (b * 32 + 4 * quad) * kPanelRows + r;
+        hn::StoreU(hn::MulSub(scale, q5(hn::And(a, nib), ha, 0), offset), df, col);
+        hn::StoreU(hn::MulSub(scale, q5(hn::And(c, nib), hc, 0), offset), df, col + kPanelRows);
+        hn::StoreU(hn::MulSub(scale, q5(hn::ShiftRight<4>(a), ha, 4), offset), df, col + 2 * kPanelRows);
+        hn::StoreU(hn::MulSub(scale, q5(hn::ShiftRight<4>(c), hc, 4), offset), df, col + 3 * kPanelRows);
+      }
+    }
+  }
+}
+
 // ---- q6_k in panels (the layout in kQ6KPanelBlockBytes' comment). out =
 // the 16 rows' f32 panel [cols][16]: per four columns each row's low
 // nibbles and high bits, times d x the group's scale, less 32 of them.
@@ -764,7 +831,7 @@ void DecodeQ6KPanel(const std::byte* panel, int64_t cols, float* out) {
   }
 }
 
-// Block-format panels (q8_0, q4_1, q4_k, q6_k), rows [row_begin, row_end) for every
+// Block-format panels (q8_0, q4_1, q5_0, q4_k, q6_k), rows [row_begin, row_end) for every
 // token: X as q16 rows (the fast path's few tokens, x86) through the
 // panel's integer kernel, two tokens at a time; else the panels decoded to
 // f32 once per 32-row tile (DecodedTiles).
@@ -789,6 +856,8 @@ void BlockPanelRange(const MatMulTask& task, int64_t row_begin, int64_t row_end)
             intdot::Q8Panel512<kT, kVnni>(panel, cols / 32, x, out);
           } else if constexpr (kType == WeightType::kQ4_1) {
             intdot::Q41Panel512<kT, kVnni>(panel, cols / 32, x, out);
+          } else if constexpr (kType == WeightType::kQ5_0) {
+            intdot::Q50Panel512<kT, kVnni>(panel, cols / 32, x, out);
           } else if constexpr (kType == WeightType::kQ4_K) {
             intdot::Q4KPanel512<kT, kVnni>(panel, cols / 256, x, out);
           } else {
@@ -799,6 +868,8 @@ void BlockPanelRange(const MatMulTask& task, int64_t row_begin, int64_t row_end)
             intdot::Q8Panel<kT, kVnni>(panel, cols / 32, x, out);
           } else if constexpr (kType == WeightType::kQ4_1) {
             intdot::Q41Panel<kT, kVnni>(panel, cols / 32, x, out);
+          } else if constexpr (kType == WeightType::kQ5_0) {
+            intdot::Q50Panel<kT, kVnni>(panel, cols / 32, x, out);
           } else if constexpr (kType == WeightType::kQ4_K) {
             intdot::Q4KPanel<kT, kVnni>(panel, cols / 256, x, out);
           } else {
@@ -837,6 +908,8 @@ void BlockPanelRange(const MatMulTask& task, int64_t row_begin, int64_t row_end)
         DecodeQ8Panel(panel, cols, buffer + p * panel_elems);
       } else if constexpr (kType == WeightType::kQ4_1) {
         DecodeQ41Panel(panel, cols, buffer + p * panel_elems);
+      } else if constexpr (kType == WeightType::kQ5_0) {
+        DecodeQ50Panel(panel, cols, buffer + p * panel_elems);
       } else if constexpr (kType == WeightType::kQ4_K) {
         DecodeQ4KPanel(panel, cols, buffer + p * panel_elems);
       } else {
@@ -853,6 +926,7 @@ void PanelRangeImpl(const MatMulTask& task, int64_t row_begin, int64_t row_end) 
     case WeightType::kBF16: return PanelRange<hwy::bfloat16_t>(task, row_begin, row_end);
     case WeightType::kQ8_0: return BlockPanelRange<WeightType::kQ8_0>(task, row_begin, row_end);
     case WeightType::kQ4_1: return BlockPanelRange<WeightType::kQ4_1>(task, row_begin, row_end);
+    case WeightType::kQ5_0: return BlockPanelRange<WeightType::kQ5_0>(task, row_begin, row_end);
     case WeightType::kQ4_K: return BlockPanelRange<WeightType::kQ4_K>(task, row_begin, row_end);
     case WeightType::kQ6_K: return BlockPanelRange<WeightType::kQ6_K>(task, row_begin, row_end);
     default: return;  // the other block formats are never packed (PackWeights refuses them)
@@ -1121,7 +1195,7 @@ Result<PackedWeights> PackedWeights::Pack(const WeightMatrix& w) {
   if (w.panels) return InvalidArgumentError("pack weights: the matrix is already in panels");
   if (!kernels::PanelLayout(w.type)) {
     return InvalidArgumentError("pack weights: " + std::string(FormatOf(w.type).name) +
-                                " rows stay row-major (f32, f16, bf16, q8_0, q4_1, q4_k and q6_k have a panel layout)");
+                                " rows stay row-major (f32, f16, bf16, q8_0, q4_1, q5_0, q4_k and q6_k have a panel layout)");
   }
   const int64_t block = FormatOf(w.type).block_elems;
   if (w.cols % block != 0) {
@@ -1156,6 +1230,30 @@ Result<PackedWeights> PackedWeights::Pack(const WeightMatrix& w) {
           const int high = (in[128 + 32 * h + l] >> (2 * k)) & 3;
           out[kernels::Q6KLowByte(e, n)] |= static_cast<uint8_t>(low << (4 * ((e % 4) / 2)));
           out[kernels::Q6KHighByte(e, n)] |= static_cast<uint8_t>(high << kernels::Q6KHighShift(e));
+        }
+      }
+    }
+    p.matrix_ = WeightMatrix{p.data_.get(), w.type, w.rows, w.cols, true};
+    return p;
+  }
+  if (w.type == WeightType::kQ5_0) {
+    // kQ50PanelBlockBytes: per panel and block, the rows' d, then their
+    // values' low nibbles and fifth bits.
+    for (int64_t r = 0; r < w.rows; ++r) {
+      const std::byte* src = w.data + r * row_bytes;
+      const int n = static_cast<int>(r % kernels::kPanelRows);
+      std::byte* panel = p.data_.get() + (r / kernels::kPanelRows) * panel_bytes;
+      for (int64_t b = 0; b < w.cols / 32; ++b) {
+        const std::byte* in = src + b * FormatOf(w.type).block_bytes;
+        auto* out = reinterpret_cast<uint8_t*>(panel + b * kernels::kQ50PanelBlockBytes);
+        std::memcpy(out + 2 * n, in, 2);
+        uint32_t qh;
+        std::memcpy(&qh, in + 2, 4);
+        const auto* qs = reinterpret_cast<const uint8_t*>(in + 6);
+        for (int e = 0; e < 32; ++e) {  // element e: qs[e]'s low nibble, then qs[e - 16]'s high one; qh's bit e
+          const int low = e < 16 ? qs[e] & 0x0F : qs[e - 16] >> 4;
+          out[kernels::Q50NibbleByte(e, n)] |= static_cast<uint8_t>(low << kernels::Q4KNibbleShift(e));
+          out[kernels::Q50HighByte(e, n)] |= static_cast<uint8_t>(((qh >> e) & 1) << kernels::Q50HighShift(e));
         }
       }
     }
@@ -1258,6 +1356,22 @@ void WeightRow(const WeightMatrix& w, int64_t r, float* out) {
         const int high = (blk[kernels::Q6KHighByte(e, n)] >> kernels::Q6KHighShift(e)) & 3;
         const auto sc = static_cast<int8_t>(blk[kernels::Q6KScaleByte(e / 16, n)]);
         out[b * 256 + e] = d * static_cast<float>(sc) * static_cast<float>((low | high << 4) - 32);
+      }
+    }
+    return;
+  }
+  if (w.type == WeightType::kQ5_0 && w.panels) {
+    const int n = static_cast<int>(r % kernels::kPanelRows);
+    const std::byte* panel = w.data + (r / kernels::kPanelRows) * kernels::PanelBytes(w.type, w.cols);
+    for (int64_t b = 0; b < w.cols / 32; ++b) {
+      const auto* blk = reinterpret_cast<const uint8_t*>(panel + b * kernels::kQ50PanelBlockBytes);
+      uint16_t h;
+      std::memcpy(&h, blk + 2 * n, 2);
+      const float d = F16ToF32(h);
+      for (int e = 0; e < 32; ++e) {
+        const int low = (blk[kernels::Q50NibbleByte(e, n)] >> kernels::Q4KNibbleShift(e)) & 0x0F;
+        const int high = (blk[kernels::Q50HighByte(e, n)] >> kernels::Q50HighShift(e)) & 1;
+        out[b * 32 + e] = d * static_cast<float>((low | high << 4) - 16);
       }
     }
     return;
