@@ -572,71 +572,39 @@ inline void Q4KPanel(const std::byte* panel, int64_t blocks, const PanelX& x, fl
   }
 }
 
-// out[t * 16 + n] = row n of a q4_1 panel (matmul.cc kQ41PanelBlockBytes)
-// times token t's q16 row, for kT tokens: per 32-column block the nibbles'
-// pair products as q4_k's sub-block, taken once as d * dx, and m once
-// times the block's sum of X.
-template <int kT, bool kVnni = false>
-inline void Q41Panel(const std::byte* panel, int64_t blocks, const PanelX& x, float* out) {
-  __m256 acc[kT][2];
-  for (int t = 0; t < kT; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
-  const __m256i nib = _mm256_set1_epi16(0x0F);
-  for (int64_t b = 0; b < blocks; ++b) {
-    const auto* blk = reinterpret_cast<const uint8_t*>(panel + b * (64 + 256));
-    const uint8_t* q = blk + 64;
-    __m256i sum[kT][2];
-    for (int t = 0; t < kT; ++t) sum[t][0] = sum[t][1] = _mm256_setzero_si256();
-    for (int j = 0; j < 8; ++j) {  // four columns: rows 0-7's 16 bytes, then rows 8-15's
-      if (j % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(q + 32 * j + PAGEKV_PANEL_AHEAD), _MM_HINT_T0);
-      const __m256i v0 = Bytes16(q + 32 * j), v1 = Bytes16(q + 32 * j + 16);
-      const int64_t c = 32 * b + 4 * j;
-      for (int t = 0; t < kT; ++t) {
-        PairProducts<kVnni>(_mm256_and_si256(v0, nib), _mm256_and_si256(v1, nib), XPair(x.xq + t * x.cols + c), sum[t]);
-        PairProducts<kVnni>(_mm256_srli_epi16(v0, 4), _mm256_srli_epi16(v1, 4), XPair(x.xq + t * x.cols + c + 2), sum[t]);
-      }
-    }
-    for (int h = 0; h < 2; ++h) {
-      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 16 * h)));
-      const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 32 + 16 * h)));
-      for (int t = 0; t < kT; ++t) {
-        const float* s16 = x.xs + t * (x.cols / 16) + 2 * b;
-        const __m256 dx = _mm256_set1_ps(x.xd[t * (x.cols / 32) + b]);
-        acc[t][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[t][h]), _mm256_mul_ps(d, dx), acc[t][h]);
-        acc[t][h] = _mm256_fmadd_ps(m, _mm256_set1_ps(s16[0] + s16[1]), acc[t][h]);
-      }
-    }
-  }
-  for (int t = 0; t < kT; ++t) {
-    _mm256_storeu_ps(out + t * 16, acc[t][0]);
-    _mm256_storeu_ps(out + t * 16 + 8, acc[t][1]);
-  }
-}
-
-// out[t * 16 + n] = row n of a q5_0 panel (matmul.cc kQ50PanelBlockBytes)
-// times token t's q16 row, for kT tokens: q4_1's loop with each value's
-// fifth bit shifted into bit 4 of the same int16 lanes, the integer sum
-// scaled once by d x dx, and the values' offset of 16 taken from the
-// block's sum of X.
-template <int kT, bool kVnni = false>
-inline void Q50Panel(const std::byte* panel, int64_t blocks, const PanelX& x, float* out) {
+// out[t * 16 + n] = row n of a q4_0 / q4_1 / q5_0 / q5_1 panel (matmul.cc
+// NibbleFormat: the rows' d, m if kMin, the nibbles, the fifth bits if
+// kFifth) times token t's q16 row, for kT tokens. Per 32-column block the
+// nibbles' pair products as q4_k's sub-block (each fifth bit shifted into
+// bit 4 of the same int16 lanes), the exact integer sum scaled once by d x
+// dx; the values' offset (kOffset x d) and m once each times the block's
+// sum of X.
+template <int kT, bool kVnni, bool kMin, bool kFifth, int kOffset>
+inline void NibblePanel(const std::byte* panel, int64_t blocks, const PanelX& x, float* out) {
+  constexpr int64_t kNibblesAt = kMin ? 64 : 32, kBlockBytes = kNibblesAt + 256 + (kFifth ? 64 : 0);
   __m256 acc[kT][2];
   for (int t = 0; t < kT; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
   const __m256i nib = _mm256_set1_epi16(0x0F), fifth = _mm256_set1_epi16(0x10);
   for (int64_t b = 0; b < blocks; ++b) {
-    const auto* blk = reinterpret_cast<const uint8_t*>(panel + b * (32 + 256 + 64));
-    const uint8_t* q = blk + 32;
+    const auto* blk = reinterpret_cast<const uint8_t*>(panel + b * kBlockBytes);
+    const uint8_t* q = blk + kNibblesAt;
     __m256i sum[kT][2];
     for (int t = 0; t < kT; ++t) sum[t][0] = sum[t][1] = _mm256_setzero_si256();
-    _mm_prefetch(reinterpret_cast<const char*>(q + PAGEKV_PANEL_AHEAD + 256), _MM_HINT_T0);
+    if constexpr (kBlockBytes > 320) _mm_prefetch(reinterpret_cast<const char*>(q + PAGEKV_PANEL_AHEAD + 256), _MM_HINT_T0);
     Unrolled<8>([&](auto jc) {  // four columns: rows 0-7's 16 bytes, then rows 8-15's
       constexpr int j = decltype(jc)::value, k = j % 4;  // the fifth bits: bits k and 4 + k
       if constexpr (j % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(q + 32 * j + PAGEKV_PANEL_AHEAD), _MM_HINT_T0);
       const __m256i v0 = Bytes16(q + 32 * j), v1 = Bytes16(q + 32 * j + 16);
-      const __m256i h0 = Bytes16(blk + 288 + 32 * (j / 4)), h1 = Bytes16(blk + 288 + 32 * (j / 4) + 16);
-      const __m256i lo0 = _mm256_or_si256(_mm256_and_si256(v0, nib), _mm256_and_si256(_mm256_slli_epi16(h0, 4 - k), fifth));
-      const __m256i lo1 = _mm256_or_si256(_mm256_and_si256(v1, nib), _mm256_and_si256(_mm256_slli_epi16(h1, 4 - k), fifth));
-      const __m256i hi0 = _mm256_or_si256(_mm256_srli_epi16(v0, 4), _mm256_and_si256(_mm256_srli_epi16(h0, k), fifth));
-      const __m256i hi1 = _mm256_or_si256(_mm256_srli_epi16(v1, 4), _mm256_and_si256(_mm256_srli_epi16(h1, k), fifth));
+      __m256i lo0 = _mm256_and_si256(v0, nib), lo1 = _mm256_and_si256(v1, nib);
+      __m256i hi0 = _mm256_srli_epi16(v0, 4), hi1 = _mm256_srli_epi16(v1, 4);
+      if constexpr (kFifth) {
+        const uint8_t* high = q + 256 + 32 * (j / 4);
+        const __m256i h0 = Bytes16(high), h1 = Bytes16(high + 16);
+        lo0 = _mm256_or_si256(lo0, _mm256_and_si256(_mm256_slli_epi16(h0, 4 - k), fifth));
+        lo1 = _mm256_or_si256(lo1, _mm256_and_si256(_mm256_slli_epi16(h1, 4 - k), fifth));
+        hi0 = _mm256_or_si256(hi0, _mm256_and_si256(_mm256_srli_epi16(h0, k), fifth));
+        hi1 = _mm256_or_si256(hi1, _mm256_and_si256(_mm256_srli_epi16(h1, k), fifth));
+      }
       const int64_t c = 32 * b + 4 * j;
       for (int t = 0; t < kT; ++t) {
         PairProducts<kVnni>(lo0, lo1, XPair(x.xq + t * x.cols + c), sum[t]);
@@ -649,7 +617,13 @@ inline void Q50Panel(const std::byte* panel, int64_t blocks, const PanelX& x, fl
         const float* s16 = x.xs + t * (x.cols / 16) + 2 * b;
         const __m256 dx = _mm256_set1_ps(x.xd[t * (x.cols / 32) + b]);
         acc[t][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[t][h]), _mm256_mul_ps(d, dx), acc[t][h]);
-        acc[t][h] = _mm256_fnmadd_ps(d, _mm256_set1_ps(16.0f * (s16[0] + s16[1])), acc[t][h]);
+        if constexpr (kOffset != 0) {
+          acc[t][h] = _mm256_fnmadd_ps(d, _mm256_set1_ps(static_cast<float>(kOffset) * (s16[0] + s16[1])), acc[t][h]);
+        }
+        if constexpr (kMin) {
+          const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 32 + 16 * h)));
+          acc[t][h] = _mm256_fmadd_ps(m, _mm256_set1_ps(s16[0] + s16[1]), acc[t][h]);
+        }
       }
     }
   }
@@ -811,61 +785,32 @@ inline void Q4KPanel512(const std::byte* panel, int64_t blocks, const PanelX& x,
   }
   for (int t = 0; t < kT; ++t) _mm512_storeu_ps(out + t * 16, acc[t]);
 }
-template <int kT, bool kVnni = false, int kS = 4 / kT>
-inline void Q41Panel512(const std::byte* panel, int64_t blocks, const PanelX& x, float* out) {
-  __m512 acc[kT];
-  for (int t = 0; t < kT; ++t) acc[t] = _mm512_setzero_ps();
-  const __m512i nibbles = _mm512_set1_epi16(0x0F);
-  for (int64_t b = 0; b < blocks; ++b) {
-    const auto* blk = reinterpret_cast<const uint8_t*>(panel + b * (64 + 256));
-    const uint8_t* q = blk + 64;
-    __m512i sum[kT][kS];
-    for (int t = 0; t < kT; ++t) {
-      for (int a = 0; a < kS; ++a) sum[t][a] = _mm512_setzero_si512();
-    }
-    for (int j = 0; j < 8; ++j) {  // four columns: the 16 rows' 32 bytes widened to 16-bit lanes
-      if (j % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(q + 32 * j + PAGEKV_PANEL_AHEAD), _MM_HINT_T0);
-      const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * j)));
-      const __m512i lo = _mm512_and_si512(v, nibbles), hi = _mm512_srli_epi16(v, 4);  // pairs (c, c + 1), (c + 2, c + 3)
-      const int64_t c = 32 * b + 4 * j;
-      for (int t = 0; t < kT; ++t) {
-        const int a = (2 * j) % kS;
-        sum[t][a] = PairProducts512<kVnni>(lo, XPair512(x.xq + t * x.cols + c), sum[t][a]);
-        sum[t][(a + 1) % kS] = PairProducts512<kVnni>(hi, XPair512(x.xq + t * x.cols + c + 2), sum[t][(a + 1) % kS]);
-      }
-    }
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
-    const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32)));
-    for (int t = 0; t < kT; ++t) {
-      const float* s16 = x.xs + t * (x.cols / 16) + 2 * b;
-      const __m512 dx = _mm512_set1_ps(x.xd[t * (x.cols / 32) + b]);
-      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(SumAll<kS>(sum[t])), _mm512_mul_ps(d, dx), acc[t]);
-      acc[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(s16[0] + s16[1]), acc[t]);
-    }
-  }
-  for (int t = 0; t < kT; ++t) _mm512_storeu_ps(out + t * 16, acc[t]);
-}
-template <int kT, bool kVnni = false, int kS = 4 / kT>
-inline void Q50Panel512(const std::byte* panel, int64_t blocks, const PanelX& x, float* out) {
+template <int kT, bool kVnni, bool kMin, bool kFifth, int kOffset, int kS = 4 / kT>
+inline void NibblePanel512(const std::byte* panel, int64_t blocks, const PanelX& x, float* out) {
+  constexpr int64_t kNibblesAt = kMin ? 64 : 32, kBlockBytes = kNibblesAt + 256 + (kFifth ? 64 : 0);
   __m512 acc[kT];
   for (int t = 0; t < kT; ++t) acc[t] = _mm512_setzero_ps();
   const __m512i nib = _mm512_set1_epi16(0x0F), fifth = _mm512_set1_epi16(0x10);
   for (int64_t b = 0; b < blocks; ++b) {
-    const auto* blk = reinterpret_cast<const uint8_t*>(panel + b * (32 + 256 + 64));
-    const uint8_t* q = blk + 32;
+    const auto* blk = reinterpret_cast<const uint8_t*>(panel + b * kBlockBytes);
+    const uint8_t* q = blk + kNibblesAt;
     __m512i sum[kT][kS];
     for (int t = 0; t < kT; ++t) {
       for (int a = 0; a < kS; ++a) sum[t][a] = _mm512_setzero_si512();
     }
-    _mm_prefetch(reinterpret_cast<const char*>(q + PAGEKV_PANEL_AHEAD + 256), _MM_HINT_T0);
+    if constexpr (kBlockBytes > 320) _mm_prefetch(reinterpret_cast<const char*>(q + PAGEKV_PANEL_AHEAD + 256), _MM_HINT_T0);
     Unrolled<8>([&](auto jc) {  // four columns: the 16 rows' 32 bytes widened to 16-bit lanes
       constexpr int j = decltype(jc)::value, k = j % 4;
       if constexpr (j % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(q + 32 * j + PAGEKV_PANEL_AHEAD), _MM_HINT_T0);
       const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * j)));
-      const __m512i h = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 288 + 32 * (j / 4))));
-      // A | (B & C), imm 0xF8: the nibbles with the fifth bit in bit 4.
-      const __m512i lo = _mm512_ternarylogic_epi32(_mm512_and_si512(v, nib), _mm512_slli_epi16(h, 4 - k), fifth, 0xF8);
-      const __m512i hi = _mm512_ternarylogic_epi32(_mm512_srli_epi16(v, 4), _mm512_srli_epi16(h, k), fifth, 0xF8);
+      __m512i lo = _mm512_and_si512(v, nib), hi = _mm512_srli_epi16(v, 4);  // pairs (c, c + 1), (c + 2, c + 3)
+      if constexpr (kFifth) {
+        const __m512i h =
+            _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 256 + 32 * (j / 4))));
+        // A | (B & C), imm 0xF8: the nibbles with the fifth bit in bit 4.
+        lo = _mm512_ternarylogic_epi32(lo, _mm512_slli_epi16(h, 4 - k), fifth, 0xF8);
+        hi = _mm512_ternarylogic_epi32(hi, _mm512_srli_epi16(h, k), fifth, 0xF8);
+      }
       const int64_t c = 32 * b + 4 * j;
       for (int t = 0; t < kT; ++t) {
         const int a = (2 * j) % kS;
@@ -878,7 +823,13 @@ inline void Q50Panel512(const std::byte* panel, int64_t blocks, const PanelX& x,
       const float* s16 = x.xs + t * (x.cols / 16) + 2 * b;
       const __m512 dx = _mm512_set1_ps(x.xd[t * (x.cols / 32) + b]);
       acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(SumAll<kS>(sum[t])), _mm512_mul_ps(d, dx), acc[t]);
-      acc[t] = _mm512_fnmadd_ps(d, _mm512_set1_ps(16.0f * (s16[0] + s16[1])), acc[t]);
+      if constexpr (kOffset != 0) {
+        acc[t] = _mm512_fnmadd_ps(d, _mm512_set1_ps(static_cast<float>(kOffset) * (s16[0] + s16[1])), acc[t]);
+      }
+      if constexpr (kMin) {
+        const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32)));
+        acc[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(s16[0] + s16[1]), acc[t]);
+      }
     }
   }
   for (int t = 0; t < kT; ++t) _mm512_storeu_ps(out + t * 16, acc[t]);

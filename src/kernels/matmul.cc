@@ -69,28 +69,48 @@ constexpr int64_t Q6KScaleByte(int g, int n) { return Q6KGroupAt(g) + n; }
 constexpr int64_t Q6KLowByte(int e, int n) { return Q6KGroupAt(e / 16) + 16 + 32 * ((e % 16) / 4) + 2 * n + e % 2; }
 constexpr int64_t Q6KHighByte(int e, int n) { return Q6KGroupAt(e / 16) + 144 + 32 * ((e % 16) / 8) + 2 * n + e % 2; }
 constexpr int Q6KHighShift(int e) { return 2 * ((e / 4) % 2) + 4 * ((e % 4) / 2); }
-// q4_1 in panels: per 16-row panel and 32-column block, the rows' f16 d
-// (32 bytes) and m (32), then per four columns the 16 rows' nibbles as
-// q4_k's (row n's byte 2n holds columns c and c + 2, byte 2n + 1 columns
-// c + 1 and c + 3): 320 bytes, the rows' own, read front to back.
-constexpr int64_t kQ41PanelBlockBytes = 64 + 256;
-constexpr int64_t Q41NibbleByte(int e, int n) { return 64 + 32 * (e / 4) + 2 * n + e % 2; }
-// q5_0 in panels: per 16-row panel and 32-column block, the rows' f16 d
-// (32 bytes), the low four bits of every value as q4_k's nibbles (256),
-// then their fifth bits in two 32-byte lines, one per four four-column
-// steps: for step j, row n's byte 2n holds the bits of columns c and c + 2
-// at bits j % 4 and 4 + j % 4, byte 2n + 1 those of c + 1 and c + 3, so
-// that shifted into bit 4 they complete the nibbles' int16 pairs. 352
-// bytes, the rows' own.
-constexpr int64_t kQ50PanelBlockBytes = 32 + 256 + 64;
-constexpr int64_t Q50NibbleByte(int e, int n) { return 32 + 32 * (e / 4) + 2 * n + e % 2; }
-constexpr int64_t Q50HighByte(int e, int n) { return 288 + 32 * (e / 16) + 2 * n + e % 2; }
-constexpr int Q50HighShift(int e) { return (e / 4) % 4 + 4 * ((e % 4) / 2); }
+// The 32-element formats with 4-bit values (q4_0, q4_1) and 5-bit ones
+// (q5_0, q5_1) in panels, each value d * (q - offset) + m: per 16-row panel
+// and 32-column block the rows' f16 d (32 bytes), their f16 m where the
+// format has one (32), the values' low four bits as q4_k's nibbles (256:
+// per four columns c .. c + 3, row n's byte 2n holds c and c + 2, byte
+// 2n + 1 c + 1 and c + 3), and for the 5-bit formats the fifth bits in two
+// 32-byte lines, one per four four-column steps (for step j, row n's bytes
+// 2n and 2n + 1 hold at bits j % 4 and 4 + j % 4 the bits of the same
+// columns as the step's nibble bytes, so that shifted into bit 4 they
+// complete the nibbles' int16 pairs). The rows' own bytes, in the order the
+// kernels (intdot::NibblePanel) read them.
+struct NibbleFormat {
+  bool min = false, fifth = false;
+  int offset = 0;  // 8 (q4_0), 16 (q5_0), 0 (q4_1, q5_1: m instead)
+  constexpr int64_t NibblesAt() const { return min ? 64 : 32; }
+  constexpr int64_t BlockBytes() const { return NibblesAt() + 256 + (fifth ? 64 : 0); }
+  constexpr int64_t NibbleByte(int e, int n) const { return NibblesAt() + 32 * (e / 4) + 2 * n + e % 2; }
+  constexpr int64_t FifthByte(int e, int n) const { return NibblesAt() + 256 + 32 * (e / 16) + 2 * n + e % 2; }
+  // The ggml block's own layout: d, then m, then the fifth bits (uint32), then 16 bytes of nibbles.
+  constexpr int64_t SourceBitsAt() const { return min ? 4 : 2; }
+  constexpr int64_t SourceNibblesAt() const { return SourceBitsAt() + (fifth ? 4 : 0); }
+};
+constexpr NibbleFormat NibbleFormatOf(WeightType t) {
+  return t == WeightType::kQ4_0   ? NibbleFormat{false, false, 8}
+         : t == WeightType::kQ4_1 ? NibbleFormat{true, false, 0}
+         : t == WeightType::kQ5_0 ? NibbleFormat{false, true, 16}
+         : t == WeightType::kQ5_1 ? NibbleFormat{true, true, 0}
+                                  : NibbleFormat{};
+}
+constexpr bool IsNibbleFormat(WeightType t) {
+  return t == WeightType::kQ4_0 || t == WeightType::kQ4_1 || t == WeightType::kQ5_0 || t == WeightType::kQ5_1;
+}
+constexpr int FifthShift(int e) { return (e / 4) % 4 + 4 * ((e % 4) / 2); }
+// Element e (0..31) of row n of a nibble-format panel block, as its integer q.
+inline int NibbleValue(const NibbleFormat& f, const uint8_t* blk, int e, int n) {
+  const int low = (blk[f.NibbleByte(e, n)] >> Q4KNibbleShift(e)) & 0x0F;
+  return f.fifth ? low | ((blk[f.FifthByte(e, n)] >> FifthShift(e)) & 1) << 4 : low;
+}
 // Bytes of one 16-row panel's block in a block format's panel layout (0: none).
 constexpr int64_t PanelBlockBytes(WeightType t) {
   return t == WeightType::kQ8_0   ? kQ8PanelBlockBytes
-         : t == WeightType::kQ4_1 ? kQ41PanelBlockBytes
-         : t == WeightType::kQ5_0 ? kQ50PanelBlockBytes
+         : IsNibbleFormat(t)      ? NibbleFormatOf(t).BlockBytes()
          : t == WeightType::kQ4_K ? kQ4KPanelBlockBytes
          : t == WeightType::kQ6_K ? kQ6KPanelBlockBytes
                                   : 0;
@@ -677,55 +697,26 @@ void DecodeQ4KPanel(const std::byte* panel, int64_t cols, float* out) {
   }
 }
 
-// ---- q4_1 in panels (the layout in kQ41PanelBlockBytes' comment). out =
-// the 16 rows' f32 panel [cols][16]: per block each row's d * q + m.
-void DecodeQ41Panel(const std::byte* panel, int64_t cols, float* out) {
-  const hn::CappedTag<float, kPanelRows> df;
-  const int n = static_cast<int>(hn::Lanes(df));
-  const hn::Rebind<uint8_t, decltype(df)> d8;
-  const hn::Rebind<uint32_t, decltype(df)> d32u;
-  const hn::Rebind<int32_t, decltype(df)> d32;
-  const hn::Rebind<hwy::float16_t, decltype(df)> dh;
-  for (int64_t b = 0; b < cols / 32; ++b) {
-    const std::byte* blk = panel + b * kQ41PanelBlockBytes;
-    const auto* d = reinterpret_cast<const hwy::float16_t*>(blk);
-    const auto* m = d + kPanelRows;
-    const auto* u8 = reinterpret_cast<const uint8_t*>(blk);
-    for (int r = 0; r < kPanelRows; r += n) {
-      const auto scale = hn::PromoteTo(df, hn::LoadU(dh, d + r));
-      const auto bias = hn::PromoteTo(df, hn::LoadU(dh, m + r));
-      for (int quad = 0; quad < 8; ++quad) {
-        hn::Vec<decltype(d8)> e0, e1;  // bytes 2n and 2n + 1 of rows r..
-        hn::LoadInterleaved2(d8, u8 + Q41NibbleByte(4 * quad, r), e0, e1);
-        const auto nib = hn::Set(d32u, 0x0F);
-        const auto b0 = hn::PromoteTo(d32u, e0), b1 = hn::PromoteTo(d32u, e1);
-        float* col = out + (b * 32 + 4 * quad) * kPanelRows + r;
-        hn::StoreU(hn::MulAdd(scale, hn::ConvertTo(df, hn::BitCast(d32, hn::And(b0, nib))), bias), df, col);
-        hn::StoreU(hn::MulAdd(scale, hn::ConvertTo(df, hn::BitCast(d32, hn::And(b1, nib))), bias), df, col + kPanelRows);
-        hn::StoreU(hn::MulAdd(scale, hn::ConvertTo(df, hn::BitCast(d32, hn::ShiftRight<4>(b0))), bias), df,
-                   col + 2 * kPanelRows);
-        hn::StoreU(hn::MulAdd(scale, hn::ConvertTo(df, hn::BitCast(d32, hn::ShiftRight<4>(b1))), bias), df,
-                   col + 3 * kPanelRows);
-      }
-    }
-  }
-}
-
-// ---- q5_0 in panels (the layout in kQ50PanelBlockBytes' comment). out =
-// the 16 rows' f32 panel [cols][16]: per block each row's d * (q - 16).
-void DecodeQ50Panel(const std::byte* panel, int64_t cols, float* out) {
+// ---- q4_0 / q4_1 / q5_0 / q5_1 in panels (NibbleFormat's comment). out =
+// the 16 rows' f32 panel [cols][16]: per block each row's d * (q - offset) + m.
+template <WeightType kType>
+void DecodeNibblePanel(const std::byte* panel, int64_t cols, float* out) {
+  constexpr NibbleFormat f = NibbleFormatOf(kType);
 #if HWY_TARGET == HWY_SCALAR
   // Element by element on the scalar target, as DecodeQ6KPanel.
   for (int64_t b = 0; b < cols / 32; ++b) {
-    const auto* blk = reinterpret_cast<const uint8_t*>(panel + b * kQ50PanelBlockBytes);
+    const auto* blk = reinterpret_cast<const uint8_t*>(panel + b * f.BlockBytes());
     for (int n = 0; n < kPanelRows; ++n) {
       uint16_t h;
       std::memcpy(&h, blk + 2 * n, 2);
       const float d = F16ToF32(h);
+      float m = 0.0f;
+      if constexpr (f.min) {
+        std::memcpy(&h, blk + 32 + 2 * n, 2);
+        m = F16ToF32(h);
+      }
       for (int e = 0; e < 32; ++e) {
-        const int low = (blk[Q50NibbleByte(e, n)] >> Q4KNibbleShift(e)) & 0x0F;
-        const int high = (blk[Q50HighByte(e, n)] >> Q50HighShift(e)) & 1;
-        out[(b * 32 + e) * kPanelRows + n] = d * static_cast<float>((low | high << 4) - 16);
+        out[(b * 32 + e) * kPanelRows + n] = d * static_cast<float>(NibbleValue(f, blk, e, n) - f.offset) + m;
       }
     }
   }
@@ -738,29 +729,37 @@ void DecodeQ50Panel(const std::byte* panel, int64_t cols, float* out) {
   const hn::Rebind<int32_t, decltype(df)> d32;
   const hn::Rebind<hwy::float16_t, decltype(df)> dh;
   for (int64_t b = 0; b < cols / 32; ++b) {
-    const std::byte* blk = panel + b * kQ50PanelBlockBytes;
+    const std::byte* blk = panel + b * f.BlockBytes();
     const auto* d = reinterpret_cast<const hwy::float16_t*>(blk);
     const auto* u8 = reinterpret_cast<const uint8_t*>(blk);
     for (int r = 0; r < kPanelRows; r += n) {
       const auto scale = hn::PromoteTo(df, hn::LoadU(dh, d + r));
-      const auto offset = hn::Mul(scale, hn::Set(df, 16.0f));
+      // d * q + bias, bias = m or -offset * d.
+      const auto bias = f.min ? hn::PromoteTo(df, hn::LoadU(dh, d + kPanelRows + r))
+                              : hn::Mul(scale, hn::Set(df, -static_cast<float>(f.offset)));
       for (int quad = 0; quad < 8; ++quad) {
-        hn::Vec<decltype(d8)> l0, l1, h0, h1;  // bytes 2n and 2n + 1 of rows r..
-        hn::LoadInterleaved2(d8, u8 + Q50NibbleByte(4 * quad, r), l0, l1);
-        hn::LoadInterleaved2(d8, u8 + Q50HighByte(4 * quad, r), h0, h1);
-        const auto a = hn::PromoteTo(d32u, l0), c = hn::PromoteTo(d32u, l1);
-        const auto ha = hn::PromoteTo(d32u, h0), hc = hn::PromoteTo(d32u, h1);
-        const int sh = quad % 4;  // the fifth bits' place for this step
-        const auto one = hn::Set(d32u, 1), nib = hn::Set(d32u, 0x0F);
-        auto q5 = [&](auto low, auto high, int at) {
-          const auto bit = hn::And(hn::ShiftRightSame(high, sh + at), one);
-          return hn::ConvertTo(df, hn::BitCast(d32, hn::Or(low, hn::ShiftLeft<4>(bit))));
-        };
+        hn::Vec<decltype(d8)> l0, l1;  // bytes 2n and 2n + 1 of rows r..
+        hn::LoadInterleaved2(d8, u8 + f.NibbleByte(4 * quad, r), l0, l1);
+        const auto nib = hn::Set(d32u, 0x0F);
+        auto a = hn::PromoteTo(d32u, l0), c = hn::PromoteTo(d32u, l1);
+        auto q0 = hn::And(a, nib), q1 = hn::And(c, nib), q2 = hn::ShiftRight<4>(a), q3 = hn::ShiftRight<4>(c);
+        if constexpr (f.fifth) {
+          hn::Vec<decltype(d8)> h0, h1;
+          hn::LoadInterleaved2(d8, u8 + f.FifthByte(4 * quad, r), h0, h1);
+          const auto ha = hn::PromoteTo(d32u, h0), hc = hn::PromoteTo(d32u, h1);
+          const int sh = quad % 4;  // the fifth bits' place for this step
+          const auto one = hn::Set(d32u, 1);
+          auto bit = [&](auto high, int at) { return hn::ShiftLeft<4>(hn::And(hn::ShiftRightSame(high, sh + at), one)); };
+          q0 = hn::Or(q0, bit(ha, 0));
+          q1 = hn::Or(q1, bit(hc, 0));
+          q2 = hn::Or(q2, bit(ha, 4));
+          q3 = hn::Or(q3, bit(hc, 4));
+        }
         float* col = out + (b * 32 + 4 * quad) * kPanelRows + r;
-        hn::StoreU(hn::MulSub(scale, q5(hn::And(a, nib), ha, 0), offset), df, col);
-        hn::StoreU(hn::MulSub(scale, q5(hn::And(c, nib), hc, 0), offset), df, col + kPanelRows);
-        hn::StoreU(hn::MulSub(scale, q5(hn::ShiftRight<4>(a), ha, 4), offset), df, col + 2 * kPanelRows);
-        hn::StoreU(hn::MulSub(scale, q5(hn::ShiftRight<4>(c), hc, 4), offset), df, col + 3 * kPanelRows);
+        hn::StoreU(hn::MulAdd(scale, hn::ConvertTo(df, hn::BitCast(d32, q0)), bias), df, col);
+        hn::StoreU(hn::MulAdd(scale, hn::ConvertTo(df, hn::BitCast(d32, q1)), bias), df, col + kPanelRows);
+        hn::StoreU(hn::MulAdd(scale, hn::ConvertTo(df, hn::BitCast(d32, q2)), bias), df, col + 2 * kPanelRows);
+        hn::StoreU(hn::MulAdd(scale, hn::ConvertTo(df, hn::BitCast(d32, q3)), bias), df, col + 3 * kPanelRows);
       }
     }
   }
@@ -831,7 +830,7 @@ void DecodeQ6KPanel(const std::byte* panel, int64_t cols, float* out) {
   }
 }
 
-// Block-format panels (q8_0, q4_1, q5_0, q4_k, q6_k), rows [row_begin, row_end) for every
+// Block-format panels (q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q6_k), rows [row_begin, row_end) for every
 // token: X as q16 rows (the fast path's few tokens, x86) through the
 // panel's integer kernel, two tokens at a time; else the panels decoded to
 // f32 once per 32-row tile (DecodedTiles).
@@ -854,10 +853,9 @@ void BlockPanelRange(const MatMulTask& task, int64_t row_begin, int64_t row_end)
 #if HWY_TARGET <= HWY_AVX3
           if constexpr (kType == WeightType::kQ8_0) {
             intdot::Q8Panel512<kT, kVnni>(panel, cols / 32, x, out);
-          } else if constexpr (kType == WeightType::kQ4_1) {
-            intdot::Q41Panel512<kT, kVnni>(panel, cols / 32, x, out);
-          } else if constexpr (kType == WeightType::kQ5_0) {
-            intdot::Q50Panel512<kT, kVnni>(panel, cols / 32, x, out);
+          } else if constexpr (IsNibbleFormat(kType)) {
+            constexpr NibbleFormat f = NibbleFormatOf(kType);
+            intdot::NibblePanel512<kT, kVnni, f.min, f.fifth, f.offset>(panel, cols / 32, x, out);
           } else if constexpr (kType == WeightType::kQ4_K) {
             intdot::Q4KPanel512<kT, kVnni>(panel, cols / 256, x, out);
           } else {
@@ -866,10 +864,9 @@ void BlockPanelRange(const MatMulTask& task, int64_t row_begin, int64_t row_end)
 #else
           if constexpr (kType == WeightType::kQ8_0) {
             intdot::Q8Panel<kT, kVnni>(panel, cols / 32, x, out);
-          } else if constexpr (kType == WeightType::kQ4_1) {
-            intdot::Q41Panel<kT, kVnni>(panel, cols / 32, x, out);
-          } else if constexpr (kType == WeightType::kQ5_0) {
-            intdot::Q50Panel<kT, kVnni>(panel, cols / 32, x, out);
+          } else if constexpr (IsNibbleFormat(kType)) {
+            constexpr NibbleFormat f = NibbleFormatOf(kType);
+            intdot::NibblePanel<kT, kVnni, f.min, f.fifth, f.offset>(panel, cols / 32, x, out);
           } else if constexpr (kType == WeightType::kQ4_K) {
             intdot::Q4KPanel<kT, kVnni>(panel, cols / 256, x, out);
           } else {
@@ -906,10 +903,8 @@ void BlockPanelRange(const MatMulTask& task, int64_t row_begin, int64_t row_end)
       const std::byte* panel = task.w.data + (r0 / kPanelRows + p) * panel_bytes;
       if constexpr (kType == WeightType::kQ8_0) {
         DecodeQ8Panel(panel, cols, buffer + p * panel_elems);
-      } else if constexpr (kType == WeightType::kQ4_1) {
-        DecodeQ41Panel(panel, cols, buffer + p * panel_elems);
-      } else if constexpr (kType == WeightType::kQ5_0) {
-        DecodeQ50Panel(panel, cols, buffer + p * panel_elems);
+      } else if constexpr (IsNibbleFormat(kType)) {
+        DecodeNibblePanel<kType>(panel, cols, buffer + p * panel_elems);
       } else if constexpr (kType == WeightType::kQ4_K) {
         DecodeQ4KPanel(panel, cols, buffer + p * panel_elems);
       } else {
@@ -925,8 +920,10 @@ void PanelRangeImpl(const MatMulTask& task, int64_t row_begin, int64_t row_end) 
     case WeightType::kF16: return PanelRange<hwy::float16_t>(task, row_begin, row_end);
     case WeightType::kBF16: return PanelRange<hwy::bfloat16_t>(task, row_begin, row_end);
     case WeightType::kQ8_0: return BlockPanelRange<WeightType::kQ8_0>(task, row_begin, row_end);
+    case WeightType::kQ4_0: return BlockPanelRange<WeightType::kQ4_0>(task, row_begin, row_end);
     case WeightType::kQ4_1: return BlockPanelRange<WeightType::kQ4_1>(task, row_begin, row_end);
     case WeightType::kQ5_0: return BlockPanelRange<WeightType::kQ5_0>(task, row_begin, row_end);
+    case WeightType::kQ5_1: return BlockPanelRange<WeightType::kQ5_1>(task, row_begin, row_end);
     case WeightType::kQ4_K: return BlockPanelRange<WeightType::kQ4_K>(task, row_begin, row_end);
     case WeightType::kQ6_K: return BlockPanelRange<WeightType::kQ6_K>(task, row_begin, row_end);
     default: return;  // the other block formats are never packed (PackWeights refuses them)
@@ -1195,7 +1192,7 @@ Result<PackedWeights> PackedWeights::Pack(const WeightMatrix& w) {
   if (w.panels) return InvalidArgumentError("pack weights: the matrix is already in panels");
   if (!kernels::PanelLayout(w.type)) {
     return InvalidArgumentError("pack weights: " + std::string(FormatOf(w.type).name) +
-                                " rows stay row-major (f32, f16, bf16, q8_0, q4_1, q5_0, q4_k and q6_k have a panel layout)");
+                                " rows stay row-major (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k and q6_k have a panel layout)");
   }
   const int64_t block = FormatOf(w.type).block_elems;
   if (w.cols % block != 0) {
@@ -1236,46 +1233,26 @@ Result<PackedWeights> PackedWeights::Pack(const WeightMatrix& w) {
     p.matrix_ = WeightMatrix{p.data_.get(), w.type, w.rows, w.cols, true};
     return p;
   }
-  if (w.type == WeightType::kQ5_0) {
-    // kQ50PanelBlockBytes: per panel and block, the rows' d, then their
-    // values' low nibbles and fifth bits.
+  if (kernels::IsNibbleFormat(w.type)) {
+    // kernels::NibbleFormat: per panel and block, the rows' d (and m), then
+    // their values' low nibbles (and fifth bits).
+    const kernels::NibbleFormat f = kernels::NibbleFormatOf(w.type);
     for (int64_t r = 0; r < w.rows; ++r) {
       const std::byte* src = w.data + r * row_bytes;
       const int n = static_cast<int>(r % kernels::kPanelRows);
       std::byte* panel = p.data_.get() + (r / kernels::kPanelRows) * panel_bytes;
       for (int64_t b = 0; b < w.cols / 32; ++b) {
         const std::byte* in = src + b * FormatOf(w.type).block_bytes;
-        auto* out = reinterpret_cast<uint8_t*>(panel + b * kernels::kQ50PanelBlockBytes);
+        auto* out = reinterpret_cast<uint8_t*>(panel + b * f.BlockBytes());
         std::memcpy(out + 2 * n, in, 2);
-        uint32_t qh;
-        std::memcpy(&qh, in + 2, 4);
-        const auto* qs = reinterpret_cast<const uint8_t*>(in + 6);
-        for (int e = 0; e < 32; ++e) {  // element e: qs[e]'s low nibble, then qs[e - 16]'s high one; qh's bit e
+        if (f.min) std::memcpy(out + 32 + 2 * n, in + 2, 2);
+        uint32_t fifth = 0;
+        if (f.fifth) std::memcpy(&fifth, in + f.SourceBitsAt(), 4);
+        const auto* qs = reinterpret_cast<const uint8_t*>(in + f.SourceNibblesAt());
+        for (int e = 0; e < 32; ++e) {  // element e: qs[e]'s low nibble, then qs[e - 16]'s high one; bit e
           const int low = e < 16 ? qs[e] & 0x0F : qs[e - 16] >> 4;
-          out[kernels::Q50NibbleByte(e, n)] |= static_cast<uint8_t>(low << kernels::Q4KNibbleShift(e));
-          out[kernels::Q50HighByte(e, n)] |= static_cast<uint8_t>(((qh >> e) & 1) << kernels::Q50HighShift(e));
-        }
-      }
-    }
-    p.matrix_ = WeightMatrix{p.data_.get(), w.type, w.rows, w.cols, true};
-    return p;
-  }
-  if (w.type == WeightType::kQ4_1) {
-    // kQ41PanelBlockBytes: per panel and block, the rows' d and m, then per
-    // four columns the rows' nibbles.
-    for (int64_t r = 0; r < w.rows; ++r) {
-      const std::byte* src = w.data + r * row_bytes;
-      const int n = static_cast<int>(r % kernels::kPanelRows);
-      std::byte* panel = p.data_.get() + (r / kernels::kPanelRows) * panel_bytes;
-      for (int64_t b = 0; b < w.cols / 32; ++b) {
-        const std::byte* in = src + b * FormatOf(w.type).block_bytes;
-        auto* out = reinterpret_cast<uint8_t*>(panel + b * kernels::kQ41PanelBlockBytes);
-        std::memcpy(out + 2 * n, in, 2);
-        std::memcpy(out + 32 + 2 * n, in + 2, 2);
-        const auto* qs = reinterpret_cast<const uint8_t*>(in + 4);
-        for (int e = 0; e < 32; ++e) {  // element e: qs[e]'s low nibble, then qs[e - 16]'s high one
-          const int q = e < 16 ? qs[e] & 0x0F : qs[e - 16] >> 4;
-          out[kernels::Q41NibbleByte(e, n)] |= static_cast<uint8_t>(q << kernels::Q4KNibbleShift(e));
+          out[f.NibbleByte(e, n)] |= static_cast<uint8_t>(low << kernels::Q4KNibbleShift(e));
+          if (f.fifth) out[f.FifthByte(e, n)] |= static_cast<uint8_t>(((fifth >> e) & 1) << kernels::FifthShift(e));
         }
       }
     }
@@ -1360,36 +1337,21 @@ void WeightRow(const WeightMatrix& w, int64_t r, float* out) {
     }
     return;
   }
-  if (w.type == WeightType::kQ5_0 && w.panels) {
+  if (kernels::IsNibbleFormat(w.type) && w.panels) {
+    const kernels::NibbleFormat f = kernels::NibbleFormatOf(w.type);
     const int n = static_cast<int>(r % kernels::kPanelRows);
     const std::byte* panel = w.data + (r / kernels::kPanelRows) * kernels::PanelBytes(w.type, w.cols);
     for (int64_t b = 0; b < w.cols / 32; ++b) {
-      const auto* blk = reinterpret_cast<const uint8_t*>(panel + b * kernels::kQ50PanelBlockBytes);
+      const auto* blk = reinterpret_cast<const uint8_t*>(panel + b * f.BlockBytes());
       uint16_t h;
       std::memcpy(&h, blk + 2 * n, 2);
       const float d = F16ToF32(h);
-      for (int e = 0; e < 32; ++e) {
-        const int low = (blk[kernels::Q50NibbleByte(e, n)] >> kernels::Q4KNibbleShift(e)) & 0x0F;
-        const int high = (blk[kernels::Q50HighByte(e, n)] >> kernels::Q50HighShift(e)) & 1;
-        out[b * 32 + e] = d * static_cast<float>((low | high << 4) - 16);
+      float m = 0.0f;
+      if (f.min) {
+        std::memcpy(&h, blk + 32 + 2 * n, 2);
+        m = F16ToF32(h);
       }
-    }
-    return;
-  }
-  if (w.type == WeightType::kQ4_1 && w.panels) {
-    const int n = static_cast<int>(r % kernels::kPanelRows);
-    const std::byte* panel = w.data + (r / kernels::kPanelRows) * kernels::PanelBytes(w.type, w.cols);
-    for (int64_t b = 0; b < w.cols / 32; ++b) {
-      const auto* blk = reinterpret_cast<const uint8_t*>(panel + b * kernels::kQ41PanelBlockBytes);
-      uint16_t h;
-      std::memcpy(&h, blk + 2 * n, 2);
-      const float d = F16ToF32(h);
-      std::memcpy(&h, blk + 32 + 2 * n, 2);
-      const float m = F16ToF32(h);
-      for (int e = 0; e < 32; ++e) {
-        const int q = (blk[kernels::Q41NibbleByte(e, n)] >> kernels::Q4KNibbleShift(e)) & 0x0F;
-        out[b * 32 + e] = d * static_cast<float>(q) + m;
-      }
+      for (int e = 0; e < 32; ++e) out[b * 32 + e] = d * static_cast<float>(kernels::NibbleValue(f, blk, e, n) - f.offset) + m;
     }
     return;
   }
