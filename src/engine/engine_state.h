@@ -241,18 +241,20 @@ struct Engine::State {
     s->result.error = std::move(error);
     s->result.text = SanitizeUtf8(s->text);
     {
-      // Out of the running batch the metrics show before its answer goes
-      // out: whoever reads the metrics after the answer (llama-server's
-      // /slots) no longer sees it running; the step's Snapshot refreshes
-      // the rest.
+      // Out of the running batch and the counts the metrics show before its
+      // answer goes out: whoever reads the metrics after the answer
+      // (llama-server's /slots, a /metrics scrape) no longer sees it
+      // running or waiting; the step's Snapshot refreshes the rest.
       std::lock_guard lock(mu);
       std::erase_if(metrics.sequences, [&](const SequenceInfo& q) { return q.id == s->id; });
+      metrics.running = static_cast<int64_t>(sched->running().size());
+      metrics.loading = static_cast<int64_t>(sched->loading().size());
+      --queued;
     }
     Emit(s, last_token, reason);
     std::unique_ptr<Seq> owned = std::move(live.at(s->id));
     live.erase(s->id);
     std::lock_guard lock(mu);
-    --queued;
     ++metrics.finished;
     if (follow) {
       known.erase(s->id);  // no one waits on a follower's results

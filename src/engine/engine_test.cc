@@ -299,6 +299,38 @@ TEST(EngineTest, CancellationFreesBlocksAtTheNextStep) {
   e->CheckInvariants();
 }
 
+// The metrics a reader sees once a request's answer is out (its final
+// update, on the stepping thread; a /metrics scrape right after the
+// response) no longer count it running or waiting, though the step that
+// finished it has not ended yet.
+TEST(EngineTest, AFinishedRequestLeavesTheCountsBeforeItsAnswerGoesOut) {
+  auto e = std::move(*Engine::Create(Options(64)));
+  std::vector<std::pair<int64_t, int64_t>> seen;  // (running, waiting) at each final update
+  auto request = [&](int32_t max_tokens) {
+    EngineRequest r;
+    r.prompt = e->Encode("Once upon a time");
+    r.max_tokens = max_tokens;
+    r.ignore_eos = true;
+    r.on_update = [&](const TokenUpdate& u) {
+      if (u.finish == FinishReason::kNone) return;
+      const EngineMetrics m = e->Metrics();
+      seen.emplace_back(m.running, m.waiting);
+    };
+    return *e->Submit(r);
+  };
+  const RequestId a = request(3), b = request(6);
+  ASSERT_TRUE(e->RunUntilIdle().ok());
+  EXPECT_EQ(e->Wait(a).tokens.size(), 3u);
+  EXPECT_EQ(e->Wait(b).tokens.size(), 6u);
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[0], std::make_pair(int64_t{1}, int64_t{0})) << "a's answer: b still runs, nothing waits";
+  EXPECT_EQ(seen[1], std::make_pair(int64_t{0}, int64_t{0})) << "b's answer: nothing runs or waits";
+  const EngineMetrics m = e->Metrics();
+  EXPECT_EQ(m.running, 0);
+  EXPECT_EQ(m.waiting, 0);
+  EXPECT_EQ(m.finished, 2);
+}
+
 TEST(EngineTest, StopStringsAndStreamingAgreeWithTheResult) {
   auto e = std::move(*Engine::Create(Options(64)));
   EngineRequest r;
