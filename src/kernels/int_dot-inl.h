@@ -529,30 +529,46 @@ inline __m256 ByteLanes(const uint8_t* p) {
 // pair products of each row's nibbles u with the token's int16 values sum
 // to an exact integer, taken once as d * sc * dx; the mins once as dmin *
 // m times the sub-block's sum of X.
-template <int kT, bool kVnni = false>
+// kFifth: q5_k (matmul.cc kQ5KPanelBlockBytes), each sub-block's nibbles
+// followed by their fifth bits, shifted into bit 4 of the same lanes as
+// NibblePanel's.
+template <int kT, bool kVnni = false, bool kFifth = false>
 inline void Q4KPanel(const std::byte* panel, int64_t blocks, const PanelX& x, float* out) {
+  constexpr int64_t kSubBytes = kFifth ? 256 + 64 : 256;
   __m256 acc[kT][2];
   for (int t = 0; t < kT; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+  const __m256i fifth = _mm256_set1_epi16(0x10);
   for (int64_t b = 0; b < blocks; ++b) {
-    const auto* blk = reinterpret_cast<const uint8_t*>(panel + b * (64 + 256 + 2048));
+    const auto* blk = reinterpret_cast<const uint8_t*>(panel + b * (64 + 256 + 8 * kSubBytes));
     const __m256 d[2] = {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk))),
                          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 16)))};
     const __m256 dmin[2] = {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 32))),
                             _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 48)))};
     for (int sub = 0; sub < 8; ++sub) {
-      const uint8_t* q = blk + 320 + 256 * sub;
+      const uint8_t* q = blk + 320 + kSubBytes * sub;
       __m256i sum[kT][2];
       for (int t = 0; t < kT; ++t) sum[t][0] = sum[t][1] = _mm256_setzero_si256();
       const __m256i nib = _mm256_set1_epi16(0x0F);
-      for (int j = 0; j < 8; ++j) {  // four columns: rows 0-7's 16 bytes, then rows 8-15's
-        if (j % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(q + 32 * j + PAGEKV_PANEL_AHEAD), _MM_HINT_T0);
+      if constexpr (kFifth) _mm_prefetch(reinterpret_cast<const char*>(q + 256 + PAGEKV_PANEL_AHEAD), _MM_HINT_T0);
+      Unrolled<8>([&](auto jc) {  // four columns: rows 0-7's 16 bytes, then rows 8-15's
+        constexpr int j = decltype(jc)::value, k = j % 4;  // q5_k's fifth bits: bits k and 4 + k
+        if constexpr (j % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(q + 32 * j + PAGEKV_PANEL_AHEAD), _MM_HINT_T0);
         const __m256i v0 = Bytes16(q + 32 * j), v1 = Bytes16(q + 32 * j + 16);
+        __m256i lo0 = _mm256_and_si256(v0, nib), lo1 = _mm256_and_si256(v1, nib);
+        __m256i hi0 = _mm256_srli_epi16(v0, 4), hi1 = _mm256_srli_epi16(v1, 4);
+        if constexpr (kFifth) {
+          const __m256i h0 = Bytes16(q + 256 + 32 * (j / 4)), h1 = Bytes16(q + 256 + 32 * (j / 4) + 16);
+          lo0 = _mm256_or_si256(lo0, _mm256_and_si256(_mm256_slli_epi16(h0, 4 - k), fifth));
+          lo1 = _mm256_or_si256(lo1, _mm256_and_si256(_mm256_slli_epi16(h1, 4 - k), fifth));
+          hi0 = _mm256_or_si256(hi0, _mm256_and_si256(_mm256_srli_epi16(h0, k), fifth));
+          hi1 = _mm256_or_si256(hi1, _mm256_and_si256(_mm256_srli_epi16(h1, k), fifth));
+        }
         const int64_t c = 256 * b + 32 * sub + 4 * j;
         for (int t = 0; t < kT; ++t) {
-          PairProducts<kVnni>(_mm256_and_si256(v0, nib), _mm256_and_si256(v1, nib), XPair(x.xq + t * x.cols + c), sum[t]);
-          PairProducts<kVnni>(_mm256_srli_epi16(v0, 4), _mm256_srli_epi16(v1, 4), XPair(x.xq + t * x.cols + c + 2), sum[t]);
+          PairProducts<kVnni>(lo0, lo1, XPair(x.xq + t * x.cols + c), sum[t]);
+          PairProducts<kVnni>(hi0, hi1, XPair(x.xq + t * x.cols + c + 2), sum[t]);
         }
-      }
+      });
       for (int h = 0; h < 2; ++h) {
         const __m256 scale = _mm256_mul_ps(d[h], ByteLanes(blk + 64 + 16 * sub + 8 * h));
         const __m256 bias = _mm256_mul_ps(dmin[h], ByteLanes(blk + 192 + 16 * sub + 8 * h));
@@ -746,32 +762,41 @@ inline void Q8Panel512(const std::byte* panel, int64_t blocks, const PanelX& x, 
   for (int t = 0; t < kT; ++t) _mm512_storeu_ps(out + t * 16, acc[t]);
 }
 
-template <int kT, bool kVnni = false, int kS = 4 / kT>
+template <int kT, bool kVnni = false, int kS = 4 / kT, bool kFifth = false>
 inline void Q4KPanel512(const std::byte* panel, int64_t blocks, const PanelX& x, float* out) {
+  constexpr int64_t kSubBytes = kFifth ? 256 + 64 : 256;
   __m512 acc[kT];
   for (int t = 0; t < kT; ++t) acc[t] = _mm512_setzero_ps();
-  const __m512i nibbles = _mm512_set1_epi16(0x0F);
+  const __m512i nibbles = _mm512_set1_epi16(0x0F), fifth = _mm512_set1_epi16(0x10);
   for (int64_t b = 0; b < blocks; ++b) {
-    const auto* blk = reinterpret_cast<const uint8_t*>(panel + b * (64 + 256 + 2048));
+    const auto* blk = reinterpret_cast<const uint8_t*>(panel + b * (64 + 256 + 8 * kSubBytes));
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
     const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32)));
     for (int sub = 0; sub < 8; ++sub) {
-      const uint8_t* q = blk + 320 + 256 * sub;
+      const uint8_t* q = blk + 320 + kSubBytes * sub;
       __m512i sum[kT][kS];
       for (int t = 0; t < kT; ++t) {
         for (int a = 0; a < kS; ++a) sum[t][a] = _mm512_setzero_si512();
       }
-      for (int j = 0; j < 8; ++j) {  // four columns: the 16 rows' 32 bytes widened to 16-bit lanes
-        if (j % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(q + 32 * j + PAGEKV_PANEL_AHEAD), _MM_HINT_T0);
+      if constexpr (kFifth) _mm_prefetch(reinterpret_cast<const char*>(q + 256 + PAGEKV_PANEL_AHEAD), _MM_HINT_T0);
+      Unrolled<8>([&](auto jc) {  // four columns: the 16 rows' 32 bytes widened to 16-bit lanes
+        constexpr int j = decltype(jc)::value, k = j % 4;
+        if constexpr (j % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(q + 32 * j + PAGEKV_PANEL_AHEAD), _MM_HINT_T0);
         const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * j)));
-        const __m512i lo = _mm512_and_si512(v, nibbles), hi = _mm512_srli_epi16(v, 4);  // pairs (c, c + 1), (c + 2, c + 3)
+        __m512i lo = _mm512_and_si512(v, nibbles), hi = _mm512_srli_epi16(v, 4);  // pairs (c, c + 1), (c + 2, c + 3)
+        if constexpr (kFifth) {  // A | (B & C), imm 0xF8: the fifth bit into bit 4
+          const __m512i h =
+              _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 256 + 32 * (j / 4))));
+          lo = _mm512_ternarylogic_epi32(lo, _mm512_slli_epi16(h, 4 - k), fifth, 0xF8);
+          hi = _mm512_ternarylogic_epi32(hi, _mm512_srli_epi16(h, k), fifth, 0xF8);
+        }
         const int64_t c = 256 * b + 32 * sub + 4 * j;
         for (int t = 0; t < kT; ++t) {
           const int a = (2 * j) % kS;
           sum[t][a] = PairProducts512<kVnni>(lo, XPair512(x.xq + t * x.cols + c), sum[t][a]);
           sum[t][(a + 1) % kS] = PairProducts512<kVnni>(hi, XPair512(x.xq + t * x.cols + c + 2), sum[t][(a + 1) % kS]);
         }
-      }
+      });
       const __m512 scale = _mm512_mul_ps(d, ByteLanes512(blk + 64 + 16 * sub));
       const __m512 bias = _mm512_mul_ps(dmin, ByteLanes512(blk + 192 + 16 * sub));
       for (int t = 0; t < kT; ++t) {

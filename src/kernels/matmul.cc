@@ -52,6 +52,16 @@ constexpr int64_t kQ4KQuantsAt = 320;  // offset of the nibbles in a panel block
 // byte, and the nibble's shift.
 constexpr int64_t Q4KNibbleByte(int e, int n) { return kQ4KQuantsAt + 32 * (e / 4) + 2 * n + e % 2; }
 constexpr int Q4KNibbleShift(int e) { return 4 * ((e % 4) / 2); }
+// q5_k in panels: q4_k's layout with each 32-column sub-block's nibbles
+// (256 bytes) followed by their fifth bits (64: two 32-byte lines, one per
+// four four-column steps, as NibbleFormat lays them out below), so that the
+// kernels read one stream: 320 + 8 x 320 = 2880 bytes, 2.3% over the rows'
+// own 2816. Where element e of row n sits in either k-quant layout:
+constexpr int64_t kQ5KPanelBlockBytes = 320 + 8 * (256 + 64);
+constexpr int64_t KNibbleByte(bool fifth, int e, int n) {
+  return kQ4KQuantsAt + (fifth ? 320 : 256) * (e / 32) + 32 * ((e % 32) / 4) + 2 * n + e % 2;
+}
+constexpr int64_t Q5KFifthByte(int e, int n) { return kQ4KQuantsAt + 320 * (e / 32) + 256 + 32 * ((e % 32) / 16) + 2 * n + e % 2; }
 // q6_k in panels: per 16-row panel and 256-column block, the rows' f16 d
 // (32 bytes), then per 16-element group, in the order the kernel reads
 // them (one stream, as q8_0's and q4_k's): the rows' int8 scales (16
@@ -112,6 +122,7 @@ constexpr int64_t PanelBlockBytes(WeightType t) {
   return t == WeightType::kQ8_0   ? kQ8PanelBlockBytes
          : IsNibbleFormat(t)      ? NibbleFormatOf(t).BlockBytes()
          : t == WeightType::kQ4_K ? kQ4KPanelBlockBytes
+         : t == WeightType::kQ5_K ? kQ5KPanelBlockBytes
          : t == WeightType::kQ6_K ? kQ6KPanelBlockBytes
                                   : 0;
 }
@@ -654,10 +665,34 @@ void DecodeQ8Panel(const std::byte* panel, int64_t cols, float* HWY_RESTRICT out
   }
 }
 
-// ---- q4_k in panels (the layout in kQ4KPanelBlockBytes' comment). out =
+// ---- q4_k and q5_k in panels (the layouts in kQ4KPanelBlockBytes' and
+// kQ5KPanelBlockBytes' comments; kFifth: q5_k's fifth bits). out =
 // the 16 rows' f32 panel [cols][16]: per sub-block the rows' d * sc and
 // dmin * m, per pair of columns each row's two nibbles.
-void DecodeQ4KPanel(const std::byte* panel, int64_t cols, float* out) {
+template <bool kFifth>
+void DecodeKPanel(const std::byte* panel, int64_t cols, float* out) {
+  constexpr int64_t kBlockBytes = kFifth ? kQ5KPanelBlockBytes : kQ4KPanelBlockBytes;
+#if HWY_TARGET == HWY_SCALAR
+  if constexpr (kFifth) {  // element by element on the scalar target, as DecodeQ6KPanel
+    for (int64_t b = 0; b < cols / 256; ++b) {
+      const auto* blk = reinterpret_cast<const uint8_t*>(panel + b * kBlockBytes);
+      for (int n = 0; n < kPanelRows; ++n) {
+        uint16_t h;
+        std::memcpy(&h, blk + 2 * n, 2);
+        const float d = F16ToF32(h);
+        std::memcpy(&h, blk + 32 + 2 * n, 2);
+        const float dmin = F16ToF32(h);
+        for (int e = 0; e < 256; ++e) {
+          const int q = ((blk[KNibbleByte(true, e, n)] >> Q4KNibbleShift(e)) & 0x0F) |
+                        ((blk[Q5KFifthByte(e, n)] >> FifthShift(e)) & 1) << 4;
+          out[(b * 256 + e) * kPanelRows + n] = d * static_cast<float>(blk[64 + 16 * (e / 32) + n]) * static_cast<float>(q) -
+                                                dmin * static_cast<float>(blk[192 + 16 * (e / 32) + n]);
+        }
+      }
+    }
+    return;
+  }
+#endif
   const hn::CappedTag<float, kPanelRows> df;
   const int n = static_cast<int>(hn::Lanes(df));
   const hn::Rebind<uint8_t, decltype(df)> d8;
@@ -665,7 +700,7 @@ void DecodeQ4KPanel(const std::byte* panel, int64_t cols, float* out) {
   const hn::Rebind<int32_t, decltype(df)> d32;
   const hn::Rebind<hwy::float16_t, decltype(df)> dh;
   for (int64_t b = 0; b < cols / 256; ++b) {
-    const std::byte* blk = panel + b * kQ4KPanelBlockBytes;
+    const std::byte* blk = panel + b * kBlockBytes;
     const auto* d = reinterpret_cast<const hwy::float16_t*>(blk);
     const auto* dmin = d + kPanelRows;
     const auto* u8 = reinterpret_cast<const uint8_t*>(blk);
@@ -679,14 +714,27 @@ void DecodeQ4KPanel(const std::byte* panel, int64_t cols, float* out) {
           const int quad = 8 * sub + j;
           // Rows r.. : byte 2n (columns 4 quad and + 2), 2n + 1 (+ 1 and + 3).
           hn::Vec<decltype(d8)> e0, e1;  // bytes 2n and 2n + 1 of rows r..
-          hn::LoadInterleaved2(d8, u8 + kQ4KQuantsAt + 32 * quad + 2 * r, e0, e1);
+          hn::LoadInterleaved2(d8, u8 + KNibbleByte(kFifth, 4 * quad, r), e0, e1);
           const auto nib = hn::Set(d32u, 0x0F);
           const auto b0 = hn::PromoteTo(d32u, e0), b1 = hn::PromoteTo(d32u, e1);
           float* col = out + (b * 256 + 4 * quad) * kPanelRows + r;
-          const auto u0 = hn::ConvertTo(df, hn::BitCast(d32, hn::And(b0, nib)));
-          const auto u1 = hn::ConvertTo(df, hn::BitCast(d32, hn::And(b1, nib)));
-          const auto u2 = hn::ConvertTo(df, hn::BitCast(d32, hn::ShiftRight<4>(b0)));
-          const auto u3 = hn::ConvertTo(df, hn::BitCast(d32, hn::ShiftRight<4>(b1)));
+          auto q0 = hn::And(b0, nib), q1 = hn::And(b1, nib), q2 = hn::ShiftRight<4>(b0), q3 = hn::ShiftRight<4>(b1);
+          if constexpr (kFifth) {
+            hn::Vec<decltype(d8)> h0, h1;
+            hn::LoadInterleaved2(d8, u8 + Q5KFifthByte(4 * quad, r), h0, h1);
+            const auto ha = hn::PromoteTo(d32u, h0), hc = hn::PromoteTo(d32u, h1);
+            const int sh = j % 4;  // the fifth bits' place for this step
+            const auto one = hn::Set(d32u, 1);
+            auto bit = [&](auto high, int at) { return hn::ShiftLeft<4>(hn::And(hn::ShiftRightSame(high, sh + at), one)); };
+            q0 = hn::Or(q0, bit(ha, 0));
+            q1 = hn::Or(q1, bit(hc, 0));
+            q2 = hn::Or(q2, bit(ha, 4));
+            q3 = hn::Or(q3, bit(hc, 4));
+          }
+          const auto u0 = hn::ConvertTo(df, hn::BitCast(d32, q0));
+          const auto u1 = hn::ConvertTo(df, hn::BitCast(d32, q1));
+          const auto u2 = hn::ConvertTo(df, hn::BitCast(d32, q2));
+          const auto u3 = hn::ConvertTo(df, hn::BitCast(d32, q3));
           hn::StoreU(hn::MulSub(scale, u0, bias), df, col);
           hn::StoreU(hn::MulSub(scale, u1, bias), df, col + kPanelRows);
           hn::StoreU(hn::MulSub(scale, u2, bias), df, col + 2 * kPanelRows);
@@ -830,7 +878,7 @@ void DecodeQ6KPanel(const std::byte* panel, int64_t cols, float* out) {
   }
 }
 
-// Block-format panels (q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q6_k), rows [row_begin, row_end) for every
+// Block-format panels (q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k), rows [row_begin, row_end) for every
 // token: X as q16 rows (the fast path's few tokens, x86) through the
 // panel's integer kernel, two tokens at a time; else the panels decoded to
 // f32 once per 32-row tile (DecodedTiles).
@@ -856,8 +904,8 @@ void BlockPanelRange(const MatMulTask& task, int64_t row_begin, int64_t row_end)
           } else if constexpr (IsNibbleFormat(kType)) {
             constexpr NibbleFormat f = NibbleFormatOf(kType);
             intdot::NibblePanel512<kT, kVnni, f.min, f.fifth, f.offset>(panel, cols / 32, x, out);
-          } else if constexpr (kType == WeightType::kQ4_K) {
-            intdot::Q4KPanel512<kT, kVnni>(panel, cols / 256, x, out);
+          } else if constexpr (kType == WeightType::kQ4_K || kType == WeightType::kQ5_K) {
+            intdot::Q4KPanel512<kT, kVnni, 4 / kT, kType == WeightType::kQ5_K>(panel, cols / 256, x, out);
           } else {
             intdot::Q6KPanel512<kT, kVnni>(panel, cols / 256, x, out);
           }
@@ -867,8 +915,8 @@ void BlockPanelRange(const MatMulTask& task, int64_t row_begin, int64_t row_end)
           } else if constexpr (IsNibbleFormat(kType)) {
             constexpr NibbleFormat f = NibbleFormatOf(kType);
             intdot::NibblePanel<kT, kVnni, f.min, f.fifth, f.offset>(panel, cols / 32, x, out);
-          } else if constexpr (kType == WeightType::kQ4_K) {
-            intdot::Q4KPanel<kT, kVnni>(panel, cols / 256, x, out);
+          } else if constexpr (kType == WeightType::kQ4_K || kType == WeightType::kQ5_K) {
+            intdot::Q4KPanel<kT, kVnni, kType == WeightType::kQ5_K>(panel, cols / 256, x, out);
           } else {
             intdot::Q6KPanel<kT, kVnni>(panel, cols / 256, x, out);
           }
@@ -905,8 +953,8 @@ void BlockPanelRange(const MatMulTask& task, int64_t row_begin, int64_t row_end)
         DecodeQ8Panel(panel, cols, buffer + p * panel_elems);
       } else if constexpr (IsNibbleFormat(kType)) {
         DecodeNibblePanel<kType>(panel, cols, buffer + p * panel_elems);
-      } else if constexpr (kType == WeightType::kQ4_K) {
-        DecodeQ4KPanel(panel, cols, buffer + p * panel_elems);
+      } else if constexpr (kType == WeightType::kQ4_K || kType == WeightType::kQ5_K) {
+        DecodeKPanel<kType == WeightType::kQ5_K>(panel, cols, buffer + p * panel_elems);
       } else {
         DecodeQ6KPanel(panel, cols, buffer + p * panel_elems);
       }
@@ -925,6 +973,7 @@ void PanelRangeImpl(const MatMulTask& task, int64_t row_begin, int64_t row_end) 
     case WeightType::kQ5_0: return BlockPanelRange<WeightType::kQ5_0>(task, row_begin, row_end);
     case WeightType::kQ5_1: return BlockPanelRange<WeightType::kQ5_1>(task, row_begin, row_end);
     case WeightType::kQ4_K: return BlockPanelRange<WeightType::kQ4_K>(task, row_begin, row_end);
+    case WeightType::kQ5_K: return BlockPanelRange<WeightType::kQ5_K>(task, row_begin, row_end);
     case WeightType::kQ6_K: return BlockPanelRange<WeightType::kQ6_K>(task, row_begin, row_end);
     default: return;  // the other block formats are never packed (PackWeights refuses them)
   }
@@ -1192,7 +1241,7 @@ Result<PackedWeights> PackedWeights::Pack(const WeightMatrix& w) {
   if (w.panels) return InvalidArgumentError("pack weights: the matrix is already in panels");
   if (!kernels::PanelLayout(w.type)) {
     return InvalidArgumentError("pack weights: " + std::string(FormatOf(w.type).name) +
-                                " rows stay row-major (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k and q6_k have a panel layout)");
+                                " rows stay row-major (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k and q6_k have a panel layout)");
   }
   const int64_t block = FormatOf(w.type).block_elems;
   if (w.cols % block != 0) {
@@ -1259,26 +1308,34 @@ Result<PackedWeights> PackedWeights::Pack(const WeightMatrix& w) {
     p.matrix_ = WeightMatrix{p.data_.get(), w.type, w.rows, w.cols, true};
     return p;
   }
-  if (w.type == WeightType::kQ4_K) {
-    // kQ4KPanelBlockBytes: per panel and block, the rows' d and dmin, their
-    // sub-block scales and mins as bytes, then per pair of columns the
-    // rows' two nibbles.
+  if (w.type == WeightType::kQ4_K || w.type == WeightType::kQ5_K) {
+    // kQ4KPanelBlockBytes / kQ5KPanelBlockBytes: per panel and block, the
+    // rows' d and dmin, their sub-block scales and mins as bytes, then per
+    // pair of columns the rows' two nibbles (q5_k: each sub-block's fifth
+    // bits after its nibbles).
+    const bool fifth = w.type == WeightType::kQ5_K;
     for (int64_t r = 0; r < w.rows; ++r) {
       const std::byte* src = w.data + r * row_bytes;
       const int64_t n = r % kernels::kPanelRows;
       std::byte* panel = p.data_.get() + (r / kernels::kPanelRows) * panel_bytes;
       for (int64_t b = 0; b < w.cols / 256; ++b) {
         const std::byte* in = src + b * FormatOf(w.type).block_bytes;
-        auto* out = reinterpret_cast<uint8_t*>(panel + b * kernels::kQ4KPanelBlockBytes);
+        auto* out = reinterpret_cast<uint8_t*>(panel + b * kernels::PanelBlockBytes(w.type));
         std::memcpy(out + 2 * n, in, 2);
         std::memcpy(out + 32 + 2 * n, in + 2, 2);
-        for (int j = 0; j < 8; ++j) Q4KScaleMin(in, j, out[64 + 16 * j + n], out[192 + 16 * j + n]);
-        const auto* qs = reinterpret_cast<const uint8_t*>(in + 16);
+        for (int j = 0; j < 8; ++j) Q4KScaleMin(in, j, out[64 + 16 * j + n], out[192 + 16 * j + n]);  // q5_k's sit alike
+        // q5_k: the fifth bits qh[32] at 16 (element e's is bit e / 32 of qh[e % 32]), the nibbles after.
+        const auto* qh = reinterpret_cast<const uint8_t*>(in + 16);
+        const auto* qs = reinterpret_cast<const uint8_t*>(in + (fifth ? 48 : 16));
         // Element e: chunk e / 64 of qs's 32-byte groups, the low nibble
         // for the first 32 of the chunk, the high one for the rest.
         auto nibble = [&](int e) { return e % 64 < 32 ? qs[32 * (e / 64) + e % 64] & 0x0F : qs[32 * (e / 64) + e % 64 - 32] >> 4; };
         for (int e = 0; e < 256; ++e) {
-          out[kernels::Q4KNibbleByte(e, static_cast<int>(n))] |= static_cast<uint8_t>(nibble(e) << kernels::Q4KNibbleShift(e));
+          out[kernels::KNibbleByte(fifth, e, static_cast<int>(n))] |= static_cast<uint8_t>(nibble(e) << kernels::Q4KNibbleShift(e));
+          if (fifth) {
+            out[kernels::Q5KFifthByte(e, static_cast<int>(n))] |=
+                static_cast<uint8_t>(((qh[e % 32] >> (e / 32)) & 1) << kernels::FifthShift(e));
+          }
         }
       }
     }
@@ -1355,11 +1412,12 @@ void WeightRow(const WeightMatrix& w, int64_t r, float* out) {
     }
     return;
   }
-  if (w.type == WeightType::kQ4_K && w.panels) {
+  if ((w.type == WeightType::kQ4_K || w.type == WeightType::kQ5_K) && w.panels) {
+    const bool fifth = w.type == WeightType::kQ5_K;
     const int64_t n = r % kernels::kPanelRows;
     const std::byte* panel = w.data + (r / kernels::kPanelRows) * kernels::PanelBytes(w.type, w.cols);
     for (int64_t b = 0; b < w.cols / 256; ++b) {
-      const auto* blk = reinterpret_cast<const uint8_t*>(panel + b * kernels::kQ4KPanelBlockBytes);
+      const auto* blk = reinterpret_cast<const uint8_t*>(panel + b * kernels::PanelBlockBytes(w.type));
       uint16_t h;
       std::memcpy(&h, blk + 2 * n, 2);
       const float d = F16ToF32(h);
@@ -1367,7 +1425,8 @@ void WeightRow(const WeightMatrix& w, int64_t r, float* out) {
       const float dmin = F16ToF32(h);
       for (int e = 0; e < 256; ++e) {
         const int sub = e / 32;
-        const int u = (blk[kernels::Q4KNibbleByte(e, static_cast<int>(n))] >> kernels::Q4KNibbleShift(e)) & 0x0F;
+        int u = (blk[kernels::KNibbleByte(fifth, e, static_cast<int>(n))] >> kernels::Q4KNibbleShift(e)) & 0x0F;
+        if (fifth) u |= ((blk[kernels::Q5KFifthByte(e, static_cast<int>(n))] >> kernels::FifthShift(e)) & 1) << 4;
         out[b * 256 + e] = d * static_cast<float>(blk[64 + 16 * sub + n]) * static_cast<float>(u) -
                            dmin * static_cast<float>(blk[192 + 16 * sub + n]);
       }

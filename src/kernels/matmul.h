@@ -41,7 +41,7 @@ struct WeightMatrix {
   // false: row-major [rows][cols]. true: PackedWeights' panel layout, rows in
   // groups of 16 stored column by column ([rows/16][cols][16], zero rows
   // padding the count to a multiple of 32); f32, f16, bf16, and q8_0, q4_0,
-  // q4_1, q5_0, q5_1, q4_k, q6_k in their own panel layouts (matmul.cc: per panel and block the 16
+  // q4_1, q5_0, q5_1, q4_k, q5_k, q6_k in their own panel layouts (matmul.cc: per panel and block the 16
   // rows' scales, then each column pair's or four columns' 16 rows together,
   // in the order the one-token kernels read them).
   bool panels = false;
@@ -94,13 +94,13 @@ bool SetVnniForTest(bool allowed);
 }  // namespace kernels
 
 // Whether PackedWeights has a panel layout for this type (f32, f16, bf16,
-// q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q6_k).
+// q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k).
 bool HasPanelLayout(WeightType type);
 
 // Row r of W converted to f32 (the embedding lookup); either layout.
 void WeightRow(const WeightMatrix& w, int64_t r, float* out);
 
-// A copy of a row-major f32 / f16 / bf16 / q8_0 / q4_0 / q4_1 / q5_0 / q5_1 / q4_k / q6_k
+// A copy of a row-major f32 / f16 / bf16 / q8_0 / q4_0 / q4_1 / q5_0 / q5_1 / q4_k / q5_k / q6_k
 // matrix regrouped into
 // panels (WeightMatrix::panels), owned here. With panels, a product
 // broadcasts each token's X element (q8_0: pair of elements) against one

@@ -258,9 +258,9 @@ namespace {
 // decode step streams its weights. args rows, cols (llama-110m's q / qkv /
 // gate+up / classifier, and down; SmolLM2-135M's for q4_1, gemma-3-270m's
 // for q5_0), weight type (as WeightType: 3 q8_0, 4 q4_0, 5 q4_1, 6 q5_0,
-// 7 q5_1, 10 q4_k, 12 q6_k), layout (0 row-major, 1 panels as the model packs
-// q8_0, q4_0, q4_1, q5_0, q5_1, q4_k and q6_k); integer activations, every
-// thread.
+// 7 q5_1, 10 q4_k, 11 q5_k, 12 q6_k), layout (0 row-major, 1 panels as the model packs
+// q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k and q6_k); integer activations,
+// every thread.
 void BM_ColdDecode(benchmark::State& state) {
   const int64_t rows = state.range(0), cols = state.range(1);
   const auto type = static_cast<WeightType>(state.range(2));
@@ -307,6 +307,7 @@ BENCHMARK(BM_ColdDecode)
     ->ArgsProduct({{576}, {1536}, {5}, {0, 1}})
     ->ArgsProduct({{1024, 2048}, {640}, {6}, {0, 1}})
     ->ArgsProduct({{768, 5120}, {768}, {4, 7}, {0, 1}})
+    ->ArgsProduct({{768, 5120}, {768}, {11}, {0, 1}})
     ->ArgsProduct({{768, 5120, 32000}, {768}, {10}, {0, 1}})
     ->ArgsProduct({{768}, {2560}, {10}, {0, 1}})
     ->ArgsProduct({{768, 5120, 32000}, {768}, {12}, {0, 1}})

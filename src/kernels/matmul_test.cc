@@ -201,8 +201,9 @@ TEST_P(MatMulTargetTest, EveryBlockFormat) {
     }
     EXPECT_EQ(PackedWeights::Pack(MakeWeights(type, 4, block, 1).matrix).ok(),
               type == WeightType::kQ4_0 || type == WeightType::kQ4_1 || type == WeightType::kQ5_0 ||
-                  type == WeightType::kQ5_1 || type == WeightType::kQ4_K || type == WeightType::kQ6_K)
-        << "only q8_0, q4_0, q4_1, q5_0, q5_1, q4_k and q6_k have a panel layout";
+                  type == WeightType::kQ5_1 || type == WeightType::kQ4_K || type == WeightType::kQ5_K ||
+                  type == WeightType::kQ6_K)
+        << "only q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k and q6_k have a panel layout";
     std::vector<float> x(block / 2), y(4);
     const Weights bad = MakeWeights(type, 1, block, 2);
     EXPECT_EQ(MatMul({bad.matrix.data, type, 1, block / 2}, x.data(), 1, y.data()).code(), StatusCode::kInvalidArgument);
@@ -337,7 +338,7 @@ TEST_P(MatMulTargetTest, AmxTilesKeepTheF32Accuracy) {
   }
 }
 
-// q8_0, q4_0, q4_1, q5_0, q5_1, q4_k and q6_k in panels: the exact path (the panels decoded to f32) on
+// q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k and q6_k in panels: the exact path (the panels decoded to f32) on
 // every tail of the 16-row panels, their 32-row padding and the token
 // tiles; the fast path's few tokens (the panel's integer kernel, X rounded
 // to int16 per 32 values: against the same double product of the rounded X
@@ -347,7 +348,7 @@ TEST_P(MatMulTargetTest, BlockPanelsEveryPathAndTail) {
   uint32_t seed = 3100;
   const bool integer = IntActivationsAvailable();
   for (WeightType type : {WeightType::kQ8_0, WeightType::kQ4_0, WeightType::kQ4_1, WeightType::kQ5_0, WeightType::kQ5_1,
-                          WeightType::kQ4_K, WeightType::kQ6_K})
+                          WeightType::kQ4_K, WeightType::kQ5_K, WeightType::kQ6_K})
   for (int64_t rows : {1, 15, 16, 17, 31, 32, 33, 70}) {
     for (int64_t cols : FormatOf(type).block_elems == 32 ? std::vector<int64_t>{32, 64, 288} : std::vector<int64_t>{256, 768}) {
       SCOPED_TRACE(FormatOf(type).name);

@@ -280,7 +280,7 @@ Status Model::LoadEmbeddingAndHead() {
 }
 
 Status Model::Pack(Matrix& m) {
-  // f32 / f16 / bf16 / q8_0 / q4_0 / q4_1 / q5_0 / q5_1 / q4_k / q6_k into panels (kernels/matmul.h
+  // f32 / f16 / bf16 / q8_0 / q4_0 / q4_1 / q5_0 / q5_1 / q4_k / q5_k / q6_k into panels (kernels/matmul.h
   // PackedWeights); the other block formats stay row-major.
   if (!HasPanelLayout(m.type) || m.panels) return Status::Ok();
   // GGUF opened from a file, or a llama2.c checkpoint (always mapped).
