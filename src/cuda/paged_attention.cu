@@ -535,6 +535,150 @@ bool Valid(const DecodeParams& p) {
          p.q != nullptr && p.out != nullptr;
 }
 
+
+// --- Prefill ------------------------------------------------------------------
+
+constexpr int kPrefillRows = 16;  // rows (query, head) per CTA
+constexpr int kPrefillKeys = 32;  // keys per tile: a lane each
+constexpr int kPrefillWarps = kThreads / 32;
+constexpr int kPrefillRowsPerWarp = kPrefillRows / kPrefillWarps;  // 4
+constexpr int kPrefillDimsPerLane = kMaxHeadDim / 32;              // 8
+
+size_t PrefillSharedBytes(int32_t d) {
+  return sizeof(float) * (static_cast<size_t>(kPrefillKeys) * (d + 1) + static_cast<size_t>(kPrefillKeys) * d +
+                          static_cast<size_t>(kPrefillRows) * d) +
+         sizeof(int) * kPrefillKeys;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) PrefillKernel(PrefillParams p) {
+  extern __shared__ float smem[];
+  const int d = p.head_dim;
+  float* ks = smem;                          // [kPrefillKeys][d + 1]: padded, so lane t's row reads hit distinct banks
+  float* vs = ks + kPrefillKeys * (d + 1);   // [kPrefillKeys][d]
+  float* qs = vs + kPrefillKeys * d;         // [kPrefillRows][d]
+  int* held = reinterpret_cast<int*>(qs + kPrefillRows * d);  // [kPrefillKeys]
+  const int h = static_cast<int>(blockIdx.x), seq = static_cast<int>(blockIdx.y);
+  const int G = p.q_heads / p.kv_heads;
+  const int queries_per_cta = kPrefillRows / G;  // >= 1: G <= 16
+  const int rows = queries_per_cta * G;
+  const int32_t n = p.context_lens[seq], ql = p.query_lens[seq];
+  const int q0 = static_cast<int>(blockIdx.z) * queries_per_cta;  // the CTA's first query
+  if (q0 >= ql) return;
+  const int nq = min(queries_per_cta, ql - q0);
+  const int64_t first_pos = static_cast<int64_t>(n) - ql + q0, last_pos = first_pos + nq - 1;
+  const int32_t window = p.windows != nullptr ? p.windows[seq] : 0;
+  const int64_t key_lo = window > 0 ? max(int64_t{0}, first_pos - window + 1) : 0;
+  const float scale = p.scale > 0 ? p.scale : rsqrtf(static_cast<float>(d));
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int64_t row0 = static_cast<int64_t>(p.query_starts[seq]) + q0;
+
+  for (int i = tid; i < rows * d; i += kThreads) {
+    const int r = i / d, j = i % d, qi = r / G, g = r % G;
+    qs[i] = qi < nq ? p.q[((row0 + qi) * p.q_heads + h * G + g) * d + j] : 0.0f;
+  }
+  float acc[kPrefillRowsPerWarp][kPrefillDimsPerLane];
+  float m[kPrefillRowsPerWarp], l[kPrefillRowsPerWarp];
+#pragma unroll
+  for (int k = 0; k < kPrefillRowsPerWarp; ++k) {
+    m[k] = -INFINITY;
+    l[k] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kPrefillDimsPerLane; ++i) acc[k][i] = 0.0f;
+  }
+  const int32_t* table = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks;
+  const char* kbase = static_cast<const char*>(p.k_plane) + h * p.head_stride;
+  const char* vbase = static_cast<const char*>(p.v_plane) + h * p.head_stride;
+  for (int64_t start = key_lo; start <= last_pos; start += kPrefillKeys) {
+    __syncthreads();  // the previous tile is read
+    if (tid < kPrefillKeys) {
+      const int64_t tok = start + tid;
+      held[tid] = tok <= last_pos && table[tok / p.block_len] >= 0;
+    }
+    for (int i = tid; i < kPrefillKeys * d; i += kThreads) {
+      const int t = i / d, j = i % d;
+      const int64_t tok = start + t;
+      float kv = 0.0f, vv = 0.0f;
+      if (tok <= last_pos) {
+        const int32_t b = table[tok / p.block_len];
+        if (b >= 0) {
+          const int64_t off = b * p.slab_stride + (tok % p.block_len) * p.row_bytes;
+          const char* kr = kbase + off;
+          const char* vr = vbase + off;
+          kv = Elem<T>::One(kr, j) * RowScale<T>(kr, d);
+          vv = Elem<T>::One(vr, j) * RowScale<T>(vr, d);
+        }
+      }
+      ks[t * (d + 1) + j] = kv;
+      vs[t * d + j] = vv;
+    }
+    __syncthreads();
+    const int64_t tok = start + lane;
+#pragma unroll
+    for (int k = 0; k < kPrefillRowsPerWarp; ++k) {
+      const int r = warp + k * kPrefillWarps;
+      if (r >= rows || r / G >= nq) continue;  // warp-uniform
+      const int64_t pos = first_pos + r / G;
+      const int64_t lo = window > 0 ? pos - window + 1 : 0;
+      const bool sees = held[lane] && tok <= pos && tok >= lo;
+      float s = -INFINITY;
+      if (sees) {
+        const float* qr = qs + r * d;
+        const float* kr = ks + lane * (d + 1);
+        float dot = 0.0f;
+        for (int j = 0; j < d; ++j) dot = fmaf(qr[j], kr[j], dot);
+        s = dot * scale;
+        if (p.softcap > 0) s = p.softcap * tanhf(s / p.softcap);
+      }
+      const float m_new = fmaxf(m[k], WarpMax(s));
+      if (m_new == -INFINITY) continue;  // nothing seen yet (warp-uniform)
+      const float alpha = expf(m[k] - m_new);  // 0 when m was -inf
+      const float e = sees ? expf(s - m_new) : 0.0f;
+      l[k] = l[k] * alpha + WarpSum(e);
+      m[k] = m_new;
+#pragma unroll
+      for (int i = 0; i < kPrefillDimsPerLane; ++i) acc[k][i] *= alpha;
+      for (int t = 0; t < kPrefillKeys; ++t) {
+        const float pt = __shfl_sync(0xffffffffu, e, t);
+        if (pt == 0.0f) continue;  // warp-uniform
+#pragma unroll
+        for (int i = 0; i < kPrefillDimsPerLane; ++i) {
+          const int j = lane + 32 * i;
+          if (j < d) acc[k][i] = fmaf(pt, vs[t * d + j], acc[k][i]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < kPrefillRowsPerWarp; ++k) {
+    const int r = warp + k * kPrefillWarps;
+    if (r >= rows || r / G >= nq) continue;
+    const int64_t row = row0 + r / G;
+    const int head = h * G + r % G;
+    float* o = p.out + (row * p.q_heads + head) * d;
+    const float inv = l[k] > 0 ? 1.0f / l[k] : 0.0f;
+#pragma unroll
+    for (int i = 0; i < kPrefillDimsPerLane; ++i) {
+      const int j = lane + 32 * i;
+      if (j < d) o[j] = acc[k][i] * inv;
+    }
+    if (p.lse != nullptr && lane == 0) p.lse[row * p.q_heads + head] = l[k] > 0 ? m[k] + logf(l[k]) : -INFINITY;
+  }
+}
+
+template <typename T>
+cudaError_t LaunchPrefill(const PrefillParams& p, dim3 grid, size_t shared, cudaStream_t stream) {
+  if (shared > 48 * 1024) {
+    if (cudaError_t e = cudaFuncSetAttribute(PrefillKernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(shared));
+        e != cudaSuccess) {
+      return e;
+    }
+  }
+  PrefillKernel<T><<<grid, kThreads, shared, stream>>>(p);
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 int32_t Splits(const DecodeParams& p, int32_t longest_context, int32_t multiprocessors) {
@@ -624,6 +768,43 @@ cudaError_t PagedDecodeAttention(const DecodeParams& p, int32_t splits, cudaStre
     return cudaGetLastError();
   }
   return cudaSuccess;
+}
+
+cudaError_t PagedPrefillAttention(const PrefillParams& p, cudaStream_t stream) {
+  if (p.num_seqs < 1 || p.kv_heads < 1 || p.q_heads < p.kv_heads || p.q_heads % p.kv_heads != 0 ||
+      p.q_heads / p.kv_heads > kMaxG || p.head_dim < 1 || p.head_dim > kMaxHeadDim || p.block_len < 1 ||
+      p.max_blocks < 1 || p.max_query_len < 0 || p.softcap < 0) {
+    return cudaErrorInvalidValue;
+  }
+  if (static_cast<int32_t>(p.type) < 0 || static_cast<int32_t>(p.type) > static_cast<int32_t>(KvType::kFp8E5M2) ||
+      p.row_bytes < RowBytesNeeded(p.type, p.head_dim) || p.slab_stride < p.block_len * p.row_bytes) {
+    return cudaErrorInvalidValue;
+  }
+  if (p.k_plane == nullptr || p.v_plane == nullptr || p.block_tables == nullptr || p.context_lens == nullptr ||
+      p.query_lens == nullptr || p.query_starts == nullptr || p.q == nullptr || p.out == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  if (p.max_query_len == 0) return cudaSuccess;
+  const int queries_per_cta = kPrefillRows / (p.q_heads / p.kv_heads);
+  const int64_t tiles = (static_cast<int64_t>(p.max_query_len) + queries_per_cta - 1) / queries_per_cta;
+  if (tiles > 65535 || p.num_seqs > 65535) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>(p.kv_heads), static_cast<unsigned>(p.num_seqs), static_cast<unsigned>(tiles));
+  const size_t shared = PrefillSharedBytes(p.head_dim);
+  switch (p.type) {
+    case KvType::kF32:
+      return LaunchPrefill<float>(p, grid, shared, stream);
+    case KvType::kF16:
+      return LaunchPrefill<__half>(p, grid, shared, stream);
+    case KvType::kBF16:
+      return LaunchPrefill<__nv_bfloat16>(p, grid, shared, stream);
+    case KvType::kInt8:
+      return LaunchPrefill<I8>(p, grid, shared, stream);
+    case KvType::kFp8E4M3:
+      return LaunchPrefill<E4M3>(p, grid, shared, stream);
+    case KvType::kFp8E5M2:
+      return LaunchPrefill<E5M2>(p, grid, shared, stream);
+  }
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace pagekv::cuda

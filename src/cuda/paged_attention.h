@@ -68,4 +68,52 @@ size_t ScratchBytes(const DecodeParams& p, int32_t splits);
 // limits above (cudaErrorInvalidValue), or the launch's error.
 cudaError_t PagedDecodeAttention(const DecodeParams& p, int32_t splits, cudaStream_t stream);
 
+// Prefill and chunked-prefill attention, causal, reading every cached
+// position (the prompt's earlier chunks and any shared prefix) through the
+// block table. Sequence i's last query_lens[i] of context_lens[i] cached
+// positions are its queries: query j sits at position
+// p = context_lens[i] - query_lens[i] + j and attends to [lo, p], lo = 0
+// or, with a window w > 0, max(0, p - w + 1). Its rows are
+// query_starts[i] + j of q and out.
+//
+// What decode's fast kernel does not do is here too, so a decode step that
+// needs it runs as prefill with one query per sequence: sliding windows,
+// logit soft-capping, the rows' log-sum-exps, and partial tables (context
+// parallel: a negative table entry is a block held elsewhere; its positions
+// are skipped, and a row that read no position gets out 0, lse -inf).
+//
+// One CTA per (KV head, sequence, tile of 16 rows: 16 / G queries times the
+// G query heads of the KV head), keys in tiles of 32 decoded once into
+// shared memory and read by every row of the CTA; one warp per row at a
+// time, a lane per key for the scores and per dimension for P.V; online
+// softmax in f32.
+struct PrefillParams {
+  KvType type = KvType::kF16;
+  int32_t num_seqs = 0;
+  int32_t q_heads = 0, kv_heads = 0;  // G = q_heads / kv_heads <= 16
+  int32_t head_dim = 0;               // 1..256
+  int32_t block_len = 0;
+  // Device pointers and byte strides, as in DecodeParams (any row_bytes
+  // holding the type's row; rows are read element by element).
+  const void* k_plane = nullptr;
+  const void* v_plane = nullptr;
+  int64_t head_stride = 0, slab_stride = 0, row_bytes = 0;
+  const int32_t* block_tables = nullptr;  // [num_seqs][max_blocks]; < 0: not held here
+  int32_t max_blocks = 0;
+  const int32_t* context_lens = nullptr;  // [num_seqs], each <= max_blocks * block_len
+  const int32_t* query_lens = nullptr;    // [num_seqs], each in [0, context_lens[i]]
+  const int32_t* query_starts = nullptr;  // [num_seqs]: first row of each sequence in q / out
+  const int32_t* windows = nullptr;       // optional [num_seqs]: 0 = every earlier position
+  int32_t max_query_len = 0;              // >= every query_lens[i] (the grid's extent)
+  const float* q = nullptr;               // [rows][q_heads][head_dim]
+  float* out = nullptr;                   // [rows][q_heads][head_dim]
+  float* lse = nullptr;                   // optional [rows][q_heads]
+  float scale = 0;                        // 0: 1 / sqrt(head_dim)
+  float softcap = 0;                      // > 0: logits = softcap * tanh(logits / softcap)
+};
+
+// Errors: a shape outside the limits above (cudaErrorInvalidValue), or the
+// launch's error.
+cudaError_t PagedPrefillAttention(const PrefillParams& p, cudaStream_t stream);
+
 }  // namespace pagekv::cuda

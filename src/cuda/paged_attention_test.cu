@@ -12,6 +12,13 @@
 // one split, the chosen split and 1, 2, 3 blocks per split, through both
 // kernels (16-byte chunks per thread, and the general one); the output is
 // poisoned with NaN first so every element must be written.
+//
+// Prefill (PagedPrefillAttention) on the same caches: every sequence's
+// queries a chunk of its last positions (1, block_len - 1, block_len,
+// block_len + 1 and the whole prompt: a chunk starting at every kind of
+// position in a block), sliding windows, soft-capped logits, partial
+// tables (entries of blocks held elsewhere), and the rows' log-sum-exps,
+// against the same double reference.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -338,6 +345,192 @@ int RunTests() {
   return failures == 0 ? 0 : 1;
 }
 
+// --- Prefill --------------------------------------------------------------------
+
+struct PrefillCase {
+  std::vector<int> query_lens;  // per sequence
+  std::vector<int> windows;     // per sequence (0: all)
+  float softcap = 0;
+  bool partial = false;         // some table entries -1 (blocks held elsewhere)
+};
+
+// out [rows][q_heads][d] and lse [rows][q_heads] in double, rows of the
+// sequences in order.
+void PrefillReference(const Case& k, const PrefillCase& pc, const std::vector<int32_t>& tables, std::vector<double>& out,
+                      std::vector<double>& lse) {
+  const Shape& s = k.s;
+  const int seqs = static_cast<int>(s.contexts.size()), G = s.q_heads / s.kv_heads;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(s.d));
+  int rows = 0;
+  for (int ql : pc.query_lens) rows += ql;
+  out.assign(static_cast<size_t>(rows) * s.q_heads * s.d, 0.0);
+  lse.assign(static_cast<size_t>(rows) * s.q_heads, -INFINITY);
+  auto val = [&](int plane, int h, int tok, int seq, int j) {
+    const int64_t b = tables[static_cast<size_t>(seq) * k.max_blocks + tok / s.bl];
+    const size_t at = static_cast<size_t>((((plane * s.kv_heads + h) * k.c.num_blocks + b) * s.bl + tok % s.bl) * s.d + j);
+    return static_cast<double>(k.c.values[at]);
+  };
+  int row = 0;
+  for (int seq = 0; seq < seqs; ++seq) {
+    const int n = s.contexts[static_cast<size_t>(seq)], ql = pc.query_lens[static_cast<size_t>(seq)];
+    const int w = pc.windows[static_cast<size_t>(seq)];
+    for (int j = 0; j < ql; ++j, ++row) {
+      const int pos = n - ql + j, lo = w > 0 ? std::max(0, pos - w + 1) : 0;
+      for (int qh = 0; qh < s.q_heads; ++qh) {
+        const int h = qh / G;
+        const float* q = k.q.data() + (static_cast<size_t>(row) * s.q_heads + qh) * s.d;
+        std::vector<double> sc;
+        std::vector<int> toks;
+        double m = -INFINITY;
+        for (int t = lo; t <= pos; ++t) {
+          if (tables[static_cast<size_t>(seq) * k.max_blocks + t / s.bl] < 0) continue;
+          double dot = 0;
+          for (int i = 0; i < s.d; ++i) dot += static_cast<double>(q[i]) * val(0, h, t, seq, i);
+          double x = dot * scale;
+          if (pc.softcap > 0) x = pc.softcap * std::tanh(x / pc.softcap);
+          sc.push_back(x);
+          toks.push_back(t);
+          m = std::max(m, x);
+        }
+        if (toks.empty()) continue;
+        double l = 0;
+        for (double& x : sc) l += (x = std::exp(x - m));
+        double* o = out.data() + (static_cast<size_t>(row) * s.q_heads + qh) * s.d;
+        for (size_t i = 0; i < toks.size(); ++i)
+          for (int jd = 0; jd < s.d; ++jd) o[jd] += sc[i] / l * val(1, h, toks[i], seq, jd);
+        lse[static_cast<size_t>(row) * s.q_heads + qh] = m + std::log(l);
+      }
+    }
+  }
+}
+
+int RunPrefillTests() {
+  std::mt19937 rng(11);
+  std::vector<Shape> shapes;
+  for (KvType t : {KvType::kF32, KvType::kF16, KvType::kBF16, KvType::kInt8, KvType::kFp8E4M3, KvType::kFp8E5M2}) {
+    shapes.push_back({t, 4, 4, 64, 16, {1, 15, 16, 17, 100}});
+    shapes.push_back({t, 8, 2, 128, 16, {33, 257, 64}});
+    shapes.push_back({t, 16, 2, 256, 128, {127, 129, 300}});
+    shapes.push_back({t, 16, 1, 64, 16, {200, 5}});
+    shapes.push_back({t, 6, 3, 80, 16, {47, 48, 49}});
+    shapes.push_back({t, 12, 4, 32, 32, {50, 7, 90}});
+    shapes.push_back({t, 2, 2, 8, 16, {3, 40}});
+  }
+  int failures = 0, checked = 0;
+  for (const Shape& s : shapes) {
+    Case k = Make(s, rng);
+    const int seqs = static_cast<int>(s.contexts.size());
+    for (int variant = 0; variant < 7; ++variant) {
+      PrefillCase pc;
+      for (int n : s.contexts) {
+        // Chunks that start at every kind of position of a block: one
+        // query, bl - 1, bl, bl + 1, the whole prompt.
+        const int want = std::vector<int>{1, s.bl - 1, s.bl, s.bl + 1, n, n, 1}[variant];
+        pc.query_lens.push_back(std::clamp(want, 1, n));
+        pc.windows.push_back(variant == 5 ? std::max(1, n / 3) : variant == 6 ? 7 : 0);
+      }
+      pc.softcap = variant == 4 ? 2.0f : 0.0f;
+      pc.partial = variant == 3 || variant == 6;
+      std::vector<int32_t> tables = k.tables;
+      if (pc.partial) {
+        for (size_t i = 0; i < tables.size(); ++i) {
+          if (i % 3 == 1) tables[i] = -1;
+        }
+      }
+      int rows = 0, longest = 0;
+      std::vector<int32_t> starts, lens(s.contexts.begin(), s.contexts.end());
+      for (int ql : pc.query_lens) {
+        starts.push_back(rows);
+        rows += ql;
+        longest = std::max(longest, ql);
+      }
+      k.q.resize(static_cast<size_t>(rows) * s.q_heads * s.d);
+      std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+      for (float& x : k.q) x = u(rng);
+      std::vector<double> ref, ref_lse;
+      PrefillReference(k, pc, tables, ref, ref_lse);
+      Device dev;
+      Case up = k;
+      up.tables = tables;
+      Upload(up, dev);
+      int32_t *qlens = nullptr, *qstarts = nullptr, *wins = nullptr;
+      float* lse = nullptr;
+      CHECK_CUDA(cudaMalloc(&qlens, seqs * 4));
+      CHECK_CUDA(cudaMalloc(&qstarts, seqs * 4));
+      CHECK_CUDA(cudaMalloc(&wins, seqs * 4));
+      CHECK_CUDA(cudaMalloc(&lse, ref_lse.size() * 4));
+      CHECK_CUDA(cudaMemcpy(qlens, pc.query_lens.data(), seqs * 4, cudaMemcpyHostToDevice));
+      CHECK_CUDA(cudaMemcpy(qstarts, starts.data(), seqs * 4, cudaMemcpyHostToDevice));
+      CHECK_CUDA(cudaMemcpy(wins, pc.windows.data(), seqs * 4, cudaMemcpyHostToDevice));
+      pagekv::cuda::PrefillParams p;
+      const DecodeParams dp = Params(up, dev);
+      p.type = dp.type;
+      p.num_seqs = seqs;
+      p.q_heads = s.q_heads;
+      p.kv_heads = s.kv_heads;
+      p.head_dim = s.d;
+      p.block_len = s.bl;
+      p.k_plane = dp.k_plane;
+      p.v_plane = dp.v_plane;
+      p.head_stride = dp.head_stride;
+      p.slab_stride = dp.slab_stride;
+      p.row_bytes = dp.row_bytes;
+      p.block_tables = dev.tables;
+      p.max_blocks = k.max_blocks;
+      p.context_lens = dev.lens;
+      p.query_lens = qlens;
+      p.query_starts = qstarts;
+      p.windows = wins;
+      p.max_query_len = longest;
+      p.q = dev.q;
+      p.out = dev.out;
+      p.lse = lse;
+      p.softcap = pc.softcap;
+      CHECK_CUDA(cudaMemset(dev.out, 0xff, k.q.size() * 4));  // NaN everywhere
+      CHECK_CUDA(cudaMemset(lse, 0xff, ref_lse.size() * 4));
+      CHECK_CUDA(pagekv::cuda::PagedPrefillAttention(p, nullptr));
+      CHECK_CUDA(cudaDeviceSynchronize());
+      std::vector<float> got(k.q.size()), got_lse(ref_lse.size());
+      CHECK_CUDA(cudaMemcpy(got.data(), dev.out, got.size() * 4, cudaMemcpyDeviceToHost));
+      CHECK_CUDA(cudaMemcpy(got_lse.data(), lse, got_lse.size() * 4, cudaMemcpyDeviceToHost));
+      cudaFree(qlens);
+      cudaFree(qstarts);
+      cudaFree(wins);
+      cudaFree(lse);
+      double worst = 0, worst_lse = 0;
+      for (size_t row = 0; row < got.size() / s.d; ++row) {
+        double big = 1e-30;
+        for (int j = 0; j < s.d; ++j) big = std::max(big, std::fabs(ref[row * s.d + j]));
+        for (int j = 0; j < s.d; ++j) {
+          const double g = got[row * s.d + j], r = ref[row * s.d + j];
+          const double e = std::isnan(g) ? INFINITY : big > 1e-29 ? std::fabs(g - r) / big : std::fabs(g);
+          worst = std::max(worst, e);
+        }
+        const double gl = got_lse[row], rl = ref_lse[row];
+        const double el = std::isinf(rl) ? (std::isinf(gl) && gl < 0 ? 0.0 : INFINITY)
+                                         : std::isnan(gl) ? INFINITY : std::fabs(gl - rl) / std::max(1.0, std::fabs(rl));
+        worst_lse = std::max(worst_lse, el);
+      }
+      ++checked;
+      if (!(worst <= 2e-5) || !(worst_lse <= 1e-5)) {
+        ++failures;
+        std::printf("FAIL prefill %s q/kv %d/%d d %d bl %d variant %d: max row-relative error %.3g, lse %.3g\n",
+                    Name(s.type), s.q_heads, s.kv_heads, s.d, s.bl, variant, worst, worst_lse);
+      }
+    }
+  }
+  {
+    pagekv::cuda::PrefillParams p;
+    if (pagekv::cuda::PagedPrefillAttention(p, nullptr) != cudaErrorInvalidValue) {
+      ++failures;
+      std::printf("FAIL: an empty prefill shape was not refused\n");
+    }
+    cudaGetLastError();
+  }
+  std::printf("prefill: %d of %d checks passed\n", checked - failures, checked);
+  return failures == 0 ? 0 : 1;
+}
+
 // --- Benchmark ---------------------------------------------------------------
 
 __global__ void ReadKernel(const float4* p, int64_t n, float* sink) {
@@ -487,5 +680,8 @@ int main(int argc, char** argv) {
     return 77;
   }
   const bool bench = argc > 1 && std::string(argv[1]) == "--bench";
-  return bench ? RunBench() : RunTests();
+  if (bench) return RunBench();
+  const int decode = RunTests();
+  const int prefill = RunPrefillTests();
+  return decode != 0 || prefill != 0 ? 1 : 0;
 }

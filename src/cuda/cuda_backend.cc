@@ -1,0 +1,737 @@
+// CudaBackend (see cuda_backend.h).
+#include "cuda/cuda_backend.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "cuda/layer_ops.h"
+#include "cuda/paged_attention.h"
+#include "kernels/ops.h"
+#include "kernels/weight_formats.h"
+
+namespace pagekv {
+namespace {
+
+std::string CudaMessage(cudaError_t e) { return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e); }
+
+// The device arena: cudaMalloc'd, zeroed (as a fresh host arena is).
+class DeviceArena final : public KvArena {
+ public:
+  DeviceArena(std::byte* data, int64_t size) : KvArena(data, size, false) {}
+  ~DeviceArena() override { cudaFree(data()); }
+};
+
+// A stream-ordered temporary: freed (stream-ordered) when it goes out of scope.
+class Temp {
+ public:
+  Temp(cudaStream_t stream, size_t bytes) : stream_(stream) {
+    if (bytes > 0) error_ = cudaMallocAsync(&p_, bytes, stream);
+  }
+  ~Temp() {
+    if (p_ != nullptr) cudaFreeAsync(p_, stream_);
+  }
+  Temp(const Temp&) = delete;
+  Temp& operator=(const Temp&) = delete;
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(p_);
+  }
+  cudaError_t error() const { return error_; }
+
+ private:
+  cudaStream_t stream_;
+  void* p_ = nullptr;
+  cudaError_t error_ = cudaSuccess;
+};
+
+struct DeviceWeights {
+  void* data = nullptr;
+  cudaDataType_t type = CUDA_R_32F;
+  int64_t bytes = 0;
+};
+
+// The cuda::KvType of a layer's stored rows, or an error naming what the
+// device does not read.
+Result<cuda::KvType> RowType(const KvFormat& f, int32_t row_elems) {
+  if (f.IsKivi()) return UnimplementedError("INT4 KIVI layers are not read on the CUDA backend: use --kv-dtype f16, bf16, int8 or fp8, or the CPU backend");
+  if (f.hadamard) return UnimplementedError("Hadamard-rotated KV rows are not read on the CUDA backend: store them unrotated, or use the CPU backend");
+  if (f.scale_axis == ScaleAxis::kNone) {
+    switch (f.dtype) {
+      case DType::kF32: return cuda::KvType::kF32;
+      case DType::kF16: return cuda::KvType::kF16;
+      case DType::kBF16: return cuda::KvType::kBF16;
+      default: break;
+    }
+  } else if (f.IsStoredQuantized(row_elems)) {
+    switch (f.dtype) {
+      case DType::kInt8: return cuda::KvType::kInt8;
+      case DType::kFP8E4M3: return cuda::KvType::kFp8E4M3;
+      case DType::kFP8E5M2: return cuda::KvType::kFp8E5M2;
+      default: break;
+    }
+  }
+  return UnimplementedError("this KV row format is not read on the CUDA backend");
+}
+
+}  // namespace
+
+struct CudaBackend::Impl {
+  int device = 0;
+  std::string name;
+  bool bf16_products = false;
+  int multiprocessors = 1;
+  cudaStream_t stream = nullptr;
+  cublasHandle_t blas = nullptr;
+  mutable std::mutex mu;  // the error, the weight cache, cuBLAS
+  mutable Status error = Status::Ok();
+  mutable std::map<std::tuple<const std::byte*, int, int64_t, int64_t, bool, int>, DeviceWeights> weights;
+  mutable std::atomic<int64_t> weight_bytes{0};
+  mutable std::atomic<int64_t> fallbacks{0};
+
+  ~Impl() {
+    if (stream != nullptr) cudaStreamSynchronize(stream);
+    for (auto& [key, w] : weights) cudaFree(w.data);
+    if (blas != nullptr) cublasDestroy(blas);
+    if (stream != nullptr) cudaStreamDestroy(stream);
+  }
+
+  // Every call runs on the backend's device, whichever host thread makes it.
+  void Enter() const { cudaSetDevice(device); }
+
+  void Note(cudaError_t e, const char* what) const {
+    if (e == cudaSuccess) return;
+    std::lock_guard lock(mu);
+    if (error.ok()) error = InternalError(std::string("CUDA backend: ") + what + ": " + CudaMessage(e));
+  }
+  void NoteStatus(const Status& s) const {
+    if (s.ok()) return;
+    std::lock_guard lock(mu);
+    if (error.ok()) error = s;
+  }
+  // The recorded error (kept), or ok.
+  Status Recorded() const {
+    std::lock_guard lock(mu);
+    return error;
+  }
+  Status Check(cudaError_t e, const char* what) const {
+    Note(e, what);
+    return Recorded();
+  }
+
+  template <typename T>
+  cudaError_t Upload(const Temp& dst, const std::vector<T>& host) const {
+    if (dst.error() != cudaSuccess) return dst.error();
+    return cudaMemcpyAsync(dst.as<void>(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice, stream);
+  }
+
+  // The device copy of `w` in the type the product needs (uploaded on first use).
+  Result<DeviceWeights> Weights(const WeightMatrix& w, Activations activations) const {
+    const bool exact = activations == Activations::kF32 || w.type == WeightType::kF32;
+    const cudaDataType_t type = exact ? CUDA_R_32F : (w.type == WeightType::kBF16 || bf16_products) ? CUDA_R_16BF : CUDA_R_16F;
+    const auto key = std::make_tuple(w.data, static_cast<int>(w.type), w.rows, w.cols, w.panels, static_cast<int>(type));
+    std::lock_guard lock(mu);
+    if (auto it = weights.find(key); it != weights.end()) return it->second;
+    DeviceWeights dw;
+    dw.type = type;
+    const int64_t elem = type == CUDA_R_32F ? 4 : 2;
+    dw.bytes = w.rows * w.cols * elem;
+    if (cudaError_t e = cudaMalloc(&dw.data, static_cast<size_t>(dw.bytes)); e != cudaSuccess) {
+      cudaGetLastError();
+      return ResourceExhaustedError("CUDA backend: no device memory for a " + std::to_string(w.rows) + " x " +
+                                    std::to_string(w.cols) + " weight matrix (" + std::to_string(dw.bytes) +
+                                    " bytes): " + CudaMessage(e));
+    }
+    // Decoded on the host in chunks of rows (WeightRow reads every format
+    // and layout), converted to 16 bits on the device.
+    const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(w.rows, (int64_t{16} << 20) / (w.cols * 4)));
+    std::vector<float> rows(static_cast<size_t>(chunk * w.cols));
+    Temp staging(stream, type == CUDA_R_32F ? 0 : rows.size() * sizeof(float));
+    cudaError_t e = staging.error();
+    for (int64_t r0 = 0; r0 < w.rows && e == cudaSuccess; r0 += chunk) {
+      const int64_t n = std::min(chunk, w.rows - r0);
+      for (int64_t r = 0; r < n; ++r) pagekv::WeightRow(w, r0 + r, rows.data() + r * w.cols);
+      const size_t floats = static_cast<size_t>(n * w.cols);
+      if (type == CUDA_R_32F) {
+        e = cudaMemcpyAsync(static_cast<float*>(dw.data) + r0 * w.cols, rows.data(), floats * 4, cudaMemcpyHostToDevice,
+                            stream);
+      } else {
+        e = cudaMemcpyAsync(staging.as<float>(), rows.data(), floats * 4, cudaMemcpyHostToDevice, stream);
+        void* dst = static_cast<std::byte*>(dw.data) + r0 * w.cols * 2;
+        if (e == cudaSuccess) {
+          e = type == CUDA_R_16F ? cuda::ToHalf(staging.as<float>(), static_cast<int64_t>(floats), dst, stream)
+                                 : cuda::ToBf16(staging.as<float>(), static_cast<int64_t>(floats), dst, stream);
+        }
+      }
+      // The host chunk is reused next: wait for the copy out of it.
+      if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
+    }
+    if (e != cudaSuccess) {
+      cudaFree(dw.data);
+      return InternalError("CUDA backend: uploading a weight matrix: " + CudaMessage(e));
+    }
+    weights.emplace(key, dw);
+    weight_bytes += dw.bytes;
+    return dw;
+  }
+
+  Status Product(const WeightMatrix& w, const float* x, int64_t tokens, float* y, Activations activations) const {
+    if (w.data == nullptr || x == nullptr || y == nullptr) return InvalidArgumentError("MatMul: null pointer");
+    if (w.rows <= 0 || w.cols <= 0 || tokens <= 0) return InvalidArgumentError("MatMul: sizes must be positive");
+    if (w.cols % FormatOf(w.type).block_elems != 0) {
+      return InvalidArgumentError("MatMul: cols must be a multiple of the format's block");
+    }
+    if (w.rows > INT32_MAX || w.cols > INT32_MAX || tokens > INT32_MAX) {
+      return InvalidArgumentError("MatMul: a dimension past 2^31 - 1 (cuBLAS's limit)");
+    }
+    PAGEKV_ASSIGN_OR_RETURN(const DeviceWeights dw, Weights(w, activations));
+    const int m = static_cast<int>(w.rows), n = static_cast<int>(tokens), k = static_cast<int>(w.cols);
+    const float alpha = 1.0f, beta = 0.0f;
+    // Row-major Y[tokens][rows] = X[tokens][cols] W[rows][cols]^T is, in
+    // cuBLAS's column-major terms, Y^T (rows x tokens) = op(W') X' with W'
+    // the cols x rows matrix W's bytes are: op = transpose.
+    Temp x16(stream, dw.type == CUDA_R_32F ? 0 : static_cast<size_t>(tokens * w.cols * 2));
+    const void* xb = x;
+    if (dw.type != CUDA_R_32F) {
+      PAGEKV_RETURN_IF_ERROR(Check(x16.error(), "activation buffer"));
+      const cudaError_t e = dw.type == CUDA_R_16F ? cuda::ToHalf(x, tokens * w.cols, x16.as<void>(), stream)
+                                                  : cuda::ToBf16(x, tokens * w.cols, x16.as<void>(), stream);
+      PAGEKV_RETURN_IF_ERROR(Check(e, "rounding the activations"));
+      xb = x16.as<void>();
+    }
+    cublasStatus_t s;
+    {
+      std::lock_guard lock(mu);
+      cublasSetStream(blas, stream);
+      s = cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, dw.data, dw.type, k, xb, dw.type, k, &beta, y,
+                       CUDA_R_32F, m, dw.type == CUDA_R_32F ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F,
+                       CUBLAS_GEMM_DEFAULT);
+    }
+    if (s != CUBLAS_STATUS_SUCCESS) {
+      return InternalError(std::string("CUDA backend: cublasGemmEx: ") + cublasGetStatusString(s));
+    }
+    return Recorded();
+  }
+
+  // Spans of each slab of `block` (payload order: layer, plane, head), the
+  // arena side `from` and the payload side `to` (swapped by the caller).
+  static std::vector<cuda::SpanCopy> BlockSpans(const KvLayout& layout, int64_t block) {
+    std::vector<cuda::SpanCopy> spans;
+    int64_t at = 0;
+    for (const int32_t l : layout.block_layers()) {
+      for (int32_t p = 0; p < layout.num_planes(); ++p) {
+        const int64_t slab = layout.slab_bytes(l, p);
+        for (int32_t h = 0; h < layout.num_heads(); ++h, at += slab) spans.push_back({layout.SlabOffset(l, p, h, block), at, slab});
+      }
+    }
+    return spans;
+  }
+
+  cudaError_t Spans(const std::vector<cuda::SpanCopy>& spans, const void* src, void* dst) const {
+    if (spans.empty()) return cudaSuccess;
+    Temp d(stream, spans.size() * sizeof(cuda::SpanCopy));
+    if (cudaError_t e = Upload(d, spans); e != cudaSuccess) return e;
+    return cuda::CopySpans(d.as<cuda::SpanCopy>(), static_cast<int64_t>(spans.size()), src, dst, stream);
+  }
+
+  struct LayerView {
+    cuda::KvType type;
+    const std::byte* k = nullptr;
+    const std::byte* v = nullptr;
+    int64_t head_stride = 0, slab_stride = 0, row_bytes = 0;
+  };
+  static Result<LayerView> View(const PagedKv& kv) {
+    if (kv.layout == nullptr || kv.arena == nullptr) return InvalidArgumentError("attention: null layout or arena");
+    const KvLayout& layout = *kv.layout;
+    if (kv.layer < 0 || kv.layer >= layout.num_layers()) return OutOfRangeError("attention: layer out of range");
+    if (layout.config().kind != CacheKind::kPerHead) {
+      return UnimplementedError("MLA latent caches are not read on the CUDA backend yet: use the CPU backend");
+    }
+    PAGEKV_ASSIGN_OR_RETURN(const cuda::KvType type, RowType(layout.format(kv.layer), layout.row_elems()));
+    LayerView v{type};
+    v.k = kv.arena + layout.SlabOffset(kv.layer, 0, 0, 0);
+    v.v = kv.arena + layout.SlabOffset(kv.layer, 1, 0, 0);
+    v.head_stride = layout.head_stride(kv.layer, 0);
+    v.slab_stride = layout.slab_stride(kv.layer, 0);
+    v.row_bytes = layout.row_bytes(kv.layer);
+    return v;
+  }
+
+  // One sequence's table as int32 (kNoBlock kept as -1 where `partial`
+  // allows it), checked as the CPU kernels check it.
+  static Status Table(const KvLayout& layout, std::span<const BlockId> blocks, int64_t num_tokens, int64_t window,
+                      bool partial, int32_t max_blocks, int32_t* out) {
+    const int64_t need = (num_tokens + layout.block_len() - 1) / layout.block_len();
+    if (static_cast<int64_t>(blocks.size()) < need) {
+      return InvalidArgumentError("attention: a block table shorter than its sequence");
+    }
+    // Blocks wholly before the window are never read: -1 there.
+    const int64_t first = window > 0 ? std::max<int64_t>(0, num_tokens - window) / layout.block_len() : 0;
+    for (int64_t b = 0; b < max_blocks; ++b) {
+      int32_t id = -1;
+      if (b < need && b >= first) {
+        id = ToInt(blocks[static_cast<size_t>(b)]);
+        if (id == ToInt(kNoBlock) && partial) {
+          id = -1;
+        } else if (id < 0 || id >= layout.num_blocks()) {
+          return InvalidArgumentError("attention: a block id outside the pool");
+        }
+      }
+      out[b] = id;
+    }
+    return Status::Ok();
+  }
+};
+
+bool CudaDeviceAvailable(std::string* why) {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess || n == 0) {
+    if (why != nullptr) {
+      *why = e != cudaSuccess ? "no usable CUDA driver or device (" + CudaMessage(e) + ")" : "no CUDA device";
+    }
+    cudaGetLastError();
+    return false;
+  }
+  return true;
+}
+
+CudaBackend::CudaBackend(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+CudaBackend::~CudaBackend() = default;
+
+Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const CudaBackendOptions& options) {
+  std::string why;
+  if (!CudaDeviceAvailable(&why)) return UnavailableError("--device cuda: " + why + " on this machine; use --device cpu");
+  int n = 0;
+  cudaGetDeviceCount(&n);
+  if (options.device < 0 || options.device >= n) {
+    return InvalidArgumentError("CUDA device " + std::to_string(options.device) + " does not exist (this machine has " +
+                                std::to_string(n) + ")");
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->device = options.device;
+  impl->bf16_products = options.bf16_products;
+  if (cudaError_t e = cudaSetDevice(options.device); e != cudaSuccess) return UnavailableError("CUDA: " + CudaMessage(e));
+  cudaDeviceProp prop{};
+  if (cudaError_t e = cudaGetDeviceProperties(&prop, options.device); e != cudaSuccess) {
+    return UnavailableError("CUDA: " + CudaMessage(e));
+  }
+  impl->name = "cuda:" + std::to_string(options.device) + " (" + prop.name + ")";
+  impl->multiprocessors = std::max(1, prop.multiProcessorCount);
+  if (cudaError_t e = cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking); e != cudaSuccess) {
+    return UnavailableError("CUDA: creating a stream: " + CudaMessage(e));
+  }
+  if (cublasStatus_t s = cublasCreate(&impl->blas); s != CUBLAS_STATUS_SUCCESS) {
+    return UnavailableError(std::string("cuBLAS: ") + cublasGetStatusString(s));
+  }
+  return std::unique_ptr<CudaBackend>(new CudaBackend(std::move(impl)));
+}
+
+std::string CudaBackend::name() const { return impl_->name; }
+
+Result<std::unique_ptr<KvArena>> CudaBackend::AllocateArena(const KvArenaOptions& options) const {
+  if (options.size_bytes <= 0) return InvalidArgumentError("arena size must be positive");
+  impl_->Enter();
+  void* p = nullptr;
+  if (cudaError_t e = cudaMalloc(&p, static_cast<size_t>(options.size_bytes)); e != cudaSuccess) {
+    cudaGetLastError();
+    size_t free = 0, total = 0;
+    cudaMemGetInfo(&free, &total);
+    return ResourceExhaustedError("the KV arena of " + std::to_string(options.size_bytes) +
+                                  " bytes does not fit in device memory (" + std::to_string(free) +
+                                  " bytes free): give a smaller --kv-budget");
+  }
+  auto arena = std::make_unique<DeviceArena>(static_cast<std::byte*>(p), options.size_bytes);
+  PAGEKV_RETURN_IF_ERROR(impl_->Check(cudaMemsetAsync(p, 0, static_cast<size_t>(options.size_bytes), impl_->stream), "zeroing the arena"));
+  PAGEKV_RETURN_IF_ERROR(impl_->Check(cudaStreamSynchronize(impl_->stream), "zeroing the arena"));
+  return std::unique_ptr<KvArena>(std::move(arena));
+}
+
+void CudaBackend::CopyBlocks(const KvLayout& layout, std::byte* arena, std::span<const BlockCopy> copies) const {
+  impl_->Enter();
+  // The copies of one launch run at once: a copy that reads or writes a
+  // block an earlier copy of the same launch writes (or reads) starts the
+  // next launch, so the order is the CPU backend's.
+  std::vector<cuda::SpanCopy> spans;
+  std::vector<int32_t> reads, writes;
+  auto flush = [&] {
+    impl_->Note(impl_->Spans(spans, arena, arena), "copying blocks");
+    spans.clear();
+    reads.clear();
+    writes.clear();
+  };
+  auto has = [](const std::vector<int32_t>& v, int32_t x) { return std::find(v.begin(), v.end(), x) != v.end(); };
+  for (const BlockCopy& c : copies) {
+    const int32_t src = ToInt(c.src), dst = ToInt(c.dst);
+    if (has(writes, src) || has(writes, dst) || has(reads, dst)) flush();
+    for (const int32_t l : layout.block_layers()) {
+      for (int32_t p = 0; p < layout.num_planes(); ++p) {
+        const int64_t bytes = layout.kivi(l) ? layout.slab_bytes(l, p) : c.filled * layout.row_bytes(l);
+        for (int32_t h = 0; h < layout.num_heads(); ++h) {
+          spans.push_back({layout.SlabOffset(l, p, h, src), layout.SlabOffset(l, p, h, dst), bytes});
+        }
+      }
+    }
+    reads.push_back(src);
+    writes.push_back(dst);
+  }
+  flush();
+}
+
+void CudaBackend::BlockToHost(const KvLayout& layout, const std::byte* arena, BlockId block,
+                              std::span<std::byte> host) const {
+  impl_->Enter();
+  Temp staging(impl_->stream, host.size());
+  if (staging.error() != cudaSuccess) return impl_->Note(staging.error(), "block to host");
+  cudaError_t e = impl_->Spans(Impl::BlockSpans(layout, ToInt(block)), arena, staging.as<void>());
+  if (e == cudaSuccess) e = cudaMemcpyAsync(host.data(), staging.as<void>(), host.size(), cudaMemcpyDeviceToHost, impl_->stream);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(impl_->stream);
+  impl_->Note(e, "block to host");
+}
+
+void CudaBackend::HostToBlock(const KvLayout& layout, std::byte* arena, BlockId block,
+                              std::span<const std::byte> host) const {
+  impl_->Enter();
+  Temp staging(impl_->stream, host.size());
+  if (staging.error() != cudaSuccess) return impl_->Note(staging.error(), "host to block");
+  std::vector<cuda::SpanCopy> spans = Impl::BlockSpans(layout, ToInt(block));
+  for (cuda::SpanCopy& s : spans) std::swap(s.from, s.to);
+  cudaError_t e = cudaMemcpyAsync(staging.as<void>(), host.data(), host.size(), cudaMemcpyHostToDevice, impl_->stream);
+  if (e == cudaSuccess) e = impl_->Spans(spans, staging.as<void>(), arena);
+  impl_->Note(e, "host to block");
+}
+
+void CudaBackend::EncodeKvRows(const KvFormat& format, int32_t elems, const float* src, int64_t rows,
+                               std::byte* dst) const {
+  impl_->Enter();
+  const int64_t row_bytes = EncodedRowBytes(format, elems);
+  Result<cuda::KvType> type = format.IsKivi() ? Result<cuda::KvType>(cuda::KvType::kF16) : RowType(format, elems);
+  if (type.ok()) {
+    impl_->Note(cuda::EncodeRows(*type, elems, src, rows, dst, row_bytes, impl_->stream), "encoding K / V rows");
+    return;
+  }
+  // Formats the GPU does not encode (Hadamard-rotated rows): through the
+  // host encoder.
+  ++impl_->fallbacks;
+  std::vector<float> in(static_cast<size_t>(rows * elems));
+  std::vector<std::byte> out(static_cast<size_t>(rows * row_bytes));
+  cudaError_t e = cudaMemcpyAsync(in.data(), src, in.size() * 4, cudaMemcpyDeviceToHost, impl_->stream);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(impl_->stream);
+  if (e == cudaSuccess) {
+    pagekv::EncodeKvRows(format, elems, in.data(), rows, out.data());
+    e = cudaMemcpyAsync(dst, out.data(), out.size(), cudaMemcpyHostToDevice, impl_->stream);
+  }
+  if (e == cudaSuccess) e = cudaStreamSynchronize(impl_->stream);  // `out` leaves scope
+  impl_->Note(e, "encoding K / V rows on the host");
+}
+
+Status CudaBackend::MatMul(const WeightMatrix& w, const float* x, int64_t tokens, float* y, int /*threads*/,
+                           Activations activations) const {
+  impl_->Enter();
+  return impl_->Product(w, x, tokens, y, activations);
+}
+
+Status CudaBackend::MatMulShared(std::span<const MatMulOutput> outputs, const float* x, int64_t tokens, int /*threads*/,
+                                 Activations activations) const {
+  impl_->Enter();
+  for (const MatMulOutput& o : outputs) PAGEKV_RETURN_IF_ERROR(impl_->Product(o.w, x, tokens, o.y, activations));
+  return Status::Ok();
+}
+
+void CudaBackend::WeightRow(const WeightMatrix& w, int64_t r, float* out) const {
+  impl_->Enter();
+  std::vector<float> row(static_cast<size_t>(w.cols));
+  pagekv::WeightRow(w, r, row.data());
+  impl_->Note(cudaMemcpyAsync(out, row.data(), row.size() * 4, cudaMemcpyHostToDevice, impl_->stream), "weight row");
+}
+
+void CudaBackend::RmsNormRows(const float* x, const float* weight, int64_t rows, int32_t width, float eps,
+                              float* out) const {
+  impl_->Enter();
+  impl_->Note(cuda::RmsNormRows(x, weight, rows, width, eps, out, impl_->stream), "RmsNorm");
+}
+
+void CudaBackend::AddBiasRows(float* x, const float* bias, int64_t rows, int64_t width) const {
+  impl_->Enter();
+  impl_->Note(cuda::AddBiasRows(x, bias, rows, width, impl_->stream), "bias");
+}
+
+void CudaBackend::AddInPlace(float* x, const float* y, int64_t n) const {
+  impl_->Enter();
+  impl_->Note(cuda::AddInPlace(x, y, n, impl_->stream), "add");
+}
+
+void CudaBackend::SwiGluInPlace(float* gate, const float* up, int64_t n) const {
+  impl_->Enter();
+  impl_->Note(cuda::SwiGluInPlace(gate, up, n, impl_->stream), "SwiGLU");
+}
+
+void CudaBackend::GeluGluInPlace(float* gate, const float* up, int64_t n) const {
+  impl_->Enter();
+  impl_->Note(cuda::GeluGluInPlace(gate, up, n, impl_->stream), "GeGLU");
+}
+
+void CudaBackend::ScaleInPlace(float* x, float s, int64_t n) const {
+  impl_->Enter();
+  impl_->Note(cuda::ScaleInPlace(x, s, n, impl_->stream), "scale");
+}
+
+void CudaBackend::RopeTables(const Rope& rope, std::span<const int64_t> positions, float* cos, float* sin) const {
+  impl_->Enter();
+  // The angles in double on the host (Rope::Tables), then the tables up.
+  const size_t n = positions.size() * static_cast<size_t>(rope.params().rope_dims);
+  std::vector<float> c(n), s(n);
+  rope.Tables(positions, c.data(), s.data());
+  cudaError_t e = cudaMemcpyAsync(cos, c.data(), n * 4, cudaMemcpyHostToDevice, impl_->stream);
+  if (e == cudaSuccess) e = cudaMemcpyAsync(sin, s.data(), n * 4, cudaMemcpyHostToDevice, impl_->stream);
+  impl_->Note(e, "rotary tables");
+}
+
+void CudaBackend::RopeApply(const Rope& rope, float* x, int64_t rows, int32_t width, const float* cos,
+                            const float* sin) const {
+  impl_->Enter();
+  const RopeParams& p = rope.params();
+  impl_->Note(cuda::RopeApply(x, rows, width, p.head_dim, p.rope_dims, p.halves, cos, sin, impl_->stream), "rotary");
+}
+
+Status CudaBackend::DecodeAttention(const PagedKv& kv, std::span<const DecodeSeq> seqs, const float* q, float* out,
+                                    const AttentionOptions& options) const {
+  impl_->Enter();
+  PAGEKV_ASSIGN_OR_RETURN(const Impl::LayerView view, Impl::View(kv));
+  if (q == nullptr || out == nullptr) return InvalidArgumentError("attention: null q or out");
+  if (seqs.empty()) return Status::Ok();
+  const KvLayout& layout = *kv.layout;
+  const CacheConfig& cc = layout.config();
+  const auto num = static_cast<int32_t>(seqs.size());
+  int64_t max_blocks = 1, longest = 0;
+  bool windowed = false;
+  for (const DecodeSeq& s : seqs) {
+    if (s.num_tokens < 1) return InvalidArgumentError("attention: a sequence with no tokens");
+    if (s.window < 0) return InvalidArgumentError("attention: a negative window");
+    if (s.scores != nullptr) {
+      return UnimplementedError("attention weights for token eviction are not computed on the CUDA backend: use the CPU backend for --evict");
+    }
+    windowed |= s.window > 0;
+    max_blocks = std::max(max_blocks, (s.num_tokens + layout.block_len() - 1) / layout.block_len());
+    longest = std::max(longest, s.num_tokens);
+  }
+  if (max_blocks > INT32_MAX / std::max(num, 1) || longest > INT32_MAX) return InvalidArgumentError("attention: too long");
+  std::vector<int32_t> tables(static_cast<size_t>(num) * max_blocks), lens(static_cast<size_t>(num));
+  for (int32_t i = 0; i < num; ++i) {
+    const DecodeSeq& s = seqs[static_cast<size_t>(i)];
+    PAGEKV_RETURN_IF_ERROR(Impl::Table(layout, s.blocks, s.num_tokens, s.window, options.partial,
+                                       static_cast<int32_t>(max_blocks), &tables[static_cast<size_t>(i) * max_blocks]));
+    lens[static_cast<size_t>(i)] = static_cast<int32_t>(s.num_tokens);
+  }
+  const cudaStream_t stream = impl_->stream;
+  Temp d_tables(stream, tables.size() * 4), d_lens(stream, lens.size() * 4);
+  PAGEKV_RETURN_IF_ERROR(impl_->Check(impl_->Upload(d_tables, tables), "block tables"));
+  PAGEKV_RETURN_IF_ERROR(impl_->Check(impl_->Upload(d_lens, lens), "context lengths"));
+  const bool fast = !windowed && options.softcap == 0 && options.lse == nullptr && !options.partial &&
+                    cc.head_dim % 8 == 0 && cc.head_dim <= 256 && cc.num_q_heads / cc.num_kv_heads <= 16;
+  if (fast) {
+    cuda::DecodeParams p;
+    p.type = view.type;
+    p.num_seqs = num;
+    p.q_heads = cc.num_q_heads;
+    p.kv_heads = cc.num_kv_heads;
+    p.head_dim = cc.head_dim;
+    p.block_len = layout.block_len();
+    p.k_plane = view.k;
+    p.v_plane = view.v;
+    p.head_stride = view.head_stride;
+    p.slab_stride = view.slab_stride;
+    p.row_bytes = view.row_bytes;
+    p.block_tables = d_tables.as<int32_t>();
+    p.max_blocks = static_cast<int32_t>(max_blocks);
+    p.context_lens = d_lens.as<int32_t>();
+    p.q = q;
+    p.out = out;
+    p.scale = options.scale;
+    if (options.split_tokens > 0) {
+      p.blocks_per_split = static_cast<int32_t>((options.split_tokens + layout.block_len() - 1) / layout.block_len());
+    }
+    int32_t splits = cuda::Splits(p, static_cast<int32_t>(longest), impl_->multiprocessors);
+    if (splits > 1 && p.blocks_per_split == 0) p.blocks_per_split = static_cast<int32_t>((max_blocks + splits - 1) / splits);
+    if (p.blocks_per_split > 0) splits = static_cast<int32_t>((max_blocks + p.blocks_per_split - 1) / p.blocks_per_split);
+    Temp scratch(stream, splits > 1 ? cuda::ScratchBytes(p, splits) : 0);
+    PAGEKV_RETURN_IF_ERROR(impl_->Check(scratch.error(), "decode scratch"));
+    p.scratch = scratch.as<void>();
+    if (splits <= 1) p.blocks_per_split = 0;
+    return impl_->Check(cuda::PagedDecodeAttention(p, std::max(splits, 1), stream), "decode attention");
+  }
+  // Windows, soft-capping, partial tables, log-sum-exps: one query each
+  // through the prefill kernel.
+  std::vector<int32_t> ones(static_cast<size_t>(num), 1), starts(static_cast<size_t>(num)), windows(static_cast<size_t>(num));
+  for (int32_t i = 0; i < num; ++i) {
+    starts[static_cast<size_t>(i)] = i;
+    windows[static_cast<size_t>(i)] = static_cast<int32_t>(std::min<int64_t>(seqs[static_cast<size_t>(i)].window, INT32_MAX));
+  }
+  Temp d_ones(stream, ones.size() * 4), d_starts(stream, starts.size() * 4), d_windows(stream, windows.size() * 4);
+  PAGEKV_RETURN_IF_ERROR(impl_->Check(impl_->Upload(d_ones, ones), "query lengths"));
+  PAGEKV_RETURN_IF_ERROR(impl_->Check(impl_->Upload(d_starts, starts), "query rows"));
+  PAGEKV_RETURN_IF_ERROR(impl_->Check(impl_->Upload(d_windows, windows), "windows"));
+  cuda::PrefillParams p;
+  p.type = view.type;
+  p.num_seqs = num;
+  p.q_heads = cc.num_q_heads;
+  p.kv_heads = cc.num_kv_heads;
+  p.head_dim = cc.head_dim;
+  p.block_len = layout.block_len();
+  p.k_plane = view.k;
+  p.v_plane = view.v;
+  p.head_stride = view.head_stride;
+  p.slab_stride = view.slab_stride;
+  p.row_bytes = view.row_bytes;
+  p.block_tables = d_tables.as<int32_t>();
+  p.max_blocks = static_cast<int32_t>(max_blocks);
+  p.context_lens = d_lens.as<int32_t>();
+  p.query_lens = d_ones.as<int32_t>();
+  p.query_starts = d_starts.as<int32_t>();
+  p.windows = d_windows.as<int32_t>();
+  p.max_query_len = 1;
+  p.q = q;
+  p.out = out;
+  p.lse = options.lse;
+  p.scale = options.scale;
+  p.softcap = options.softcap;
+  return impl_->Check(cuda::PagedPrefillAttention(p, stream), "decode attention (general kernel)");
+}
+
+Status CudaBackend::PrefillAttention(const PagedKv& kv, std::span<const PrefillSeq> seqs, const float* q, float* out,
+                                     const AttentionOptions& options) const {
+  impl_->Enter();
+  PAGEKV_ASSIGN_OR_RETURN(const Impl::LayerView view, Impl::View(kv));
+  if (q == nullptr || out == nullptr) return InvalidArgumentError("attention: null q or out");
+  if (seqs.empty()) return Status::Ok();
+  const KvLayout& layout = *kv.layout;
+  const CacheConfig& cc = layout.config();
+  const auto num = static_cast<int32_t>(seqs.size());
+  int64_t max_blocks = 1, rows = 0, longest_query = 0;
+  for (const PrefillSeq& s : seqs) {
+    if (s.num_queries < 1 || s.num_queries > s.num_tokens) {
+      return InvalidArgumentError("attention: num_queries must be in [1, num_tokens]");
+    }
+    if (s.score_queries < 0 || s.score_queries > s.num_queries) {
+      return InvalidArgumentError("attention: score_queries must be in [0, num_queries]");
+    }
+    if (s.window < 0) return InvalidArgumentError("attention: a negative window");
+    if (s.scores != nullptr) {
+      return UnimplementedError("attention weights for token eviction are not computed on the CUDA backend: use the CPU backend for --evict");
+    }
+    max_blocks = std::max(max_blocks, (s.num_tokens + layout.block_len() - 1) / layout.block_len());
+    rows += s.num_queries;
+    longest_query = std::max(longest_query, s.num_queries);
+    if (s.num_tokens > INT32_MAX || rows > INT32_MAX) return InvalidArgumentError("attention: too long");
+  }
+  if (max_blocks > INT32_MAX / num) return InvalidArgumentError("attention: too long");
+  std::vector<int32_t> tables(static_cast<size_t>(num) * max_blocks), lens(static_cast<size_t>(num)),
+      qlens(static_cast<size_t>(num)), starts(static_cast<size_t>(num)), windows(static_cast<size_t>(num));
+  int64_t row = 0;
+  for (int32_t i = 0; i < num; ++i) {
+    const PrefillSeq& s = seqs[static_cast<size_t>(i)];
+    // The first query's window decides which blocks are read at all.
+    const int64_t first_window = s.window > 0 ? s.window + s.num_queries - 1 : 0;
+    PAGEKV_RETURN_IF_ERROR(Impl::Table(layout, s.blocks, s.num_tokens, first_window, options.partial,
+                                       static_cast<int32_t>(max_blocks), &tables[static_cast<size_t>(i) * max_blocks]));
+    lens[static_cast<size_t>(i)] = static_cast<int32_t>(s.num_tokens);
+    qlens[static_cast<size_t>(i)] = static_cast<int32_t>(s.num_queries);
+    starts[static_cast<size_t>(i)] = static_cast<int32_t>(row);
+    windows[static_cast<size_t>(i)] = static_cast<int32_t>(std::min<int64_t>(s.window, INT32_MAX));
+    row += s.num_queries;
+  }
+  const cudaStream_t stream = impl_->stream;
+  Temp d_tables(stream, tables.size() * 4), d_lens(stream, lens.size() * 4), d_qlens(stream, qlens.size() * 4),
+      d_starts(stream, starts.size() * 4), d_windows(stream, windows.size() * 4);
+  PAGEKV_RETURN_IF_ERROR(impl_->Check(impl_->Upload(d_tables, tables), "block tables"));
+  PAGEKV_RETURN_IF_ERROR(impl_->Check(impl_->Upload(d_lens, lens), "context lengths"));
+  PAGEKV_RETURN_IF_ERROR(impl_->Check(impl_->Upload(d_qlens, qlens), "query lengths"));
+  PAGEKV_RETURN_IF_ERROR(impl_->Check(impl_->Upload(d_starts, starts), "query rows"));
+  PAGEKV_RETURN_IF_ERROR(impl_->Check(impl_->Upload(d_windows, windows), "windows"));
+  cuda::PrefillParams p;
+  p.type = view.type;
+  p.num_seqs = num;
+  p.q_heads = cc.num_q_heads;
+  p.kv_heads = cc.num_kv_heads;
+  p.head_dim = cc.head_dim;
+  p.block_len = layout.block_len();
+  p.k_plane = view.k;
+  p.v_plane = view.v;
+  p.head_stride = view.head_stride;
+  p.slab_stride = view.slab_stride;
+  p.row_bytes = view.row_bytes;
+  p.block_tables = d_tables.as<int32_t>();
+  p.max_blocks = static_cast<int32_t>(max_blocks);
+  p.context_lens = d_lens.as<int32_t>();
+  p.query_lens = d_qlens.as<int32_t>();
+  p.query_starts = d_starts.as<int32_t>();
+  p.windows = d_windows.as<int32_t>();
+  p.max_query_len = static_cast<int32_t>(longest_query);
+  p.q = q;
+  p.out = out;
+  p.lse = options.lse;
+  p.scale = options.scale;
+  p.softcap = options.softcap;
+  return impl_->Check(cuda::PagedPrefillAttention(p, stream), "prefill attention");
+}
+
+Status CudaBackend::Synchronize() const {
+  impl_->Enter();
+  impl_->Note(cudaStreamSynchronize(impl_->stream), "synchronize");
+  std::lock_guard lock(impl_->mu);
+  Status s = impl_->error;
+  impl_->error = Status::Ok();
+  return s;
+}
+
+Result<float*> CudaBackend::AllocateFloats(int64_t n) const {
+  if (n <= 0) return InvalidArgumentError("AllocateFloats: n must be positive");
+  impl_->Enter();
+  void* p = nullptr;
+  if (cudaError_t e = cudaMalloc(&p, static_cast<size_t>(n) * sizeof(float)); e != cudaSuccess) {
+    cudaGetLastError();
+    return ResourceExhaustedError("CUDA backend: no device memory for " + std::to_string(n) + " floats: " + CudaMessage(e));
+  }
+  return static_cast<float*>(p);
+}
+
+void CudaBackend::Free(void* p) const {
+  impl_->Enter();
+  cudaStreamSynchronize(impl_->stream);
+  cudaFree(p);
+}
+
+Status CudaBackend::ToDevice(const float* host, int64_t n, float* device) const {
+  impl_->Enter();
+  return impl_->Check(cudaMemcpyAsync(device, host, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice, impl_->stream), "to device");
+}
+
+Status CudaBackend::ToHost(const float* device, int64_t n, float* host) const {
+  impl_->Enter();
+  cudaError_t e = cudaMemcpyAsync(host, device, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost, impl_->stream);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(impl_->stream);
+  return impl_->Check(e, "to host");
+}
+
+int64_t CudaBackend::weight_bytes() const { return impl_->weight_bytes.load(); }
+int64_t CudaBackend::host_fallbacks() const { return impl_->fallbacks.load(); }
+
+void CudaBackend::ForgetWeights() const {
+  impl_->Enter();
+  cudaStreamSynchronize(impl_->stream);
+  std::lock_guard lock(impl_->mu);
+  for (auto& [key, w] : impl_->weights) cudaFree(w.data);
+  impl_->weights.clear();
+  impl_->weight_bytes = 0;
+}
+
+}  // namespace pagekv
