@@ -19,6 +19,11 @@ pkg_check_modules(PAGEKV_DEP_HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
 
 set(PAGEKV_MODULE_LIBRARIES pagekv_router pagekv_server pagekv_http pagekv_engine pagekv_scheduler pagekv_model pagekv_bench
     pagekv_tiers pagekv_prefix pagekv_kernels pagekv_evict pagekv_kvcache pagekv_layout pagekv_jinja pagekv_dist pagekv_base)
+if(PAGEKV_HAVE_CUDA)
+  # --device cuda: the CUDA backend and its kernels (no relocatable device
+  # code, so their objects link like any other).
+  list(APPEND PAGEKV_MODULE_LIBRARIES pagekv_cuda_backend pagekv_cuda)
+endif()
 if(PAGEKV_BUILD_SHARED)
   add_library(pagekv SHARED)
   set(dep_scope PRIVATE)  # a shared library carries its dependencies
@@ -39,6 +44,12 @@ target_include_directories(pagekv PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}
 target_link_libraries(pagekv ${dep_scope} fmt::fmt hwy::hwy OpenSSL::Crypto Threads::Threads PkgConfig::PAGEKV_DEP_ZMQ
                       PkgConfig::PAGEKV_DEP_HIREDIS PkgConfig::PAGEKV_DEP_XXHASH PkgConfig::PAGEKV_DEP_PCRE2
                       PkgConfig::PAGEKV_DEP_HTTPLIB)
+if(PAGEKV_HAVE_CUDA)
+  target_link_libraries(pagekv ${dep_scope} CUDA::cudart CUDA::cublas)
+  set(PAGEKV_PC_CUDA " -L${CUDAToolkit_LIBRARY_DIR} -lcublas -lcudart")
+else()
+  set(PAGEKV_PC_CUDA "")
+endif()
 if(PAGEKV_HAVE_MPI)
   target_link_libraries(pagekv ${dep_scope} PkgConfig::DIST_MPI)
   set(PAGEKV_PC_MPI " mpi-c")

@@ -4,9 +4,11 @@
 # with nvcc alone, runs them (every case against the double reference; the
 # KV store against the host encoders, byte for byte), then
 # the benchmark (the device's streaming read bandwidth and each decode
-# shape's share of it) and the PyTorch peer on the same shapes. Output under
-# $OUT (default build/cuda-check): build.log, test.log, store-test.log, bench.log,
-# peer.log.
+# shape's share of it) and the PyTorch peer on the same shapes; then, where
+# the project's dependencies are installed, the CUDA backend's tests and
+# generation on the device. Output under $OUT (default build/cuda-check):
+# build.log, test.log (decode and prefill), store-test.log, bench.log,
+# peer.log, full-*.log, backend-test.log, device-generate.log.
 set -u
 OUT=${OUT:-build/cuda-check}
 mkdir -p "$OUT"
@@ -36,5 +38,23 @@ grep -v '^JSON' "$OUT/bench.log"
 if command -v python3 > /dev/null; then
   timeout 240 python3 scripts/cuda_sdpa_peer.py > "$OUT/peer.log" 2>&1; echo "peer exit $?"
   cat "$OUT/peer.log" | tail -20
+fi
+# The CUDA backend behind the Backend seam (every call against the CPU
+# backend) and generation on the device against the CPU need the whole
+# project, so its Debian dependencies: where CMake finds them, build and run
+# those tests too; where it does not, say so.
+if cmake -S . -B build/cuda-full -G Ninja -DCMAKE_BUILD_TYPE=Release -DPAGEKV_CUDA=ON -DPAGEKV_BUILD_BENCHMARKS=OFF \
+    -DCMAKE_CUDA_ARCHITECTURES=90-real > "$OUT/full-config.log" 2>&1 &&
+    timeout 420 cmake --build build/cuda-full --target pagekv_cuda_backend_test pagekv_engine_test > "$OUT/full-build.log" 2>&1; then
+  build/cuda-full/src/cuda/pagekv_cuda_backend_test > "$OUT/backend-test.log" 2>&1; backend_rc=$?
+  echo "backend test exit $backend_rc"; tail -5 "$OUT/backend-test.log"
+  build/cuda-full/src/engine/pagekv_engine_test --gtest_filter='DeviceGenerateTest.*:GpuGenerateTest.*' \
+    > "$OUT/device-generate.log" 2>&1; generate_rc=$?
+  echo "device generate tests exit $generate_rc"; tail -8 "$OUT/device-generate.log"
+  [ $test_rc -eq 0 ] && test_rc=$backend_rc
+  [ $test_rc -eq 0 ] && test_rc=$generate_rc
+else
+  echo "the project's dependencies are not all here: the CUDA backend and device generation tests were not built"
+  tail -5 "$OUT/full-config.log" "$OUT/full-build.log" 2>/dev/null
 fi
 exit $test_rc

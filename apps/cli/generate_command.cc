@@ -38,6 +38,8 @@ struct GenerateArgs {
   TierArgs tiers;
   std::string kv_policy = "none", kv_rotate = "none";
   double kv_keep = 1.0;
+  std::string device = "cpu";
+  bool exact_products = false;
 };
 
 int RunGenerate(const GenerateArgs& a) {
@@ -72,6 +74,8 @@ int RunGenerate(const GenerateArgs& a) {
   o.top_logits = a.dump_logits;
   // Ranks on one machine share its cores.
   o.threads = RankThreads(a.threads, a.tp * a.pp * a.cp);
+  o.device = a.device;
+  o.exact_products = a.exact_products;
   o.truncate_prompts = a.truncate;
   o.kv_events = ToKvEventsOptions(a.kv_events);
   o.prefix_cache = a.prefix_cache || a.salt_given || !o.kv_events.endpoint.empty();
@@ -281,6 +285,12 @@ CLI::App* AddGenerateCommand(CLI::App& app, int& exit_code) {
                   "Context parallel: this many ranks each hold one slice of every KV block, so a sequence's KV is "
                   "spread over them (with --tp / --pp: tp x pp x cp ranks under mpirun; default 1)")
       ->check(CLI::Range(1, 1 << 16));
+  cmd->add_option("--device", args.device,
+                  "Where the KV cache lives and the model runs: cpu (default), cuda or cuda:N (an NVIDIA GPU; "
+                  "llama / qwen2 models)");
+  cmd->add_flag("--exact-products", args.exact_products,
+               "Weight products in f32 throughout (slower; the fast path rounds activations to int16 / bf16 on the "
+               "CPU, f16 on a GPU)");
   cmd->add_option("--threads", args.threads, "Threads for the kernels (default: every hardware thread; with --tp, "
                                              "divided among the ranks on this machine)")
       ->check(CLI::Range(0, 4096));

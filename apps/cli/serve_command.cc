@@ -32,6 +32,7 @@ struct ServeArgs {
   std::vector<std::string> api_keys;
   TierArgs tiers;
   KvEventArgs kv_events;
+  std::string device = "cpu";
 };
 
 int RunServe(const ServeArgs& a) {
@@ -49,6 +50,7 @@ int RunServe(const ServeArgs& a) {
   o.engine.max_queue = a.max_queue;
   o.engine.prefix_cache = !a.no_prefix_cache;
   o.engine.threads = RankThreads(a.threads, a.tp * a.pp * a.cp);
+  o.engine.device = a.device;
   o.engine.chat_template = a.chat_template;
   o.engine.kv_events = ToKvEventsOptions(a.kv_events);
   if (!ToTierOptions(a.tiers, o.engine.tiers)) return kExitBadInput;
@@ -200,6 +202,9 @@ CLI::App* AddServeCommand(CLI::App& app, int& exit_code) {
                   "Chat template for /v1/chat/completions: chatml, llama3, llama2, mistral, gemma, phi3, zephyr, or a "
                   "Jinja file (default: the model's own; ChatML when it has none)");
   cmd->add_flag("--no-prefix-cache", args.no_prefix_cache, "Do not share prompt blocks between requests");
+  cmd->add_option("--device", args.device,
+                  "Where the KV cache lives and the model runs: cpu (default), cuda or cuda:N (an NVIDIA GPU; "
+                  "llama / qwen2 models)");
   cmd->add_option("--threads", args.threads, "Threads for the kernels (default: all cores)")->check(CLI::Range(0, 4096));
   AddTierFlags(cmd, args.tiers);
   AddKvEventFlags(cmd, args.kv_events);

@@ -199,6 +199,17 @@ struct EngineOptions {
   // (and later tokens) may differ from an uninterrupted run.
   EvictionOptions eviction;
   int threads = 0;
+  // Where the KV pool lives and the model runs: "cpu", or "cuda" / "cuda:N"
+  // (an NVIDIA GPU through the CUDA backend: the llama / qwen2 runner, f32,
+  // f16, bf16, int8 and fp8 KV; not with --tp / --pp / --cp, token eviction,
+  // int4 KIVI or Hadamard-rotated rows; a build made where the CUDA toolkit
+  // was found). Errors name what is missing and the fix.
+  std::string device = "cpu";
+  // Weight products in f32 throughout (the exact path: kernels/matmul.h
+  // Activations::kF32) instead of the fast one (int16 activations for a few
+  // tokens on the CPU, AMX tiles for many; f16 on a GPU). Slower; what the
+  // device-against-CPU and reference comparisons run.
+  bool exact_products = false;
   // Multi-head latent attention models (deepseek2) over a prompt chunk: the
   // absorbed form (latent rows read by every head), the unabsorbed one
   // (per-head keys and values materialised from the latent rows once, then

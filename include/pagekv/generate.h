@@ -61,6 +61,8 @@ struct GenerateOptions {
   int64_t num_blocks = 0;  // 0 = enough for every prompt plus max_new_tokens
   int32_t top_logits = 0;  // > 0: record the top-k (id, logit) of every step
   int threads = 0;         // 0 = every hardware thread
+  std::string device = "cpu";  // EngineOptions::device: "cpu", "cuda" or "cuda:N"
+  bool exact_products = false;  // EngineOptions::exact_products
   // A prompt that does not fit the context with max_new_tokens: an error,
   // or, when set, keep its first token (BOS) and its most recent tokens.
   bool truncate_prompts = false;

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -95,12 +96,16 @@ struct CudaBackend::Impl {
   mutable std::mutex mu;  // the error, the weight cache, cuBLAS
   mutable Status error = Status::Ok();
   mutable std::map<std::tuple<const std::byte*, int, int64_t, int64_t, bool, int>, DeviceWeights> weights;
+  mutable std::map<std::tuple<std::thread::id, int, size_t>, std::pair<void*, size_t>> scratch;
+  mutable std::map<const float*, std::pair<float*, int64_t>> vectors;  // host norm weights / biases -> device copies
   mutable std::atomic<int64_t> weight_bytes{0};
   mutable std::atomic<int64_t> fallbacks{0};
 
   ~Impl() {
     if (stream != nullptr) cudaStreamSynchronize(stream);
     for (auto& [key, w] : weights) cudaFree(w.data);
+    for (auto& [key, buf] : scratch) cudaFree(buf.first);
+    for (auto& [key, vec] : vectors) cudaFree(vec.first);
     if (blas != nullptr) cublasDestroy(blas);
     if (stream != nullptr) cudaStreamDestroy(stream);
   }
@@ -132,6 +137,39 @@ struct CudaBackend::Impl {
   cudaError_t Upload(const Temp& dst, const std::vector<T>& host) const {
     if (dst.error() != cudaSuccess) return dst.error();
     return cudaMemcpyAsync(dst.as<void>(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice, stream);
+  }
+
+  // A weight vector (norm weights, a bias) of n floats where the kernels
+  // can read it: itself when it is device (or managed) memory, else its
+  // device copy, uploaded on first use and kept (model weights do not
+  // change). Null (and the error recorded) when it cannot be.
+  const float* Resident(const float* p, int64_t n) const {
+    if (p == nullptr) return nullptr;
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, p) == cudaSuccess &&
+        (a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged)) {
+      return p;
+    }
+    cudaGetLastError();
+    std::lock_guard lock(mu);
+    auto& [copy, size] = vectors[p];
+    if (size >= n) return copy;
+    cudaFree(copy);
+    copy = nullptr;
+    size = 0;
+    cudaError_t e = cudaMalloc(&copy, static_cast<size_t>(n) * sizeof(float));
+    // Synchronous: the copy is made before the host vector could change.
+    if (e == cudaSuccess) e = cudaMemcpy(copy, p, static_cast<size_t>(n) * sizeof(float), cudaMemcpyHostToDevice);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      cudaFree(copy);
+      copy = nullptr;
+      if (error.ok()) error = InternalError("CUDA backend: uploading a weight vector: " + CudaMessage(e));
+      return nullptr;
+    }
+    size = n;
+    weight_bytes += n * static_cast<int64_t>(sizeof(float));
+    return copy;
   }
 
   // The device copy of `w` in the type the product needs (uploaded on first use).
@@ -338,6 +376,79 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const CudaBackendOption
 
 std::string CudaBackend::name() const { return impl_->name; }
 
+Status CudaBackend::CheckLayout(const KvLayout& layout) const {
+  const CacheConfig& cc = layout.config();
+  if (cc.kind != CacheKind::kPerHead) {
+    return UnimplementedError("MLA latent caches are not read on the CUDA backend yet: use --device cpu");
+  }
+  if (cc.head_dim > 256) return UnimplementedError("head_dim over 256 is not read on the CUDA backend: use --device cpu");
+  if (cc.num_q_heads / cc.num_kv_heads > 16) {
+    return UnimplementedError("more than 16 query heads per KV head are not read on the CUDA backend: use --device cpu");
+  }
+  for (int32_t l = 0; l < layout.num_layers(); ++l) {
+    Result<cuda::KvType> t = RowType(layout.format(l), layout.row_elems());
+    if (!t.ok()) {
+      return UnimplementedError(t.status().message() + (layout.uniform() ? "" : " (layer " + std::to_string(l) + ")"));
+    }
+  }
+  return Status::Ok();
+}
+
+void CudaBackend::StoreKvRows(const KvLayout& layout, std::byte* arena, int32_t layer, std::span<const int64_t> slots,
+                              const std::byte* k, const std::byte* v) const {
+  if (slots.empty()) return;
+  impl_->Enter();
+  Temp d_slots(impl_->stream, slots.size() * sizeof(int64_t));
+  cudaError_t e = d_slots.error();
+  if (e == cudaSuccess) {
+    e = cudaMemcpyAsync(d_slots.as<void>(), slots.data(), slots.size() * sizeof(int64_t), cudaMemcpyHostToDevice,
+                        impl_->stream);
+  }
+  const std::byte* planes[2] = {k, v};
+  for (int32_t p = 0; p < layout.num_planes() && e == cudaSuccess; ++p) {
+    e = cuda::ScatterRows(d_slots.as<int64_t>(), static_cast<int64_t>(slots.size()), layout.num_heads(),
+                          layout.row_bytes(layer), layout.block_len(), planes[p],
+                          arena + layout.SlabOffset(layer, p, 0, 0), layout.head_stride(layer, p),
+                          layout.slab_stride(layer, p), impl_->stream);
+  }
+  impl_->Note(e, "storing K / V rows");
+}
+
+void CudaBackend::ToHost(const void* src, size_t bytes, void* dst) const {
+  if (bytes == 0) return;
+  impl_->Enter();
+  cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, impl_->stream);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(impl_->stream);
+  impl_->Note(e, "to host");
+}
+
+std::span<std::byte> CudaBackend::Scratch(int pool, size_t slot, size_t bytes) const {
+  impl_->Enter();
+  const auto key = std::make_tuple(std::this_thread::get_id(), pool, slot);
+  std::lock_guard lock(impl_->mu);
+  auto& [p, size] = impl_->scratch[key];
+  if (size < bytes) {
+    // Grown by half again, so a growing step does not reallocate every time;
+    // the old buffer may still be read by work in flight.
+    cudaStreamSynchronize(impl_->stream);
+    cudaFree(p);
+    p = nullptr;
+    size = 0;
+    const size_t want = std::max(bytes, bytes + bytes / 2);
+    if (cudaError_t e = cudaMalloc(&p, want); e != cudaSuccess) {
+      cudaGetLastError();
+      p = nullptr;
+      if (impl_->error.ok()) {
+        impl_->error = ResourceExhaustedError("CUDA backend: no device memory for " + std::to_string(want) +
+                                              " bytes of activations: " + CudaMessage(e));
+      }
+      return {};
+    }
+    size = want;
+  }
+  return {static_cast<std::byte*>(p), bytes};
+}
+
 Result<std::unique_ptr<KvArena>> CudaBackend::AllocateArena(const KvArenaOptions& options) const {
   if (options.size_bytes <= 0) return InvalidArgumentError("arena size must be positive");
   impl_->Enter();
@@ -457,12 +568,16 @@ void CudaBackend::WeightRow(const WeightMatrix& w, int64_t r, float* out) const 
 void CudaBackend::RmsNormRows(const float* x, const float* weight, int64_t rows, int32_t width, float eps,
                               float* out) const {
   impl_->Enter();
-  impl_->Note(cuda::RmsNormRows(x, weight, rows, width, eps, out, impl_->stream), "RmsNorm");
+  const float* w = impl_->Resident(weight, width);
+  if (w == nullptr) return;
+  impl_->Note(cuda::RmsNormRows(x, w, rows, width, eps, out, impl_->stream), "RmsNorm");
 }
 
 void CudaBackend::AddBiasRows(float* x, const float* bias, int64_t rows, int64_t width) const {
   impl_->Enter();
-  impl_->Note(cuda::AddBiasRows(x, bias, rows, width, impl_->stream), "bias");
+  const float* b = impl_->Resident(bias, width);
+  if (b == nullptr) return;
+  impl_->Note(cuda::AddBiasRows(x, b, rows, width, impl_->stream), "bias");
 }
 
 void CudaBackend::AddInPlace(float* x, const float* y, int64_t n) const {
@@ -684,7 +799,7 @@ Status CudaBackend::PrefillAttention(const PagedKv& kv, std::span<const PrefillS
   return impl_->Check(cuda::PagedPrefillAttention(p, stream), "prefill attention");
 }
 
-Status CudaBackend::Synchronize() const {
+Status CudaBackend::Finish() const {
   impl_->Enter();
   impl_->Note(cudaStreamSynchronize(impl_->stream), "synchronize");
   std::lock_guard lock(impl_->mu);
@@ -731,6 +846,8 @@ void CudaBackend::ForgetWeights() const {
   std::lock_guard lock(impl_->mu);
   for (auto& [key, w] : impl_->weights) cudaFree(w.data);
   impl_->weights.clear();
+  for (auto& [key, vec] : impl_->vectors) cudaFree(vec.first);
+  impl_->vectors.clear();
   impl_->weight_bytes = 0;
 }
 

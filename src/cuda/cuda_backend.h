@@ -18,14 +18,20 @@
 //     blocks, a merge kernel), and prefill, chunked prefill and decode steps
 //     with sliding windows, soft-capping, partial tables or log-sum-exps
 //     through the prefill kernel (paged_attention.h).
+// Weights may be host memory (the model's mapped file): weight matrices,
+// RMSNorm weights and biases are uploaded on first use and kept, keyed by
+// their host address; every other pointer is device memory.
 // Block transfers to and from the host return when the bytes are there.
-// Not on the device (an Unimplemented error naming the fix): INT4 KIVI
-// layers, Hadamard-rotated layers' attention, MLA latent caches, and the
-// attention weights token eviction reads (DecodeSeq::scores).
+// Not on the device (an Unimplemented error naming the fix, from
+// CheckLayout when a cache is made): INT4 KIVI layers, Hadamard-rotated
+// rows, MLA latent caches, head_dim over 256, more than 16 query heads per
+// KV head; and the attention weights token eviction reads
+// (DecodeSeq::scores). Scratch that cannot be allocated is recorded as an
+// error and returned empty.
 //
 // Errors: the calls that return a Status return their own and any earlier
 // call's recorded error; the void calls record theirs for the next
-// Status-returning call or Synchronize(). Thread safety: calls may come
+// Status-returning call or Finish(). Thread safety: calls may come
 // from any thread (the model's row loops); they are ordered on the one
 // stream in the order they are made. Weights are cached by their host
 // address: a backend serves one loaded model's weights (ForgetWeights()
@@ -60,6 +66,14 @@ class CudaBackend final : public Backend {
 
   std::string name() const override;  // "cuda:0 (device name)"
 
+  bool host_memory() const override { return false; }
+  Status CheckLayout(const KvLayout& layout) const override;
+  void StoreKvRows(const KvLayout& layout, std::byte* arena, int32_t layer, std::span<const int64_t> slots,
+                   const std::byte* k, const std::byte* v) const override;
+  void ToHost(const void* src, size_t bytes, void* dst) const override;
+  // Per (thread, pool, slot) device buffers, grown as asked, freed with the backend.
+  std::span<std::byte> Scratch(int pool, size_t slot, size_t bytes) const override;
+
   Result<std::unique_ptr<KvArena>> AllocateArena(const KvArenaOptions& options) const override;
   void CopyBlocks(const KvLayout& layout, std::byte* arena, std::span<const BlockCopy> copies) const override;
   void BlockToHost(const KvLayout& layout, const std::byte* arena, BlockId block,
@@ -89,8 +103,8 @@ class CudaBackend final : public Backend {
                           const AttentionOptions& options) const override;
 
   // Waits for every call made so far; returns the first error recorded
-  // since the last Synchronize (and clears it).
-  Status Synchronize() const;
+  // since the last Finish (and clears it).
+  Status Finish() const override;
   // Device buffers for a caller (a model's activations, a test's inputs).
   Result<float*> AllocateFloats(int64_t n) const;
   void Free(void* p) const;

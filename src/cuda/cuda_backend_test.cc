@@ -48,7 +48,7 @@ class CudaBackendTest : public ::testing::Test {
   void TearDown() override {
     if (gpu_ != nullptr) {
       for (float* p : owned_) gpu_->Free(p);
-      EXPECT_TRUE(gpu_->Synchronize().ok());
+      EXPECT_TRUE(gpu_->Finish().ok());
     }
   }
 
@@ -156,7 +156,7 @@ TEST_F(CudaBackendTest, BlockTransfersAndCopiesOnWriteMatchTheCpuByteForByte) {
     gpu_->CopyBlocks(layout, t.device->data(), copies);
     ExpectSamePayloads(*gpu_, layout, t);
   }
-  EXPECT_TRUE(gpu_->Synchronize().ok());
+  EXPECT_TRUE(gpu_->Finish().ok());
 }
 
 TEST_F(CudaBackendTest, KvRowsAreEncodedBitForBitAsOnTheHost) {
@@ -179,7 +179,7 @@ TEST_F(CudaBackendTest, KvRowsAreEncodedBitForBitAsOnTheHost) {
     EXPECT_EQ(DownBytes(reinterpret_cast<std::byte*>(dst), want.size()), want) << "dtype " << static_cast<int>(f.dtype);
     EXPECT_EQ(gpu_->host_fallbacks() - fallbacks, f.hadamard ? 1 : 0);
   }
-  EXPECT_TRUE(gpu_->Synchronize().ok());
+  EXPECT_TRUE(gpu_->Finish().ok());
 }
 
 TEST_F(CudaBackendTest, LayerOpsMatchTheCpu) {
@@ -227,7 +227,7 @@ TEST_F(CudaBackendTest, LayerOpsMatchTheCpu) {
     run(halves ? "rope halves" : "rope pairs", [&](float* p) { CpuBackend().RopeApply(rope, p, rows, width, cos.data(), sin.data()); },
         [&](float* p) { gpu_->RopeApply(rope, p, rows, width, dcos, dsin); });
   }
-  EXPECT_TRUE(gpu_->Synchronize().ok());
+  EXPECT_TRUE(gpu_->Finish().ok());
 }
 
 // Random weights of `type` (block formats: random bits under finite f16
@@ -301,7 +301,7 @@ TEST_F(CudaBackendTest, WeightProductsMatchADoubleProductOfTheDecodedWeights) {
     }
   }
   EXPECT_GT(gpu_->weight_bytes(), 0);
-  EXPECT_TRUE(gpu_->Synchronize().ok());
+  EXPECT_TRUE(gpu_->Finish().ok());
 }
 
 // A cache whose rows are real encodings of random values, on both sides.
@@ -388,7 +388,7 @@ TEST_F(CudaBackendTest, DecodeAttentionMatchesTheCpu) {
       }
     }
   }
-  EXPECT_TRUE(gpu_->Synchronize().ok());
+  EXPECT_TRUE(gpu_->Finish().ok());
 }
 
 TEST_F(CudaBackendTest, ChunkedPrefillAtEveryPositionOfABlockMatchesTheCpu) {
@@ -417,7 +417,7 @@ TEST_F(CudaBackendTest, ChunkedPrefillAtEveryPositionOfABlockMatchesTheCpu) {
       }
     }
   }
-  EXPECT_TRUE(gpu_->Synchronize().ok());
+  EXPECT_TRUE(gpu_->Finish().ok());
 }
 
 TEST_F(CudaBackendTest, PartialTablesGiveTheCpuOutputsAndLogSumExps) {
@@ -461,7 +461,7 @@ TEST_F(CudaBackendTest, WhatTheDeviceDoesNotDoIsRefusedWithTheFix) {
   DecodeSeq plain{a.tables[0], 20};
   s = gpu_->DecodeAttention({&kivi, arena->data(), 0}, {&plain, 1}, q, out, {});
   EXPECT_EQ(s.code(), StatusCode::kUnimplemented) << s.message();
-  EXPECT_TRUE(gpu_->Synchronize().ok());
+  EXPECT_TRUE(gpu_->Finish().ok());
 }
 
 }  // namespace

@@ -112,7 +112,37 @@ __global__ void CopySpansKernel(const SpanCopy* spans, const char* src, char* ds
   for (int64_t i = done + threadIdx.x; i < sc.bytes; i += blockDim.x) to[i] = from[i];
 }
 
+__global__ void ScatterRowsKernel(const int64_t* slots, int32_t heads, int64_t row_bytes, int32_t block_len,
+                                  const char* src, char* plane, int64_t head_stride, int64_t slab_stride) {
+  const int64_t t = blockIdx.x;
+  const int32_t h = static_cast<int32_t>(blockIdx.y);
+  const int64_t slot = slots[t];
+  if (slot < 0) return;
+  const char* from = src + (t * heads + h) * row_bytes;
+  char* to = plane + h * head_stride + (slot / block_len) * slab_stride + (slot % block_len) * row_bytes;
+  const auto bits = reinterpret_cast<uintptr_t>(from) | reinterpret_cast<uintptr_t>(to) | static_cast<uintptr_t>(row_bytes);
+  if (bits % 16 == 0) {
+    for (int64_t i = threadIdx.x; i < row_bytes / 16; i += blockDim.x) {
+      reinterpret_cast<uint4*>(to)[i] = reinterpret_cast<const uint4*>(from)[i];
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < row_bytes; i += blockDim.x) to[i] = from[i];
+  }
+}
+
 }  // namespace
+
+cudaError_t ScatterRows(const int64_t* slots, int64_t tokens, int32_t heads, int64_t row_bytes, int32_t block_len,
+                        const void* src, void* plane, int64_t head_stride, int64_t slab_stride, cudaStream_t stream) {
+  if (tokens < 0 || tokens > 0x7fffffff || heads < 1 || heads > 65535 || row_bytes < 1 || block_len < 1) {
+    return cudaErrorInvalidValue;
+  }
+  if (tokens == 0) return cudaSuccess;
+  ScatterRowsKernel<<<dim3(static_cast<unsigned>(tokens), static_cast<unsigned>(heads)), 64, 0, stream>>>(
+      slots, heads, row_bytes, block_len, static_cast<const char*>(src), static_cast<char*>(plane), head_stride,
+      slab_stride);
+  return cudaGetLastError();
+}
 
 cudaError_t RmsNormRows(const float* x, const float* weight, int64_t rows, int32_t width, float eps, float* out,
                         cudaStream_t stream) {

@@ -42,6 +42,13 @@ cudaError_t EncodeRows(KvType type, int32_t elems, const float* src, int64_t row
 cudaError_t ToHalf(const float* x, int64_t n, void* out, cudaStream_t stream);
 cudaError_t ToBf16(const float* x, int64_t n, void* out, cudaStream_t stream);
 
+// KV store by slot mapping of rows already encoded: token t's `heads` rows
+// (src: [tokens][heads] rows of row_bytes) go to slot slots[t] = block *
+// block_len + offset of `plane` (head h's slab of block b at plane + h *
+// head_stride + b * slab_stride); a negative slot is skipped.
+cudaError_t ScatterRows(const int64_t* slots, int64_t tokens, int32_t heads, int64_t row_bytes, int32_t block_len,
+                        const void* src, void* plane, int64_t head_stride, int64_t slab_stride, cudaStream_t stream);
+
 // Byte moves: span i copies spans[i].bytes bytes from src + spans[i].from to
 // dst + spans[i].to, 16 bytes at a time where all three allow it. Spans of
 // one call must not overlap each other's destinations.

@@ -109,6 +109,7 @@ struct Engine::State {
   std::optional<ChatTemplate> chat;  // when the model has a template or one was named
   Status chat_error = Status::Ok();  // why there is none
   std::vector<int32_t> stop_tokens;
+  std::unique_ptr<Backend> device;    // EngineOptions::device's backend (null: the CPU); outlives the cache
   std::unique_ptr<KvCache> cache;
   std::unique_ptr<BlockTiers> tiers;  // outlives prefix, which calls it
   std::unique_ptr<AgreedTiers> agreed;  // sharded: what prefix calls, over tiers

@@ -142,6 +142,8 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
   eo.prefix_cache = sharing;
   eo.eviction = o.eviction;
   eo.threads = o.threads;
+  eo.device = o.device;
+  eo.exact_products = o.exact_products;
   eo.tiers = o.tiers;
   eo.kv_events = o.kv_events;
   {

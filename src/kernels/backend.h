@@ -9,7 +9,9 @@
 //
 // A device backend (the CUDA issue) implements the same calls over device
 // memory: pointers given to the math calls are then in that backend's
-// memory, and the block transfers are its host <-> device copies. What a
+// memory (but for the model's weights: matrices, norm weights and biases
+// may stay in host memory, which the backend copies once), and the block
+// transfers are its host <-> device copies. What a
 // device backend needs beyond this interface (weights uploaded once,
 // activation buffers of its own, streams) comes with it; the scheduler and
 // the model's order of operations do not change.
@@ -50,6 +52,38 @@ class Backend {
 
   // The KV pool's memory. Errors: a size <= 0, the device refusing it.
   virtual Result<std::unique_ptr<KvArena>> AllocateArena(const KvArenaOptions& options) const = 0;
+
+  // Whether the arena and the pointers the math calls take are host memory
+  // a caller may read and write directly (the CPU backend). A device
+  // backend's are not: what crosses to the host goes through ToHost, rows
+  // into the arena through StoreKvRows, blocks through BlockToHost /
+  // HostToBlock.
+  virtual bool host_memory() const { return true; }
+  // Whether this backend reads and writes a cache laid out by `layout`: an
+  // Unimplemented error naming the format or kind it does not, and the fix.
+  virtual Status CheckLayout(const KvLayout& /*layout*/) const { return Status::Ok(); }
+
+  // Waits for the work the calls so far enqueued and returns the first
+  // error any of them recorded since the last Finish (the void calls of a
+  // device backend cannot return theirs); the CPU backend's calls finish
+  // before they return and record nothing.
+  virtual Status Finish() const { return Status::Ok(); }
+
+  // KV store by slot mapping: token i's rows of `layer` (k: [tokens][heads]
+  // rows of layout.row_bytes(layer) bytes each, in this backend's memory; v
+  // the same, null for an MLA latent cache) go to slot slots[i] = block *
+  // block_len + offset of `layout`'s blocks; a negative slot is skipped
+  // (another context slice's token). Not for INT4 KIVI layers.
+  virtual void StoreKvRows(const KvLayout& layout, std::byte* arena, int32_t layer, std::span<const int64_t> slots,
+                           const std::byte* k, const std::byte* v) const = 0;
+  // `bytes` bytes of this backend's memory to host memory; returns when
+  // they are there.
+  virtual void ToHost(const void* src, size_t bytes, void* dst) const = 0;
+  // Scratch in this backend's memory for the calling thread, reused from
+  // call to call: slot `slot` of pool `pool`, at least `bytes` bytes,
+  // contents undefined. Valid until the same thread asks for the same slot
+  // again with more bytes.
+  virtual std::span<std::byte> Scratch(int pool, size_t slot, size_t bytes) const = 0;
 
   // Block moves inside an arena laid out by `layout`.
   virtual void CopyBlocks(const KvLayout& layout, std::byte* arena, std::span<const BlockCopy> copies) const = 0;

@@ -1,5 +1,6 @@
 // CpuBackend (kernels/backend.h): the dispatched kernels over an mmap'd arena.
 #include <cstring>
+#include <vector>
 
 #include "kernels/backend.h"
 
@@ -26,6 +27,39 @@ class Cpu final : public Backend {
 
   Result<std::unique_ptr<KvArena>> AllocateArena(const KvArenaOptions& options) const override {
     return KvArena::Create(options);
+  }
+
+  void StoreKvRows(const KvLayout& layout, std::byte* arena, int32_t layer, std::span<const int64_t> slots,
+                   const std::byte* k, const std::byte* v) const override {
+    const int64_t row = layout.row_bytes(layer), heads = layout.num_heads(), bl = layout.block_len();
+    const std::byte* planes[2] = {k, v};
+    for (int32_t p = 0; p < layout.num_planes(); ++p) {
+      for (size_t i = 0; i < slots.size(); ++i) {
+        if (slots[i] < 0) continue;
+        const int64_t b = slots[i] / bl;
+        const auto slot = static_cast<int32_t>(slots[i] % bl);
+        const std::byte* src = planes[p] + static_cast<int64_t>(i) * heads * row;
+        for (int32_t h = 0; h < heads; ++h) {
+          std::memcpy(arena + layout.RowOffset(layer, p, h, b, slot), src + h * row, static_cast<size_t>(row));
+        }
+      }
+    }
+  }
+
+  void ToHost(const void* src, size_t bytes, void* dst) const override {
+    if (bytes > 0) std::memcpy(dst, src, bytes);
+  }
+
+  std::span<std::byte> Scratch(int pool, size_t slot, size_t bytes) const override {
+    // Per thread: a long step's buffers are tens of MiB, which allocated
+    // fresh every step cost page faults and zero-filling.
+    thread_local std::vector<std::vector<std::vector<std::byte>>> pools;
+    const auto p = static_cast<size_t>(pool);
+    if (pools.size() <= p) pools.resize(p + 1);
+    std::vector<std::vector<std::byte>>& slots = pools[p];
+    if (slots.size() <= slot) slots.resize(slot + 1);
+    if (slots[slot].size() < bytes) slots[slot].resize(bytes);
+    return {slots[slot].data(), bytes};
   }
 
   void CopyBlocks(const KvLayout& layout, std::byte* arena, std::span<const BlockCopy> copies) const override {

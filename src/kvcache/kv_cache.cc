@@ -78,6 +78,7 @@ Result<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& options) 
     }
   }
   const Backend& backend = options.backend != nullptr ? *options.backend : CpuBackend();
+  PAGEKV_RETURN_IF_ERROR(backend.CheckLayout(arena_layout));
   PAGEKV_ASSIGN_OR_RETURN(auto arena, backend.AllocateArena({.size_bytes = arena_layout.total_bytes(),
                                                              .huge_pages = options.huge_pages,
                                                              .prefault = options.prefault}));
@@ -147,6 +148,11 @@ Result<AppendNeed> KvCache::BlocksNeeded(SeqId id, int64_t n) const {
 
 Result<bool> KvCache::Append(SeqId id, const KvTokens& tokens) {
   const bool per_head = layout_.num_planes() == 2;
+  if (!state_->backend.host_memory() && tokens.num_tokens > 0) {
+    return FailedPreconditionError("append: the arena is in " + state_->backend.name() +
+                                   " memory, where host rows are not copied token by token: a device cache is "
+                                   "written by the model's steps (WriteLayer) and moved by block (WriteBlock, ReadBlock)");
+  }
   if (tokens.num_tokens > 0) {
     if (tokens.k == nullptr) return InvalidArgumentError("append: k is null");
     if (per_head && tokens.v == nullptr) return InvalidArgumentError("append: v is null");
@@ -256,19 +262,18 @@ Status KvCache::WriteLayer(SeqId id, int32_t layer, int64_t pos, const KvTokens&
                     static_cast<const std::byte*>(rows.k), static_cast<const std::byte*>(rows.v), heads * row);
     return Status::Ok();
   }
-  const void* planes[2] = {rows.k, rows.v};
-  for (int32_t p = 0; p < layout_.num_planes(); ++p) {
-    const auto* src = static_cast<const std::byte*>(planes[p]);
-    for (int64_t i = 0; i < rows.num_tokens; ++i) {
-      int64_t b;
-      int32_t slot;
-      if (!Locate(t.blocks, pos + i, b, slot)) continue;  // another context slice's token
-      for (int32_t h = 0; h < heads; ++h) {
-        std::memcpy(base + arena_layout_.RowOffset(layer, p, h, b, slot), src + (i * heads + h) * row,
-                    static_cast<size_t>(row));
-      }
-    }
+  // Slot mapping (the arena's blocks and slots; -1: another context
+  // slice's token), then the backend stores the rows where its arena is.
+  std::vector<int64_t>& slots = state_->slots;
+  slots.resize(static_cast<size_t>(rows.num_tokens));
+  const int64_t arena_bl = arena_layout_.block_len();
+  for (int64_t i = 0; i < rows.num_tokens; ++i) {
+    int64_t b;
+    int32_t slot;
+    slots[static_cast<size_t>(i)] = Locate(t.blocks, pos + i, b, slot) ? b * arena_bl + slot : -1;
   }
+  state_->backend.StoreKvRows(arena_layout_, base, layer, slots, static_cast<const std::byte*>(rows.k),
+                              static_cast<const std::byte*>(rows.v));
   return Status::Ok();
 }
 
@@ -646,6 +651,10 @@ const Backend& KvCache::backend() const { return state_->backend; }
 Status KvCache::Read(SeqId id, int64_t begin, const KvTokensOut& out) const {
   auto it = state_->sequences.find(ToInt(id));
   if (it == state_->sequences.end()) return NotFoundError("read: " + SeqName(id) + " does not exist");
+  if (!state_->backend.host_memory() && out.num_tokens > 0) {
+    return FailedPreconditionError("read: the arena is in " + state_->backend.name() +
+                                   " memory, where rows are not read token by token: read whole blocks (ReadBlock)");
+  }
   const Sequence& s = it->second;
   if (begin < 0 || out.num_tokens < 0 || begin > s.num_tokens || out.num_tokens > s.num_tokens - begin) {
     return OutOfRangeError("read: tokens [" + std::to_string(begin) + ", +" +

@@ -39,6 +39,10 @@ std::vector<std::pair<int32_t, int32_t>> CompactionMoves(std::span<const int32_t
 Status KvCache::Compact(SeqId id, std::span<const int32_t> keep, int64_t keep_count) {
   auto it = state_->sequences.find(ToInt(id));
   if (it == state_->sequences.end()) return NotFoundError("compact: " + SeqName(id) + " does not exist");
+  if (!state_->backend.host_memory()) {
+    return FailedPreconditionError("compact: token eviction rewrites rows in place on the host; the arena is in " +
+                                   state_->backend.name() + " memory: run eviction on the CPU backend");
+  }
   Sequence& s = it->second;
   if (keep_count < 0 || keep_count > s.num_tokens) {
     return OutOfRangeError("compact: keep_count " + std::to_string(keep_count) + " of " + SeqName(id) +

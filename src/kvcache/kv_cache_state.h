@@ -40,6 +40,7 @@ struct KvCache::State {
   std::unordered_map<int64_t, Sequence> sequences;  // by SeqId value; ids never reused
   int64_t next_seq_id = 0;
   std::vector<BlockId> scratch;  // reused by Append so the hot path does not allocate
+  std::vector<int64_t> slots;    // WriteLayer's slot mapping, reused likewise
   int64_t copies_on_write = 0;   // shared partly filled blocks copied by Reserve
   std::function<void(const std::string&)> leak_sink;
   std::function<void(const SequenceCut&)> on_cut;

@@ -422,6 +422,10 @@ Status DeepseekModel::Compute(std::span<const StepItem> items, StepKv& kv, const
   const KvLayout& layout = kv.layout();
   const CacheConfig& cc = layout.config();
   const Backend& be = options.backend != nullptr ? *options.backend : CpuBackend();
+  if (!be.host_memory()) {
+    return UnimplementedError("the deepseek2 runner runs on the CPU backend only (its device forward pass is not built yet): drop --device " +
+                              be.name());
+  }
   const int64_t T = batch.rows;
   const int64_t d = c.dim, H = c.num_heads, nope = c.qk_nope_dim, rope = c.qk_rope_dim, rank = c.kv_lora_rank;
   const int64_t vdim = c.v_head_dim, qk = c.head_dim, lat = rank + rope;

@@ -208,6 +208,10 @@ Status GemmaModel::Compute(std::span<const StepItem> items, StepKv& kv, const Ba
   const KvLayout& layout = kv.layout();
   const CacheConfig& cc = layout.config();
   const Backend& be = options.backend != nullptr ? *options.backend : CpuBackend();
+  if (!be.host_memory()) {
+    return UnimplementedError("the gemma3 runner runs on the CPU backend only (its device forward pass is not built yet): drop --device " +
+                              be.name());
+  }
   const int64_t T = batch.rows;
   const int32_t d = c.dim, hd = c.hidden_dim, head = c.head_dim;
   const int32_t q_dim = c.num_heads * head, kv_dim = c.num_kv_heads * head;

@@ -364,6 +364,10 @@ Status LlamaModel::Compute(std::span<const StepItem> items, StepKv& kv, const Ba
   // part, merged with the others' by their log-sum-exps.
   Communicator* const cp = parallel_.context_size() > 1 ? parallel_.context.get() : nullptr;
   const int stage = pp != nullptr ? pp->rank() : 0, stages = pp != nullptr ? pp->size() : 1;
+  if (!be.host_memory() && (tp != nullptr || pp != nullptr || cp != nullptr)) {
+    return UnimplementedError("a model split over processes (--tp, --pp, --cp) runs on the CPU backend only: drop --device " +
+                              be.name());
+  }
   double* communication_time = options.timings != nullptr ? &options.timings->communication : nullptr;
   auto all_reduce = [&](float* rows, int64_t n) {
     Stopwatch watch(communication_time);
@@ -372,15 +376,15 @@ Status LlamaModel::Compute(std::span<const StepItem> items, StepKv& kv, const Ba
   double* matmul_time = options.timings != nullptr ? &options.timings->matmul : nullptr;
   double* attention_time = options.timings != nullptr ? &options.timings->attention : nullptr;
   size_t slot = 0;
-  auto rows = [&slot](int64_t n, int64_t width) { return Scratch<float>(slot++, static_cast<size_t>(n * width)); };
+  auto rows = [&slot, &be](int64_t n, int64_t width) { return Scratch<float>(be, slot++, static_cast<size_t>(n * width)); };
   const std::span<float> x = rows(T, d), xb = rows(T, d), q = rows(T, q_dim), att = rows(T, q_dim), tmp = rows(T, d),
                          k = rows(T, kv_dim), v = rows(T, kv_dim), h1 = rows(T, hd), h2 = rows(T, hd);
   // Bytes of one token's K (or V) rows over all KV heads, as the cache
   // stores them: the buffers fit the widest layer; each layer uses its own.
   int64_t widest_row = 0;
   for (int32_t l = 0; l < num_layers; ++l) widest_row = std::max(widest_row, layout.row_bytes(l));
-  const std::span<std::byte> k_rows = Scratch<std::byte>(0, static_cast<size_t>(T * widest_row * kv_heads)),
-                             v_rows = Scratch<std::byte>(1, k_rows.size());
+  const std::span<std::byte> k_rows = Scratch<std::byte>(be, 0, static_cast<size_t>(T * widest_row * kv_heads)),
+                             v_rows = Scratch<std::byte>(be, 1, k_rows.size());
   auto matmul = [&](const Matrix& w, const float* in, int64_t n, float* out) {
     Stopwatch watch(matmul_time);
     return be.MatMul(w, in, n, out, options.threads, options.activations);
@@ -427,11 +431,21 @@ Status LlamaModel::Compute(std::span<const StepItem> items, StepKv& kv, const Ba
     }
     return Status::Ok();
   };
-  if (stage == 0) Embed(items, batch, be, x.data());
   auto for_rows = [&options](int64_t n, const auto& fn) { ForRows(n, options.threads, fn); };
   // Rotary tables per row, shared by every layer (kernels/ops.h).
   const int32_t rope_dims = c.rope_dims;
   const std::span<float> rope_cos = rows(T, rope_dims), rope_sin = rows(T, rope_dims);
+  // A device backend that could not allocate its activations returns empty
+  // scratch (and records why).
+  for (const std::span<float> buf : {x, xb, q, att, tmp, k, v, h1, h2, rope_cos, rope_sin}) {
+    if (buf.data() == nullptr && !buf.empty()) {
+      return ResourceExhaustedError("no " + be.name() + " memory for this step's activations: lower --max-step-tokens");
+    }
+  }
+  if (k_rows.data() == nullptr || v_rows.data() == nullptr) {
+    return ResourceExhaustedError("no " + be.name() + " memory for this step's K / V rows: lower --max-step-tokens");
+  }
+  if (stage == 0) Embed(items, batch, be, x.data());
   for_rows(T, [&](int64_t t0, int64_t t1) {
     be.RopeTables(*rope_, std::span<const int64_t>(batch.pos).subspan(static_cast<size_t>(t0), static_cast<size_t>(t1 - t0)),
                   &rope_cos[static_cast<size_t>(t0 * rope_dims)], &rope_sin[static_cast<size_t>(t0 * rope_dims)]);
@@ -448,7 +462,7 @@ Status LlamaModel::Compute(std::span<const StepItem> items, StepKv& kv, const Ba
   // rank's [outputs | log-sum-exps] gathered.
   const std::span<float> lse = cp != nullptr ? rows(T, q_heads) : std::span<float>();
   const int64_t part_floats = T * (q_dim + q_heads);
-  const std::span<float> parts = cp != nullptr ? Scratch<float>(slot++, static_cast<size_t>(part_floats * (cp->size() + 1)))
+  const std::span<float> parts = cp != nullptr ? Scratch<float>(be, slot++, static_cast<size_t>(part_floats * (cp->size() + 1)))
                                                : std::span<float>();
   auto merge_attention = [&](float* attr, int64_t r0, int64_t n) -> Status {
     Stopwatch watch(communication_time);

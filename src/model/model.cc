@@ -154,7 +154,10 @@ Status Model::Forward(std::span<const StepItem> items, StepKv& kv, const Forward
     batch.rows += n;
   }
   if (items.empty()) return Status::Ok();
-  return Compute(items, kv, batch, options);
+  const Status computed = Compute(items, kv, batch, options);
+  // A device backend's void calls record their errors: the step fails on them too.
+  const Status finished = (options.backend != nullptr ? *options.backend : CpuBackend()).Finish();
+  return computed.ok() ? finished : computed;
 }
 
 void Model::Embed(std::span<const StepItem> items, const Batch& batch, const Backend& be, float* x) const {
@@ -180,21 +183,23 @@ Status Model::Logits(std::span<const StepItem> items, const Batch& batch, const 
   for (int64_t r = 0; r < W; ++r) {
     be.RmsNormRows(x + wanted[static_cast<size_t>(r)] * c.dim, final_norm_, 1, c.dim, c.norm_eps, xb + r * c.dim);
   }
-  const std::span<float> logits = model_internal::Scratch<float>(kLogitsSlot, static_cast<size_t>(W * c.vocab_size));
+  // In the backend's memory; each item's rows then cross to its host buffer.
+  const std::span<float> logits = model_internal::Scratch<float>(be, kLogitsSlot, static_cast<size_t>(W * c.vocab_size));
+  if (logits.data() == nullptr) return ResourceExhaustedError("no " + be.name() + " memory for this step's logits");
   {
     model_internal::Stopwatch watch(options.timings != nullptr ? &options.timings->matmul : nullptr);
     PAGEKV_RETURN_IF_ERROR(be.MatMul(classifier_, xb, W, logits.data(), options.threads, options.activations));
   }
-  if (c.final_softcap > 0) {
-    const float cap = c.final_softcap;
-    for (float& z : logits) z = cap * std::tanh(z / cap);
-  }
   size_t r = 0;
   for (const StepItem& item : items) {
     if (item.logits == nullptr) continue;
-    const size_t n = item.all_logits ? item.tokens.size() : 1;
-    std::memcpy(item.logits, &logits[r * static_cast<size_t>(c.vocab_size)], n * static_cast<size_t>(c.vocab_size) * 4);
-    r += n;
+    const size_t n = (item.all_logits ? item.tokens.size() : 1) * static_cast<size_t>(c.vocab_size);
+    be.ToHost(&logits[r * static_cast<size_t>(c.vocab_size)], n * 4, item.logits);
+    if (c.final_softcap > 0) {
+      const float cap = c.final_softcap;
+      for (size_t i = 0; i < n; ++i) item.logits[i] = cap * std::tanh(item.logits[i] / cap);
+    }
+    r += n / static_cast<size_t>(c.vocab_size);
   }
   return Status::Ok();
 }

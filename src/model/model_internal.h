@@ -10,9 +10,11 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "base/thread_pool.h"
+#include "kernels/backend.h"
 #include "model/gguf_file.h"
 
 namespace pagekv::model_internal {
@@ -42,6 +44,17 @@ std::span<T> Scratch(size_t slot, size_t n) {
   if (pool.size() <= slot) pool.resize(slot + 1);
   if (pool[slot].size() < n) pool[slot].resize(n);
   return {pool[slot].data(), n};
+}
+
+// The same in the backend's memory (kernels/backend.h Backend::Scratch):
+// what a runner that also runs on a device backend takes its activations
+// from. Pools: 0 floats, 1 bytes.
+template <typename T>
+std::span<T> Scratch(const Backend& be, size_t slot, size_t n) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, std::byte>);
+  constexpr int kPool = std::is_same_v<T, float> ? 0 : 1;
+  const std::span<std::byte> b = be.Scratch(kPool, slot, n * sizeof(T));
+  return {reinterpret_cast<T*>(b.data()), n};
 }
 
 // Per-row work (norms, rotary, KV conversion, residuals, SiLU) of a long
