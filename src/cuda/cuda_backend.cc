@@ -91,7 +91,12 @@ struct CudaBackend::Impl {
   std::string name;
   bool bf16_products = false;
   int multiprocessors = 1;
-  cudaStream_t stream = nullptr;
+  cudaStream_t stream = nullptr;       // compute: every math call, in call order
+  cudaStream_t copy_stream = nullptr;  // block transfers (tier moves)
+  cudaEvent_t compute_done = nullptr;
+  mutable std::mutex copy_mu;          // one transfer at a time: the pinned staging
+  mutable void* pinned = nullptr;
+  mutable size_t pinned_size = 0;
   cublasHandle_t blas = nullptr;
   mutable std::mutex mu;  // the error, the weight cache, cuBLAS
   mutable Status error = Status::Ok();
@@ -106,7 +111,11 @@ struct CudaBackend::Impl {
     for (auto& [key, w] : weights) cudaFree(w.data);
     for (auto& [key, buf] : scratch) cudaFree(buf.first);
     for (auto& [key, vec] : vectors) cudaFree(vec.first);
+    if (copy_stream != nullptr) cudaStreamSynchronize(copy_stream);
+    cudaFreeHost(pinned);
     if (blas != nullptr) cublasDestroy(blas);
+    if (compute_done != nullptr) cudaEventDestroy(compute_done);
+    if (copy_stream != nullptr) cudaStreamDestroy(copy_stream);
     if (stream != nullptr) cudaStreamDestroy(stream);
   }
 
@@ -274,11 +283,41 @@ struct CudaBackend::Impl {
     return spans;
   }
 
-  cudaError_t Spans(const std::vector<cuda::SpanCopy>& spans, const void* src, void* dst) const {
+  cudaError_t Spans(const std::vector<cuda::SpanCopy>& spans, const void* src, void* dst, cudaStream_t on = nullptr) const {
     if (spans.empty()) return cudaSuccess;
-    Temp d(stream, spans.size() * sizeof(cuda::SpanCopy));
-    if (cudaError_t e = Upload(d, spans); e != cudaSuccess) return e;
-    return cuda::CopySpans(d.as<cuda::SpanCopy>(), static_cast<int64_t>(spans.size()), src, dst, stream);
+    if (on == nullptr) on = stream;
+    Temp d(on, spans.size() * sizeof(cuda::SpanCopy));
+    if (d.error() != cudaSuccess) return d.error();
+    cudaError_t e = cudaMemcpyAsync(d.as<void>(), spans.data(), spans.size() * sizeof(cuda::SpanCopy),
+                                    cudaMemcpyHostToDevice, on);
+    if (e != cudaSuccess) return e;
+    return cuda::CopySpans(d.as<cuda::SpanCopy>(), static_cast<int64_t>(spans.size()), src, dst, on);
+  }
+
+  // Block transfers run on the copy stream, beside the forward pass on the
+  // compute stream: each first waits for the compute work enqueued before
+  // it (what may still write or read the block), not for what comes after,
+  // and stages through pinned host memory so its DMA is asynchronous. The
+  // call returns when its bytes are in place (the callers' protocol: a
+  // loaded block is used only after its load returns).
+  std::byte* Pinned(size_t bytes) const {
+    if (pinned_size < bytes) {
+      cudaFreeHost(pinned);
+      pinned = nullptr;
+      pinned_size = 0;
+      if (cudaMallocHost(&pinned, bytes) != cudaSuccess) {
+        cudaGetLastError();
+        pinned = nullptr;
+        return nullptr;
+      }
+      pinned_size = bytes;
+    }
+    return static_cast<std::byte*>(pinned);
+  }
+  cudaError_t AfterCompute() const {
+    cudaError_t e = cudaEventRecord(compute_done, stream);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(copy_stream, compute_done, 0);
+    return e;
   }
 
   struct LayerView {
@@ -367,6 +406,12 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const CudaBackendOption
   impl->multiprocessors = std::max(1, prop.multiProcessorCount);
   if (cudaError_t e = cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking); e != cudaSuccess) {
     return UnavailableError("CUDA: creating a stream: " + CudaMessage(e));
+  }
+  if (cudaError_t e = cudaStreamCreateWithFlags(&impl->copy_stream, cudaStreamNonBlocking); e != cudaSuccess) {
+    return UnavailableError("CUDA: creating a stream: " + CudaMessage(e));
+  }
+  if (cudaError_t e = cudaEventCreateWithFlags(&impl->compute_done, cudaEventDisableTiming); e != cudaSuccess) {
+    return UnavailableError("CUDA: creating an event: " + CudaMessage(e));
   }
   if (cublasStatus_t s = cublasCreate(&impl->blas); s != CUBLAS_STATUS_SUCCESS) {
     return UnavailableError(std::string("cuBLAS: ") + cublasGetStatusString(s));
@@ -501,23 +546,36 @@ void CudaBackend::CopyBlocks(const KvLayout& layout, std::byte* arena, std::span
 void CudaBackend::BlockToHost(const KvLayout& layout, const std::byte* arena, BlockId block,
                               std::span<std::byte> host) const {
   impl_->Enter();
-  Temp staging(impl_->stream, host.size());
-  if (staging.error() != cudaSuccess) return impl_->Note(staging.error(), "block to host");
-  cudaError_t e = impl_->Spans(Impl::BlockSpans(layout, ToInt(block)), arena, staging.as<void>());
-  if (e == cudaSuccess) e = cudaMemcpyAsync(host.data(), staging.as<void>(), host.size(), cudaMemcpyDeviceToHost, impl_->stream);
-  if (e == cudaSuccess) e = cudaStreamSynchronize(impl_->stream);
+  std::lock_guard lock(impl_->copy_mu);
+  const cudaStream_t copy = impl_->copy_stream;
+  std::byte* pinned = impl_->Pinned(host.size());
+  Temp staging(copy, host.size());
+  cudaError_t e = pinned == nullptr ? cudaErrorMemoryAllocation : staging.error();
+  if (e == cudaSuccess) e = impl_->AfterCompute();
+  if (e == cudaSuccess) e = impl_->Spans(Impl::BlockSpans(layout, ToInt(block)), arena, staging.as<void>(), copy);
+  if (e == cudaSuccess) e = cudaMemcpyAsync(pinned, staging.as<void>(), host.size(), cudaMemcpyDeviceToHost, copy);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(copy);
+  if (e == cudaSuccess) std::memcpy(host.data(), pinned, host.size());
   impl_->Note(e, "block to host");
 }
 
 void CudaBackend::HostToBlock(const KvLayout& layout, std::byte* arena, BlockId block,
                               std::span<const std::byte> host) const {
   impl_->Enter();
-  Temp staging(impl_->stream, host.size());
-  if (staging.error() != cudaSuccess) return impl_->Note(staging.error(), "host to block");
+  std::lock_guard lock(impl_->copy_mu);
+  const cudaStream_t copy = impl_->copy_stream;
+  std::byte* pinned = impl_->Pinned(host.size());
+  Temp staging(copy, host.size());
   std::vector<cuda::SpanCopy> spans = Impl::BlockSpans(layout, ToInt(block));
   for (cuda::SpanCopy& s : spans) std::swap(s.from, s.to);
-  cudaError_t e = cudaMemcpyAsync(staging.as<void>(), host.data(), host.size(), cudaMemcpyHostToDevice, impl_->stream);
-  if (e == cudaSuccess) e = impl_->Spans(spans, staging.as<void>(), arena);
+  cudaError_t e = pinned == nullptr ? cudaErrorMemoryAllocation : staging.error();
+  if (e == cudaSuccess) {
+    std::memcpy(pinned, host.data(), host.size());
+    e = impl_->AfterCompute();
+  }
+  if (e == cudaSuccess) e = cudaMemcpyAsync(staging.as<void>(), pinned, host.size(), cudaMemcpyHostToDevice, copy);
+  if (e == cudaSuccess) e = impl_->Spans(spans, staging.as<void>(), arena, copy);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(copy);
   impl_->Note(e, "host to block");
 }
 

@@ -21,7 +21,11 @@
 // Weights may be host memory (the model's mapped file): weight matrices,
 // RMSNorm weights and biases are uploaded on first use and kept, keyed by
 // their host address; every other pointer is device memory.
-// Block transfers to and from the host return when the bytes are there.
+// Block transfers to and from the host (the tiers' moves) run on a second,
+// copy stream through pinned staging: each waits for the compute work
+// enqueued before it, not for what is enqueued after, so a mover thread's
+// transfers overlap the forward pass; each returns when its bytes are in
+// place.
 // Not on the device (an Unimplemented error naming the fix, from
 // CheckLayout when a cache is made): INT4 KIVI layers, Hadamard-rotated
 // rows, MLA latent caches, head_dim over 256, more than 16 query heads per
@@ -32,8 +36,9 @@
 // Errors: the calls that return a Status return their own and any earlier
 // call's recorded error; the void calls record theirs for the next
 // Status-returning call or Finish(). Thread safety: calls may come
-// from any thread (the model's row loops); they are ordered on the one
-// stream in the order they are made. Weights are cached by their host
+// from any thread (the model's row loops); the math calls are ordered on
+// the compute stream in the order they are made, block transfers as above.
+// Weights are cached by their host
 // address: a backend serves one loaded model's weights (ForgetWeights()
 // before another is loaded at the same addresses).
 #pragma once

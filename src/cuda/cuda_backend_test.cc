@@ -10,11 +10,13 @@
 #include "cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <numeric>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -440,6 +442,53 @@ TEST_F(CudaBackendTest, PartialTablesGiveTheCpuOutputsAndLogSumExps) {
   ASSERT_TRUE(gpu_->DecodeAttention({&a.layout, a.arenas.device->data(), 0}, seqs, Up(q), out, o).ok());
   EXPECT_LE(WorstError(Down(out, n), want), 2e-5);
   EXPECT_LE(WorstError(Down(lse, want_lse.size()), want_lse), 2e-6);
+}
+
+// Tier moves run on the copy stream while attention runs on the compute
+// stream: a thread moving blocks in and out (the tiers' mover) beside
+// another running decode attention over other blocks; both stay exact.
+TEST_F(CudaBackendTest, BlockTransfersBesideAttentionStayExact) {
+  const int32_t q_heads = 8, kv_heads = 2, d = 128, bl = 16;
+  const std::vector<int64_t> lens = {300, 200};
+  AttentionSetup a = MakeAttention(*gpu_, KvFormat::Plain(DType::kF16), q_heads, kv_heads, d, bl, lens, 5);
+  // The blocks no table names: the mover's.
+  std::vector<bool> used(static_cast<size_t>(a.layout.num_blocks()), false);
+  for (const auto& t : a.tables)
+    for (BlockId b : t) used[static_cast<size_t>(ToInt(b))] = true;
+  std::vector<int32_t> spare;
+  for (size_t b = 0; b < used.size(); ++b) {
+    if (!used[b]) spare.push_back(static_cast<int32_t>(b));
+  }
+  ASSERT_FALSE(spare.empty());
+  std::vector<DecodeSeq> seqs;
+  for (size_t i = 0; i < lens.size(); ++i) seqs.push_back({a.tables[i], lens[i]});
+  const size_t n = lens.size() * static_cast<size_t>(q_heads * d);
+  const std::vector<float> q = Random(n, 3);
+  std::vector<float> want(n);
+  ASSERT_TRUE(CpuBackend().DecodeAttention({&a.layout, a.arenas.host->data(), 0}, seqs, q.data(), want.data(), {}).ok());
+  const float* dq = Up(q);
+  float* out = Poisoned(n);
+  std::atomic<int> moved_wrong{0};
+  std::thread mover([&] {
+    std::mt19937 rng(9);
+    std::vector<std::byte> payload(static_cast<size_t>(PayloadBytes(a.layout))), back(payload.size());
+    for (int i = 0; i < 200; ++i) {
+      for (auto& x : payload) x = static_cast<std::byte>(rng());
+      const BlockId b{spare[static_cast<size_t>(i) % spare.size()]};
+      gpu_->HostToBlock(a.layout, a.arenas.device->data(), b, payload);
+      gpu_->BlockToHost(a.layout, a.arenas.device->data(), b, back);
+      if (back != payload) ++moved_wrong;
+    }
+  });
+  int wrong = 0;
+  for (int i = 0; i < 200; ++i) {
+    ASSERT_TRUE(gpu_->DecodeAttention({&a.layout, a.arenas.device->data(), 0}, seqs, dq, out, {}).ok());
+    if (WorstError(Down(out, n), want) > 2e-5) ++wrong;
+  }
+  mover.join();
+  EXPECT_EQ(wrong, 0);
+  EXPECT_EQ(moved_wrong.load(), 0);
+  EXPECT_TRUE(gpu_->Finish().ok());
 }
 
 TEST_F(CudaBackendTest, WhatTheDeviceDoesNotDoIsRefusedWithTheFix) {
