@@ -8,7 +8,8 @@
 # the project's dependencies are installed, the CUDA backend's tests and
 # generation on the device. Output under $OUT (default build/cuda-check):
 # build.log, test.log (decode and prefill), store-test.log, bench.log,
-# peer.log, full-*.log, backend-test.log, device-generate.log.
+# peer.log, full-*.log, backend-test.log, device-generate.log,
+# bench-attention.txt.
 set -u
 OUT=${OUT:-build/cuda-check}
 mkdir -p "$OUT"
@@ -45,12 +46,19 @@ fi
 # those tests too; where it does not, say so.
 if cmake -S . -B build/cuda-full -G Ninja -DCMAKE_BUILD_TYPE=Release -DPAGEKV_CUDA=ON -DPAGEKV_BUILD_BENCHMARKS=OFF \
     -DCMAKE_CUDA_ARCHITECTURES=90-real > "$OUT/full-config.log" 2>&1 &&
-    timeout 420 cmake --build build/cuda-full --target pagekv_cuda_backend_test pagekv_engine_test > "$OUT/full-build.log" 2>&1; then
+    timeout 420 cmake --build build/cuda-full --target pagekv_cuda_backend_test pagekv_engine_test pagekv_cli \
+      > "$OUT/full-build.log" 2>&1; then
   build/cuda-full/src/cuda/pagekv_cuda_backend_test > "$OUT/backend-test.log" 2>&1; backend_rc=$?
   echo "backend test exit $backend_rc"; tail -5 "$OUT/backend-test.log"
   build/cuda-full/src/engine/pagekv_engine_test --gtest_filter='DeviceGenerateTest.*:GpuGenerateTest.*' \
     > "$OUT/device-generate.log" 2>&1; generate_rc=$?
   echo "device generate tests exit $generate_rc"; tail -8 "$OUT/device-generate.log"
+  # The paged decode grid through the backend, against the device's read
+  # bandwidth measured in the same run (rows as `pagekv bench attention`'s).
+  timeout 240 build/cuda-full/bin/pagekv bench attention --device cuda --no-scalar --peer-layout head-major \
+    --batch 8,32 --ctx 4096,16384 --heads 32/32,32/8,64/8 --dtype f16,bf16,int8 --block-len 16,128 \
+    > "$OUT/bench-attention.txt" 2>&1; echo "bench attention --device cuda exit $?"
+  tail -40 "$OUT/bench-attention.txt"
   [ $test_rc -eq 0 ] && test_rc=$backend_rc
   [ $test_rc -eq 0 ] && test_rc=$generate_rc
 else

@@ -127,7 +127,20 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"plan --preset llama3-8b --budget 1KiB", "smaller than one block"},
         BadCase{"plan --preset llama3-8b --max-blocks 4 --frobnicate", "frobnicate"},
         BadCase{"plan --preset llama3-8b --max-blocks many", "many"},
-        BadCase{"nosuchcommand", "nosuchcommand"}));
+        BadCase{"nosuchcommand", "nosuchcommand"},
+        BadCase{"bench attention --quick --device tpu", "is not one of cpu, cuda, cuda:N"},
+        BadCase{"generate --model ../shared/models/stories260K/stories260K.gguf --prompt Hi --device cuda:x",
+                "is not one of cpu, cuda, cuda:N"}));
+
+// A device that is not there (no GPU, or a build without CUDA): exit 2 and
+// one line naming the fix; where a GPU runs it, there is nothing to refuse.
+TEST(CliDeviceTest, AMissingGpuIsOneLineNamingTheFix) {
+  RunResult r = RunCli("bench attention --quick --device cuda --batch 1 --ctx 64 --heads 8/2 --dtype f16");
+  if (r.exit_code == 0) GTEST_SKIP() << "a GPU runs --device cuda here";
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("--device cpu"), std::string::npos) << r.out;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << "one-line error expected: " << r.out;
+}
 
 TEST(CliDemoTest, RunsCleanAndReportsNoLeaks) {
   RunResult r = RunCli("demo --sequences 40 --blocks 512 --max-len 512");

@@ -28,11 +28,13 @@ struct BenchArgs {
   std::vector<std::string> heads, dtypes;
   std::string peer_layout;
   bool mla = false;
+  std::string device = "cpu";
 };
 
 nlohmann::ordered_json ToJson(const AttentionBenchReport& r) {
   nlohmann::ordered_json j;
   j["machine"] = MachineJson();
+  j["device"] = r.device;
   j["simd_target"] = r.simd_target;
   j["threads"] = r.threads;
   j["stream_read_gbps"] = r.stream_read_gbps;
@@ -137,6 +139,7 @@ int RunBench(const BenchArgs& a) {
   }
   o.peer_head_major = a.peer_layout == "head-major";
   o.mla = a.mla;
+  o.device = a.device;
   if (a.mla) {
     for (const auto& [q, kv] : o.heads) {
       if (kv != 1) {
@@ -145,25 +148,42 @@ int RunBench(const BenchArgs& a) {
       }
     }
   }
-  if (!a.json) {
+  // The header with the first row, so that a run that cannot start (no
+  // such device) prints its one-line error alone.
+  bool header_printed = false;
+  auto print_header = [&] {
+    if (header_printed || a.json) return;
+    header_printed = true;
     PrintMachine();
     std::printf(a.mla ? "decode MLA attention, DeepSeek-V3 latent rows (rank 512 + rope 64), block tables shuffled; "
                         "ratios against ceilings measured now\n"
                       : "decode attention, head_dim 128, block tables shuffled; ratios against ceilings measured now\n");
     std::printf("%5s %6s %8s %5s %5s %3s %10s %7s %7s %9s %-8s %8s %10s\n", "batch", "ctx", "q/kv", "block", "dtype",
                 "thr", "ms/call", "GB/s", "stream", "roofline", "bound", "vs scalar", "head-major");
-    o.on_result = PrintRow;
+  };
+  if (!a.json) {
+    o.on_result = [&](const AttentionBenchResult& row) {
+      print_header();
+      PrintRow(row);
+    };
   }
   Result<AttentionBenchReport> r = RunAttentionBench(o);
   if (!r.ok()) {
     std::fprintf(stderr, "error: %s\n", r.status().message().c_str());
-    return kExitFailed;
+    const StatusCode c = r.status().code();
+    return c == StatusCode::kInvalidArgument || c == StatusCode::kUnavailable ? kExitBadInput : kExitFailed;
   }
   if (a.json) {
     std::printf("%s\n", ToJson(*r).dump(2).c_str());
   } else {
-    std::printf("ceilings (%d threads, %s): stream read %.1f GB/s, fp32 FMA %.1f GFLOP/s\n", r->threads,
-                r->simd_target.c_str(), r->stream_read_gbps, r->fma_gflops);
+    print_header();
+    if (r->device != "cpu") {
+      std::printf("ceiling (%s): device read %.1f GB/s (a streaming read kernel; rows judged by memory)\n",
+                  r->device.c_str(), r->stream_read_gbps);
+    } else {
+      std::printf("ceilings (%d threads, %s): stream read %.1f GB/s, fp32 FMA %.1f GFLOP/s\n", r->threads,
+                  r->simd_target.c_str(), r->stream_read_gbps, r->fma_gflops);
+    }
     for (const std::string& why : r->skipped) std::printf("skipped: %s\n", why.c_str());
   }
   return kExitOk;
@@ -668,6 +688,9 @@ CLI::App* AddBenchCommand(CLI::App& app, int& exit_code) {
   attn->add_flag("--mla", args.mla,
                  "Multi-head latent attention on DeepSeek-V3's latent cache (128 query heads over one 512 + 64 row "
                  "per token; --heads Q/1 to change the heads)");
+  attn->add_option("--device", args.device,
+                   "cpu (default), or cuda / cuda:N: the same shapes in GPU memory through the CUDA backend, against "
+                   "the device's read bandwidth measured in the same run");
   attn->add_option("--peer-layout", args.peer_layout,
                    "Also time each shape on a contiguous cache: head-major (the same kernel, every (sequence, head) "
                    "one run); the column is its time over the paged one");

@@ -61,6 +61,7 @@ struct AttentionBenchResult {
 };
 
 struct AttentionBenchReport {
+  std::string device;       // "cpu", or the device backend's name ("cuda:0 (NVIDIA H200)")
   std::string simd_target;
   int threads = 0;
   double stream_read_gbps = 0;
@@ -96,10 +97,18 @@ struct AttentionBenchOptions {
   // token), and mla_total_seconds the whole absorbed attention with its
   // per-head W_UK / W_UV products (f32 weights).
   bool mla = false;
+  // Where the cache lives and the kernels run: "cpu", or "cuda" / "cuda:N"
+  // (EngineOptions::device): the same shapes in device memory through the
+  // CUDA backend, judged against the device's read bandwidth measured by a
+  // streaming read in the same run (no FMA ceiling: the rows' bound is
+  // memory; no scalar baseline; MLA and attention weights are skipped, as
+  // the device does not run them).
+  std::string device = "cpu";
 };
 
 // Runs the decode-attention grid. Errors: the OS refusing memory for a shape
-// (ResourceExhausted), which stops the run.
+// (ResourceExhausted), which stops the run; a device that is not there
+// (MakeDeviceBackend's errors).
 Result<AttentionBenchReport> RunAttentionBench(const AttentionBenchOptions& options);
 
 // `pagekv bench generate`: whole-model throughput on the paged cache. For

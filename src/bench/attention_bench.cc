@@ -17,6 +17,8 @@
 
 #include "base/checked_math.h"
 #include "base/thread_pool.h"
+#include "engine/forward_step.h"
+#include "kernels/backend.h"
 #include "kernels/machine_ceilings.h"
 #include "kernels/kv_arena.h"
 #include "layout/float16.h"
@@ -141,12 +143,22 @@ struct Ceilings {
 class CeilingProbe {
  public:
   CeilingProbe(int threads, int64_t bytes) : threads_(threads), stream_(kernels::StreamProbe::Create(bytes, threads)) {}
-  bool ok() const { return stream_ != nullptr; }
-  Ceilings Measure() const { return {stream_->MeasureGbps(), kernels::MeasureFmaGflops(threads_, 2)}; }
+  // A device's: its streaming read rate, no FMA ceiling (rows are judged by memory).
+  CeilingProbe(const Backend* device, int64_t bytes) : device_(device), device_bytes_(bytes) {}
+  bool ok() const { return device_ != nullptr || stream_ != nullptr; }
+  Ceilings Measure() const {
+    if (device_ != nullptr) {
+      Result<double> gbps = device_->DeviceReadGbps(device_bytes_);
+      return {gbps.ok() ? *gbps : 0.0, 0.0};
+    }
+    return {stream_->MeasureGbps(), kernels::MeasureFmaGflops(threads_, 2)};
+  }
 
  private:
-  int threads_;
+  int threads_ = 0;
   std::unique_ptr<kernels::StreamProbe> stream_;
+  const Backend* device_ = nullptr;
+  int64_t device_bytes_ = 0;
 };
 
 // DeepSeek-V3's latent attention: rank and rope per cached token, the
@@ -154,7 +166,11 @@ class CeilingProbe {
 constexpr int32_t kMlaRank = 512, kMlaRope = 64, kMlaNope = 128, kMlaV = 128;
 
 Result<AttentionBenchResult> RunShape(const Shape& s, const CeilingProbe& probe, bool quick, bool scalar_baseline,
-                                      bool weights, bool peer_head_major, bool mla) {
+                                      bool weights, bool peer_head_major, bool mla, const Backend* device) {
+  if (device != nullptr && (mla || weights)) {
+    return UnimplementedError(mla ? "MLA latent caches are not read on " + device->name()
+                                  : "attention weights are not computed on " + device->name());
+  }
   // Elements per cached row: a head's K or V, or MLA's latent row.
   const int32_t kHeadDim = mla ? kMlaRank + kMlaRope : 128;
   const int64_t blocks_per_seq = CeilDiv(s.ctx, s.block_len);
@@ -237,6 +253,20 @@ Result<AttentionBenchResult> RunShape(const Shape& s, const CeilingProbe& probe,
                   static_cast<size_t>(std::min(pattern_bytes, layout.total_bytes() - off)));
     }
   }
+  // A device: the same bytes in its arena (block by block, in payload
+  // order), q there too.
+  std::unique_ptr<KvArena> device_arena;
+  std::span<std::byte> device_q, device_out;
+  if (device != nullptr) {
+    PAGEKV_RETURN_IF_ERROR(device->CheckLayout(layout));
+    PAGEKV_ASSIGN_OR_RETURN(device_arena, device->AllocateArena({.size_bytes = layout.total_bytes()}));
+    std::vector<std::byte> payload(static_cast<size_t>(layout.bytes_per_block() - layout.padding_bytes_per_block()));
+    for (int64_t b = 0; b < layout.num_blocks(); ++b) {
+      CpuBackend().BlockToHost(layout, arena->data(), BlockId{static_cast<int32_t>(b)}, payload);
+      device->HostToBlock(layout, device_arena->data(), BlockId{static_cast<int32_t>(b)}, payload);
+    }
+    PAGEKV_RETURN_IF_ERROR(device->Finish());
+  }
   // Block tables: the pool's ids shuffled, as a fragmented pool hands them out.
   std::vector<BlockId> ids(static_cast<size_t>(c.num_blocks));
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = BlockId{static_cast<int32_t>(i)};
@@ -256,6 +286,13 @@ Result<AttentionBenchResult> RunShape(const Shape& s, const CeilingProbe& probe,
   std::vector<float> out(q.size());
   AttentionOptions opts;
   opts.num_threads = s.threads;
+  if (device != nullptr) {
+    device_q = device->Scratch(0, 0, q.size() * sizeof(float));
+    device_out = device->Scratch(0, 1, out.size() * sizeof(float));
+    if (device_q.empty() || device_out.empty()) return ResourceExhaustedError("no device memory for q and the output");
+    device->FromHost(q.data(), device_q.size(), device_q.data());
+    PAGEKV_RETURN_IF_ERROR(device->Finish());
+  }
 
   using Clock = std::chrono::steady_clock;
   const Ceilings before = probe.Measure();
@@ -266,9 +303,17 @@ Result<AttentionBenchResult> RunShape(const Shape& s, const CeilingProbe& probe,
     double total = 0;
     const int64_t min_calls = quick ? 3 : 5;
     for (int64_t call = 0; call < 1000 && (static_cast<int64_t>(times.size()) < min_calls || total < 0.3); ++call) {
-      const PagedKv kv{&layout, arena->data(), static_cast<int32_t>((call + 1) % c.num_layers)};
+      const PagedKv kv{&layout, device != nullptr ? device_arena->data() : arena->data(),
+                       static_cast<int32_t>((call + 1) % c.num_layers)};
       const auto t0 = Clock::now();
-      PAGEKV_RETURN_IF_ERROR(PagedDecodeAttention(kv, calls_seqs, q.data(), out.data(), opts));
+      if (device != nullptr) {
+        // The call and its completion (the tables' upload included).
+        PAGEKV_RETURN_IF_ERROR(device->DecodeAttention(kv, calls_seqs, reinterpret_cast<const float*>(device_q.data()),
+                                                       reinterpret_cast<float*>(device_out.data()), opts));
+        PAGEKV_RETURN_IF_ERROR(device->Finish());
+      } else {
+        PAGEKV_RETURN_IF_ERROR(PagedDecodeAttention(kv, calls_seqs, q.data(), out.data(), opts));
+      }
       const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
       if (call == 0) continue;  // warm-up: thread pool start, page walk caches
       times.push_back(dt);
@@ -343,7 +388,7 @@ Result<AttentionBenchResult> RunShape(const Shape& s, const CeilingProbe& probe,
   r.gbps = static_cast<double>(r.kv_bytes) / r.seconds_per_call / 1e9;
   r.ratio_to_stream = r.gbps / ceilings.stream_gbps;
   const double mem_floor = static_cast<double>(r.kv_bytes) / (ceilings.stream_gbps * 1e9);
-  const double fma_floor = r.flops / (ceilings.fma_gflops * 1e9);
+  const double fma_floor = ceilings.fma_gflops > 0 ? r.flops / (ceilings.fma_gflops * 1e9) : 0.0;
   r.floor_seconds = std::max(mem_floor, fma_floor);
   r.bound = mem_floor >= fma_floor ? "memory" : "compute";
   r.ratio_to_roofline = r.floor_seconds / r.seconds_per_call;
@@ -352,7 +397,7 @@ Result<AttentionBenchResult> RunShape(const Shape& s, const CeilingProbe& probe,
   r.mla = mla;
   r.mla_total_seconds = mla_total_seconds;
 
-  if (scalar_baseline && !scaled && !mla) {  // the scalar loop reads 16-bit values
+  if (scalar_baseline && !scaled && !mla && device == nullptr) {  // the scalar loop reads 16-bit values
     // The same values, contiguous per (sequence, head), read by a plain loop.
     const size_t n = static_cast<size_t>(s.batch * s.heads.kv_heads * s.ctx * kHeadDim);
     std::vector<uint16_t> k(n), v(n);
@@ -370,12 +415,15 @@ Result<AttentionBenchResult> RunShape(const Shape& s, const CeilingProbe& probe,
 
 Result<AttentionBenchReport> RunAttentionBench(const AttentionBenchOptions& options) {
   AttentionBenchReport report;
+  PAGEKV_ASSIGN_OR_RETURN(const std::unique_ptr<Backend> device, MakeDeviceBackend(options.device));
+  report.device = device != nullptr ? device->name() : "cpu";
   report.threads = options.num_threads > 0 ? options.num_threads : ThreadPool::Shared().num_threads();
-  report.simd_target = AttentionSimdTarget();
+  report.simd_target = device != nullptr ? "CUDA" : AttentionSimdTarget();
   const bool quick = options.set == BenchSet::kQuick;
-  // The stream buffer: many times the last-level cache (~32 MiB effective).
+  // The stream buffer: many times the last-level cache (~32 MiB effective;
+  // a GPU's L2, 50-60 MiB on Hopper, likewise).
   const int64_t probe_bytes = quick ? (int64_t{256} << 20) : (int64_t{1} << 30);
-  CeilingProbe all(report.threads, probe_bytes);
+  CeilingProbe all = device != nullptr ? CeilingProbe(device.get(), probe_bytes) : CeilingProbe(report.threads, probe_bytes);
   if (!all.ok()) return ResourceExhaustedError("could not map the bandwidth probe buffer");
   const Ceilings start = all.Measure();
   report.stream_read_gbps = start.stream_gbps;
@@ -383,6 +431,7 @@ Result<AttentionBenchReport> RunAttentionBench(const AttentionBenchOptions& opti
   // Rows with fewer threads are judged against ceilings of that many threads.
   std::unique_ptr<CeilingProbe> single;
   for (const Shape& s : Grid(options, report.threads)) {
+    if (device != nullptr && s.threads != report.threads) continue;  // threads are the host's
     if (s.threads != report.threads && single == nullptr) {
       single = std::make_unique<CeilingProbe>(s.threads, probe_bytes);
       if (!single->ok()) return ResourceExhaustedError("could not map the bandwidth probe buffer");
@@ -390,7 +439,7 @@ Result<AttentionBenchReport> RunAttentionBench(const AttentionBenchOptions& opti
     const CeilingProbe& probe = s.threads == report.threads ? all : *single;
     Result<AttentionBenchResult> r =
         RunShape(s, probe, quick, options.scalar_baseline, options.attention_weights, options.peer_head_major,
-                 options.mla);
+                 options.mla, device.get());
     if (!r.ok()) {
       const StatusCode code = r.status().code();
       if (code != StatusCode::kResourceExhausted && code != StatusCode::kUnimplemented) return r.status();

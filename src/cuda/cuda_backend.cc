@@ -467,6 +467,40 @@ void CudaBackend::ToHost(const void* src, size_t bytes, void* dst) const {
   impl_->Note(e, "to host");
 }
 
+void CudaBackend::FromHost(const void* src, size_t bytes, void* dst) const {
+  if (bytes == 0) return;
+  impl_->Enter();
+  impl_->Note(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, impl_->stream), "from host");
+}
+
+Result<double> CudaBackend::DeviceReadGbps(int64_t bytes) const {
+  if (bytes < (int64_t{1} << 20)) return InvalidArgumentError("read probe: give at least 1 MiB");
+  impl_->Enter();
+  const cudaStream_t stream = impl_->stream;
+  Temp buf(stream, static_cast<size_t>(bytes)), sink(stream, sizeof(float));
+  PAGEKV_RETURN_IF_ERROR(impl_->Check(buf.error(), "read probe buffer"));
+  PAGEKV_RETURN_IF_ERROR(impl_->Check(sink.error(), "read probe buffer"));
+  PAGEKV_RETURN_IF_ERROR(impl_->Check(cudaMemsetAsync(buf.as<void>(), 0, static_cast<size_t>(bytes), stream), "read probe"));
+  cudaEvent_t start = nullptr, stop = nullptr;
+  PAGEKV_RETURN_IF_ERROR(impl_->Check(cudaEventCreate(&start), "read probe events"));
+  PAGEKV_RETURN_IF_ERROR(impl_->Check(cudaEventCreate(&stop), "read probe events"));
+  double best = 0;
+  cudaError_t e = cuda::ReadStream(buf.as<void>(), bytes / 16, sink.as<float>(), stream);  // warm-up
+  for (int i = 0; i < 5 && e == cudaSuccess; ++i) {
+    e = cudaEventRecord(start, stream);
+    if (e == cudaSuccess) e = cuda::ReadStream(buf.as<void>(), bytes / 16, sink.as<float>(), stream);
+    if (e == cudaSuccess) e = cudaEventRecord(stop, stream);
+    if (e == cudaSuccess) e = cudaEventSynchronize(stop);
+    float ms = 0;
+    if (e == cudaSuccess) e = cudaEventElapsedTime(&ms, start, stop);
+    if (e == cudaSuccess && ms > 0) best = std::max(best, static_cast<double>(bytes / 16 * 16) / (ms * 1e-3) / 1e9);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  PAGEKV_RETURN_IF_ERROR(impl_->Check(e, "read probe"));
+  return best;
+}
+
 std::span<std::byte> CudaBackend::Scratch(int pool, size_t slot, size_t bytes) const {
   impl_->Enter();
   const auto key = std::make_tuple(std::this_thread::get_id(), pool, slot);

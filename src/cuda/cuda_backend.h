@@ -76,6 +76,9 @@ class CudaBackend final : public Backend {
   void StoreKvRows(const KvLayout& layout, std::byte* arena, int32_t layer, std::span<const int64_t> slots,
                    const std::byte* k, const std::byte* v) const override;
   void ToHost(const void* src, size_t bytes, void* dst) const override;
+  void FromHost(const void* src, size_t bytes, void* dst) const override;
+  // The best of five timed streaming reads of a `bytes` buffer (cudaEvents).
+  Result<double> DeviceReadGbps(int64_t bytes) const override;
   // Per (thread, pool, slot) device buffers, grown as asked, freed with the backend.
   std::span<std::byte> Scratch(int pool, size_t slot, size_t bytes) const override;
 

@@ -49,6 +49,11 @@ cudaError_t ToBf16(const float* x, int64_t n, void* out, cudaStream_t stream);
 cudaError_t ScatterRows(const int64_t* slots, int64_t tokens, int32_t heads, int64_t row_bytes, int32_t block_len,
                         const void* src, void* plane, int64_t head_stride, int64_t slab_stride, cudaStream_t stream);
 
+// Reads n 16-byte vectors at `p` once, every thread a strided share (the
+// device's streaming read rate: what decode attention is judged by); `sink`
+// gets a value only the compiler cannot rule out.
+cudaError_t ReadStream(const void* p, int64_t vectors, float* sink, cudaStream_t stream);
+
 // Byte moves: span i copies spans[i].bytes bytes from src + spans[i].from to
 // dst + spans[i].to, 16 bytes at a time where all three allow it. Spans of
 // one call must not overlap each other's destinations.

@@ -17,9 +17,6 @@
 #include <unordered_map>
 
 #include "base/check.h"
-#ifdef PAGEKV_HAVE_CUDA
-#include "cuda/cuda_backend.h"
-#endif
 #include "engine/chat.h"
 #include "engine/engine_internal.h"
 #include "engine/forward_step.h"
@@ -112,29 +109,6 @@ uint64_t ShardTag(const ModelParallel& p) {
 }
 
 }  // namespace
-
-// EngineOptions::device's backend: null for "cpu".
-Result<std::unique_ptr<Backend>> MakeDevice(const std::string& device) {
-  if (device.empty() || device == "cpu") return std::unique_ptr<Backend>();
-  int ordinal = 0;
-  if (device != "cuda") {
-    const std::string prefix = "cuda:";
-    const std::string rest = device.rfind(prefix, 0) == 0 ? device.substr(prefix.size()) : std::string();
-    if (rest.empty() || rest.size() > 4 || rest.find_first_not_of("0123456789") != std::string::npos) {
-      return InvalidArgumentError("device '" + device + "' is not one of cpu, cuda, cuda:N");
-    }
-    ordinal = std::stoi(rest);
-  }
-#ifdef PAGEKV_HAVE_CUDA
-  PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> cuda, CudaBackend::Create({.device = ordinal}));
-  return std::unique_ptr<Backend>(std::move(cuda));
-#else
-  (void)ordinal;
-  return UnavailableError("--device " + device +
-                          ": this build of PageKV has no CUDA backend (no CUDA compiler was found when it was "
-                          "configured): install the CUDA toolkit and rebuild, or use --device cpu");
-#endif
-}
 
 Result<std::unique_ptr<Engine>> CreateEngineWithModel(const EngineOptions& o, LoadedModel model) {
   if (o.max_step_tokens < 1) return InvalidArgumentError("engine: max_step_tokens must be at least 1");
@@ -239,7 +213,7 @@ Result<std::unique_ptr<Engine>> CreateEngineWithModel(const EngineOptions& o, Lo
   // one's (context slices are told apart by the cache itself).
   const std::string shard = ShardName(o.parallel);
   co.shard_tag = ShardTag(o.parallel);
-  PAGEKV_ASSIGN_OR_RETURN(st->device, MakeDevice(o.device));
+  PAGEKV_ASSIGN_OR_RETURN(st->device, MakeDeviceBackend(o.device));
   if (st->device != nullptr) {
     if (o.parallel.active()) {
       return InvalidArgumentError("--device " + o.device + " with --tp / --pp / --cp is not supported: split models run on the CPU");

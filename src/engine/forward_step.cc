@@ -2,6 +2,9 @@
 #include "engine/forward_step.h"
 
 #include "base/check.h"
+#ifdef PAGEKV_HAVE_CUDA
+#include "cuda/cuda_backend.h"
+#endif
 
 #include <cstdio>
 #include <string>
@@ -155,6 +158,28 @@ Result<bool> ForwardSequence(const Model& model, KvCache& cache, SeqId seq, std:
                              float* logits, const ForwardOptions& options) {
   const ForwardItem item{seq, tokens, logits, true};
   return ForwardStep(model, cache, {&item, 1}, options);
+}
+
+Result<std::unique_ptr<Backend>> MakeDeviceBackend(const std::string& device) {
+  if (device.empty() || device == "cpu") return std::unique_ptr<Backend>();
+  int ordinal = 0;
+  if (device != "cuda") {
+    const std::string prefix = "cuda:";
+    const std::string rest = device.rfind(prefix, 0) == 0 ? device.substr(prefix.size()) : std::string();
+    if (rest.empty() || rest.size() > 4 || rest.find_first_not_of("0123456789") != std::string::npos) {
+      return InvalidArgumentError("device '" + device + "' is not one of cpu, cuda, cuda:N");
+    }
+    ordinal = std::stoi(rest);
+  }
+#ifdef PAGEKV_HAVE_CUDA
+  PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> cuda, CudaBackend::Create({.device = ordinal}));
+  return std::unique_ptr<Backend>(std::move(cuda));
+#else
+  (void)ordinal;
+  return UnavailableError("--device " + device +
+                          ": this build of PageKV has no CUDA backend (no CUDA compiler was found when it was "
+                          "configured): install the CUDA toolkit and rebuild, or use --device cpu");
+#endif
 }
 
 }  // namespace pagekv

@@ -18,7 +18,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
+#include <string>
 
 #include "model/model.h"
 #include "pagekv/ids.h"
@@ -60,6 +62,12 @@ using StepFault = std::function<Status(size_t item, int32_t layer)>;
 Result<bool> ForwardStep(const Model& model, KvCache& cache, std::span<const ForwardItem> items,
                          const ForwardOptions& options = {}, const StepFault* fault = nullptr,
                          bool release_windows = true);
+
+// The backend a device name asks for (EngineOptions::device): null for
+// "cpu" (or empty), a CudaBackend for "cuda" / "cuda:N". Errors: another
+// name (InvalidArgument); no GPU, or a build without the CUDA toolkit
+// (Unavailable, naming the fix).
+Result<std::unique_ptr<Backend>> MakeDeviceBackend(const std::string& device);
 
 // One sequence's tokens (all their logits into logits[n][vocab]).
 Result<bool> ForwardSequence(const Model& model, KvCache& cache, SeqId seq, std::span<const int32_t> tokens,

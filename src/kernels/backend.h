@@ -77,8 +77,17 @@ class Backend {
   virtual void StoreKvRows(const KvLayout& layout, std::byte* arena, int32_t layer, std::span<const int64_t> slots,
                            const std::byte* k, const std::byte* v) const = 0;
   // `bytes` bytes of this backend's memory to host memory; returns when
-  // they are there.
+  // they are there. FromHost: the other way, in call order with the math
+  // calls (`src` may be reused when it returns).
   virtual void ToHost(const void* src, size_t bytes, void* dst) const = 0;
+  virtual void FromHost(const void* src, size_t bytes, void* dst) const = 0;
+  // A device backend's memory read bandwidth, measured now by a streaming
+  // read of `bytes` bytes (the roofline its kernels are judged by); the CPU
+  // backend has none of its own (Unimplemented: the host's stream probe is
+  // its ceiling, kernels/machine_ceilings.h).
+  virtual Result<double> DeviceReadGbps(int64_t /*bytes*/) const {
+    return UnimplementedError("the CPU backend's ceiling is the host's stream probe");
+  }
   // Scratch in this backend's memory for the calling thread, reused from
   // call to call: slot `slot` of pool `pool`, at least `bytes` bytes,
   // contents undefined. Valid until the same thread asks for the same slot

@@ -49,6 +49,9 @@ class Cpu final : public Backend {
   void ToHost(const void* src, size_t bytes, void* dst) const override {
     if (bytes > 0) std::memcpy(dst, src, bytes);
   }
+  void FromHost(const void* src, size_t bytes, void* dst) const override {
+    if (bytes > 0) std::memcpy(dst, src, bytes);
+  }
 
   std::span<std::byte> Scratch(int pool, size_t slot, size_t bytes) const override {
     // Per thread: a long step's buffers are tens of MiB, which allocated
