@@ -287,7 +287,7 @@ CLI::App* AddGenerateCommand(CLI::App& app, int& exit_code) {
       ->check(CLI::Range(1, 1 << 16));
   cmd->add_option("--device", args.device,
                   "Where the KV cache lives and the model runs: cpu (default), cuda or cuda:N (an NVIDIA GPU; "
-                  "llama / qwen2 models)");
+                  "llama / qwen2 and gemma3 models)");
   cmd->add_flag("--exact-products", args.exact_products,
                "Weight products in f32 throughout (slower; the fast path rounds activations to int16 / bf16 on the "
                "CPU, f16 on a GPU)");

@@ -204,7 +204,7 @@ CLI::App* AddServeCommand(CLI::App& app, int& exit_code) {
   cmd->add_flag("--no-prefix-cache", args.no_prefix_cache, "Do not share prompt blocks between requests");
   cmd->add_option("--device", args.device,
                   "Where the KV cache lives and the model runs: cpu (default), cuda or cuda:N (an NVIDIA GPU; "
-                  "llama / qwen2 models)");
+                  "llama / qwen2 and gemma3 models)");
   cmd->add_option("--threads", args.threads, "Threads for the kernels (default: all cores)")->check(CLI::Range(0, 4096));
   AddTierFlags(cmd, args.tiers);
   AddKvEventFlags(cmd, args.kv_events);

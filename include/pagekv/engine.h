@@ -200,7 +200,7 @@ struct EngineOptions {
   EvictionOptions eviction;
   int threads = 0;
   // Where the KV pool lives and the model runs: "cpu", or "cuda" / "cuda:N"
-  // (an NVIDIA GPU through the CUDA backend: the llama / qwen2 runner, f32,
+  // (an NVIDIA GPU through the CUDA backend: the llama / qwen2 and gemma3 runners, f32,
   // f16, bf16, int8 and fp8 KV; not with --tp / --pp / --cp, token eviction,
   // int4 KIVI or Hadamard-rotated rows; a build made where the CUDA toolkit
   // was found). Errors name what is missing and the fix.

@@ -97,6 +97,10 @@ struct CudaBackend::Impl {
   mutable std::mutex copy_mu;          // one transfer at a time: the pinned staging
   mutable void* pinned = nullptr;
   mutable size_t pinned_size = 0;
+  mutable std::mutex ring_mu;          // H2D's pinned ring
+  mutable void* ring = nullptr;
+  mutable size_t ring_at = 0;
+  mutable bool ring_failed = false;
   cublasHandle_t blas = nullptr;
   mutable std::mutex mu;  // the error, the weight cache, cuBLAS
   mutable Status error = Status::Ok();
@@ -113,6 +117,7 @@ struct CudaBackend::Impl {
     for (auto& [key, vec] : vectors) cudaFree(vec.first);
     if (copy_stream != nullptr) cudaStreamSynchronize(copy_stream);
     cudaFreeHost(pinned);
+    cudaFreeHost(ring);
     if (blas != nullptr) cublasDestroy(blas);
     if (compute_done != nullptr) cudaEventDestroy(compute_done);
     if (copy_stream != nullptr) cudaStreamDestroy(copy_stream);
@@ -142,10 +147,39 @@ struct CudaBackend::Impl {
     return Recorded();
   }
 
+  // Host -> device on the compute stream through a pinned ring, so the copy
+  // is a true asynchronous DMA (a pageable source may make the runtime wait
+  // for the stream before copying it) and the caller's buffer is free at
+  // return. The ring is written again only after the stream has finished
+  // every copy out of it (one stream sync per wrap). Sources larger than a
+  // quarter of it, or no pinned memory, go pageable.
+  static constexpr size_t kRingBytes = size_t{8} << 20;
+  cudaError_t H2D(void* dst, const void* src, size_t bytes) const {
+    if (bytes == 0) return cudaSuccess;
+    std::lock_guard lock(ring_mu);
+    if (ring == nullptr && !ring_failed) {
+      if (cudaMallocHost(&ring, kRingBytes) != cudaSuccess) {
+        cudaGetLastError();
+        ring = nullptr;
+        ring_failed = true;
+      }
+    }
+    if (ring == nullptr || bytes > kRingBytes / 4) return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream);
+    size_t at = (ring_at + 255) / 256 * 256;
+    if (at + bytes > kRingBytes) {
+      if (cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess) return e;
+      at = 0;
+    }
+    std::byte* slot = static_cast<std::byte*>(ring) + at;
+    std::memcpy(slot, src, bytes);
+    ring_at = at + bytes;
+    return cudaMemcpyAsync(dst, slot, bytes, cudaMemcpyHostToDevice, stream);
+  }
+
   template <typename T>
   cudaError_t Upload(const Temp& dst, const std::vector<T>& host) const {
     if (dst.error() != cudaSuccess) return dst.error();
-    return cudaMemcpyAsync(dst.as<void>(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice, stream);
+    return H2D(dst.as<void>(), host.data(), host.size() * sizeof(T));
   }
 
   // A weight vector (norm weights, a bias) of n floats where the kernels
@@ -288,8 +322,11 @@ struct CudaBackend::Impl {
     if (on == nullptr) on = stream;
     Temp d(on, spans.size() * sizeof(cuda::SpanCopy));
     if (d.error() != cudaSuccess) return d.error();
-    cudaError_t e = cudaMemcpyAsync(d.as<void>(), spans.data(), spans.size() * sizeof(cuda::SpanCopy),
-                                    cudaMemcpyHostToDevice, on);
+    // The compute stream's through the ring; the copy stream's calls wait
+    // for their stream anyway.
+    cudaError_t e = on == stream ? H2D(d.as<void>(), spans.data(), spans.size() * sizeof(cuda::SpanCopy))
+                                 : cudaMemcpyAsync(d.as<void>(), spans.data(), spans.size() * sizeof(cuda::SpanCopy),
+                                                   cudaMemcpyHostToDevice, on);
     if (e != cudaSuccess) return e;
     return cuda::CopySpans(d.as<cuda::SpanCopy>(), static_cast<int64_t>(spans.size()), src, dst, on);
   }
@@ -446,8 +483,7 @@ void CudaBackend::StoreKvRows(const KvLayout& layout, std::byte* arena, int32_t 
   Temp d_slots(impl_->stream, slots.size() * sizeof(int64_t));
   cudaError_t e = d_slots.error();
   if (e == cudaSuccess) {
-    e = cudaMemcpyAsync(d_slots.as<void>(), slots.data(), slots.size() * sizeof(int64_t), cudaMemcpyHostToDevice,
-                        impl_->stream);
+    e = impl_->H2D(d_slots.as<void>(), slots.data(), slots.size() * sizeof(int64_t));
   }
   const std::byte* planes[2] = {k, v};
   for (int32_t p = 0; p < layout.num_planes() && e == cudaSuccess; ++p) {
@@ -470,7 +506,7 @@ void CudaBackend::ToHost(const void* src, size_t bytes, void* dst) const {
 void CudaBackend::FromHost(const void* src, size_t bytes, void* dst) const {
   if (bytes == 0) return;
   impl_->Enter();
-  impl_->Note(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, impl_->stream), "from host");
+  impl_->Note(impl_->H2D(dst, src, bytes), "from host");
 }
 
 Result<double> CudaBackend::DeviceReadGbps(int64_t bytes) const {
@@ -654,7 +690,7 @@ void CudaBackend::WeightRow(const WeightMatrix& w, int64_t r, float* out) const 
   impl_->Enter();
   std::vector<float> row(static_cast<size_t>(w.cols));
   pagekv::WeightRow(w, r, row.data());
-  impl_->Note(cudaMemcpyAsync(out, row.data(), row.size() * 4, cudaMemcpyHostToDevice, impl_->stream), "weight row");
+  impl_->Note(impl_->H2D(out, row.data(), row.size() * 4), "weight row");
 }
 
 void CudaBackend::RmsNormRows(const float* x, const float* weight, int64_t rows, int32_t width, float eps,
@@ -698,8 +734,8 @@ void CudaBackend::RopeTables(const Rope& rope, std::span<const int64_t> position
   const size_t n = positions.size() * static_cast<size_t>(rope.params().rope_dims);
   std::vector<float> c(n), s(n);
   rope.Tables(positions, c.data(), s.data());
-  cudaError_t e = cudaMemcpyAsync(cos, c.data(), n * 4, cudaMemcpyHostToDevice, impl_->stream);
-  if (e == cudaSuccess) e = cudaMemcpyAsync(sin, s.data(), n * 4, cudaMemcpyHostToDevice, impl_->stream);
+  cudaError_t e = impl_->H2D(cos, c.data(), n * 4);
+  if (e == cudaSuccess) e = impl_->H2D(sin, s.data(), n * 4);
   impl_->Note(e, "rotary tables");
 }
 
@@ -919,7 +955,7 @@ void CudaBackend::Free(void* p) const {
 
 Status CudaBackend::ToDevice(const float* host, int64_t n, float* device) const {
   impl_->Enter();
-  return impl_->Check(cudaMemcpyAsync(device, host, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice, impl_->stream), "to device");
+  return impl_->Check(impl_->H2D(device, host, static_cast<size_t>(n) * 4), "to device");
 }
 
 Status CudaBackend::ToHost(const float* device, int64_t n, float* host) const {

@@ -2,7 +2,8 @@
 // the same generation on the CPU: greedy ids identical with f32 products on
 // stories260K (f32, f16 and int8 KV; prompts sharing a prefix, so the prefix
 // cache and copy-on-write run on the device) and on SmolLM2-135M-Instruct;
-// with the fast f16 products, the same first tokens. Without a GPU (or a
+// with the fast f16 products, the same first tokens; gemma-3-270m (sliding
+// window layers, a hybrid cache, soft-capped logits) likewise. Without a GPU (or a
 // build without the CUDA toolkit) the refusal is checked instead and the GPU
 // cases are skipped, saying why.
 #include <filesystem>
@@ -105,6 +106,25 @@ TEST_F(GpuGenerateTest, SmolLM2GreedyIdsAreTheCpusWithF32Products) {
     o.model_path = path;
     o.prompts = {"The capital of France is"};
     o.max_new_tokens = 32;
+    o.exact_products = true;
+    o.kv_dtype = DType::kF16;
+    o.device = gpu ? "cuda" : "cpu";
+    Result<GenerateReport> r = Generate(o);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ids[gpu] = r->outputs[0].generated_ids;
+  }
+  EXPECT_EQ(ids[1], ids[0]);
+}
+
+TEST_F(GpuGenerateTest, Gemma3WithSlidingWindowLayersGivesTheCpusGreedyIds) {
+  const std::string path = testing::Gemma3Path();
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << "gemma-3-270m not fetched (" << path << "): make test fetches it";
+  std::vector<int32_t> ids[2];
+  for (const bool gpu : {false, true}) {
+    GenerateOptions o;
+    o.model_path = path;
+    o.prompts = {"The capital of France is"};
+    o.max_new_tokens = 24;
     o.exact_products = true;
     o.kv_dtype = DType::kF16;
     o.device = gpu ? "cuda" : "cpu";

@@ -208,23 +208,19 @@ Status GemmaModel::Compute(std::span<const StepItem> items, StepKv& kv, const Ba
   const KvLayout& layout = kv.layout();
   const CacheConfig& cc = layout.config();
   const Backend& be = options.backend != nullptr ? *options.backend : CpuBackend();
-  if (!be.host_memory()) {
-    return UnimplementedError("the gemma3 runner runs on the CPU backend only (its device forward pass is not built yet): drop --device " +
-                              be.name());
-  }
   const int64_t T = batch.rows;
   const int32_t d = c.dim, hd = c.hidden_dim, head = c.head_dim;
   const int32_t q_dim = c.num_heads * head, kv_dim = c.num_kv_heads * head;
   double* matmul_time = options.timings != nullptr ? &options.timings->matmul : nullptr;
   double* attention_time = options.timings != nullptr ? &options.timings->attention : nullptr;
   size_t slot = 0;
-  auto rows = [&slot](int64_t n, int64_t width) { return Scratch<float>(slot++, static_cast<size_t>(n * width)); };
+  auto rows = [&slot, &be](int64_t n, int64_t width) { return Scratch<float>(be, slot++, static_cast<size_t>(n * width)); };
   const std::span<float> x = rows(T, d), xb = rows(T, d), q = rows(T, q_dim), att = rows(T, q_dim), tmp = rows(T, d),
                          k = rows(T, kv_dim), v = rows(T, kv_dim), h1 = rows(T, hd), h2 = rows(T, hd);
   int64_t widest_row = 0;
   for (int32_t l = 0; l < c.num_layers; ++l) widest_row = std::max(widest_row, layout.row_bytes(l));
-  const std::span<std::byte> k_rows = Scratch<std::byte>(0, static_cast<size_t>(T * widest_row * c.num_kv_heads)),
-                             v_rows = Scratch<std::byte>(1, k_rows.size());
+  const std::span<std::byte> k_rows = Scratch<std::byte>(be, 0, static_cast<size_t>(T * widest_row * c.num_kv_heads)),
+                             v_rows = Scratch<std::byte>(be, 1, k_rows.size());
   auto matmul = [&](const Matrix& w, const float* in, int64_t n, float* out) {
     Stopwatch watch(matmul_time);
     return be.MatMul(w, in, n, out, options.threads, options.activations);
@@ -234,9 +230,19 @@ Status GemmaModel::Compute(std::span<const StepItem> items, StepKv& kv, const Ba
     return be.MatMulShared({outputs.begin(), outputs.size()}, in, n, options.threads, options.activations);
   };
   auto for_rows = [&options](int64_t n, const auto& fn) { ForRows(n, options.threads, fn); };
-  Embed(items, batch, be, x.data());
   // Rotary tables per row for both kinds of layer.
   const std::span<float> cos_g = rows(T, head), sin_g = rows(T, head), cos_l = rows(T, head), sin_l = rows(T, head);
+  // A device backend that could not allocate its activations returns empty
+  // scratch (and records why).
+  for (const std::span<float> buf : {x, xb, q, att, tmp, k, v, h1, h2, cos_g, sin_g, cos_l, sin_l}) {
+    if (buf.data() == nullptr && !buf.empty()) {
+      return ResourceExhaustedError("no " + be.name() + " memory for this step's activations: lower --max-step-tokens");
+    }
+  }
+  if (k_rows.data() == nullptr || v_rows.data() == nullptr) {
+    return ResourceExhaustedError("no " + be.name() + " memory for this step's K / V rows: lower --max-step-tokens");
+  }
+  Embed(items, batch, be, x.data());
   for_rows(T, [&](int64_t t0, int64_t t1) {
     const auto pos = std::span<const int64_t>(batch.pos).subspan(static_cast<size_t>(t0), static_cast<size_t>(t1 - t0));
     be.RopeTables(*rope_, pos, &cos_g[static_cast<size_t>(t0 * head)], &sin_g[static_cast<size_t>(t0 * head)]);
