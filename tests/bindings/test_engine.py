@@ -266,3 +266,22 @@ def test_a_deepseek2_model_runs_on_the_latent_cache_from_python(cli, tmp_path):
     assert again["tokens"] == first["tokens"]
     assert len(want["prompt_ids"]) > 16
     assert again["cached_prompt_tokens"] >= 16, "the first request's full latent block was found"
+
+
+def test_device_cuda_is_a_clear_error_without_a_gpu_and_the_cpus_tokens_with_one(stories):
+    """device="cuda": without a GPU (or a build without CUDA), UnavailableError naming the fix;
+    with one, greedy f32-product tokens equal to the CPU's."""
+    cpu = pagekv.generate(stories, "Once upon a time", max_tokens=24, exact_products=True)
+    try:
+        gpu = pagekv.generate(stories, "Once upon a time", max_tokens=24, exact_products=True, device="cuda")
+    except pagekv.UnavailableError as e:
+        assert "--device cpu" in str(e)
+        with pytest.raises(pagekv.UnavailableError):
+            pagekv.Engine(stories, device="cuda")
+        return
+    assert gpu["outputs"][0]["generated_ids"] == cpu["outputs"][0]["generated_ids"]
+
+
+def test_an_unknown_device_is_a_value_error(stories):
+    with pytest.raises(ValueError, match="cpu, cuda, cuda:N"):
+        pagekv.Engine(stories, device="gpu")
