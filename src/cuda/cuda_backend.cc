@@ -90,6 +90,7 @@ struct CudaBackend::Impl {
   int device = 0;
   std::string name;
   bool bf16_products = false;
+  bool tensor_core_prefill = false;
   int multiprocessors = 1;
   cudaStream_t stream = nullptr;       // compute: every math call, in call order
   cudaStream_t copy_stream = nullptr;  // block transfers (tier moves)
@@ -434,6 +435,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const CudaBackendOption
   auto impl = std::make_unique<Impl>();
   impl->device = options.device;
   impl->bf16_products = options.bf16_products;
+  impl->tensor_core_prefill = options.tensor_core_prefill;
   if (cudaError_t e = cudaSetDevice(options.device); e != cudaSuccess) return UnavailableError("CUDA: " + CudaMessage(e));
   cudaDeviceProp prop{};
   if (cudaError_t e = cudaGetDeviceProperties(&prop, options.device); e != cudaSuccess) {
@@ -924,6 +926,9 @@ Status CudaBackend::PrefillAttention(const PagedKv& kv, std::span<const PrefillS
   p.lse = options.lse;
   p.scale = options.scale;
   p.softcap = options.softcap;
+  // Enough rows for the tensor cores' 64-row tiles to pay.
+  p.tensor_cores = impl_->tensor_core_prefill && cuda::TensorCorePrefillShape(p) &&
+                   longest_query * (cc.num_q_heads / cc.num_kv_heads) >= 16;
   return impl_->Check(cuda::PagedPrefillAttention(p, stream), "prefill attention");
 }
 

@@ -57,6 +57,11 @@ struct CudaBackendOptions {
   // kFast weight products: weights and activations in bf16 instead of f16
   // (wider range, 3 fewer mantissa bits). bf16 weight files use bf16 either way.
   bool bf16_products = false;
+  // Prompt chunks of f16 / bf16 caches (head_dim a multiple of 16 up to 128)
+  // through the tensor-core prefill kernel (paged_attention.h
+  // TensorCorePrefillShape). Off until that kernel has been checked on a GPU
+  // (the device check runs both kernels' tests).
+  bool tensor_core_prefill = false;
 };
 
 // Whether a CUDA device can be used here; *why says why not.

@@ -396,8 +396,13 @@ TEST_F(CudaBackendTest, DecodeAttentionMatchesTheCpu) {
 TEST_F(CudaBackendTest, ChunkedPrefillAtEveryPositionOfABlockMatchesTheCpu) {
   const int32_t q_heads = 8, kv_heads = 2, d = 64, bl = 16;
   const std::vector<int64_t> lens = {40, 17, 64};
-  for (const KvFormat& format : {KvFormat::Plain(DType::kF16), KvFormat::Int8(d)}) {
-    AttentionSetup a = MakeAttention(*gpu_, format, q_heads, kv_heads, d, bl, lens, 8);
+  // The tensor-core prefill (f16 / bf16 rows) on a second backend.
+  auto tc = CudaBackend::Create({.tensor_core_prefill = true});
+  ASSERT_TRUE(tc.ok()) << tc.status().message();
+  for (const auto& [format, be] : {std::pair{KvFormat::Plain(DType::kF16), gpu_.get()}, std::pair{KvFormat::Int8(d), gpu_.get()},
+                                   std::pair{KvFormat::Plain(DType::kF16), tc->get()},
+                                   std::pair{KvFormat::Plain(DType::kBF16), tc->get()}}) {
+    AttentionSetup a = MakeAttention(*be, format, q_heads, kv_heads, d, bl, lens, 8);
     for (int64_t chunk = 1; chunk <= bl + 1; ++chunk) {
       for (const int64_t window : {int64_t{0}, int64_t{5}}) {
         std::vector<PrefillSeq> seqs;
@@ -414,8 +419,11 @@ TEST_F(CudaBackendTest, ChunkedPrefillAtEveryPositionOfABlockMatchesTheCpu) {
         ASSERT_TRUE(CpuBackend().PrefillAttention({&a.layout, a.arenas.host->data(), 0}, seqs, q.data(), want.data(), {}).ok());
         const float* dq = Up(q);
         float* out = Poisoned(n);
-        ASSERT_TRUE(gpu_->PrefillAttention({&a.layout, a.arenas.device->data(), 0}, seqs, dq, out, {}).ok());
-        EXPECT_LE(WorstError(Down(out, n), want), 2e-5) << "chunk " << chunk << " window " << window;
+        ASSERT_TRUE(gpu_->Finish().ok());  // the inputs are in place before another backend's stream reads them
+        ASSERT_TRUE(be->PrefillAttention({&a.layout, a.arenas.device->data(), 0}, seqs, dq, out, {}).ok());
+        ASSERT_TRUE(be->Finish().ok());
+        EXPECT_LE(WorstError(Down(out, n), want), 2e-5)
+            << "chunk " << chunk << " window " << window << (be == gpu_.get() ? "" : " (tensor cores)");
       }
     }
   }

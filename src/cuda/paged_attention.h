@@ -110,10 +110,23 @@ struct PrefillParams {
   float* lse = nullptr;                   // optional [rows][q_heads]
   float scale = 0;                        // 0: 1 / sqrt(head_dim)
   float softcap = 0;                      // > 0: logits = softcap * tanh(logits / softcap)
+  // f16 / bf16 rows, head_dim a multiple of 16 up to 128: the tensor-core
+  // kernel (TensorCorePrefill) instead of the CUDA-core one.
+  bool tensor_cores = false;
 };
 
 // Errors: a shape outside the limits above (cudaErrorInvalidValue), or the
 // launch's error.
 cudaError_t PagedPrefillAttention(const PrefillParams& p, cudaStream_t stream);
+
+// Whether `p` can take the tensor-core kernel: f16 or bf16 rows, head_dim a
+// multiple of 16 and at most 128, rows 16-byte aligned. That kernel (WMMA
+// 16x16x16 tiles, f32 accumulation): one CTA of 4 warps per (KV head,
+// sequence, 64 rows of query x group head), keys in tiles of 64 copied
+// once into shared memory; S = Q K^T and O += P V on the tensor cores with
+// Q and P split into 16-bit parts (hi + lo for f16, hi + mid + lo for bf16)
+// so that the products keep about f32's precision with K and V exact; the
+// online softmax in f32 on S in shared memory, O accumulated there.
+bool TensorCorePrefillShape(const PrefillParams& p);
 
 }  // namespace pagekv::cuda

@@ -21,6 +21,7 @@
 // against the same double reference.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -486,37 +487,44 @@ int RunPrefillTests() {
       p.out = dev.out;
       p.lse = lse;
       p.softcap = pc.softcap;
-      CHECK_CUDA(cudaMemset(dev.out, 0xff, k.q.size() * 4));  // NaN everywhere
-      CHECK_CUDA(cudaMemset(lse, 0xff, ref_lse.size() * 4));
-      CHECK_CUDA(pagekv::cuda::PagedPrefillAttention(p, nullptr));
-      CHECK_CUDA(cudaDeviceSynchronize());
-      std::vector<float> got(k.q.size()), got_lse(ref_lse.size());
-      CHECK_CUDA(cudaMemcpy(got.data(), dev.out, got.size() * 4, cudaMemcpyDeviceToHost));
-      CHECK_CUDA(cudaMemcpy(got_lse.data(), lse, got_lse.size() * 4, cudaMemcpyDeviceToHost));
+      // The CUDA-core kernel, then (f16 / bf16, head_dim a multiple of 16 up
+      // to 128) the tensor-core one, on the same inputs.
+      for (int tc = 0; tc < 2; ++tc) {
+        p.tensor_cores = tc == 1;
+        if (p.tensor_cores && !pagekv::cuda::TensorCorePrefillShape(p)) break;
+        CHECK_CUDA(cudaMemset(dev.out, 0xff, k.q.size() * 4));  // NaN everywhere
+        CHECK_CUDA(cudaMemset(lse, 0xff, ref_lse.size() * 4));
+        CHECK_CUDA(pagekv::cuda::PagedPrefillAttention(p, nullptr));
+        CHECK_CUDA(cudaDeviceSynchronize());
+        std::vector<float> got(k.q.size()), got_lse(ref_lse.size());
+        CHECK_CUDA(cudaMemcpy(got.data(), dev.out, got.size() * 4, cudaMemcpyDeviceToHost));
+        CHECK_CUDA(cudaMemcpy(got_lse.data(), lse, got_lse.size() * 4, cudaMemcpyDeviceToHost));
+        double worst = 0, worst_lse = 0;
+        for (size_t row = 0; row < got.size() / s.d; ++row) {
+          double big = 1e-30;
+          for (int j = 0; j < s.d; ++j) big = std::max(big, std::fabs(ref[row * s.d + j]));
+          for (int j = 0; j < s.d; ++j) {
+            const double g = got[row * s.d + j], r = ref[row * s.d + j];
+            const double e = std::isnan(g) ? INFINITY : big > 1e-29 ? std::fabs(g - r) / big : std::fabs(g);
+            worst = std::max(worst, e);
+          }
+          const double gl = got_lse[row], rl = ref_lse[row];
+          const double el = std::isinf(rl) ? (std::isinf(gl) && gl < 0 ? 0.0 : INFINITY)
+                                           : std::isnan(gl) ? INFINITY : std::fabs(gl - rl) / std::max(1.0, std::fabs(rl));
+          worst_lse = std::max(worst_lse, el);
+        }
+        ++checked;
+        if (!(worst <= 2e-5) || !(worst_lse <= 1e-5)) {
+          ++failures;
+          std::printf("FAIL prefill (%s) %s q/kv %d/%d d %d bl %d variant %d: max row-relative error %.3g, lse %.3g\n",
+                      tc ? "tensor cores" : "CUDA cores", Name(s.type), s.q_heads, s.kv_heads, s.d, s.bl, variant, worst,
+                      worst_lse);
+        }
+      }
       cudaFree(qlens);
       cudaFree(qstarts);
       cudaFree(wins);
       cudaFree(lse);
-      double worst = 0, worst_lse = 0;
-      for (size_t row = 0; row < got.size() / s.d; ++row) {
-        double big = 1e-30;
-        for (int j = 0; j < s.d; ++j) big = std::max(big, std::fabs(ref[row * s.d + j]));
-        for (int j = 0; j < s.d; ++j) {
-          const double g = got[row * s.d + j], r = ref[row * s.d + j];
-          const double e = std::isnan(g) ? INFINITY : big > 1e-29 ? std::fabs(g - r) / big : std::fabs(g);
-          worst = std::max(worst, e);
-        }
-        const double gl = got_lse[row], rl = ref_lse[row];
-        const double el = std::isinf(rl) ? (std::isinf(gl) && gl < 0 ? 0.0 : INFINITY)
-                                         : std::isnan(gl) ? INFINITY : std::fabs(gl - rl) / std::max(1.0, std::fabs(rl));
-        worst_lse = std::max(worst_lse, el);
-      }
-      ++checked;
-      if (!(worst <= 2e-5) || !(worst_lse <= 1e-5)) {
-        ++failures;
-        std::printf("FAIL prefill %s q/kv %d/%d d %d bl %d variant %d: max row-relative error %.3g, lse %.3g\n",
-                    Name(s.type), s.q_heads, s.kv_heads, s.d, s.bl, variant, worst, worst_lse);
-      }
     }
   }
   {
@@ -567,6 +575,147 @@ double ReadBandwidth() {
   cudaFree(buf);
   cudaFree(sink);
   return best;
+}
+
+// The dense bf16 matrix product rate (cuBLAS, f32 accumulation, n^3 with
+// n = 8192 on random data): what prefill on the tensor cores is judged by.
+double DenseBf16Tflops() {
+  const int n = 8192;
+  __nv_bfloat16 *a = nullptr, *b = nullptr;
+  float* c = nullptr;
+  CHECK_CUDA(cudaMalloc(&a, size_t{2} * n * n));
+  CHECK_CUDA(cudaMalloc(&b, size_t{2} * n * n));
+  CHECK_CUDA(cudaMalloc(&c, size_t{4} * n * n));
+  std::vector<__nv_bfloat16> host(size_t{n} * n);
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (auto& x : host) x = __float2bfloat16_rn(u(rng));
+  CHECK_CUDA(cudaMemcpy(a, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(b, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
+  cublasHandle_t h;
+  if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) return 0;
+  const float one = 1.0f, zero = 0.0f;
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  std::vector<double> rates;
+  for (int rep = 0; rep < 8; ++rep) {
+    cudaEventRecord(e0);
+    cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, a, CUDA_R_16BF, n, b, CUDA_R_16BF, n, &zero, c, CUDA_R_32F, n,
+                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    cudaEventRecord(e1);
+    CHECK_CUDA(cudaEventSynchronize(e1));
+    float ms = 0;
+    cudaEventElapsedTime(&ms, e0, e1);
+    if (rep >= 3) rates.push_back(2.0 * n * n * static_cast<double>(n) / (ms * 1e-3) / 1e12);
+  }
+  cublasDestroy(h);
+  cudaFree(a);
+  cudaFree(b);
+  cudaFree(c);
+  std::sort(rates.begin(), rates.end());
+  return rates[rates.size() / 2];
+}
+
+// Prefill chunks of 2048 queries (a whole 2048-token prompt, and a chunk
+// after a 2048-token prefix) through both kernels, in useful TFLOP/s (4 *
+// head_dim per query head and cached position it sees) and as a share of
+// the dense bf16 product rate.
+int RunPrefillBench() {
+  const double dense = DenseBf16Tflops();
+  std::printf("\nprefill, head_dim 128, block_len 16; dense bf16 product (cuBLAS): %.0f TFLOP/s\n", dense);
+  std::printf("%6s %6s %6s %5s %-13s %10s %8s %8s\n", "ctx", "chunk", "q/kv", "dtype", "kernel", "ms", "TFLOP/s", "of dense");
+  const int d = 128, bl = 16;
+  for (KvType t : {KvType::kBF16, KvType::kF16}) {
+    for (auto [q, kv] : {std::pair{32, 8}, std::pair{32, 32}}) {
+      for (auto [ctx, chunk] : {std::pair{2048, 2048}, std::pair{4096, 2048}}) {
+        const int blocks = (ctx + bl - 1) / bl;
+        const int64_t row_bytes = RowBytesNeeded(t, d), slab = bl * row_bytes;
+        const int64_t head_stride = blocks * slab, plane = kv * head_stride;
+        void* arena = nullptr;
+        CHECK_CUDA(cudaMalloc(&arena, 2 * plane));
+        std::vector<unsigned char> host(static_cast<size_t>(2 * plane));
+        std::mt19937 rng(5);
+        std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+        for (size_t i = 0; i + 1 < host.size(); i += 2) Store(t, u(rng), host.data() + i);
+        CHECK_CUDA(cudaMemcpy(arena, host.data(), host.size(), cudaMemcpyHostToDevice));
+        std::vector<int32_t> table(static_cast<size_t>(blocks));
+        std::iota(table.begin(), table.end(), 0);
+        std::shuffle(table.begin(), table.end(), rng);
+        int32_t *d_table = nullptr, *d_len = nullptr, *d_ql = nullptr, *d_start = nullptr;
+        float *d_q = nullptr, *d_out = nullptr;
+        const int32_t len = ctx, ql = chunk, start = 0;
+        CHECK_CUDA(cudaMalloc(&d_table, table.size() * 4));
+        CHECK_CUDA(cudaMemcpy(d_table, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+        CHECK_CUDA(cudaMalloc(&d_len, 4));
+        CHECK_CUDA(cudaMemcpy(d_len, &len, 4, cudaMemcpyHostToDevice));
+        CHECK_CUDA(cudaMalloc(&d_ql, 4));
+        CHECK_CUDA(cudaMemcpy(d_ql, &ql, 4, cudaMemcpyHostToDevice));
+        CHECK_CUDA(cudaMalloc(&d_start, 4));
+        CHECK_CUDA(cudaMemcpy(d_start, &start, 4, cudaMemcpyHostToDevice));
+        std::vector<float> qh(static_cast<size_t>(chunk) * q * d);
+        for (float& x : qh) x = u(rng);
+        CHECK_CUDA(cudaMalloc(&d_q, qh.size() * 4));
+        CHECK_CUDA(cudaMemcpy(d_q, qh.data(), qh.size() * 4, cudaMemcpyHostToDevice));
+        CHECK_CUDA(cudaMalloc(&d_out, qh.size() * 4));
+        pagekv::cuda::PrefillParams p;
+        p.type = t;
+        p.num_seqs = 1;
+        p.q_heads = q;
+        p.kv_heads = kv;
+        p.head_dim = d;
+        p.block_len = bl;
+        p.k_plane = arena;
+        p.v_plane = static_cast<char*>(arena) + plane;
+        p.head_stride = head_stride;
+        p.slab_stride = slab;
+        p.row_bytes = row_bytes;
+        p.block_tables = d_table;
+        p.max_blocks = blocks;
+        p.context_lens = d_len;
+        p.query_lens = d_ql;
+        p.query_starts = d_start;
+        p.max_query_len = chunk;
+        p.q = d_q;
+        p.out = d_out;
+        // Keys seen: query j of the chunk at position ctx - chunk + j sees that many + 1.
+        double seen = 0;
+        for (int j = 0; j < chunk; ++j) seen += ctx - chunk + j + 1;
+        const double flops = 4.0 * d * q * seen;
+        for (const bool tc : {false, true}) {
+          p.tensor_cores = tc;
+          cudaEvent_t e0, e1;
+          cudaEventCreate(&e0);
+          cudaEventCreate(&e1);
+          std::vector<double> ms_all;
+          for (int rep = 0; rep < 6; ++rep) {
+            cudaEventRecord(e0);
+            CHECK_CUDA(pagekv::cuda::PagedPrefillAttention(p, nullptr));
+            cudaEventRecord(e1);
+            CHECK_CUDA(cudaEventSynchronize(e1));
+            float ms = 0;
+            cudaEventElapsedTime(&ms, e0, e1);
+            if (rep > 0) ms_all.push_back(ms);
+          }
+          std::sort(ms_all.begin(), ms_all.end());
+          const double ms = ms_all[ms_all.size() / 2], tflops = flops / (ms * 1e-3) / 1e12;
+          std::printf("%6d %6d %3d/%-2d %5s %-13s %10.3f %8.1f %8.3f\n", ctx, chunk, q, kv, Name(t),
+                      tc ? "tensor cores" : "CUDA cores", ms, tflops, dense > 0 ? tflops / dense : 0.0);
+          std::printf("JSON {\"prefill\":true,\"ctx\":%d,\"chunk\":%d,\"q_heads\":%d,\"kv_heads\":%d,\"dtype\":\"%s\","
+                      "\"kernel\":\"%s\",\"ms\":%.4f,\"tflops\":%.2f,\"dense_tflops\":%.1f}\n",
+                      ctx, chunk, q, kv, Name(t), tc ? "tensor_cores" : "cuda_cores", ms, tflops, dense);
+        }
+        cudaFree(arena);
+        cudaFree(d_table);
+        cudaFree(d_len);
+        cudaFree(d_ql);
+        cudaFree(d_start);
+        cudaFree(d_q);
+        cudaFree(d_out);
+      }
+    }
+  }
+  return 0;
 }
 
 int RunBench() {
@@ -668,7 +817,7 @@ int RunBench() {
                 "\"gbps\":%.1f,\"read_gbps\":%.1f,\"ratio\":%.3f}\n",
                 r.batch, r.ctx, r.q, r.kv, r.bl, Name(r.t), us, gbps, bw, gbps / bw);
   }
-  return 0;
+  return RunPrefillBench();
 }
 
 }  // namespace
