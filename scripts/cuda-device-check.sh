@@ -11,7 +11,8 @@
 # peer.log, full-*.log, backend-test.log, device-generate.log,
 # bench-attention.txt.
 #
-# PARTS (default "kernels peer backend") picks what runs, to fit a lease:
+# PARTS (default "kernels peer backend") picks what runs, to fit a lease (a
+# command may run 10 minutes: give "kernels backend" one call, "peer" the next):
 # kernels (nvcc-only tests and --bench), peer (PyTorch SDPA), backend (the
 # carried or built project: backend tests, device generation, bench attention).
 set -u
@@ -65,7 +66,7 @@ run_full() {  # $1: the folder with bin/ (the tests run from $1/repo, so ../shar
   # The paged decode grid through the backend, against the device's read
   # bandwidth measured in the same run (rows as `pagekv bench attention`'s).
   timeout 240 "$dir/bin/pagekv" bench attention --device cuda --no-scalar --peer-layout head-major \
-    --batch 8,32 --ctx 4096,16384 --heads 32/32,32/8,64/8 --dtype f16,bf16,int8 --block-len 16,128 \
+    --batch 8 --ctx 4096,16384 --heads 32/32,32/8,64/8 --dtype f16,bf16 --block-len 16,128 \
     > "$OUT/bench-attention.txt" 2>&1; echo "bench attention --device cuda exit $?"
   tail -40 "$OUT/bench-attention.txt"
   [ $test_rc -eq 0 ] && test_rc=$backend_rc
