@@ -9,7 +9,7 @@
 # generation on the device. Output under $OUT (default build/cuda-check):
 # build.log, test.log (decode and prefill), store-test.log, bench.log,
 # peer.log, full-*.log, backend-test.log, device-generate.log,
-# bench-attention.txt.
+# bench-attention.txt, bench-generate-{cuda,cpu}.txt.
 #
 # PARTS (default "kernels peer backend") picks what runs, to fit a lease (a
 # command may run 10 minutes: give "kernels backend" one call, "peer" the next):
@@ -69,6 +69,13 @@ run_full() {  # $1: the folder with bin/ (the tests run from $1/repo, so ../shar
     --batch 8 --ctx 4096,16384 --heads 32/32,32/8,64/8 --dtype f16,bf16 --block-len 16,128 \
     > "$OUT/bench-attention.txt" 2>&1; echo "bench attention --device cuda exit $?"
   tail -40 "$OUT/bench-attention.txt"
+  # Whole-model generation on the GPU (the synthetic llama-110m, f16), then
+  # the same on this machine's CPUs, for the ratio.
+  for dev in cuda cpu; do
+    timeout 120 "$dir/bin/pagekv" bench generate --device $dev --batch 1,8,32 --prompt-len 128 --steps 32 \
+      > "$OUT/bench-generate-$dev.txt" 2>&1; echo "bench generate --device $dev exit $?"
+    tail -5 "$OUT/bench-generate-$dev.txt"
+  done
   [ $test_rc -eq 0 ] && test_rc=$backend_rc
   [ $test_rc -eq 0 ] && test_rc=$generate_rc
 }

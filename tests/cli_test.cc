@@ -140,6 +140,9 @@ TEST(CliDeviceTest, AMissingGpuIsOneLineNamingTheFix) {
   EXPECT_EQ(r.exit_code, 2) << r.out;
   EXPECT_NE(r.out.find("--device cpu"), std::string::npos) << r.out;
   EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << "one-line error expected: " << r.out;
+  r = RunCli("bench generate --quick --device cuda");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("--device cpu"), std::string::npos) << r.out;
 }
 
 TEST(CliDemoTest, RunsCleanAndReportsNoLeaks) {

@@ -215,6 +215,7 @@ struct GenerateBenchArgs {
   std::string kv_cache = "auto";
   int tp = 1, pp = 1, cp = 1;
   bool block_len_given = false;
+  std::string device = "cpu";
 };
 
 int RunGenerateBenchCommand(const GenerateBenchArgs& a) {
@@ -231,6 +232,7 @@ int RunGenerateBenchCommand(const GenerateBenchArgs& a) {
   o.block_len = a.cp > 1 && !a.block_len_given ? a.block_len * a.cp : a.block_len;
   o.num_threads = RankThreads(a.threads, a.tp * a.pp * a.cp);
   o.busy_neighbour = a.busy_neighbour;
+  o.device = a.device;
   o.mla_prefill = ParseMlaPrefill(a.mla_prefill);
   o.overlap_communication = !a.no_overlap;
   if (a.no_amx) SetAmxPaths(false);
@@ -277,7 +279,7 @@ int RunGenerateBenchCommand(const GenerateBenchArgs& a) {
     std::fprintf(stderr, "error: %s\n", r.status().message().c_str());
     const StatusCode c = r.status().code();
     return c == StatusCode::kInvalidArgument || c == StatusCode::kOutOfRange || c == StatusCode::kNotFound ||
-                   c == StatusCode::kDataLoss
+                   c == StatusCode::kDataLoss || c == StatusCode::kUnavailable
                ? kExitBadInput
                : kExitFailed;
   }
@@ -290,6 +292,7 @@ int RunGenerateBenchCommand(const GenerateBenchArgs& a) {
     j["kv_dtype"] = r->kv_dtype;
     j["block_len"] = r->block_len;
     j["kv_cache"] = r->kv_cache;
+    j["device"] = r->device;
     j["simd_target"] = r->simd_target;
     j["threads"] = r->threads;
     j["stream_read_gbps"] = r->stream_read_gbps;
@@ -329,6 +332,10 @@ int RunGenerateBenchCommand(const GenerateBenchArgs& a) {
                               {"pool_host_stalls", x.pool_host_stalls}});
     }
     std::printf("%s\n", j.dump(2).c_str());
+  } else if (r->device != "cpu") {
+    std::printf("%s, %.1fM parameters, %s weights, %s KV, block_len %d, %s cache; %s: device read %.1f GB/s\n",
+                r->model.c_str(), static_cast<double>(r->parameters) / 1e6, r->weight_type.c_str(), r->kv_dtype.c_str(),
+                r->block_len, r->kv_cache.c_str(), r->device.c_str(), r->stream_read_gbps);
   } else {
     std::printf("%s, %.1fM parameters, %s weights, %s KV, block_len %d, %s cache; %d threads (%s): stream read %.1f GB/s, "
                 "fp32 FMA %.1f GFLOP/s\n",
@@ -775,6 +782,9 @@ CLI::App* AddBenchCommand(CLI::App& app, int& exit_code) {
   g->add_flag("--quick", gen.quick, "A seconds-long smoke run on the tiny synthetic model");
   g->add_option("--model", gen.model, "A GGUF model (default: a synthetic one written for the run)");
   g->add_option("--preset", gen.preset, "Synthetic model shape (default llama-110m)");
+  g->add_option("--device", gen.device,
+                "cpu (default), or cuda / cuda:N: the model and the pool on the GPU, judged against the device's read "
+                "bandwidth measured in the run");
   g->add_option("--weight-type", gen.weight_type, "Synthetic model weights: f32, f16 (default), bf16, q8_0");
   g->add_option("--batch", gen.batches, "Batch sizes (default 1,8,32)")->delimiter(',')->check(CLI::Range(1, 4096));
   g->add_option("--prompt-len", gen.prompt_len, "Prompt tokens per sequence (default 128)")->check(CLI::Range(1, 1 << 20));

@@ -155,9 +155,10 @@ struct GenerateBenchReport {
   std::string kv_dtype;
   int32_t block_len = 0;
   std::string kv_cache;          // "uniform", or "hybrid (G groups of k layers)"
+  std::string device = "cpu";    // or the device backend's name
   std::string simd_target;
   int threads = 0;
-  double stream_read_gbps = 0;
+  double stream_read_gbps = 0;   // a device's read bandwidth with --device
   double fma_gflops = 0;
   bool busy_neighbour = false;
   std::vector<GenerateBenchResult> results;
@@ -183,6 +184,12 @@ struct GenerateBenchOptions {
   // the benchmark with the same options; each measures its own share.
   ModelParallel parallel;
   bool overlap_communication = true;  // EngineOptions::overlap_communication
+  // EngineOptions::device: "cpu", or "cuda" / "cuda:N": the model and the
+  // pool on the GPU, the step judged against the device's read bandwidth
+  // measured in the run (weights counted as the device holds them: 2 bytes
+  // per element on the fast path; no FMA ceiling; the attention / matmul
+  // shares are launch times there, not device times).
+  std::string device = "cpu";
   std::function<void(const GenerateBenchResult&)> on_result;  // progress, optional
 };
 

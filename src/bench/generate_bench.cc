@@ -12,6 +12,7 @@
 
 #include "base/thread_pool.h"
 #include "engine/engine_internal.h"
+#include "engine/forward_step.h"
 #include "kernels/machine_ceilings.h"
 #include "model/model.h"
 #include "model/model_loader.h"
@@ -108,7 +109,13 @@ Result<GenerateBenchReport> RunGenerateBench(const GenerateBenchOptions& o) {
   report.parameters = model->ParameterCount();
   report.kv_dtype = std::string(DTypeName(o.kv_dtype));
   report.block_len = o.block_len;
-  report.simd_target = AttentionSimdTarget();
+  // A device: made once here for its read probe (the engine makes its own).
+  PAGEKV_ASSIGN_OR_RETURN(const std::unique_ptr<Backend> device, MakeDeviceBackend(o.device));
+  if (device != nullptr) {
+    if (o.busy_neighbour) return InvalidArgumentError("bench generate: --busy-neighbour measures the CPU's thread pool: drop --device");
+    report.device = device->name();
+  }
+  report.simd_target = device != nullptr ? "CUDA" : AttentionSimdTarget();
   report.threads = o.num_threads > 0 ? o.num_threads : ThreadPool::Shared().num_threads();
   report.busy_neighbour = o.busy_neighbour;
   CacheConfig geometry = model->CacheGeometry(o.block_len, o.kv_dtype, 1);
@@ -145,6 +152,7 @@ Result<GenerateBenchReport> RunGenerateBench(const GenerateBenchOptions& o) {
     eo.mla_prefill = o.mla_prefill;
     eo.overlap_communication = o.overlap_communication;
     eo.parallel = o.parallel;
+    eo.device = o.device;
     PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, CreateEngineWithModel(eo, loaded));
     for (int64_t i = 0; i < batch; ++i) {
       EngineRequest r;
@@ -210,17 +218,25 @@ Result<GenerateBenchReport> RunGenerateBench(const GenerateBenchOptions& o) {
                    (static_cast<double>(model->MatrixMultiplyAddsPerToken()) +
                     static_cast<double>(c.num_layers) * c.num_heads * static_cast<double>(c.AttentionMultiplyAdds()) * mean_ctx);
     // Ceilings measured right after the rows they judge.
-    const std::unique_ptr<kernels::StreamProbe> probe = kernels::StreamProbe::Create(int64_t{256} << 20, threads);
-    // Rows at the report's thread count are judged by the best ceilings seen
-    // so far (as before), 1-thread rows by their own probe.
-    double row_stream = probe != nullptr ? probe->MeasureGbps() : 0.0;
-    double row_fma = kernels::MeasureFmaGflops(threads, 2);
+    double row_stream = 0, row_fma = 0;
+    if (device != nullptr) {
+      // The device holds every matrix decoded to 16 bits (the fast path).
+      r.step_weight_bytes = 2 * model->MatrixMultiplyAddsPerToken();
+      Result<double> gbps = device->DeviceReadGbps(int64_t{1} << 30);
+      row_stream = gbps.ok() ? *gbps : 0.0;
+    } else {
+      const std::unique_ptr<kernels::StreamProbe> probe = kernels::StreamProbe::Create(int64_t{256} << 20, threads);
+      // Rows at the report's thread count are judged by the best ceilings
+      // seen so far (as before), 1-thread rows by their own probe.
+      row_stream = probe != nullptr ? probe->MeasureGbps() : 0.0;
+      row_fma = kernels::MeasureFmaGflops(threads, 2);
+    }
     if (threads == report.threads) {
       row_stream = report.stream_read_gbps = std::max(report.stream_read_gbps, row_stream);
       row_fma = report.fma_gflops = std::max(report.fma_gflops, row_fma);
     }
     const double memory_ms = 1e3 * static_cast<double>(r.step_weight_bytes + r.step_kv_bytes) / (row_stream * 1e9);
-    const double compute_ms = 1e3 * r.step_flops / (row_fma * 1e9);
+    const double compute_ms = row_fma > 0 ? 1e3 * r.step_flops / (row_fma * 1e9) : 0.0;
     r.step_floor_ms = std::max(memory_ms, compute_ms);
     r.bound = memory_ms >= compute_ms ? "memory" : "compute";
     r.ratio_to_roofline = r.step_floor_ms / r.decode_step_ms;
