@@ -14,6 +14,14 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 build="${BUILD:-build/release}"
 shared="${PAGEKV_SHARED:-$root/../shared}"
+if [ ! -f "$build/CMakeCache.txt" ] || ! grep -q '^PAGEKV_CUDA:STRING=\(AUTO\|ON\)' "$build/CMakeCache.txt"; then
+  echo "cuda-carry: $build is not a configured build with CUDA: run make build on a machine with the CUDA toolkit first" >&2
+  exit 2
+fi
+if [ ! -f "$build/src/cuda/CTestTestfile.cmake" ]; then
+  echo "cuda-carry: $build found no CUDA compiler when it was configured: install the CUDA toolkit and reconfigure" >&2
+  exit 2
+fi
 cmake --build "$build" --target pagekv_cuda_backend_test pagekv_engine_test pagekv_cli > /dev/null
 stage="$(mktemp -d)"
 trap 'rm -rf "$stage"' EXIT
