@@ -17,6 +17,8 @@ CLI::App* AddPlanCommand(CLI::App& app, int& exit_code);
 CLI::App* AddDemoCommand(CLI::App& app, int& exit_code);
 // `pagekv bench attention | generate`: against the measured roofline; see bench_command.cc.
 CLI::App* AddBenchCommand(CLI::App& app, int& exit_code);
+// `pagekv bench attention`, registered under `bench`; see bench_attention_command.cc.
+void AddBenchAttentionCommand(CLI::App& bench, int& exit_code);
 // `pagekv bench collectives`, registered under `bench`; see bench_collectives_command.cc.
 void AddBenchCollectivesCommand(CLI::App& bench, int& exit_code);
 // `pagekv generate`: text from a llama model on the paged cache; see generate_command.cc.

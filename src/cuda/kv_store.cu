@@ -13,52 +13,12 @@
 
 #include <cstdint>
 
-#include "cuda/kv_codec.h"
+#include "cuda/encode_row.cuh"
 
 namespace pagekv::cuda {
 namespace {
 
 constexpr int kWarps = 4;
-
-__device__ inline float WarpMaxF(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-
-// One row of d values from x into `row`, by the warp.
-__device__ void EncodeRow(KvType type, const float* x, int d, char* row, int lane) {
-  switch (type) {
-    case KvType::kF32:
-      for (int j = lane; j < d; j += 32) reinterpret_cast<float*>(row)[j] = x[j];
-      return;
-    case KvType::kF16:
-      for (int j = lane; j < d; j += 32) reinterpret_cast<__half*>(row)[j] = __float2half_rn(x[j]);
-      return;
-    case KvType::kBF16:
-      for (int j = lane; j < d; j += 32) reinterpret_cast<__nv_bfloat16*>(row)[j] = __float2bfloat16_rn(x[j]);
-      return;
-    default:
-      break;
-  }
-  float amax = 0.0f;
-  for (int j = lane; j < d; j += 32) amax = fmaxf(amax, fabsf(x[j]));
-  amax = WarpMaxF(amax);
-  const unsigned short s16 = codec::ScaleAtLeast(amax / codec::CodeTop(type == KvType::kInt8, type == KvType::kFp8E4M3));
-  const float s = codec::ScaleValue(s16);
-  auto* out = reinterpret_cast<uint8_t*>(row);
-  for (int j = lane; j < d; j += 32) {
-    if (type == KvType::kInt8) {
-      out[j] = codec::Int8Code(x[j], s);
-    } else {
-      out[j] = s > 0.0f ? codec::F32ToFp8(x[j] / s, type == KvType::kFp8E4M3) : 0;
-    }
-  }
-  if (lane == 0) {  // byte stores: the scale's address is 2-byte aligned only when head_dim is even
-    out[d] = static_cast<uint8_t>(s16 & 0xFF);
-    out[d + 1] = static_cast<uint8_t>(s16 >> 8);
-  }
-}
 
 __global__ void __launch_bounds__(kWarps * 32) StoreKernel(StoreParams p) {
   const int64_t pair = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;

@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "cuda/kv_codec.h"
+#include "cuda/encode_row.cuh"
 
 namespace pagekv::cuda {
 namespace {
@@ -55,47 +55,12 @@ __global__ void __launch_bounds__(kThreads) RmsNormKernel(const float* x, const 
 
 constexpr int kWarps = 4;
 
-__device__ inline float WarpMax(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-
-// kv_store.cu's EncodeRow, over rows of a plain array.
+// EncodeRow (encode_row.cuh) over rows of a plain array: a warp per row.
 __global__ void __launch_bounds__(kWarps * 32) EncodeKernel(KvType type, int32_t d, const float* src, int64_t rows,
                                                             char* dst, int64_t row_bytes) {
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
   if (r >= rows) return;
-  const float* x = src + r * d;
-  char* row = dst + r * row_bytes;
-  switch (type) {
-    case KvType::kF32:
-      for (int j = lane; j < d; j += 32) reinterpret_cast<float*>(row)[j] = x[j];
-      return;
-    case KvType::kF16:
-      for (int j = lane; j < d; j += 32) reinterpret_cast<__half*>(row)[j] = __float2half_rn(x[j]);
-      return;
-    case KvType::kBF16:
-      for (int j = lane; j < d; j += 32) reinterpret_cast<__nv_bfloat16*>(row)[j] = __float2bfloat16_rn(x[j]);
-      return;
-    default:
-      break;
-  }
-  float amax = 0.0f;
-  for (int j = lane; j < d; j += 32) amax = fmaxf(amax, fabsf(x[j]));
-  amax = WarpMax(amax);
-  const unsigned short s16 = codec::ScaleAtLeast(amax / codec::CodeTop(type == KvType::kInt8, type == KvType::kFp8E4M3));
-  const float s = codec::ScaleValue(s16);
-  auto* out = reinterpret_cast<uint8_t*>(row);
-  for (int j = lane; j < d; j += 32) {
-    out[j] = type == KvType::kInt8 ? codec::Int8Code(x[j], s)
-                                   : (s > 0.0f ? codec::F32ToFp8(x[j] / s, type == KvType::kFp8E4M3) : uint8_t{0});
-  }
-  if (lane == 0) {
-    out[d] = static_cast<uint8_t>(s16 & 0xFF);
-    out[d + 1] = static_cast<uint8_t>(s16 >> 8);
-  }
+  EncodeRow(type, src + r * d, d, dst + r * row_bytes, static_cast<int>(threadIdx.x % 32));
 }
 
 __global__ void CopySpansKernel(const SpanCopy* spans, const char* src, char* dst) {

@@ -97,15 +97,15 @@ TEST_F(GpuGenerateTest, FastProductsKeepTheFirstTokens) {
   }
 }
 
-TEST_F(GpuGenerateTest, SmolLM2GreedyIdsAreTheCpusWithF32Products) {
-  const std::string path = testing::SmolLM2Path();
-  if (!std::filesystem::exists(path)) GTEST_SKIP() << "SmolLM2 not fetched (" << path << "): make test fetches it";
+// A real model's greedy ids with f32 products and f16 KV, on the CPU and the GPU.
+void ExpectTheSameGreedyIds(const std::string& path, int32_t max_new_tokens) {
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " is not fetched: make test fetches it";
   std::vector<int32_t> ids[2];
   for (const bool gpu : {false, true}) {
     GenerateOptions o;
     o.model_path = path;
     o.prompts = {"The capital of France is"};
-    o.max_new_tokens = 32;
+    o.max_new_tokens = max_new_tokens;
     o.exact_products = true;
     o.kv_dtype = DType::kF16;
     o.device = gpu ? "cuda" : "cpu";
@@ -116,23 +116,10 @@ TEST_F(GpuGenerateTest, SmolLM2GreedyIdsAreTheCpusWithF32Products) {
   EXPECT_EQ(ids[1], ids[0]);
 }
 
+TEST_F(GpuGenerateTest, SmolLM2GreedyIdsAreTheCpusWithF32Products) { ExpectTheSameGreedyIds(testing::SmolLM2Path(), 32); }
+
 TEST_F(GpuGenerateTest, Gemma3WithSlidingWindowLayersGivesTheCpusGreedyIds) {
-  const std::string path = testing::Gemma3Path();
-  if (!std::filesystem::exists(path)) GTEST_SKIP() << "gemma-3-270m not fetched (" << path << "): make test fetches it";
-  std::vector<int32_t> ids[2];
-  for (const bool gpu : {false, true}) {
-    GenerateOptions o;
-    o.model_path = path;
-    o.prompts = {"The capital of France is"};
-    o.max_new_tokens = 24;
-    o.exact_products = true;
-    o.kv_dtype = DType::kF16;
-    o.device = gpu ? "cuda" : "cpu";
-    Result<GenerateReport> r = Generate(o);
-    ASSERT_TRUE(r.ok()) << r.status().ToString();
-    ids[gpu] = r->outputs[0].generated_ids;
-  }
-  EXPECT_EQ(ids[1], ids[0]);
+  ExpectTheSameGreedyIds(testing::Gemma3Path(), 24);
 }
 
 TEST_F(GpuGenerateTest, WhatTheDeviceDoesNotRunIsRefusedWithTheFix) {

@@ -1,0 +1,238 @@
+// CudaBackend's attention calls (see cuda_backend.h): each sequence's block
+// table checked as the CPU kernels check it and uploaded, then decode
+// through the flash-decoding kernels, or anything else (prefill, chunked
+// prefill, decode with windows, soft-capping, partial tables or
+// log-sum-exps) through the prefill kernels.
+#include "cuda/cuda_backend.h"
+
+#include "cuda/cuda_backend_impl.h"
+
+namespace pagekv {
+namespace {
+
+struct LayerView {
+  cuda::KvType type;
+  const std::byte* k = nullptr;
+  const std::byte* v = nullptr;
+  int64_t head_stride = 0, slab_stride = 0, row_bytes = 0;
+};
+Result<LayerView> View(const PagedKv& kv) {
+  if (kv.layout == nullptr || kv.arena == nullptr) return InvalidArgumentError("attention: null layout or arena");
+  const KvLayout& layout = *kv.layout;
+  if (kv.layer < 0 || kv.layer >= layout.num_layers()) return OutOfRangeError("attention: layer out of range");
+  if (layout.config().kind != CacheKind::kPerHead) {
+    return UnimplementedError("MLA latent caches are not read on the CUDA backend yet: use the CPU backend");
+  }
+  PAGEKV_ASSIGN_OR_RETURN(const cuda::KvType type, RowType(layout.format(kv.layer), layout.row_elems()));
+  LayerView v{type};
+  v.k = kv.arena + layout.SlabOffset(kv.layer, 0, 0, 0);
+  v.v = kv.arena + layout.SlabOffset(kv.layer, 1, 0, 0);
+  v.head_stride = layout.head_stride(kv.layer, 0);
+  v.slab_stride = layout.slab_stride(kv.layer, 0);
+  v.row_bytes = layout.row_bytes(kv.layer);
+  return v;
+}
+
+// One sequence's table as int32 (kNoBlock kept as -1 where `partial`
+// allows it), checked as the CPU kernels check it.
+Status Table(const KvLayout& layout, std::span<const BlockId> blocks, int64_t num_tokens, int64_t window,
+              bool partial, int32_t max_blocks, int32_t* out) {
+  const int64_t need = (num_tokens + layout.block_len() - 1) / layout.block_len();
+  if (static_cast<int64_t>(blocks.size()) < need) {
+    return InvalidArgumentError("attention: a block table shorter than its sequence");
+  }
+  // Blocks wholly before the window are never read: -1 there.
+  const int64_t first = window > 0 ? std::max<int64_t>(0, num_tokens - window) / layout.block_len() : 0;
+  for (int64_t b = 0; b < max_blocks; ++b) {
+    int32_t id = -1;
+    if (b < need && b >= first) {
+      id = ToInt(blocks[static_cast<size_t>(b)]);
+      if (id == ToInt(kNoBlock) && partial) {
+        id = -1;
+      } else if (id < 0 || id >= layout.num_blocks()) {
+        return InvalidArgumentError("attention: a block id outside the pool");
+      }
+    }
+    out[b] = id;
+  }
+  return Status::Ok();
+}
+
+// The prefill kernels' parameters every call fills alike: the layer, the
+// uploaded tables and lengths, q, out and the options.
+cuda::PrefillParams PrefillFor(const LayerView& view, const KvLayout& layout, int32_t num, int64_t max_blocks,
+                               const Temp& tables, const Temp& lens, const float* q, float* out,
+                               const AttentionOptions& options) {
+  const CacheConfig& cc = layout.config();
+  cuda::PrefillParams p;
+  p.type = view.type;
+  p.num_seqs = num;
+  p.q_heads = cc.num_q_heads;
+  p.kv_heads = cc.num_kv_heads;
+  p.head_dim = cc.head_dim;
+  p.block_len = layout.block_len();
+  p.k_plane = view.k;
+  p.v_plane = view.v;
+  p.head_stride = view.head_stride;
+  p.slab_stride = view.slab_stride;
+  p.row_bytes = view.row_bytes;
+  p.block_tables = tables.as<int32_t>();
+  p.max_blocks = static_cast<int32_t>(max_blocks);
+  p.context_lens = lens.as<int32_t>();
+  p.q = q;
+  p.out = out;
+  p.lse = options.lse;
+  p.scale = options.scale;
+  p.softcap = options.softcap;
+  return p;
+}
+
+}  // namespace
+
+Status CudaBackend::DecodeAttention(const PagedKv& kv, std::span<const DecodeSeq> seqs, const float* q, float* out,
+                                    const AttentionOptions& options) const {
+  impl_->Enter();
+  PAGEKV_ASSIGN_OR_RETURN(const LayerView view, View(kv));
+  if (q == nullptr || out == nullptr) return InvalidArgumentError("attention: null q or out");
+  if (seqs.empty()) return Status::Ok();
+  const KvLayout& layout = *kv.layout;
+  const CacheConfig& cc = layout.config();
+  const auto num = static_cast<int32_t>(seqs.size());
+  int64_t max_blocks = 1, longest = 0;
+  bool windowed = false;
+  for (const DecodeSeq& s : seqs) {
+    if (s.num_tokens < 1) return InvalidArgumentError("attention: a sequence with no tokens");
+    if (s.window < 0) return InvalidArgumentError("attention: a negative window");
+    if (s.scores != nullptr) {
+      return UnimplementedError("attention weights for token eviction are not computed on the CUDA backend: use the CPU backend for --evict");
+    }
+    windowed |= s.window > 0;
+    max_blocks = std::max(max_blocks, (s.num_tokens + layout.block_len() - 1) / layout.block_len());
+    longest = std::max(longest, s.num_tokens);
+  }
+  if (max_blocks > INT32_MAX / std::max(num, 1) || longest > INT32_MAX) return InvalidArgumentError("attention: too long");
+  std::vector<int32_t> tables(static_cast<size_t>(num) * max_blocks), lens(static_cast<size_t>(num));
+  for (int32_t i = 0; i < num; ++i) {
+    const DecodeSeq& s = seqs[static_cast<size_t>(i)];
+    PAGEKV_RETURN_IF_ERROR(Table(layout, s.blocks, s.num_tokens, s.window, options.partial,
+                                       static_cast<int32_t>(max_blocks), &tables[static_cast<size_t>(i) * max_blocks]));
+    lens[static_cast<size_t>(i)] = static_cast<int32_t>(s.num_tokens);
+  }
+  const cudaStream_t stream = impl_->stream;
+  Temp d_tables(stream, tables.size() * 4), d_lens(stream, lens.size() * 4);
+  PAGEKV_RETURN_IF_ERROR(impl_->Check(impl_->Upload(d_tables, tables), "block tables"));
+  PAGEKV_RETURN_IF_ERROR(impl_->Check(impl_->Upload(d_lens, lens), "context lengths"));
+  const bool fast = !windowed && options.softcap == 0 && options.lse == nullptr && !options.partial &&
+                    cc.head_dim % 8 == 0 && cc.head_dim <= 256 && cc.num_q_heads / cc.num_kv_heads <= 16;
+  if (fast) {
+    cuda::DecodeParams p;
+    p.type = view.type;
+    p.num_seqs = num;
+    p.q_heads = cc.num_q_heads;
+    p.kv_heads = cc.num_kv_heads;
+    p.head_dim = cc.head_dim;
+    p.block_len = layout.block_len();
+    p.k_plane = view.k;
+    p.v_plane = view.v;
+    p.head_stride = view.head_stride;
+    p.slab_stride = view.slab_stride;
+    p.row_bytes = view.row_bytes;
+    p.block_tables = d_tables.as<int32_t>();
+    p.max_blocks = static_cast<int32_t>(max_blocks);
+    p.context_lens = d_lens.as<int32_t>();
+    p.q = q;
+    p.out = out;
+    p.scale = options.scale;
+    if (options.split_tokens > 0) {
+      p.blocks_per_split = static_cast<int32_t>((options.split_tokens + layout.block_len() - 1) / layout.block_len());
+    }
+    int32_t splits = cuda::Splits(p, static_cast<int32_t>(longest), impl_->multiprocessors);
+    if (splits > 1 && p.blocks_per_split == 0) p.blocks_per_split = static_cast<int32_t>((max_blocks + splits - 1) / splits);
+    if (p.blocks_per_split > 0) splits = static_cast<int32_t>((max_blocks + p.blocks_per_split - 1) / p.blocks_per_split);
+    Temp scratch(stream, splits > 1 ? cuda::ScratchBytes(p, splits) : 0);
+    PAGEKV_RETURN_IF_ERROR(impl_->Check(scratch.error(), "decode scratch"));
+    p.scratch = scratch.as<void>();
+    if (splits <= 1) p.blocks_per_split = 0;
+    return impl_->Check(cuda::PagedDecodeAttention(p, std::max(splits, 1), stream), "decode attention");
+  }
+  // Windows, soft-capping, partial tables, log-sum-exps: one query each
+  // through the prefill kernel.
+  std::vector<int32_t> ones(static_cast<size_t>(num), 1), starts(static_cast<size_t>(num)), windows(static_cast<size_t>(num));
+  for (int32_t i = 0; i < num; ++i) {
+    starts[static_cast<size_t>(i)] = i;
+    windows[static_cast<size_t>(i)] = static_cast<int32_t>(std::min<int64_t>(seqs[static_cast<size_t>(i)].window, INT32_MAX));
+  }
+  Temp d_ones(stream, ones.size() * 4), d_starts(stream, starts.size() * 4), d_windows(stream, windows.size() * 4);
+  PAGEKV_RETURN_IF_ERROR(impl_->Check(impl_->Upload(d_ones, ones), "query lengths"));
+  PAGEKV_RETURN_IF_ERROR(impl_->Check(impl_->Upload(d_starts, starts), "query rows"));
+  PAGEKV_RETURN_IF_ERROR(impl_->Check(impl_->Upload(d_windows, windows), "windows"));
+  cuda::PrefillParams p = PrefillFor(view, layout, num, max_blocks, d_tables, d_lens, q, out, options);
+  p.query_lens = d_ones.as<int32_t>();
+  p.query_starts = d_starts.as<int32_t>();
+  p.windows = d_windows.as<int32_t>();
+  p.max_query_len = 1;
+  return impl_->Check(cuda::PagedPrefillAttention(p, stream), "decode attention (general kernel)");
+}
+
+Status CudaBackend::PrefillAttention(const PagedKv& kv, std::span<const PrefillSeq> seqs, const float* q, float* out,
+                                     const AttentionOptions& options) const {
+  impl_->Enter();
+  PAGEKV_ASSIGN_OR_RETURN(const LayerView view, View(kv));
+  if (q == nullptr || out == nullptr) return InvalidArgumentError("attention: null q or out");
+  if (seqs.empty()) return Status::Ok();
+  const KvLayout& layout = *kv.layout;
+  const CacheConfig& cc = layout.config();
+  const auto num = static_cast<int32_t>(seqs.size());
+  int64_t max_blocks = 1, rows = 0, longest_query = 0;
+  for (const PrefillSeq& s : seqs) {
+    if (s.num_queries < 1 || s.num_queries > s.num_tokens) {
+      return InvalidArgumentError("attention: num_queries must be in [1, num_tokens]");
+    }
+    if (s.score_queries < 0 || s.score_queries > s.num_queries) {
+      return InvalidArgumentError("attention: score_queries must be in [0, num_queries]");
+    }
+    if (s.window < 0) return InvalidArgumentError("attention: a negative window");
+    if (s.scores != nullptr) {
+      return UnimplementedError("attention weights for token eviction are not computed on the CUDA backend: use the CPU backend for --evict");
+    }
+    max_blocks = std::max(max_blocks, (s.num_tokens + layout.block_len() - 1) / layout.block_len());
+    rows += s.num_queries;
+    longest_query = std::max(longest_query, s.num_queries);
+    if (s.num_tokens > INT32_MAX || rows > INT32_MAX) return InvalidArgumentError("attention: too long");
+  }
+  if (max_blocks > INT32_MAX / num) return InvalidArgumentError("attention: too long");
+  std::vector<int32_t> tables(static_cast<size_t>(num) * max_blocks), lens(static_cast<size_t>(num)),
+      qlens(static_cast<size_t>(num)), starts(static_cast<size_t>(num)), windows(static_cast<size_t>(num));
+  int64_t row = 0;
+  for (int32_t i = 0; i < num; ++i) {
+    const PrefillSeq& s = seqs[static_cast<size_t>(i)];
+    // The first query's window decides which blocks are read at all.
+    const int64_t first_window = s.window > 0 ? s.window + s.num_queries - 1 : 0;
+    PAGEKV_RETURN_IF_ERROR(Table(layout, s.blocks, s.num_tokens, first_window, options.partial,
+                                       static_cast<int32_t>(max_blocks), &tables[static_cast<size_t>(i) * max_blocks]));
+    lens[static_cast<size_t>(i)] = static_cast<int32_t>(s.num_tokens);
+    qlens[static_cast<size_t>(i)] = static_cast<int32_t>(s.num_queries);
+    starts[static_cast<size_t>(i)] = static_cast<int32_t>(row);
+    windows[static_cast<size_t>(i)] = static_cast<int32_t>(std::min<int64_t>(s.window, INT32_MAX));
+    row += s.num_queries;
+  }
+  const cudaStream_t stream = impl_->stream;
+  Temp d_tables(stream, tables.size() * 4), d_lens(stream, lens.size() * 4), d_qlens(stream, qlens.size() * 4),
+      d_starts(stream, starts.size() * 4), d_windows(stream, windows.size() * 4);
+  PAGEKV_RETURN_IF_ERROR(impl_->Check(impl_->Upload(d_tables, tables), "block tables"));
+  PAGEKV_RETURN_IF_ERROR(impl_->Check(impl_->Upload(d_lens, lens), "context lengths"));
+  PAGEKV_RETURN_IF_ERROR(impl_->Check(impl_->Upload(d_qlens, qlens), "query lengths"));
+  PAGEKV_RETURN_IF_ERROR(impl_->Check(impl_->Upload(d_starts, starts), "query rows"));
+  PAGEKV_RETURN_IF_ERROR(impl_->Check(impl_->Upload(d_windows, windows), "windows"));
+  cuda::PrefillParams p = PrefillFor(view, layout, num, max_blocks, d_tables, d_lens, q, out, options);
+  p.query_lens = d_qlens.as<int32_t>();
+  p.query_starts = d_starts.as<int32_t>();
+  p.windows = d_windows.as<int32_t>();
+  p.max_query_len = static_cast<int32_t>(longest_query);
+  // Enough rows for the tensor cores' 64-row tiles to pay.
+  p.tensor_cores = impl_->tensor_core_prefill && cuda::TensorCorePrefillShape(p) &&
+                   longest_query * (cc.num_q_heads / cc.num_kv_heads) >= 16;
+  return impl_->Check(cuda::PagedPrefillAttention(p, stream), "prefill attention");
+}
+
+}  // namespace pagekv

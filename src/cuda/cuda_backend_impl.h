@@ -1,0 +1,372 @@
+// CudaBackend's insides, shared by its two files (cuda_backend.cc: memory,
+// transfers, weight products and the layer ops; cuda_backend_attention.cc:
+// the attention calls). Not part of the module's interface.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "cuda/cuda_backend.h"
+#include "cuda/layer_ops.h"
+#include "cuda/paged_attention.h"
+#include "kernels/ops.h"
+#include "kernels/weight_formats.h"
+
+namespace pagekv {
+namespace cuda_backend_internal {
+
+inline std::string CudaMessage(cudaError_t e) { return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e); }
+
+// The device arena: cudaMalloc'd, zeroed (as a fresh host arena is).
+class DeviceArena final : public KvArena {
+ public:
+  DeviceArena(std::byte* data, int64_t size) : KvArena(data, size, false) {}
+  ~DeviceArena() override { cudaFree(data()); }
+};
+
+// A stream-ordered temporary: freed (stream-ordered) when it goes out of scope.
+class Temp {
+ public:
+  Temp(cudaStream_t stream, size_t bytes) : stream_(stream) {
+    if (bytes > 0) error_ = cudaMallocAsync(&p_, bytes, stream);
+  }
+  ~Temp() {
+    if (p_ != nullptr) cudaFreeAsync(p_, stream_);
+  }
+  Temp(const Temp&) = delete;
+  Temp& operator=(const Temp&) = delete;
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(p_);
+  }
+  cudaError_t error() const { return error_; }
+
+ private:
+  cudaStream_t stream_;
+  void* p_ = nullptr;
+  cudaError_t error_ = cudaSuccess;
+};
+
+struct DeviceWeights {
+  void* data = nullptr;
+  cudaDataType_t type = CUDA_R_32F;
+  int64_t bytes = 0;
+};
+
+// The cuda::KvType of a layer's stored rows, or an error naming what the
+// device does not read.
+inline Result<cuda::KvType> RowType(const KvFormat& f, int32_t row_elems) {
+  if (f.IsKivi()) return UnimplementedError("INT4 KIVI layers are not read on the CUDA backend: use --kv-dtype f16, bf16, int8 or fp8, or the CPU backend");
+  if (f.hadamard) return UnimplementedError("Hadamard-rotated KV rows are not read on the CUDA backend: store them unrotated, or use the CPU backend");
+  if (f.scale_axis == ScaleAxis::kNone) {
+    switch (f.dtype) {
+      case DType::kF32: return cuda::KvType::kF32;
+      case DType::kF16: return cuda::KvType::kF16;
+      case DType::kBF16: return cuda::KvType::kBF16;
+      default: break;
+    }
+  } else if (f.IsStoredQuantized(row_elems)) {
+    switch (f.dtype) {
+      case DType::kInt8: return cuda::KvType::kInt8;
+      case DType::kFP8E4M3: return cuda::KvType::kFp8E4M3;
+      case DType::kFP8E5M2: return cuda::KvType::kFp8E5M2;
+      default: break;
+    }
+  }
+  return UnimplementedError("this KV row format is not read on the CUDA backend");
+}
+
+}  // namespace cuda_backend_internal
+
+using cuda_backend_internal::CudaMessage;
+using cuda_backend_internal::RowType;
+using cuda_backend_internal::Temp;
+using cuda_backend_internal::DeviceWeights;
+using cuda_backend_internal::DeviceArena;
+
+struct CudaBackend::Impl {
+  int device = 0;
+  std::string name;
+  bool bf16_products = false;
+  bool tensor_core_prefill = false;
+  int multiprocessors = 1;
+  cudaStream_t stream = nullptr;       // compute: every math call, in call order
+  cudaStream_t copy_stream = nullptr;  // block transfers (tier moves)
+  cudaEvent_t compute_done = nullptr;
+  mutable std::mutex copy_mu;          // one transfer at a time: the pinned staging
+  mutable void* pinned = nullptr;
+  mutable size_t pinned_size = 0;
+  mutable std::mutex ring_mu;          // H2D's pinned ring
+  mutable void* ring = nullptr;
+  mutable size_t ring_at = 0;
+  mutable bool ring_failed = false;
+  cublasHandle_t blas = nullptr;
+  mutable std::mutex mu;  // the error, the weight cache, cuBLAS
+  mutable Status error = Status::Ok();
+  mutable std::map<std::tuple<const std::byte*, int, int64_t, int64_t, bool, int>, DeviceWeights> weights;
+  mutable std::map<std::tuple<std::thread::id, int, size_t>, std::pair<void*, size_t>> scratch;
+  mutable std::map<const float*, std::pair<float*, int64_t>> vectors;  // host norm weights / biases -> device copies
+  mutable std::atomic<int64_t> weight_bytes{0};
+  mutable std::atomic<int64_t> fallbacks{0};
+
+  ~Impl() {
+    if (stream != nullptr) cudaStreamSynchronize(stream);
+    for (auto& [key, w] : weights) cudaFree(w.data);
+    for (auto& [key, buf] : scratch) cudaFree(buf.first);
+    for (auto& [key, vec] : vectors) cudaFree(vec.first);
+    if (copy_stream != nullptr) cudaStreamSynchronize(copy_stream);
+    cudaFreeHost(pinned);
+    cudaFreeHost(ring);
+    if (blas != nullptr) cublasDestroy(blas);
+    if (compute_done != nullptr) cudaEventDestroy(compute_done);
+    if (copy_stream != nullptr) cudaStreamDestroy(copy_stream);
+    if (stream != nullptr) cudaStreamDestroy(stream);
+  }
+
+  // Every call runs on the backend's device, whichever host thread makes it.
+  void Enter() const { cudaSetDevice(device); }
+
+  void Note(cudaError_t e, const char* what) const {
+    if (e == cudaSuccess) return;
+    std::lock_guard lock(mu);
+    if (error.ok()) error = InternalError(std::string("CUDA backend: ") + what + ": " + CudaMessage(e));
+  }
+  void NoteStatus(const Status& s) const {
+    if (s.ok()) return;
+    std::lock_guard lock(mu);
+    if (error.ok()) error = s;
+  }
+  // The recorded error (kept), or ok.
+  Status Recorded() const {
+    std::lock_guard lock(mu);
+    return error;
+  }
+  Status Check(cudaError_t e, const char* what) const {
+    Note(e, what);
+    return Recorded();
+  }
+
+  // Host -> device on the compute stream through a pinned ring, so the copy
+  // is a true asynchronous DMA (a pageable source may make the runtime wait
+  // for the stream before copying it) and the caller's buffer is free at
+  // return. The ring is written again only after the stream has finished
+  // every copy out of it (one stream sync per wrap). Sources larger than a
+  // quarter of it, or no pinned memory, go pageable.
+  static constexpr size_t kRingBytes = size_t{8} << 20;
+  cudaError_t H2D(void* dst, const void* src, size_t bytes) const {
+    if (bytes == 0) return cudaSuccess;
+    std::lock_guard lock(ring_mu);
+    if (ring == nullptr && !ring_failed) {
+      if (cudaMallocHost(&ring, kRingBytes) != cudaSuccess) {
+        cudaGetLastError();
+        ring = nullptr;
+        ring_failed = true;
+      }
+    }
+    if (ring == nullptr || bytes > kRingBytes / 4) return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream);
+    size_t at = (ring_at + 255) / 256 * 256;
+    if (at + bytes > kRingBytes) {
+      if (cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess) return e;
+      at = 0;
+    }
+    std::byte* slot = static_cast<std::byte*>(ring) + at;
+    std::memcpy(slot, src, bytes);
+    ring_at = at + bytes;
+    return cudaMemcpyAsync(dst, slot, bytes, cudaMemcpyHostToDevice, stream);
+  }
+
+  template <typename T>
+  cudaError_t Upload(const Temp& dst, const std::vector<T>& host) const {
+    if (dst.error() != cudaSuccess) return dst.error();
+    return H2D(dst.as<void>(), host.data(), host.size() * sizeof(T));
+  }
+
+  // A weight vector (norm weights, a bias) of n floats where the kernels
+  // can read it: itself when it is device (or managed) memory, else its
+  // device copy, uploaded on first use and kept (model weights do not
+  // change). Null (and the error recorded) when it cannot be.
+  const float* Resident(const float* p, int64_t n) const {
+    if (p == nullptr) return nullptr;
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, p) == cudaSuccess &&
+        (a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged)) {
+      return p;
+    }
+    cudaGetLastError();
+    std::lock_guard lock(mu);
+    auto& [copy, size] = vectors[p];
+    if (size >= n) return copy;
+    cudaFree(copy);
+    copy = nullptr;
+    size = 0;
+    cudaError_t e = cudaMalloc(&copy, static_cast<size_t>(n) * sizeof(float));
+    // Synchronous: the copy is made before the host vector could change.
+    if (e == cudaSuccess) e = cudaMemcpy(copy, p, static_cast<size_t>(n) * sizeof(float), cudaMemcpyHostToDevice);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      cudaFree(copy);
+      copy = nullptr;
+      if (error.ok()) error = InternalError("CUDA backend: uploading a weight vector: " + CudaMessage(e));
+      return nullptr;
+    }
+    size = n;
+    weight_bytes += n * static_cast<int64_t>(sizeof(float));
+    return copy;
+  }
+
+  // The device copy of `w` in the type the product needs (uploaded on first use).
+  Result<DeviceWeights> Weights(const WeightMatrix& w, Activations activations) const {
+    const bool exact = activations == Activations::kF32 || w.type == WeightType::kF32;
+    const cudaDataType_t type = exact ? CUDA_R_32F : (w.type == WeightType::kBF16 || bf16_products) ? CUDA_R_16BF : CUDA_R_16F;
+    const auto key = std::make_tuple(w.data, static_cast<int>(w.type), w.rows, w.cols, w.panels, static_cast<int>(type));
+    std::lock_guard lock(mu);
+    if (auto it = weights.find(key); it != weights.end()) return it->second;
+    DeviceWeights dw;
+    dw.type = type;
+    const int64_t elem = type == CUDA_R_32F ? 4 : 2;
+    dw.bytes = w.rows * w.cols * elem;
+    if (cudaError_t e = cudaMalloc(&dw.data, static_cast<size_t>(dw.bytes)); e != cudaSuccess) {
+      cudaGetLastError();
+      return ResourceExhaustedError("CUDA backend: no device memory for a " + std::to_string(w.rows) + " x " +
+                                    std::to_string(w.cols) + " weight matrix (" + std::to_string(dw.bytes) +
+                                    " bytes): " + CudaMessage(e));
+    }
+    // Decoded on the host in chunks of rows (WeightRow reads every format
+    // and layout), converted to 16 bits on the device.
+    const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(w.rows, (int64_t{16} << 20) / (w.cols * 4)));
+    std::vector<float> rows(static_cast<size_t>(chunk * w.cols));
+    Temp staging(stream, type == CUDA_R_32F ? 0 : rows.size() * sizeof(float));
+    cudaError_t e = staging.error();
+    for (int64_t r0 = 0; r0 < w.rows && e == cudaSuccess; r0 += chunk) {
+      const int64_t n = std::min(chunk, w.rows - r0);
+      for (int64_t r = 0; r < n; ++r) pagekv::WeightRow(w, r0 + r, rows.data() + r * w.cols);
+      const size_t floats = static_cast<size_t>(n * w.cols);
+      if (type == CUDA_R_32F) {
+        e = cudaMemcpyAsync(static_cast<float*>(dw.data) + r0 * w.cols, rows.data(), floats * 4, cudaMemcpyHostToDevice,
+                            stream);
+      } else {
+        e = cudaMemcpyAsync(staging.as<float>(), rows.data(), floats * 4, cudaMemcpyHostToDevice, stream);
+        void* dst = static_cast<std::byte*>(dw.data) + r0 * w.cols * 2;
+        if (e == cudaSuccess) {
+          e = type == CUDA_R_16F ? cuda::ToHalf(staging.as<float>(), static_cast<int64_t>(floats), dst, stream)
+                                 : cuda::ToBf16(staging.as<float>(), static_cast<int64_t>(floats), dst, stream);
+        }
+      }
+      // The host chunk is reused next: wait for the copy out of it.
+      if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
+    }
+    if (e != cudaSuccess) {
+      cudaFree(dw.data);
+      return InternalError("CUDA backend: uploading a weight matrix: " + CudaMessage(e));
+    }
+    weights.emplace(key, dw);
+    weight_bytes += dw.bytes;
+    return dw;
+  }
+
+  Status Product(const WeightMatrix& w, const float* x, int64_t tokens, float* y, Activations activations) const {
+    if (w.data == nullptr || x == nullptr || y == nullptr) return InvalidArgumentError("MatMul: null pointer");
+    if (w.rows <= 0 || w.cols <= 0 || tokens <= 0) return InvalidArgumentError("MatMul: sizes must be positive");
+    if (w.cols % FormatOf(w.type).block_elems != 0) {
+      return InvalidArgumentError("MatMul: cols must be a multiple of the format's block");
+    }
+    if (w.rows > INT32_MAX || w.cols > INT32_MAX || tokens > INT32_MAX) {
+      return InvalidArgumentError("MatMul: a dimension past 2^31 - 1 (cuBLAS's limit)");
+    }
+    PAGEKV_ASSIGN_OR_RETURN(const DeviceWeights dw, Weights(w, activations));
+    const int m = static_cast<int>(w.rows), n = static_cast<int>(tokens), k = static_cast<int>(w.cols);
+    const float alpha = 1.0f, beta = 0.0f;
+    // Row-major Y[tokens][rows] = X[tokens][cols] W[rows][cols]^T is, in
+    // cuBLAS's column-major terms, Y^T (rows x tokens) = op(W') X' with W'
+    // the cols x rows matrix W's bytes are: op = transpose.
+    Temp x16(stream, dw.type == CUDA_R_32F ? 0 : static_cast<size_t>(tokens * w.cols * 2));
+    const void* xb = x;
+    if (dw.type != CUDA_R_32F) {
+      PAGEKV_RETURN_IF_ERROR(Check(x16.error(), "activation buffer"));
+      const cudaError_t e = dw.type == CUDA_R_16F ? cuda::ToHalf(x, tokens * w.cols, x16.as<void>(), stream)
+                                                  : cuda::ToBf16(x, tokens * w.cols, x16.as<void>(), stream);
+      PAGEKV_RETURN_IF_ERROR(Check(e, "rounding the activations"));
+      xb = x16.as<void>();
+    }
+    cublasStatus_t s;
+    {
+      std::lock_guard lock(mu);
+      cublasSetStream(blas, stream);
+      s = cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, dw.data, dw.type, k, xb, dw.type, k, &beta, y,
+                       CUDA_R_32F, m, dw.type == CUDA_R_32F ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F,
+                       CUBLAS_GEMM_DEFAULT);
+    }
+    if (s != CUBLAS_STATUS_SUCCESS) {
+      return InternalError(std::string("CUDA backend: cublasGemmEx: ") + cublasGetStatusString(s));
+    }
+    return Recorded();
+  }
+
+  // Spans of each slab of `block` (payload order: layer, plane, head), the
+  // arena side `from` and the payload side `to` (swapped by the caller).
+  static std::vector<cuda::SpanCopy> BlockSpans(const KvLayout& layout, int64_t block) {
+    std::vector<cuda::SpanCopy> spans;
+    int64_t at = 0;
+    for (const int32_t l : layout.block_layers()) {
+      for (int32_t p = 0; p < layout.num_planes(); ++p) {
+        const int64_t slab = layout.slab_bytes(l, p);
+        for (int32_t h = 0; h < layout.num_heads(); ++h, at += slab) spans.push_back({layout.SlabOffset(l, p, h, block), at, slab});
+      }
+    }
+    return spans;
+  }
+
+  cudaError_t Spans(const std::vector<cuda::SpanCopy>& spans, const void* src, void* dst, cudaStream_t on = nullptr) const {
+    if (spans.empty()) return cudaSuccess;
+    if (on == nullptr) on = stream;
+    Temp d(on, spans.size() * sizeof(cuda::SpanCopy));
+    if (d.error() != cudaSuccess) return d.error();
+    // The compute stream's through the ring; the copy stream's calls wait
+    // for their stream anyway.
+    cudaError_t e = on == stream ? H2D(d.as<void>(), spans.data(), spans.size() * sizeof(cuda::SpanCopy))
+                                 : cudaMemcpyAsync(d.as<void>(), spans.data(), spans.size() * sizeof(cuda::SpanCopy),
+                                                   cudaMemcpyHostToDevice, on);
+    if (e != cudaSuccess) return e;
+    return cuda::CopySpans(d.as<cuda::SpanCopy>(), static_cast<int64_t>(spans.size()), src, dst, on);
+  }
+
+  // Block transfers run on the copy stream, beside the forward pass on the
+  // compute stream: each first waits for the compute work enqueued before
+  // it (what may still write or read the block), not for what comes after,
+  // and stages through pinned host memory so its DMA is asynchronous. The
+  // call returns when its bytes are in place (the callers' protocol: a
+  // loaded block is used only after its load returns).
+  std::byte* Pinned(size_t bytes) const {
+    if (pinned_size < bytes) {
+      cudaFreeHost(pinned);
+      pinned = nullptr;
+      pinned_size = 0;
+      if (cudaMallocHost(&pinned, bytes) != cudaSuccess) {
+        cudaGetLastError();
+        pinned = nullptr;
+        return nullptr;
+      }
+      pinned_size = bytes;
+    }
+    return static_cast<std::byte*>(pinned);
+  }
+  cudaError_t AfterCompute() const {
+    cudaError_t e = cudaEventRecord(compute_done, stream);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(copy_stream, compute_done, 0);
+    return e;
+  }
+
+};
+
+}  // namespace pagekv
