@@ -9,7 +9,7 @@
 # generation on the device. Output under $OUT (default build/cuda-check):
 # build.log, test.log (decode and prefill), store-test.log, bench.log,
 # peer.log, full-*.log, backend-test.log, device-generate.log,
-# bench-attention.txt, bench-generate-{cuda,cpu}.txt.
+# bench-attention.txt, bench-attention-tc.txt, bench-generate-{cuda,cpu}.txt.
 #
 # PARTS (default "kernels peer backend") picks what runs, to fit a lease (a
 # command may run 10 minutes: give "kernels backend" one call, "peer" the next):
@@ -28,13 +28,13 @@ if want kernels; then
   BIN=$TMP/paged_attention_test
   STORE_BIN=$TMP/kv_store_test
   if ! nvcc -O3 -std=c++17 -lineinfo -gencode arch=compute_90,code=sm_90 -Xptxas -v -Isrc \
-      src/cuda/paged_attention.cu src/cuda/paged_attention_test.cu -lcublas -o "$BIN" > "$OUT/build.log" 2>&1; then
+      src/cuda/paged_attention.cu src/cuda/tensor_core_decode.cu src/cuda/paged_attention_test.cu -lcublas -o "$BIN" > "$OUT/build.log" 2>&1; then
     echo "build failed"; tail -30 "$OUT/build.log"; exit 1
   fi
   # The KV store test compares bytes with the host's encoders (plain C++ from
   # the layout module, compiled here by nvcc's host compiler).
   if ! nvcc -O3 -std=c++17 -lineinfo -gencode arch=compute_90,code=sm_90 -Isrc \
-      src/cuda/kv_store.cu src/cuda/paged_attention.cu src/cuda/kv_store_test.cu src/layout/quantize.cc \
+      src/cuda/kv_store.cu src/cuda/paged_attention.cu src/cuda/tensor_core_decode.cu src/cuda/kv_store_test.cu src/layout/quantize.cc \
       -o "$STORE_BIN" >> "$OUT/build.log" 2>&1; then
     echo "build failed (kv store test)"; tail -30 "$OUT/build.log"; exit 1
   fi
@@ -69,6 +69,11 @@ run_full() {  # $1: the folder with bin/ (the tests run from $1/repo, so ../shar
     --batch 8 --ctx 4096,16384 --heads 32/32,32/8,64/8 --dtype f16,bf16 --block-len 16,128 \
     > "$OUT/bench-attention.txt" 2>&1; echo "bench attention --device cuda exit $?"
   tail -40 "$OUT/bench-attention.txt"
+  # The same GQA shapes through the tensor-core decode kernel (--tensor-cores).
+  timeout 180 "$dir/bin/pagekv" bench attention --device cuda --tensor-cores --no-scalar --peer-layout head-major \
+    --batch 8 --ctx 4096,16384 --heads 32/8,64/8 --dtype f16,bf16 --block-len 16,128 \
+    > "$OUT/bench-attention-tc.txt" 2>&1; echo "bench attention --device cuda --tensor-cores exit $?"
+  tail -20 "$OUT/bench-attention-tc.txt"
   # Whole-model generation on the GPU (the synthetic llama-110m, f16), then
   # the same on this machine's CPUs, for the ratio.
   for dev in cuda cpu; do

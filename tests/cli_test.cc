@@ -130,7 +130,11 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"nosuchcommand", "nosuchcommand"},
         BadCase{"bench attention --quick --device tpu", "is not one of cpu, cuda, cuda:N"},
         BadCase{"generate --model ../shared/models/stories260K/stories260K.gguf --prompt Hi --device cuda:x",
-                "is not one of cpu, cuda, cuda:N"}));
+                "is not one of cpu, cuda, cuda:N"},
+        BadCase{"generate --model ../shared/models/stories260K/stories260K.gguf --prompt Hi --tensor-cores",
+                "use it with --device cuda"},
+        BadCase{"bench attention --quick --tensor-cores", "use it with --device cuda"},
+        BadCase{"bench generate --quick --tensor-cores", "use it with --device cuda"}));
 
 // A device that is not there (no GPU, or a build without CUDA): exit 2 and
 // one line naming the fix; where a GPU runs it, there is nothing to refuse.

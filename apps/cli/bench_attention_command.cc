@@ -24,6 +24,7 @@ struct BenchArgs {
   std::string peer_layout;
   bool mla = false;
   std::string device = "cpu";
+  bool tensor_cores = false;
 };
 
 nlohmann::ordered_json ToJson(const AttentionBenchReport& r) {
@@ -135,6 +136,7 @@ int RunBench(const BenchArgs& a) {
   o.peer_head_major = a.peer_layout == "head-major";
   o.mla = a.mla;
   o.device = a.device;
+  o.tensor_cores = a.tensor_cores;
   if (a.mla) {
     for (const auto& [q, kv] : o.heads) {
       if (kv != 1) {
@@ -206,6 +208,7 @@ void AddBenchAttentionCommand(CLI::App& bench, int& exit_code) {
   attn->add_option("--device", args.device,
                    "cpu (default), or cuda / cuda:N: the same shapes in GPU memory through the CUDA backend, against "
                    "the device's read bandwidth measured in the same run");
+  attn->add_flag("--tensor-cores", args.tensor_cores, "On a CUDA device: attention of f16 / bf16 caches (head_dim a multiple of 16 up to 128) on the tensor cores, " "prompt chunks and decode steps (not yet the default: not yet run on a GPU)");
   attn->add_option("--peer-layout", args.peer_layout,
                    "Also time each shape on a contiguous cache: head-major (the same kernel, every (sequence, head) "
                    "one run); the column is its time over the paged one");

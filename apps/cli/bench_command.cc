@@ -48,6 +48,7 @@ struct GenerateBenchArgs {
   int tp = 1, pp = 1, cp = 1;
   bool block_len_given = false;
   std::string device = "cpu";
+  bool tensor_cores = false;
 };
 
 int RunGenerateBenchCommand(const GenerateBenchArgs& a) {
@@ -65,6 +66,7 @@ int RunGenerateBenchCommand(const GenerateBenchArgs& a) {
   o.num_threads = RankThreads(a.threads, a.tp * a.pp * a.cp);
   o.busy_neighbour = a.busy_neighbour;
   o.device = a.device;
+  o.tensor_cores = a.tensor_cores;
   o.mla_prefill = ParseMlaPrefill(a.mla_prefill);
   o.overlap_communication = !a.no_overlap;
   if (a.no_amx) SetAmxPaths(false);
@@ -80,7 +82,12 @@ int RunGenerateBenchCommand(const GenerateBenchArgs& a) {
     return kExitBadInput;
   }
   o.kv_groups = *groups;
-  if (!a.json) {
+  // The header with the first row, so that a run that cannot start (no
+  // such device, a bad flag found late) prints its one-line error alone.
+  bool header_printed = false;
+  auto print_header = [&a, &header_printed] {
+    if (header_printed) return;
+    header_printed = true;
     PrintMachine();
     if (a.busy_neighbour) std::printf("with a busy neighbour: another process spins on one core throughout\n");
     if (a.tp * a.pp * a.cp > 1) {
@@ -93,7 +100,10 @@ int RunGenerateBenchCommand(const GenerateBenchArgs& a) {
     std::printf("%5s %3s %7s %6s %12s %12s %9s %8s %8s %8s %9s %7s %-7s %s\n", "batch", "thr", "prompt", "steps",
                 "prefill t/s", "decode t/s", "ms/step", "attn", "matmul", "comm", "floor ms", "ratio", "bound",
                 "pool: parallel/solo/late/crowded loops, preempted spins, host stalls");
-    o.on_result = [](const GenerateBenchResult& r) {
+  };
+  if (!a.json) {
+    o.on_result = [&print_header](const GenerateBenchResult& r) {
+      print_header();
       std::printf("%5ld %3d %7ld %6ld %12.1f %12.1f %9.2f %7.1f%% %7.1f%% %7.1f%% %9.2f %7.2f %-7s %ld/%ld/%ld/%ld, %ld, %ld\n",
                   static_cast<long>(r.batch), r.threads, static_cast<long>(r.prompt_len),
                   static_cast<long>(r.decode_steps), r.prefill_tokens_per_second, r.decode_tokens_per_second,
@@ -595,6 +605,7 @@ CLI::App* AddBenchCommand(CLI::App& app, int& exit_code) {
   g->add_option("--device", gen.device,
                 "cpu (default), or cuda / cuda:N: the model and the pool on the GPU, judged against the device's read "
                 "bandwidth measured in the run");
+  g->add_flag("--tensor-cores", gen.tensor_cores, "On a CUDA device: attention of f16 / bf16 caches (head_dim a multiple of 16 up to 128) on the tensor cores, " "prompt chunks and decode steps (not yet the default: not yet run on a GPU)");
   g->add_option("--weight-type", gen.weight_type, "Synthetic model weights: f32, f16 (default), bf16, q8_0");
   g->add_option("--batch", gen.batches, "Batch sizes (default 1,8,32)")->delimiter(',')->check(CLI::Range(1, 4096));
   g->add_option("--prompt-len", gen.prompt_len, "Prompt tokens per sequence (default 128)")->check(CLI::Range(1, 1 << 20));

@@ -104,6 +104,7 @@ struct AttentionBenchOptions {
   // memory; no scalar baseline; MLA and attention weights are skipped, as
   // the device does not run them).
   std::string device = "cpu";
+  bool tensor_cores = false;  // EngineOptions::tensor_cores (a CUDA device only)
 };
 
 // Runs the decode-attention grid. Errors: the OS refusing memory for a shape
@@ -190,6 +191,7 @@ struct GenerateBenchOptions {
   // per element on the fast path; no FMA ceiling; the attention / matmul
   // shares are launch times there, not device times).
   std::string device = "cpu";
+  bool tensor_cores = false;  // EngineOptions::tensor_cores (a CUDA device only)
   std::function<void(const GenerateBenchResult&)> on_result;  // progress, optional
 };
 

@@ -210,6 +210,12 @@ struct EngineOptions {
   // tokens on the CPU, AMX tiles for many; f16 on a GPU). Slower; what the
   // device-against-CPU and reference comparisons run.
   bool exact_products = false;
+  // On a CUDA device: attention of f16 / bf16 caches (head_dim a multiple of
+  // 16 up to 128) on the tensor cores, prompt chunks and decode steps
+  // (cuda/paged_attention.h TensorCorePrefillShape, TensorCoreDecodeShape),
+  // with the same f32 accuracy. Off until those kernels have been run on a
+  // GPU (scripts/cuda-device-check.sh); an error with --device cpu.
+  bool tensor_cores = false;
   // Multi-head latent attention models (deepseek2) over a prompt chunk: the
   // absorbed form (latent rows read by every head), the unabsorbed one
   // (per-head keys and values materialised from the latent rows once, then

@@ -35,6 +35,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const CudaBackendOption
   impl->device = options.device;
   impl->bf16_products = options.bf16_products;
   impl->tensor_core_prefill = options.tensor_core_prefill;
+  impl->tensor_core_decode = options.tensor_core_decode;
   if (cudaError_t e = cudaSetDevice(options.device); e != cudaSuccess) return UnavailableError("CUDA: " + CudaMessage(e));
   cudaDeviceProp prop{};
   if (cudaError_t e = cudaGetDeviceProperties(&prop, options.device); e != cudaSuccess) {

@@ -62,6 +62,10 @@ struct CudaBackendOptions {
   // TensorCorePrefillShape). Off until that kernel has been checked on a GPU
   // (the device check runs both kernels' tests).
   bool tensor_core_prefill = false;
+  // Decode steps of f16 / bf16 caches (head_dim a multiple of 16 up to 128)
+  // through the tensor-core decode kernel (TensorCoreDecodeShape), the one
+  // meant for GQA. Off until it has been checked on a GPU, as above.
+  bool tensor_core_decode = false;
 };
 
 // Whether a CUDA device can be used here; *why says why not.

@@ -143,6 +143,7 @@ Status CudaBackend::DecodeAttention(const PagedKv& kv, std::span<const DecodeSeq
     p.q = q;
     p.out = out;
     p.scale = options.scale;
+    p.tensor_cores = impl_->tensor_core_decode;  // where TensorCoreDecodeShape allows; the CUDA cores otherwise
     if (options.split_tokens > 0) {
       p.blocks_per_split = static_cast<int32_t>((options.split_tokens + layout.block_len() - 1) / layout.block_len());
     }

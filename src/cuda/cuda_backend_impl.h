@@ -100,6 +100,7 @@ struct CudaBackend::Impl {
   std::string name;
   bool bf16_products = false;
   bool tensor_core_prefill = false;
+  bool tensor_core_decode = false;
   int multiprocessors = 1;
   cudaStream_t stream = nullptr;       // compute: every math call, in call order
   cudaStream_t copy_stream = nullptr;  // block transfers (tier moves)

@@ -352,6 +352,8 @@ AttentionSetup MakeAttention(const CudaBackend& gpu, KvFormat format, int32_t q_
 }
 
 TEST_F(CudaBackendTest, DecodeAttentionMatchesTheCpu) {
+  auto tc = CudaBackend::Create({.tensor_core_decode = true});
+  ASSERT_TRUE(tc.ok()) << tc.status().message();
   struct Shape {
     int32_t q_heads, kv_heads, d, bl;
   };
@@ -386,6 +388,16 @@ TEST_F(CudaBackendTest, DecodeAttentionMatchesTheCpu) {
                                                         << s.q_heads / s.kv_heads << " bl " << s.bl << " variant " << variant;
         if (variant == 2) {
           EXPECT_LE(WorstError(Down(lse, want_lse.size()), want_lse), 2e-6);
+        }
+        // The tensor-core decode kernel (f16 / bf16, the fast path's variants).
+        if ((f.dtype == DType::kF16 || f.dtype == DType::kBF16) && (variant == 0 || variant == 3)) {
+          float* tc_out = Poisoned(n);
+          ASSERT_TRUE(gpu_->Finish().ok());  // the inputs are in place before another backend's stream reads them
+          ASSERT_TRUE((*tc)->DecodeAttention({&a.layout, a.arenas.device->data(), 0}, seqs, dq, tc_out, o).ok());
+          ASSERT_TRUE((*tc)->Finish().ok());
+          EXPECT_LE(WorstError(Down(tc_out, n), want), 2e-5) << "dtype " << static_cast<int>(f.dtype) << " G "
+                                                             << s.q_heads / s.kv_heads << " bl " << s.bl << " variant "
+                                                             << variant << " (tensor cores)";
         }
       }
     }

@@ -27,6 +27,8 @@
 #include <type_traits>
 
 #include "cuda/kv_codec.h"
+#include "cuda/tensor_core_decode.h"
+#include "cuda/tensor_core_parts.cuh"
 
 namespace pagekv::cuda {
 namespace {
@@ -686,33 +688,6 @@ constexpr int kTcRows = 64;   // rows (query, head) per CTA: 16 per warp
 constexpr int kTcKeys = 64;   // keys per tile
 constexpr int kTcMaxDim = 128;
 
-template <typename T>
-struct TcParts;
-template <>
-struct TcParts<__half> {
-  static constexpr int kParts = 2;  // 11 + 11 significant bits
-  __device__ static __half From(float x) { return __float2half_rn(x); }
-  __device__ static float To(__half x) { return __half2float(x); }
-};
-template <>
-struct TcParts<__nv_bfloat16> {
-  static constexpr int kParts = 3;  // 8 + 8 + 8 significant bits
-  __device__ static __nv_bfloat16 From(float x) { return __float2bfloat16_rn(x); }
-  __device__ static float To(__nv_bfloat16 x) { return __bfloat162float(x); }
-};
-
-// x as a sum of kParts 16-bit values, into parts[i * stride].
-template <typename T>
-__device__ inline void Split(float x, T* parts, int stride) {
-  float rest = x;
-#pragma unroll
-  for (int i = 0; i < TcParts<T>::kParts; ++i) {
-    const T h = TcParts<T>::From(rest);
-    parts[i * stride] = h;
-    rest -= TcParts<T>::To(h);
-  }
-}
-
 size_t TcSharedBytes(int32_t d, int parts) {
   return static_cast<size_t>(parts) * kTcRows * d * 2      // Q parts
          + 2 * static_cast<size_t>(kTcKeys) * d * 2        // K, V tiles
@@ -939,7 +914,11 @@ cudaError_t PagedDecodeAttention(const DecodeParams& p, int32_t splits, cudaStre
   }
   const dim3 grid(static_cast<unsigned>(p.kv_heads), static_cast<unsigned>(p.num_seqs), static_cast<unsigned>(splits));
   const size_t shared = SharedBytes(p);
-  if (ChunkShape(p.head_dim) && p.use_chunk_kernel) {
+  if (p.tensor_cores && TensorCoreDecodeShape(p)) {
+    if (cudaError_t e = LaunchTensorCoreDecode(p, splits, tokens_per_split, part_acc, part_ml, stream); e != cudaSuccess) {
+      return e;
+    }
+  } else if (ChunkShape(p.head_dim) && p.use_chunk_kernel) {
     switch (p.type) {
       case KvType::kF32:
         LaunchChunk<float>(p, grid, shared, stream, splits, tokens_per_split, part_acc, part_ml);

@@ -57,6 +57,9 @@ struct DecodeParams {
   // head_dim / 8 a power of two: the kernel whose threads own 16-byte
   // chunks of a row (false: the general one, for comparison and tests).
   bool use_chunk_kernel = true;
+  // f16 / bf16 rows, head_dim a multiple of 16 up to 128: the tensor-core
+  // kernel (TensorCoreDecodeShape); other shapes take the CUDA-core ones.
+  bool tensor_cores = false;
 };
 
 // Splits the launch uses for `p` (p.blocks_per_split, or chosen so the GPU
@@ -67,6 +70,17 @@ size_t ScratchBytes(const DecodeParams& p, int32_t splits);
 // Runs the decode attention on `stream`. Errors: a shape outside the
 // limits above (cudaErrorInvalidValue), or the launch's error.
 cudaError_t PagedDecodeAttention(const DecodeParams& p, int32_t splits, cudaStream_t stream);
+
+// Whether decode `p` can take the tensor-core kernel: f16 or bf16 rows,
+// head_dim a multiple of 16 and at most 128, rows 16-byte aligned. That
+// kernel (tensor_core_decode.cu) puts the group's G query heads, padded to
+// 16, in the M dimension of WMMA 16x16x16 tiles: S = Q K^T and O += P V on
+// the tensor cores with Q and P split into 16-bit parts (hi + lo for f16,
+// hi + mid + lo for bf16) so that the products keep about f32's precision,
+// K and V exact; the softmax in f32 over phases of 256 keys; the same
+// splits and merge as the CUDA-core kernels. For GQA, where those need
+// 4 G fp32 flops per element read.
+bool TensorCoreDecodeShape(const DecodeParams& p);
 
 // Prefill and chunked-prefill attention, causal, reading every cached
 // position (the prompt's earlier chunks and any shared prefix) through the

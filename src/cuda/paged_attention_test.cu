@@ -287,11 +287,16 @@ int RunTests() {
     Device dev;
     Upload(k, dev);
     int longest = *std::max_element(s.contexts.begin(), s.contexts.end());
-    for (int variant = 0; variant < 10; ++variant) {
+    for (int variant = 0; variant < 15; ++variant) {
       const int bps = std::vector<int>{0, -1, 1, 2, 3}[variant % 5];  // -1: one split, no scratch
-      const bool chunk = variant < 5;  // the chunk kernel (where head_dim / 8 is a power of two), then the general one
+      // The chunk kernel (where head_dim / 8 is a power of two), the general
+      // one, then the tensor-core one (where its shape allows).
+      const bool tc = variant >= 10;
+      const bool chunk = variant < 5;
       DecodeParams p = Params(k, dev);
       p.use_chunk_kernel = chunk;
+      p.tensor_cores = tc;
+      if (tc && !pagekv::cuda::TensorCoreDecodeShape(p)) break;
       int splits = 1;
       if (bps >= 0) {
         p.blocks_per_split = bps;
@@ -329,7 +334,7 @@ int RunTests() {
       if (!(worst <= 2e-5)) {
         ++failures;
         std::printf("FAIL %s q/kv %d/%d d %d bl %d blocks/split %d (splits %d, %s kernel): max row-relative error %.3g\n",
-                    Name(s.type), s.q_heads, s.kv_heads, s.d, s.bl, bps, splits, chunk ? "chunk" : "general", worst);
+                    Name(s.type), s.q_heads, s.kv_heads, s.d, s.bl, bps, splits, tc ? "tensor-core" : chunk ? "chunk" : "general", worst);
       }
     }
   }
@@ -723,17 +728,21 @@ int RunBench() {
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   const double bw = ReadBandwidth();
   std::printf("device: %s, %d SMs; streaming read %.0f GB/s\n", prop.name, prop.multiProcessorCount, bw);
-  std::printf("%5s %6s %6s %5s %5s %10s %8s %7s\n", "batch", "ctx", "q/kv", "block", "dtype", "us/call", "GB/s", "of read");
+  std::printf("%5s %6s %6s %5s %5s %-12s %10s %8s %7s\n", "batch", "ctx", "q/kv", "block", "dtype", "kernel", "us/call", "GB/s",
+              "of read");
   std::mt19937 rng(11);
   struct B {
     int batch, ctx, q, kv, bl;
     KvType t;
+    bool tc;  // the tensor-core kernel
   };
   std::vector<B> rows;
   for (KvType t : {KvType::kF16, KvType::kBF16, KvType::kInt8})
     for (int bl : {16, 128})
       for (auto [q, kv] : {std::pair{32, 32}, std::pair{32, 8}, std::pair{64, 8}})
-        for (auto [batch, ctx] : {std::pair{8, 4096}, std::pair{32, 4096}, std::pair{8, 16384}}) rows.push_back({batch, ctx, q, kv, bl, t});
+        for (auto [batch, ctx] : {std::pair{8, 4096}, std::pair{32, 4096}, std::pair{8, 16384}})
+          for (bool tc : {false, true})
+            if (!tc || t != KvType::kInt8) rows.push_back({batch, ctx, q, kv, bl, t, tc});
   for (const B& r : rows) {
     // The cache: a shuffled pool of exactly the blocks the batch holds; values are
     // not checked here, so the bytes are left as cudaMalloc gives them (zeroed).
@@ -774,6 +783,8 @@ int RunBench() {
     p.context_lens = dev.lens;
     p.q = dev.q;
     p.out = dev.out;
+    p.tensor_cores = r.tc;
+    const char* kernel = r.tc ? "tensor_cores" : "cuda_cores";
     // The chosen splits, and twice as many (what more parallelism buys).
     const int chosen = pagekv::cuda::Splits(p, r.ctx, prop.multiProcessorCount);
     double us = 0, gbps = 0;
@@ -811,11 +822,11 @@ int RunBench() {
       }
       if (variant == 1) std::printf("      (splits %d: %.0f GB/s; splits %d: %.0f GB/s)\n", chosen, first, used, g);
     }
-    std::printf("%5d %6d %3d/%-2d %5d %5s %10.1f %8.0f %7.2f   (splits %d)\n", r.batch, r.ctx, r.q, r.kv, r.bl, Name(r.t), us, gbps,
-                gbps / bw, splits);
-    std::printf("JSON {\"batch\":%d,\"ctx\":%d,\"q_heads\":%d,\"kv_heads\":%d,\"block_len\":%d,\"dtype\":\"%s\",\"us\":%.2f,"
-                "\"gbps\":%.1f,\"read_gbps\":%.1f,\"ratio\":%.3f}\n",
-                r.batch, r.ctx, r.q, r.kv, r.bl, Name(r.t), us, gbps, bw, gbps / bw);
+    std::printf("%5d %6d %3d/%-2d %5d %5s %-12s %10.1f %8.0f %7.2f   (splits %d)\n", r.batch, r.ctx, r.q, r.kv, r.bl, Name(r.t),
+                kernel, us, gbps, gbps / bw, splits);
+    std::printf("JSON {\"batch\":%d,\"ctx\":%d,\"q_heads\":%d,\"kv_heads\":%d,\"block_len\":%d,\"dtype\":\"%s\",\"kernel\":\"%s\","
+                "\"us\":%.2f,\"gbps\":%.1f,\"read_gbps\":%.1f,\"ratio\":%.3f}\n",
+                r.batch, r.ctx, r.q, r.kv, r.bl, Name(r.t), kernel, us, gbps, bw, gbps / bw);
   }
   return RunPrefillBench();
 }

@@ -48,6 +48,15 @@ TEST(DeviceGenerateTest, WithoutAGpuTheDeviceIsRefusedWithTheFix) {
   EXPECT_NE(r.status().message().find("--device cpu"), std::string::npos) << r.status().message();
 }
 
+TEST(DeviceGenerateTest, TensorCoresOnTheCpuAreRefusedWithTheFix) {
+  GenerateOptions o = Stories("cpu");
+  o.tensor_cores = true;
+  Result<GenerateReport> r = Generate(o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("--device cuda"), std::string::npos) << r.status().message();
+}
+
 TEST(DeviceGenerateTest, UnknownDevicesAreRefused) {
   for (const char* bad : {"gpu", "cuda:", "cuda:x", "cuda:-1", "CUDA", "cpu0"}) {
     Result<GenerateReport> r = Generate(Stories(bad));
@@ -97,26 +106,35 @@ TEST_F(GpuGenerateTest, FastProductsKeepTheFirstTokens) {
   }
 }
 
-// A real model's greedy ids with f32 products and f16 KV, on the CPU and the GPU.
-void ExpectTheSameGreedyIds(const std::string& path, int32_t max_new_tokens) {
+// A real model's greedy ids with f32 products and f16 KV, on the CPU and the
+// GPU (and, with `tensor_cores`, the GPU's tensor-core attention kernels too).
+void ExpectTheSameGreedyIds(const std::string& path, int32_t max_new_tokens, bool tensor_cores = false) {
   if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " is not fetched: make test fetches it";
-  std::vector<int32_t> ids[2];
-  for (const bool gpu : {false, true}) {
+  std::vector<int32_t> ids[3];
+  for (const int run : {0, 1, 2}) {
+    if (run == 2 && !tensor_cores) break;
     GenerateOptions o;
     o.model_path = path;
     o.prompts = {"The capital of France is"};
     o.max_new_tokens = max_new_tokens;
     o.exact_products = true;
     o.kv_dtype = DType::kF16;
-    o.device = gpu ? "cuda" : "cpu";
+    o.device = run > 0 ? "cuda" : "cpu";
+    o.tensor_cores = run == 2;
     Result<GenerateReport> r = Generate(o);
     ASSERT_TRUE(r.ok()) << r.status().ToString();
-    ids[gpu] = r->outputs[0].generated_ids;
+    ids[run] = r->outputs[0].generated_ids;
   }
   EXPECT_EQ(ids[1], ids[0]);
+  if (tensor_cores) {
+    EXPECT_EQ(ids[2], ids[0]) << "the tensor-core attention kernels";
+  }
 }
 
-TEST_F(GpuGenerateTest, SmolLM2GreedyIdsAreTheCpusWithF32Products) { ExpectTheSameGreedyIds(testing::SmolLM2Path(), 32); }
+TEST_F(GpuGenerateTest, SmolLM2GreedyIdsAreTheCpusWithF32Products) {
+  // head_dim 64, GQA 9 / 3: the tensor-core kernels take its prompt and its steps.
+  ExpectTheSameGreedyIds(testing::SmolLM2Path(), 32, /*tensor_cores=*/true);
+}
 
 TEST_F(GpuGenerateTest, Gemma3WithSlidingWindowLayersGivesTheCpusGreedyIds) {
   ExpectTheSameGreedyIds(testing::Gemma3Path(), 24);

@@ -160,8 +160,13 @@ Result<bool> ForwardSequence(const Model& model, KvCache& cache, SeqId seq, std:
   return ForwardStep(model, cache, {&item, 1}, options);
 }
 
-Result<std::unique_ptr<Backend>> MakeDeviceBackend(const std::string& device) {
-  if (device.empty() || device == "cpu") return std::unique_ptr<Backend>();
+Result<std::unique_ptr<Backend>> MakeDeviceBackend(const std::string& device, bool tensor_cores) {
+  if (device.empty() || device == "cpu") {
+    if (tensor_cores) {
+      return InvalidArgumentError("--tensor-cores selects the CUDA tensor-core attention kernels: use it with --device cuda");
+    }
+    return std::unique_ptr<Backend>();
+  }
   int ordinal = 0;
   if (device != "cuda") {
     const std::string prefix = "cuda:";
@@ -172,10 +177,13 @@ Result<std::unique_ptr<Backend>> MakeDeviceBackend(const std::string& device) {
     ordinal = std::stoi(rest);
   }
 #ifdef PAGEKV_HAVE_CUDA
-  PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> cuda, CudaBackend::Create({.device = ordinal}));
+  PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> cuda,
+                          CudaBackend::Create({.device = ordinal, .tensor_core_prefill = tensor_cores,
+                                               .tensor_core_decode = tensor_cores}));
   return std::unique_ptr<Backend>(std::move(cuda));
 #else
   (void)ordinal;
+  (void)tensor_cores;
   return UnavailableError("--device " + device +
                           ": this build of PageKV has no CUDA backend (no CUDA compiler was found when it was "
                           "configured): install the CUDA toolkit and rebuild, or use --device cpu");

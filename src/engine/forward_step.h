@@ -67,7 +67,7 @@ Result<bool> ForwardStep(const Model& model, KvCache& cache, std::span<const For
 // "cpu" (or empty), a CudaBackend for "cuda" / "cuda:N". Errors: another
 // name (InvalidArgument); no GPU, or a build without the CUDA toolkit
 // (Unavailable, naming the fix).
-Result<std::unique_ptr<Backend>> MakeDeviceBackend(const std::string& device);
+Result<std::unique_ptr<Backend>> MakeDeviceBackend(const std::string& device, bool tensor_cores = false);
 
 // One sequence's tokens (all their logits into logits[n][vocab]).
 Result<bool> ForwardSequence(const Model& model, KvCache& cache, SeqId seq, std::span<const int32_t> tokens,

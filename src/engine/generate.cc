@@ -144,6 +144,7 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
   eo.threads = o.threads;
   eo.device = o.device;
   eo.exact_products = o.exact_products;
+  eo.tensor_cores = o.tensor_cores;
   eo.tiers = o.tiers;
   eo.kv_events = o.kv_events;
   {

@@ -285,3 +285,11 @@ def test_device_cuda_is_a_clear_error_without_a_gpu_and_the_cpus_tokens_with_one
 def test_an_unknown_device_is_a_value_error(stories):
     with pytest.raises(ValueError, match="cpu, cuda, cuda:N"):
         pagekv.Engine(stories, device="gpu")
+
+
+def test_tensor_cores_without_a_cuda_device_are_a_value_error(stories):
+    """tensor_cores selects the CUDA tensor-core attention kernels: with device="cpu" it is refused."""
+    with pytest.raises(ValueError, match="--device cuda"):
+        pagekv.Engine(stories, tensor_cores=True)
+    with pytest.raises(ValueError, match="--device cuda"):
+        pagekv.generate(stories, "Once upon a time", max_tokens=4, tensor_cores=True)
