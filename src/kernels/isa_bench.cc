@@ -11,15 +11,17 @@
 //     broadcasts, 8 128-bit broadcasts (one per FMA), 4 128-bit broadcasts
 //     (one per two FMAs), 8 vdpbf16ps in place of the FMAs (flops x2), and
 //     1 or 2 f16 conversions per 8 FMAs (the ratios of the decode kernel).
-//   BM_ScatteredRead/<prefetch>/<fmas>: one thread reads a 256 MiB buffer in
-//     32 KiB chunks in shuffled order (a stand-in for K/V slabs of scattered
-//     blocks), prefetching the next chunk into L2 while it reads this one,
-//     with <fmas> 512-bit FMAs of unrelated work per 256 bytes read.
-//     Prefetch patterns: 0 none, 1 four lines every 256 bytes, 2 64-line
-//     bursts every 4 KiB, 3 the whole next chunk (512 lines) at its start,
-//     4 the first 3 lines of each of its 4 KiB pages at its start, 5 the
+//   BM_ScatteredRead/<prefetch>/<fmas>/<chunk KiB>/<threads>/<shuffled>:
+//     <threads> threads read a 256 MiB buffer in chunks of <chunk KiB> (a
+//     stand-in for the K/V slabs of blocks: 4 KiB is block_len 16 at
+//     head_dim 128 in f16), in shuffled order (1) or in order (0), the
+//     chunks dealt out in turn; each prefetches its next chunk into L2 while
+//     it reads this one, with <fmas> 512-bit FMAs of unrelated work per 256
+//     bytes read. Prefetch patterns: 0 none, 1 four lines every 256 bytes,
+//     2 64-line bursts every 4 KiB, 3 the whole next chunk at its start, 4
+//     the first 3 lines of each of its 4 KiB pages at its start, 5 the
 //     first 4 lines of the next chunk's page every 4 KiB.
-//     Counter `gbps`.
+//     Counter `gbps` (all threads together).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -28,6 +30,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <thread>
 #include <vector>
 
 #if defined(__x86_64__)
@@ -173,8 +176,7 @@ BENCHMARK(BM_FmaPlus)->DenseRange(kNone, kCvtF16Two)->Unit(benchmark::kMilliseco
 // Sums one 32 KiB chunk, prefetching `next` in the given pattern, with
 // `fmas` 512-bit FMAs of other work per 256 bytes (asm, so the compiler
 // neither drops nor spills them).
-PAGEKV_ISA_TARGET float ReadChunk(const char* p, const char* next, int pattern, int fmas) {
-  constexpr int64_t kChunk = 32 << 10;
+PAGEKV_ISA_TARGET float ReadChunk(const char* p, const char* next, int64_t kChunk, int pattern, int fmas) {
   __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
   if (next != nullptr && pattern == 3) {
     for (int64_t o = 0; o < kChunk; o += 64) _mm_prefetch(next + o, _MM_HINT_T1);
@@ -215,7 +217,11 @@ void BM_ScatteredRead(benchmark::State& state) {
   }
   const int pattern = static_cast<int>(state.range(0));
   const int fmas = static_cast<int>(state.range(1));
-  constexpr size_t kBytes = size_t{256} << 20, kChunk = 32 << 10, kChunks = kBytes / kChunk;
+  const int64_t chunk = state.range(2) << 10;
+  const int threads = static_cast<int>(state.range(3));
+  const bool shuffled = state.range(4) != 0;
+  constexpr size_t kBytes = size_t{256} << 20;
+  const size_t chunks = kBytes / static_cast<size_t>(chunk);
   void* mem = mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (mem == MAP_FAILED) {
     state.SkipWithError("mmap of 256 MiB failed");
@@ -224,24 +230,38 @@ void BM_ScatteredRead(benchmark::State& state) {
   madvise(mem, kBytes, MADV_HUGEPAGE);
   std::memset(mem, 0, kBytes);
   const char* buf = static_cast<const char*>(mem);
-  std::vector<size_t> order(kChunks);
+  std::vector<size_t> order(chunks);
   std::iota(order.begin(), order.end(), 0);
-  std::shuffle(order.begin(), order.end(), std::mt19937(1));
+  if (shuffled) std::shuffle(order.begin(), order.end(), std::mt19937(1));
+  auto read = [&](size_t first) {
+    float sum = 0;
+    for (size_t i = first; i < chunks; i += static_cast<size_t>(threads)) {
+      const size_t after = i + static_cast<size_t>(threads);
+      const char* next = pattern != 0 && after < chunks ? buf + order[after] * chunk : nullptr;
+      sum += ReadChunk(buf + order[i] * chunk, next, chunk, pattern, fmas);
+    }
+    benchmark::DoNotOptimize(sum);
+  };
   double seconds = 0;
   for (auto _ : state) {
     const auto t0 = std::chrono::steady_clock::now();
-    float sum = 0;
-    for (size_t i = 0; i < kChunks; ++i) {
-      const char* next = i + 1 < kChunks ? buf + order[i + 1] * kChunk : nullptr;
-      sum += ReadChunk(buf + order[i] * kChunk, pattern == 0 ? nullptr : next, pattern, fmas);
-    }
-    benchmark::DoNotOptimize(sum);
+    std::vector<std::thread> others;
+    for (int w = 1; w < threads; ++w) others.emplace_back(read, static_cast<size_t>(w));
+    read(0);
+    for (std::thread& t : others) t.join();
     seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   munmap(mem, kBytes);
   state.counters["gbps"] = static_cast<double>(kBytes) * static_cast<double>(state.iterations()) / seconds / 1e9;
 }
-BENCHMARK(BM_ScatteredRead)->ArgsProduct({{0, 1, 2, 3, 4, 5}, {0, 32}})->Unit(benchmark::kMillisecond);
+// The 32 KiB chunks on one thread, every prefetch pattern, with and without
+// other work; then block-sized chunks on one and two threads, shuffled and
+// in order (docs/PERFORMANCE.md, "A core's reads, and shuffled 4 KiB slabs").
+BENCHMARK(BM_ScatteredRead)->ArgsProduct({{0, 1, 2, 3, 4, 5}, {0, 32}, {32}, {1}, {1}})->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_ScatteredRead)
+    ->ArgsProduct({{0, 3, 4}, {0, 16}, {4, 8, 32}, {1, 2}, {0, 1}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 #else  // !__x86_64__
 
