@@ -259,7 +259,7 @@ void BM_ScatteredRead(benchmark::State& state) {
 // in order (docs/PERFORMANCE.md, "A core's reads, and shuffled 4 KiB slabs").
 BENCHMARK(BM_ScatteredRead)->ArgsProduct({{0, 1, 2, 3, 4, 5}, {0, 32}, {32}, {1}, {1}})->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_ScatteredRead)
-    ->ArgsProduct({{0, 3, 4}, {0, 16}, {4, 8, 32}, {1, 2}, {0, 1}})
+    ->ArgsProduct({{0, 3, 4}, {0, 16, 32, 48}, {4, 8, 32}, {1, 2}, {0, 1}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
