@@ -388,6 +388,7 @@ Status CudaBackend::ToHost(const float* device, int64_t n, float* host) const {
 
 int64_t CudaBackend::weight_bytes() const { return impl_->weight_bytes.load(); }
 int64_t CudaBackend::host_fallbacks() const { return impl_->fallbacks.load(); }
+int64_t CudaBackend::table_uploads() const { return impl_->int_uploads.load(); }
 
 void CudaBackend::ForgetWeights() const {
   impl_->Enter();

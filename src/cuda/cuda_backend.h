@@ -132,6 +132,9 @@ class CudaBackend final : public Backend {
 
   int64_t weight_bytes() const;    // device bytes of the weights uploaded so far
   int64_t host_fallbacks() const;  // calls that went through host staging
+  // Uploads of attention calls' block tables and lengths: once per distinct
+  // set (a decode step's layers share one), not once per call.
+  int64_t table_uploads() const;
   void ForgetWeights() const;
 
  private:

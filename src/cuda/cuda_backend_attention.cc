@@ -61,7 +61,7 @@ Status Table(const KvLayout& layout, std::span<const BlockId> blocks, int64_t nu
 // The prefill kernels' parameters every call fills alike: the layer, the
 // uploaded tables and lengths, q, out and the options.
 cuda::PrefillParams PrefillFor(const LayerView& view, const KvLayout& layout, int32_t num, int64_t max_blocks,
-                               const Temp& tables, const Temp& lens, const float* q, float* out,
+                               const int32_t* tables, const int32_t* lens, const float* q, float* out,
                                const AttentionOptions& options) {
   const CacheConfig& cc = layout.config();
   cuda::PrefillParams p;
@@ -76,9 +76,9 @@ cuda::PrefillParams PrefillFor(const LayerView& view, const KvLayout& layout, in
   p.head_stride = view.head_stride;
   p.slab_stride = view.slab_stride;
   p.row_bytes = view.row_bytes;
-  p.block_tables = tables.as<int32_t>();
+  p.block_tables = tables;
   p.max_blocks = static_cast<int32_t>(max_blocks);
-  p.context_lens = lens.as<int32_t>();
+  p.context_lens = lens;
   p.q = q;
   p.out = out;
   p.lse = options.lse;
@@ -111,19 +111,28 @@ Status CudaBackend::DecodeAttention(const PagedKv& kv, std::span<const DecodeSeq
     longest = std::max(longest, s.num_tokens);
   }
   if (max_blocks > INT32_MAX / std::max(num, 1) || longest > INT32_MAX) return InvalidArgumentError("attention: too long");
-  std::vector<int32_t> tables(static_cast<size_t>(num) * max_blocks), lens(static_cast<size_t>(num));
+  const bool fast = !windowed && options.softcap == 0 && options.lse == nullptr && !options.partial &&
+                    cc.head_dim % 8 == 0 && cc.head_dim <= 256 && cc.num_q_heads / cc.num_kv_heads <= 16;
+  // One array for the device: [lengths | tables], then for the prefill
+  // kernel [query lengths (1) | query rows | windows].
+  const size_t n = static_cast<size_t>(num), table_ints = n * static_cast<size_t>(max_blocks);
+  std::vector<int32_t> ints(n + table_ints + (fast ? 0 : 3 * n));
   for (int32_t i = 0; i < num; ++i) {
     const DecodeSeq& s = seqs[static_cast<size_t>(i)];
     PAGEKV_RETURN_IF_ERROR(Table(layout, s.blocks, s.num_tokens, s.window, options.partial,
-                                       static_cast<int32_t>(max_blocks), &tables[static_cast<size_t>(i) * max_blocks]));
-    lens[static_cast<size_t>(i)] = static_cast<int32_t>(s.num_tokens);
+                                       static_cast<int32_t>(max_blocks), &ints[n + static_cast<size_t>(i) * max_blocks]));
+    ints[static_cast<size_t>(i)] = static_cast<int32_t>(s.num_tokens);
+    if (!fast) {
+      ints[n + table_ints + static_cast<size_t>(i)] = 1;
+      ints[2 * n + table_ints + static_cast<size_t>(i)] = i;
+      ints[3 * n + table_ints + static_cast<size_t>(i)] = static_cast<int32_t>(std::min<int64_t>(s.window, INT32_MAX));
+    }
   }
   const cudaStream_t stream = impl_->stream;
-  Temp d_tables(stream, tables.size() * 4), d_lens(stream, lens.size() * 4);
-  PAGEKV_RETURN_IF_ERROR(impl_->Check(impl_->Upload(d_tables, tables), "block tables"));
-  PAGEKV_RETURN_IF_ERROR(impl_->Check(impl_->Upload(d_lens, lens), "context lengths"));
-  const bool fast = !windowed && options.softcap == 0 && options.lse == nullptr && !options.partial &&
-                    cc.head_dim % 8 == 0 && cc.head_dim <= 256 && cc.num_q_heads / cc.num_kv_heads <= 16;
+  const int32_t* d_ints = impl_->DeviceInts(ints);
+  if (d_ints == nullptr) return impl_->Recorded();
+  const int32_t* d_lens = d_ints;
+  const int32_t* d_tables = d_ints + n;
   if (fast) {
     cuda::DecodeParams p;
     p.type = view.type;
@@ -137,9 +146,9 @@ Status CudaBackend::DecodeAttention(const PagedKv& kv, std::span<const DecodeSeq
     p.head_stride = view.head_stride;
     p.slab_stride = view.slab_stride;
     p.row_bytes = view.row_bytes;
-    p.block_tables = d_tables.as<int32_t>();
+    p.block_tables = d_tables;
     p.max_blocks = static_cast<int32_t>(max_blocks);
-    p.context_lens = d_lens.as<int32_t>();
+    p.context_lens = d_lens;
     p.q = q;
     p.out = out;
     p.scale = options.scale;
@@ -158,19 +167,10 @@ Status CudaBackend::DecodeAttention(const PagedKv& kv, std::span<const DecodeSeq
   }
   // Windows, soft-capping, partial tables, log-sum-exps: one query each
   // through the prefill kernel.
-  std::vector<int32_t> ones(static_cast<size_t>(num), 1), starts(static_cast<size_t>(num)), windows(static_cast<size_t>(num));
-  for (int32_t i = 0; i < num; ++i) {
-    starts[static_cast<size_t>(i)] = i;
-    windows[static_cast<size_t>(i)] = static_cast<int32_t>(std::min<int64_t>(seqs[static_cast<size_t>(i)].window, INT32_MAX));
-  }
-  Temp d_ones(stream, ones.size() * 4), d_starts(stream, starts.size() * 4), d_windows(stream, windows.size() * 4);
-  PAGEKV_RETURN_IF_ERROR(impl_->Check(impl_->Upload(d_ones, ones), "query lengths"));
-  PAGEKV_RETURN_IF_ERROR(impl_->Check(impl_->Upload(d_starts, starts), "query rows"));
-  PAGEKV_RETURN_IF_ERROR(impl_->Check(impl_->Upload(d_windows, windows), "windows"));
   cuda::PrefillParams p = PrefillFor(view, layout, num, max_blocks, d_tables, d_lens, q, out, options);
-  p.query_lens = d_ones.as<int32_t>();
-  p.query_starts = d_starts.as<int32_t>();
-  p.windows = d_windows.as<int32_t>();
+  p.query_lens = d_ints + n + table_ints;
+  p.query_starts = d_ints + 2 * n + table_ints;
+  p.windows = d_ints + 3 * n + table_ints;
   p.max_query_len = 1;
   return impl_->Check(cuda::PagedPrefillAttention(p, stream), "decode attention (general kernel)");
 }
@@ -202,33 +202,29 @@ Status CudaBackend::PrefillAttention(const PagedKv& kv, std::span<const PrefillS
     if (s.num_tokens > INT32_MAX || rows > INT32_MAX) return InvalidArgumentError("attention: too long");
   }
   if (max_blocks > INT32_MAX / num) return InvalidArgumentError("attention: too long");
-  std::vector<int32_t> tables(static_cast<size_t>(num) * max_blocks), lens(static_cast<size_t>(num)),
-      qlens(static_cast<size_t>(num)), starts(static_cast<size_t>(num)), windows(static_cast<size_t>(num));
+  // One array for the device: [lengths | tables | query lengths | query rows | windows].
+  const size_t n = static_cast<size_t>(num), table_ints = n * static_cast<size_t>(max_blocks);
+  std::vector<int32_t> ints(n + table_ints + 3 * n);
   int64_t row = 0;
   for (int32_t i = 0; i < num; ++i) {
     const PrefillSeq& s = seqs[static_cast<size_t>(i)];
     // The first query's window decides which blocks are read at all.
     const int64_t first_window = s.window > 0 ? s.window + s.num_queries - 1 : 0;
     PAGEKV_RETURN_IF_ERROR(Table(layout, s.blocks, s.num_tokens, first_window, options.partial,
-                                       static_cast<int32_t>(max_blocks), &tables[static_cast<size_t>(i) * max_blocks]));
-    lens[static_cast<size_t>(i)] = static_cast<int32_t>(s.num_tokens);
-    qlens[static_cast<size_t>(i)] = static_cast<int32_t>(s.num_queries);
-    starts[static_cast<size_t>(i)] = static_cast<int32_t>(row);
-    windows[static_cast<size_t>(i)] = static_cast<int32_t>(std::min<int64_t>(s.window, INT32_MAX));
+                                       static_cast<int32_t>(max_blocks), &ints[n + static_cast<size_t>(i) * max_blocks]));
+    ints[static_cast<size_t>(i)] = static_cast<int32_t>(s.num_tokens);
+    ints[n + table_ints + static_cast<size_t>(i)] = static_cast<int32_t>(s.num_queries);
+    ints[2 * n + table_ints + static_cast<size_t>(i)] = static_cast<int32_t>(row);
+    ints[3 * n + table_ints + static_cast<size_t>(i)] = static_cast<int32_t>(std::min<int64_t>(s.window, INT32_MAX));
     row += s.num_queries;
   }
   const cudaStream_t stream = impl_->stream;
-  Temp d_tables(stream, tables.size() * 4), d_lens(stream, lens.size() * 4), d_qlens(stream, qlens.size() * 4),
-      d_starts(stream, starts.size() * 4), d_windows(stream, windows.size() * 4);
-  PAGEKV_RETURN_IF_ERROR(impl_->Check(impl_->Upload(d_tables, tables), "block tables"));
-  PAGEKV_RETURN_IF_ERROR(impl_->Check(impl_->Upload(d_lens, lens), "context lengths"));
-  PAGEKV_RETURN_IF_ERROR(impl_->Check(impl_->Upload(d_qlens, qlens), "query lengths"));
-  PAGEKV_RETURN_IF_ERROR(impl_->Check(impl_->Upload(d_starts, starts), "query rows"));
-  PAGEKV_RETURN_IF_ERROR(impl_->Check(impl_->Upload(d_windows, windows), "windows"));
-  cuda::PrefillParams p = PrefillFor(view, layout, num, max_blocks, d_tables, d_lens, q, out, options);
-  p.query_lens = d_qlens.as<int32_t>();
-  p.query_starts = d_starts.as<int32_t>();
-  p.windows = d_windows.as<int32_t>();
+  const int32_t* d_ints = impl_->DeviceInts(ints);
+  if (d_ints == nullptr) return impl_->Recorded();
+  cuda::PrefillParams p = PrefillFor(view, layout, num, max_blocks, d_ints + n, d_ints, q, out, options);
+  p.query_lens = d_ints + n + table_ints;
+  p.query_starts = d_ints + 2 * n + table_ints;
+  p.windows = d_ints + 3 * n + table_ints;
   p.max_query_len = static_cast<int32_t>(longest_query);
   // Enough rows for the tensor cores' 64-row tiles to pay.
   p.tensor_cores = impl_->tensor_core_prefill && cuda::TensorCorePrefillShape(p) &&

@@ -120,12 +120,29 @@ struct CudaBackend::Impl {
   mutable std::map<const float*, std::pair<float*, int64_t>> vectors;  // host norm weights / biases -> device copies
   mutable std::atomic<int64_t> weight_bytes{0};
   mutable std::atomic<int64_t> fallbacks{0};
+  // The integer arrays of recent attention calls (block tables, lengths,
+  // query rows, windows), kept on the device: every layer of a step reads
+  // the same ones, so they cross once a step instead of once a layer. A few
+  // entries, so that a model's two kinds of layer (sliding-window and
+  // global) and its decode and prefill calls do not evict each other.
+  struct IntArrays {
+    std::vector<int32_t> host;
+    int32_t* device = nullptr;
+    size_t capacity = 0;  // ints
+    uint64_t used = 0;    // for least-recently-used replacement
+  };
+  static constexpr int kIntArrayEntries = 4;
+  mutable std::mutex ints_mu;
+  mutable IntArrays ints[kIntArrayEntries];
+  mutable uint64_t ints_clock = 0;
+  mutable std::atomic<int64_t> int_uploads{0};
 
   ~Impl() {
     if (stream != nullptr) cudaStreamSynchronize(stream);
     for (auto& [key, w] : weights) cudaFree(w.data);
     for (auto& [key, buf] : scratch) cudaFree(buf.first);
     for (auto& [key, vec] : vectors) cudaFree(vec.first);
+    for (IntArrays& a : ints) cudaFree(a.device);
     if (copy_stream != nullptr) cudaStreamSynchronize(copy_stream);
     cudaFreeHost(pinned);
     cudaFreeHost(ring);
@@ -185,6 +202,45 @@ struct CudaBackend::Impl {
     std::memcpy(slot, src, bytes);
     ring_at = at + bytes;
     return cudaMemcpyAsync(dst, slot, bytes, cudaMemcpyHostToDevice, stream);
+  }
+
+  // The device copy of `host`: an entry that holds the same ints, or the
+  // least recently used one, written again on the compute stream (after
+  // every kernel enqueued before it, so no reader of its old contents sees
+  // the new ones). Null, with the error recorded, when it cannot be made.
+  const int32_t* DeviceInts(const std::vector<int32_t>& host) const {
+    std::lock_guard lock(ints_mu);
+    ++ints_clock;
+    IntArrays* slot = &ints[0];
+    for (IntArrays& a : ints) {
+      if (a.device != nullptr && a.host.size() == host.size() &&
+          std::memcmp(a.host.data(), host.data(), host.size() * sizeof(int32_t)) == 0) {
+        a.used = ints_clock;
+        return a.device;
+      }
+      if (a.used < slot->used) slot = &a;
+    }
+    cudaError_t e = cudaSuccess;
+    if (slot->capacity < host.size()) {
+      if (slot->device != nullptr) cudaFreeAsync(slot->device, stream);
+      slot->device = nullptr;
+      slot->capacity = 0;
+      const size_t want = std::max<size_t>(host.size(), 1024);
+      e = cudaMallocAsync(reinterpret_cast<void**>(&slot->device), want * sizeof(int32_t), stream);
+      if (e == cudaSuccess) slot->capacity = want;
+    }
+    if (e == cudaSuccess) e = H2D(slot->device, host.data(), host.size() * sizeof(int32_t));
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      slot->host.clear();
+      slot->used = 0;
+      Note(e, "uploading block tables");
+      return nullptr;
+    }
+    slot->host = host;
+    slot->used = ints_clock;
+    ++int_uploads;
+    return slot->device;
   }
 
   template <typename T>

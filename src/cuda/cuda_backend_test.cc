@@ -464,6 +464,35 @@ TEST_F(CudaBackendTest, PartialTablesGiveTheCpuOutputsAndLogSumExps) {
   EXPECT_LE(WorstError(Down(lse, want_lse.size()), want_lse), 2e-6);
 }
 
+// A step's layers share their block tables and lengths: they cross to the
+// device once per distinct set, and a changed set (a longer sequence, a
+// set evicted by others) is read, never a stale one.
+TEST_F(CudaBackendTest, TablesCrossOncePerDistinctSetAndChangesAreRead) {
+  const int32_t q_heads = 8, kv_heads = 2, d = 64, bl = 16;
+  const std::vector<int64_t> lens = {60, 17, 64};
+  AttentionSetup a = MakeAttention(*gpu_, KvFormat::Plain(DType::kF16), q_heads, kv_heads, d, bl, lens, 31);
+  const size_t n = lens.size() * static_cast<size_t>(q_heads * d);
+  const std::vector<float> q = Random(n, 6);
+  const float* dq = Up(q);
+  auto check = [&](int64_t shorter, const char* what) {
+    std::vector<DecodeSeq> seqs;
+    for (size_t i = 0; i < lens.size(); ++i) seqs.push_back({a.tables[i], lens[i] - shorter});
+    std::vector<float> want(n);
+    ASSERT_TRUE(CpuBackend().DecodeAttention({&a.layout, a.arenas.host->data(), 0}, seqs, q.data(), want.data(), {}).ok());
+    float* out = Poisoned(n);
+    ASSERT_TRUE(gpu_->DecodeAttention({&a.layout, a.arenas.device->data(), 0}, seqs, dq, out, {}).ok());
+    EXPECT_LE(WorstError(Down(out, n), want), 2e-5) << what << " (" << shorter << " tokens shorter)";
+  };
+  const int64_t before = gpu_->table_uploads();
+  for (int layer = 0; layer < 3; ++layer) check(0, "three layers of one step");
+  EXPECT_EQ(gpu_->table_uploads() - before, 1);
+  for (int64_t shorter = 1; shorter <= 6; ++shorter) check(shorter, "a new set each call");
+  EXPECT_EQ(gpu_->table_uploads() - before, 7);
+  check(0, "the first set again, after others took its place");
+  check(3, "a recent set again");
+  EXPECT_TRUE(gpu_->Finish().ok());
+}
+
 // Tier moves run on the copy stream while attention runs on the compute
 // stream: a thread moving blocks in and out (the tiers' mover) beside
 // another running decode attention over other blocks; both stay exact.
