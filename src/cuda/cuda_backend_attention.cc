@@ -129,7 +129,8 @@ Status CudaBackend::DecodeAttention(const PagedKv& kv, std::span<const DecodeSeq
     }
   }
   const cudaStream_t stream = impl_->stream;
-  const int32_t* d_ints = impl_->DeviceInts(ints);
+  std::unique_lock<std::mutex> hold;  // until the kernels that read d_ints are enqueued
+  const int32_t* d_ints = impl_->DeviceInts(ints, &hold);
   if (d_ints == nullptr) return impl_->Recorded();
   const int32_t* d_lens = d_ints;
   const int32_t* d_tables = d_ints + n;
@@ -219,7 +220,8 @@ Status CudaBackend::PrefillAttention(const PagedKv& kv, std::span<const PrefillS
     row += s.num_queries;
   }
   const cudaStream_t stream = impl_->stream;
-  const int32_t* d_ints = impl_->DeviceInts(ints);
+  std::unique_lock<std::mutex> hold;  // until the kernels that read d_ints are enqueued
+  const int32_t* d_ints = impl_->DeviceInts(ints, &hold);
   if (d_ints == nullptr) return impl_->Recorded();
   cuda::PrefillParams p = PrefillFor(view, layout, num, max_blocks, d_ints + n, d_ints, q, out, options);
   p.query_lens = d_ints + n + table_ints;

@@ -208,14 +208,17 @@ struct CudaBackend::Impl {
   // least recently used one, written again on the compute stream (after
   // every kernel enqueued before it, so no reader of its old contents sees
   // the new ones). Null, with the error recorded, when it cannot be made.
-  const int32_t* DeviceInts(const std::vector<int32_t>& host) const {
-    std::lock_guard lock(ints_mu);
+  // `hold` keeps the entries locked until the caller has enqueued the
+  // kernels that read it, so another thread's call cannot rewrite it first.
+  const int32_t* DeviceInts(const std::vector<int32_t>& host, std::unique_lock<std::mutex>* hold) const {
+    std::unique_lock lock(ints_mu);
     ++ints_clock;
     IntArrays* slot = &ints[0];
     for (IntArrays& a : ints) {
       if (a.device != nullptr && a.host.size() == host.size() &&
           std::memcmp(a.host.data(), host.data(), host.size() * sizeof(int32_t)) == 0) {
         a.used = ints_clock;
+        *hold = std::move(lock);
         return a.device;
       }
       if (a.used < slot->used) slot = &a;
@@ -240,6 +243,7 @@ struct CudaBackend::Impl {
     slot->host = host;
     slot->used = ints_clock;
     ++int_uploads;
+    *hold = std::move(lock);
     return slot->device;
   }
 
