@@ -58,13 +58,13 @@ Status Table(const KvLayout& layout, std::span<const BlockId> blocks, int64_t nu
   return Status::Ok();
 }
 
-// The prefill kernels' parameters every call fills alike: the layer, the
-// uploaded tables and lengths, q, out and the options.
-cuda::PrefillParams PrefillFor(const LayerView& view, const KvLayout& layout, int32_t num, int64_t max_blocks,
-                               const int32_t* tables, const int32_t* lens, const float* q, float* out,
-                               const AttentionOptions& options) {
+// What the decode and prefill kernels' parameters share: the layer, the
+// uploaded tables and lengths, q, out and the scale.
+template <typename Params>
+Params LayerParams(const LayerView& view, const KvLayout& layout, int32_t num, int64_t max_blocks,
+                   const int32_t* tables, const int32_t* lens, const float* q, float* out, float scale) {
   const CacheConfig& cc = layout.config();
-  cuda::PrefillParams p;
+  Params p;
   p.type = view.type;
   p.num_seqs = num;
   p.q_heads = cc.num_q_heads;
@@ -81,8 +81,16 @@ cuda::PrefillParams PrefillFor(const LayerView& view, const KvLayout& layout, in
   p.context_lens = lens;
   p.q = q;
   p.out = out;
+  p.scale = scale;
+  return p;
+}
+
+// The prefill kernels' parameters every call fills alike.
+cuda::PrefillParams PrefillFor(const LayerView& view, const KvLayout& layout, int32_t num, int64_t max_blocks,
+                               const int32_t* tables, const int32_t* lens, const float* q, float* out,
+                               const AttentionOptions& options) {
+  auto p = LayerParams<cuda::PrefillParams>(view, layout, num, max_blocks, tables, lens, q, out, options.scale);
   p.lse = options.lse;
-  p.scale = options.scale;
   p.softcap = options.softcap;
   return p;
 }
@@ -135,24 +143,7 @@ Status CudaBackend::DecodeAttention(const PagedKv& kv, std::span<const DecodeSeq
   const int32_t* d_lens = d_ints;
   const int32_t* d_tables = d_ints + n;
   if (fast) {
-    cuda::DecodeParams p;
-    p.type = view.type;
-    p.num_seqs = num;
-    p.q_heads = cc.num_q_heads;
-    p.kv_heads = cc.num_kv_heads;
-    p.head_dim = cc.head_dim;
-    p.block_len = layout.block_len();
-    p.k_plane = view.k;
-    p.v_plane = view.v;
-    p.head_stride = view.head_stride;
-    p.slab_stride = view.slab_stride;
-    p.row_bytes = view.row_bytes;
-    p.block_tables = d_tables;
-    p.max_blocks = static_cast<int32_t>(max_blocks);
-    p.context_lens = d_lens;
-    p.q = q;
-    p.out = out;
-    p.scale = options.scale;
+    auto p = LayerParams<cuda::DecodeParams>(view, layout, num, max_blocks, d_tables, d_lens, q, out, options.scale);
     p.tensor_cores = impl_->tensor_core_decode;  // where TensorCoreDecodeShape allows; the CUDA cores otherwise
     if (options.split_tokens > 0) {
       p.blocks_per_split = static_cast<int32_t>((options.split_tokens + layout.block_len() - 1) / layout.block_len());

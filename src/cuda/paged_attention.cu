@@ -773,14 +773,7 @@ __global__ void __launch_bounds__(kThreads) TensorCorePrefillKernel(PrefillParam
       wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
       wmma::fill_fragment(acc, 0.0f);
       for (int kk = 0; kk < d / 16; ++kk) {
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> kb;
-        wmma::load_matrix_sync(kb, ks + kf * 16 * d + kk * 16, d);
-#pragma unroll
-        for (int part = 0; part < kParts; ++part) {
-          wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> qa;
-          wmma::load_matrix_sync(qa, qs + part * kTcRows * d + wr * d + kk * 16, d);
-          wmma::mma_sync(acc, qa, kb, acc);
-        }
+        MmaParts<T, wmma::col_major>(acc, qs + wr * d + kk * 16, d, kTcRows * d, ks + kf * 16 * d + kk * 16, d);
       }
       wmma::store_matrix_sync(ss + wr * kTcKeys + kf * 16, acc, kTcKeys, wmma::mem_row_major);
     }
@@ -833,14 +826,8 @@ __global__ void __launch_bounds__(kThreads) TensorCorePrefillKernel(PrefillParam
       wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
       wmma::load_matrix_sync(acc, os + wr * d + of * 16, d, wmma::mem_row_major);
       for (int kk = 0; kk < kTcKeys / 16; ++kk) {
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> vb;
-        wmma::load_matrix_sync(vb, vs + kk * 16 * d + of * 16, d);
-#pragma unroll
-        for (int part = 0; part < kParts; ++part) {
-          wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> pa;
-          wmma::load_matrix_sync(pa, ps + part * kTcRows * kTcKeys + wr * kTcKeys + kk * 16, kTcKeys);
-          wmma::mma_sync(acc, pa, vb, acc);
-        }
+        MmaParts<T, wmma::row_major>(acc, ps + wr * kTcKeys + kk * 16, kTcKeys, kTcRows * kTcKeys,
+                                     vs + kk * 16 * d + of * 16, d);
       }
       wmma::store_matrix_sync(os + wr * d + of * 16, acc, d, wmma::mem_row_major);
     }

@@ -153,16 +153,9 @@ __global__ void __launch_bounds__(kThreads) TensorCoreDecodeKernel(DecodeParams 
       }
       wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
       wmma::fill_fragment(acc, 0.0f);
+      // K [keys][d] row-major is K^T column-major with ldm d.
       for (int kk = 0; kk < d / 16; ++kk) {
-        // K [keys][d] row-major is K^T column-major with ldm d.
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> kb;
-        wmma::load_matrix_sync(kb, tile + warp * 16 * d + kk * 16, d);
-#pragma unroll
-        for (int part = 0; part < kParts; ++part) {
-          wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> qa;
-          wmma::load_matrix_sync(qa, qs + part * kRows * d + kk * 16, d);
-          wmma::mma_sync(acc, qa, kb, acc);
-        }
+        MmaParts<T, wmma::col_major>(acc, qs + kk * 16, d, kRows * d, tile + warp * 16 * d + kk * 16, d);
       }
       wmma::store_matrix_sync(ss + t0 + warp * 16, acc, kPhase, wmma::mem_row_major);
     }
@@ -227,16 +220,9 @@ __global__ void __launch_bounds__(kThreads) TensorCoreDecodeKernel(DecodeParams 
       for (int s = 0; s < kMaxSlices; ++s) {
         const int slice = warp + s * kWarps;
         if (slice >= slices) break;
+        // V [keys][d] row-major is the B operand as is.
         for (int kk = 0; kk < kKeys / 16; ++kk) {
-          // V [keys][d] row-major is the B operand as is.
-          wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> vb;
-          wmma::load_matrix_sync(vb, tile + kk * 16 * d + slice * 16, d);
-#pragma unroll
-          for (int part = 0; part < kParts; ++part) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> pa;
-            wmma::load_matrix_sync(pa, ps + part * kRows * kKeys + kk * 16, kKeys);
-            wmma::mma_sync(o[s], pa, vb, o[s]);
-          }
+          MmaParts<T, wmma::row_major>(o[s], ps + kk * 16, kKeys, kRows * kKeys, tile + kk * 16 * d + slice * 16, d);
         }
       }
     }

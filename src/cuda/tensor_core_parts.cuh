@@ -8,6 +8,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <mma.h>
 
 namespace pagekv::cuda {
 
@@ -35,6 +36,23 @@ __device__ inline void Split(float x, T* parts, int stride) {
     const T h = TcParts<T>::From(rest);
     parts[i * stride] = h;
     rest -= TcParts<T>::To(h);
+  }
+}
+
+// acc += A B on the tensor cores with A in parts: B a 16x16 tile at b
+// (leading dimension ldb, layout L), A's parts 16x16 row-major tiles at
+// a + part * part_stride (leading dimension lda). The warp's call.
+template <typename T, typename L>
+__device__ inline void MmaParts(nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float>& acc, const T* a,
+                                int lda, int part_stride, const T* b, int ldb) {
+  namespace wmma = nvcuda::wmma;
+  wmma::fragment<wmma::matrix_b, 16, 16, 16, T, L> fb;
+  wmma::load_matrix_sync(fb, b, ldb);
+#pragma unroll
+  for (int part = 0; part < TcParts<T>::kParts; ++part) {
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa;
+    wmma::load_matrix_sync(fa, a + part * part_stride, lda);
+    wmma::mma_sync(acc, fa, fb, acc);
   }
 }
 
