@@ -64,9 +64,10 @@ Result<bool> ForwardStep(const Model& model, KvCache& cache, std::span<const For
                          bool release_windows = true);
 
 // The backend a device name asks for (EngineOptions::device): null for
-// "cpu" (or empty), a CudaBackend for "cuda" / "cuda:N". Errors: another
-// name (InvalidArgument); no GPU, or a build without the CUDA toolkit
-// (Unavailable, naming the fix).
+// "cpu" (or empty), a CudaBackend for "cuda" / "cuda:N", its tensor-core
+// attention kernels on with `tensor_cores` (EngineOptions::tensor_cores).
+// Errors: another name, or `tensor_cores` on the CPU (InvalidArgument); no
+// GPU, or a build without the CUDA toolkit (Unavailable, naming the fix).
 Result<std::unique_ptr<Backend>> MakeDeviceBackend(const std::string& device, bool tensor_cores = false);
 
 // One sequence's tokens (all their logits into logits[n][vocab]).
