@@ -28,13 +28,13 @@ if want kernels; then
   BIN=$TMP/paged_attention_test
   STORE_BIN=$TMP/kv_store_test
   if ! nvcc -O3 -std=c++17 -lineinfo -gencode arch=compute_90,code=sm_90 -Xptxas -v -Isrc \
-      src/cuda/paged_attention.cu src/cuda/tensor_core_decode.cu src/cuda/paged_attention_test.cu -lcublas -o "$BIN" > "$OUT/build.log" 2>&1; then
+      src/cuda/paged_attention.cu src/cuda/tensor_core_decode.cu src/cuda/tensor_core_prefill.cu src/cuda/paged_attention_test.cu -lcublas -o "$BIN" > "$OUT/build.log" 2>&1; then
     echo "build failed"; tail -30 "$OUT/build.log"; exit 1
   fi
   # The KV store test compares bytes with the host's encoders (plain C++ from
   # the layout module, compiled here by nvcc's host compiler).
   if ! nvcc -O3 -std=c++17 -lineinfo -gencode arch=compute_90,code=sm_90 -Isrc \
-      src/cuda/kv_store.cu src/cuda/paged_attention.cu src/cuda/tensor_core_decode.cu src/cuda/kv_store_test.cu src/layout/quantize.cc \
+      src/cuda/kv_store.cu src/cuda/paged_attention.cu src/cuda/tensor_core_decode.cu src/cuda/tensor_core_prefill.cu src/cuda/kv_store_test.cu src/layout/quantize.cc \
       -o "$STORE_BIN" >> "$OUT/build.log" 2>&1; then
     echo "build failed (kv store test)"; tail -30 "$OUT/build.log"; exit 1
   fi

@@ -20,7 +20,7 @@
 // Between phases the fragments go through shared memory once to be
 // rescaled (a fragment's element-to-row mapping is opaque), that is once
 // per kPhase tokens rather than once per tile.
-#include "cuda/tensor_core_decode.h"
+#include "cuda/tensor_core_kernels.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

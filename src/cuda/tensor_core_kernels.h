@@ -1,6 +1,8 @@
-// The decode kernel on the tensor cores (tensor_core_decode.cu), launched by
-// PagedDecodeAttention when DecodeParams::tensor_cores asks for it and the
-// shape allows (TensorCoreDecodeShape). Internal to the CUDA kernels.
+// The kernels on the tensor cores, launched by PagedDecodeAttention and
+// PagedPrefillAttention when their params ask for them and the shape allows
+// (TensorCoreDecodeShape, TensorCorePrefillShape): decode in
+// tensor_core_decode.cu, prefill in tensor_core_prefill.cu. Internal to the
+// CUDA kernels.
 #pragma once
 
 #include <cstdint>
@@ -19,5 +21,8 @@ namespace pagekv::cuda {
 // the merge kernel.
 cudaError_t LaunchTensorCoreDecode(const DecodeParams& p, int32_t splits, int32_t tokens_per_split, float* part_acc,
                                    float* part_ml, cudaStream_t stream);
+
+// Prefill and chunked prefill: grid (kv_heads, num_seqs, tiles of 64 rows).
+cudaError_t LaunchTensorCorePrefill(const PrefillParams& p, cudaStream_t stream);
 
 }  // namespace pagekv::cuda
