@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "cuda/prefill_tile.cuh"
 #include "cuda/tensor_core_kernels.h"
 #include "cuda/tensor_core_parts.cuh"
 
@@ -52,16 +53,13 @@ __global__ void __launch_bounds__(kThreads) TensorCorePrefillKernel(PrefillParam
   const int G = p.q_heads / p.kv_heads;
   const int queries_per_cta = kTcRows / G;
   const int rows = queries_per_cta * G;
-  const int32_t n = p.context_lens[seq], ql = p.query_lens[seq];
-  const int q0 = static_cast<int>(blockIdx.z) * queries_per_cta;
-  if (q0 >= ql) return;
-  const int nq = min(queries_per_cta, ql - q0);
-  const int64_t first_pos = static_cast<int64_t>(n) - ql + q0, last_pos = first_pos + nq - 1;
-  const int32_t window = p.windows != nullptr ? p.windows[seq] : 0;
-  const int64_t key_lo = window > 0 ? max(int64_t{0}, first_pos - window + 1) : 0;
-  const float scale = p.scale > 0 ? p.scale : rsqrtf(static_cast<float>(d));
+  const PrefillTile tile = PrefillTileOf(p, seq, queries_per_cta);
+  if (tile.nq == 0) return;
+  const int nq = tile.nq;
+  const int64_t first_pos = tile.first_pos, last_pos = tile.last_pos, key_lo = tile.key_lo, row0 = tile.row0;
+  const int32_t window = tile.window;
+  const float scale = tile.scale;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int64_t row0 = static_cast<int64_t>(p.query_starts[seq]) + q0;
 
   // Q's parts (rows past the CTA's queries: zeros), O = 0, m = -inf, l = 0.
   for (int i = tid; i < kTcRows * d; i += kThreads) {
