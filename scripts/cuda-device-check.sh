@@ -9,7 +9,8 @@
 # generation on the device. Output under $OUT (default build/cuda-check):
 # build.log, test.log (decode and prefill), store-test.log, bench.log,
 # peer.log, full-*.log, backend-test.log, device-generate.log,
-# bench-attention.txt, bench-attention-tc.txt, bench-generate-{cuda,cpu}.txt.
+# bench-attention.txt, bench-attention-tc.txt, bench-generate-{cuda,cpu}.txt,
+# bench-generate-graphs.txt (without and with --cuda-graphs).
 #
 # PARTS (default "kernels peer backend") picks what runs, to fit a lease (a
 # command may run 10 minutes: give "kernels backend" one call, "peer" the next):
@@ -81,6 +82,16 @@ run_full() {  # $1: the folder with bin/ (the tests run from $1/repo, so ../shar
       > "$OUT/bench-generate-$dev.txt" 2>&1; echo "bench generate --device $dev exit $?"
     tail -5 "$OUT/bench-generate-$dev.txt"
   done
+  # The decode steps as CUDA graphs (--cuda-graphs), beside the run above:
+  # the small model, where launches dominate, and the synthetic llama-110m.
+  for model in "--model ../shared/models/stories260K/stories260K.gguf" ""; do
+    for graphs in "" --cuda-graphs; do
+      (cd "$dir/repo" && timeout 90 "$dir/bin/pagekv" bench generate --device cuda $graphs $model --batch 1,8 \
+        --prompt-len 128 --steps 64) >> "$OUT/bench-generate-graphs.txt" 2>&1
+      echo "bench generate --device cuda $graphs ${model:+(stories260K)} exit $?"
+    done
+  done
+  tail -20 "$OUT/bench-generate-graphs.txt"
   [ $test_rc -eq 0 ] && test_rc=$backend_rc
   [ $test_rc -eq 0 ] && test_rc=$generate_rc
 }

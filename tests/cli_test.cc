@@ -134,7 +134,10 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"generate --model ../shared/models/stories260K/stories260K.gguf --prompt Hi --tensor-cores",
                 "use it with --device cuda"},
         BadCase{"bench attention --quick --tensor-cores", "use it with --device cuda"},
-        BadCase{"bench generate --quick --tensor-cores", "use it with --device cuda"}));
+        BadCase{"bench generate --quick --tensor-cores", "use it with --device cuda"},
+        BadCase{"generate --model ../shared/models/stories260K/stories260K.gguf --prompt Hi --cuda-graphs",
+                "runs decode steps as CUDA graphs: use it with --device cuda"},
+        BadCase{"bench generate --quick --cuda-graphs", "use it with --device cuda"}));
 
 // A device that is not there (no GPU, or a build without CUDA): exit 2 and
 // one line naming the fix; where a GPU runs it, there is nothing to refuse.

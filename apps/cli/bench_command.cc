@@ -49,6 +49,7 @@ struct GenerateBenchArgs {
   bool block_len_given = false;
   std::string device = "cpu";
   bool tensor_cores = false;
+  bool cuda_graphs = false;
 };
 
 int RunGenerateBenchCommand(const GenerateBenchArgs& a) {
@@ -67,6 +68,7 @@ int RunGenerateBenchCommand(const GenerateBenchArgs& a) {
   o.busy_neighbour = a.busy_neighbour;
   o.device = a.device;
   o.tensor_cores = a.tensor_cores;
+  o.cuda_graphs = a.cuda_graphs;
   o.mla_prefill = ParseMlaPrefill(a.mla_prefill);
   o.overlap_communication = !a.no_overlap;
   if (a.no_amx) SetAmxPaths(false);
@@ -606,6 +608,8 @@ CLI::App* AddBenchCommand(CLI::App& app, int& exit_code) {
                 "cpu (default), or cuda / cuda:N: the model and the pool on the GPU, judged against the device's read "
                 "bandwidth measured in the run");
   g->add_flag("--tensor-cores", gen.tensor_cores, "On a CUDA device: attention of f16 / bf16 caches (head_dim a multiple of 16 up to 128) on the tensor cores, " "prompt chunks and decode steps (not yet the default: not yet run on a GPU)");
+  g->add_flag("--cuda-graphs", gen.cuda_graphs, "On a CUDA device: decode steps launched as CUDA graphs, one launch per step, "
+                "replayed while the launches repeat (not yet the default: not yet run on a GPU)");
   g->add_option("--weight-type", gen.weight_type, "Synthetic model weights: f32, f16 (default), bf16, q8_0");
   g->add_option("--batch", gen.batches, "Batch sizes (default 1,8,32)")->delimiter(',')->check(CLI::Range(1, 4096));
   g->add_option("--prompt-len", gen.prompt_len, "Prompt tokens per sequence (default 128)")->check(CLI::Range(1, 1 << 20));

@@ -41,6 +41,7 @@ struct GenerateArgs {
   std::string device = "cpu";
   bool exact_products = false;
   bool tensor_cores = false;
+  bool cuda_graphs = false;
 };
 
 int RunGenerate(const GenerateArgs& a) {
@@ -78,6 +79,7 @@ int RunGenerate(const GenerateArgs& a) {
   o.device = a.device;
   o.exact_products = a.exact_products;
   o.tensor_cores = a.tensor_cores;
+  o.cuda_graphs = a.cuda_graphs;
   o.truncate_prompts = a.truncate;
   o.kv_events = ToKvEventsOptions(a.kv_events);
   o.prefix_cache = a.prefix_cache || a.salt_given || !o.kv_events.endpoint.empty();
@@ -294,6 +296,8 @@ CLI::App* AddGenerateCommand(CLI::App& app, int& exit_code) {
                "Weight products in f32 throughout (slower; the fast path rounds activations to int16 / bf16 on the "
                "CPU, f16 on a GPU)");
   cmd->add_flag("--tensor-cores", args.tensor_cores, "On a CUDA device: attention of f16 / bf16 caches (head_dim a multiple of 16 up to 128) on the tensor cores, " "prompt chunks and decode steps (not yet the default: not yet run on a GPU)");
+  cmd->add_flag("--cuda-graphs", args.cuda_graphs, "On a CUDA device: decode steps launched as CUDA graphs, one launch per step, "
+                "replayed while the launches repeat (not yet the default: not yet run on a GPU)");
   cmd->add_option("--threads", args.threads, "Threads for the kernels (default: every hardware thread; with --tp, "
                                              "divided among the ranks on this machine)")
       ->check(CLI::Range(0, 4096));

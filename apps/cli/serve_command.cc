@@ -34,6 +34,7 @@ struct ServeArgs {
   KvEventArgs kv_events;
   std::string device = "cpu";
   bool tensor_cores = false;
+  bool cuda_graphs = false;
 };
 
 int RunServe(const ServeArgs& a) {
@@ -53,6 +54,7 @@ int RunServe(const ServeArgs& a) {
   o.engine.threads = RankThreads(a.threads, a.tp * a.pp * a.cp);
   o.engine.device = a.device;
   o.engine.tensor_cores = a.tensor_cores;
+  o.engine.cuda_graphs = a.cuda_graphs;
   o.engine.chat_template = a.chat_template;
   o.engine.kv_events = ToKvEventsOptions(a.kv_events);
   if (!ToTierOptions(a.tiers, o.engine.tiers)) return kExitBadInput;
@@ -208,6 +210,8 @@ CLI::App* AddServeCommand(CLI::App& app, int& exit_code) {
                   "Where the KV cache lives and the model runs: cpu (default), cuda or cuda:N (an NVIDIA GPU; "
                   "llama / qwen2 and gemma3 models)");
   cmd->add_flag("--tensor-cores", args.tensor_cores, "On a CUDA device: attention of f16 / bf16 caches (head_dim a multiple of 16 up to 128) on the tensor cores, " "prompt chunks and decode steps (not yet the default: not yet run on a GPU)");
+  cmd->add_flag("--cuda-graphs", args.cuda_graphs, "On a CUDA device: decode steps launched as CUDA graphs, one launch per step, "
+                "replayed while the launches repeat (not yet the default: not yet run on a GPU)");
   cmd->add_option("--threads", args.threads, "Threads for the kernels (default: all cores)")->check(CLI::Range(0, 4096));
   AddTierFlags(cmd, args.tiers);
   AddKvEventFlags(cmd, args.kv_events);

@@ -192,6 +192,7 @@ struct GenerateBenchOptions {
   // shares are launch times there, not device times).
   std::string device = "cpu";
   bool tensor_cores = false;  // EngineOptions::tensor_cores (a CUDA device only)
+  bool cuda_graphs = false;   // EngineOptions::cuda_graphs (a CUDA device only)
   std::function<void(const GenerateBenchResult&)> on_result;  // progress, optional
 };
 

@@ -216,6 +216,11 @@ struct EngineOptions {
   // with the same f32 accuracy. Off until those kernels have been run on a
   // GPU (scripts/cuda-device-check.sh); an error with --device cpu.
   bool tensor_cores = false;
+  // On a CUDA device: decode steps recorded and launched as CUDA graphs (one
+  // launch per step instead of one per kernel; cuda/step_graphs.h), a graph
+  // kept from an earlier step replayed while the launches repeat. Off until
+  // run on a GPU (scripts/cuda-device-check.sh); an error with --device cpu.
+  bool cuda_graphs = false;
   // Multi-head latent attention models (deepseek2) over a prompt chunk: the
   // absorbed form (latent rows read by every head), the unabsorbed one
   // (per-head keys and values materialised from the latent rows once, then

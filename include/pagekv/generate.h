@@ -64,6 +64,7 @@ struct GenerateOptions {
   std::string device = "cpu";  // EngineOptions::device: "cpu", "cuda" or "cuda:N"
   bool exact_products = false;  // EngineOptions::exact_products
   bool tensor_cores = false;    // EngineOptions::tensor_cores
+  bool cuda_graphs = false;     // EngineOptions::cuda_graphs
   // A prompt that does not fit the context with max_new_tokens: an error,
   // or, when set, keep its first token (BOS) and its most recent tokens.
   bool truncate_prompts = false;

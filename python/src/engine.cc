@@ -522,7 +522,7 @@ void BindEngine(nb::module_& m) {
              std::optional<ByteSize> kv_budget, int64_t max_step_tokens, int32_t max_running, int64_t watermark_blocks,
              int64_t max_queue, const std::string& allocator, bool prefix_cache, int threads,
              const std::string& chat_template, std::optional<nb::dict> tiers, bool background_tier_moves,
-             const std::string& device, bool exact_products, bool tensor_cores) {
+             const std::string& device, bool exact_products, bool tensor_cores, bool cuda_graphs) {
             EngineOptions o;
             o.model_path = model;
             o.tokenizer_path = tokenizer.value_or("");
@@ -550,6 +550,7 @@ void BindEngine(nb::module_& m) {
             o.device = device;
             o.exact_products = exact_products;
             o.tensor_cores = tensor_cores;
+            o.cuda_graphs = cuda_graphs;
             new (self) PyEngine(o);
           },
           "model"_a, nb::kw_only(), "tokenizer"_a = nb::none(), "block_len"_a = 16, "kv_dtype"_a = "f32",
@@ -557,12 +558,14 @@ void BindEngine(nb::module_& m) {
           "max_running"_a = 256, "watermark_blocks"_a = -1, "max_queue"_a = 1 << 20, "allocator"_a = "paged",
           "prefix_cache"_a = true, "threads"_a = 0, "chat_template"_a = "", "tiers"_a = nb::none(),
           "background_tier_moves"_a = true, "device"_a = "cpu", "exact_products"_a = false, "tensor_cores"_a = false,
+          "cuda_graphs"_a = false,
           "Loads the model and allocates the pool: num_blocks, or as many as fit kv_budget (bytes or \"1GiB\"),\n"
           "or one full context. tiers: a dict of pagekv.Tiers' keywords (host_bytes, disk_path, disk_bytes,\n"
           "redis_url, payload_key, ...) for lower KV tiers under the prefix cache. device: \"cpu\", or\n"
           "\"cuda\" / \"cuda:N\" (the pool and the model on an NVIDIA GPU; UnavailableError without one).\n"
           "exact_products: f32 weight products throughout. tensor_cores: on a CUDA device, attention of f16 / bf16\n"
-          "caches on the tensor cores (not yet the default; ValueError without device=\"cuda\").")
+          "caches on the tensor cores; cuda_graphs: on a CUDA device, decode steps launched as CUDA graphs\n"
+          "(neither is the default yet; each a ValueError without device=\"cuda\").")
       .def("close", &PyEngine::Close, "Stops the engine and frees its model and pool; unfinished requests are cancelled.")
       .def("__enter__", [](nb::handle self) { return self; })
       .def("__exit__", [](PyEngine& e, nb::args) { e.Close(); })
@@ -683,7 +686,7 @@ void BindEngine(nb::module_& m) {
          const std::string& kv_layer_dtypes, int64_t num_blocks, int threads, bool truncate_prompts,
          bool prefix_cache, std::optional<std::string> salt, int32_t top_logits,
          std::optional<std::function<void(size_t, std::string)>> on_token, const std::string& device,
-         bool exact_products, bool tensor_cores) {
+         bool exact_products, bool tensor_cores, bool cuda_graphs) {
         GenerateOptions o;
         o.model_path = model;
         o.tokenizer_path = tokenizer.value_or("");
@@ -714,6 +717,7 @@ void BindEngine(nb::module_& m) {
         o.device = device;
         o.exact_products = exact_products;
         o.tensor_cores = tensor_cores;
+        o.cuda_graphs = cuda_graphs;
         // nanobind's std::function wrapper takes the GIL to call Python; an
         // exception there is kept (Generate goes on without the callback)
         // and raised when it returns.
@@ -764,6 +768,7 @@ void BindEngine(nb::module_& m) {
       "kv_dtype"_a = "f32", "kv_layer_dtypes"_a = "", "num_blocks"_a = 0, "threads"_a = 0,
       "truncate_prompts"_a = false, "prefix_cache"_a = false, "salt"_a = nb::none(), "top_logits"_a = 0,
       "on_token"_a = nb::none(), "device"_a = "cpu", "exact_products"_a = false, "tensor_cores"_a = false,
+          "cuda_graphs"_a = false,
       "`pagekv generate` as a function: loads the model, generates every prompt as one batch (their\n"
       "common prefix computed once and forked), and returns {outputs: [{prompt, prompt_ids,\n"
       "generated_ids, text, completion, stopped}], stats}. Prompt i samples with seed + i, as the CLI.\n"

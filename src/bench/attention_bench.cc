@@ -421,7 +421,7 @@ Result<AttentionBenchResult> RunShape(const Shape& s, const CeilingProbe& probe,
 
 Result<AttentionBenchReport> RunAttentionBench(const AttentionBenchOptions& options) {
   AttentionBenchReport report;
-  PAGEKV_ASSIGN_OR_RETURN(const std::unique_ptr<Backend> device, MakeDeviceBackend(options.device, options.tensor_cores));
+  PAGEKV_ASSIGN_OR_RETURN(const std::unique_ptr<Backend> device, MakeDeviceBackend(options.device, {.tensor_cores = options.tensor_cores}));
   report.device = device != nullptr ? device->name() : "cpu";
   report.threads = options.num_threads > 0 ? options.num_threads : ThreadPool::Shared().num_threads();
   report.simd_target = device != nullptr ? "CUDA" : AttentionSimdTarget();

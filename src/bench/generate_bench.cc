@@ -110,7 +110,7 @@ Result<GenerateBenchReport> RunGenerateBench(const GenerateBenchOptions& o) {
   report.kv_dtype = std::string(DTypeName(o.kv_dtype));
   report.block_len = o.block_len;
   // A device: made once here for its read probe (the engine makes its own).
-  PAGEKV_ASSIGN_OR_RETURN(const std::unique_ptr<Backend> device, MakeDeviceBackend(o.device, o.tensor_cores));
+  PAGEKV_ASSIGN_OR_RETURN(const std::unique_ptr<Backend> device, MakeDeviceBackend(o.device, {o.tensor_cores, o.cuda_graphs}));
   if (device != nullptr) {
     if (o.busy_neighbour) return InvalidArgumentError("bench generate: --busy-neighbour measures the CPU's thread pool: drop --device");
     report.device = device->name();
@@ -154,6 +154,7 @@ Result<GenerateBenchReport> RunGenerateBench(const GenerateBenchOptions& o) {
     eo.parallel = o.parallel;
     eo.device = o.device;
     eo.tensor_cores = o.tensor_cores;
+    eo.cuda_graphs = o.cuda_graphs;
     PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, CreateEngineWithModel(eo, loaded));
     for (int64_t i = 0; i < batch; ++i) {
       EngineRequest r;

@@ -55,6 +55,18 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const CudaBackendOption
   if (cublasStatus_t s = cublasCreate(&impl->blas); s != CUBLAS_STATUS_SUCCESS) {
     return UnavailableError(std::string("cuBLAS: ") + cublasGetStatusString(s));
   }
+  if (options.cuda_graphs) {
+    // A workspace of its own for cuBLAS, so that a captured product does
+    // not allocate one (cuBLAS's guidance for graphs: 32 MiB covers Hopper).
+    constexpr size_t kWorkspace = size_t{32} << 20;
+    if (cudaError_t e = cudaMalloc(&impl->blas_workspace, kWorkspace); e != cudaSuccess) {
+      return UnavailableError("CUDA: no device memory for cuBLAS's workspace: " + CudaMessage(e));
+    }
+    if (cublasStatus_t s = cublasSetWorkspace(impl->blas, impl->blas_workspace, kWorkspace); s != CUBLAS_STATUS_SUCCESS) {
+      return UnavailableError(std::string("cuBLAS: setting its workspace: ") + cublasGetStatusString(s));
+    }
+    impl->graphs = std::make_unique<StepGraphs>(impl->stream);
+  }
   return std::unique_ptr<CudaBackend>(new CudaBackend(std::move(impl)));
 }
 
@@ -82,17 +94,27 @@ void CudaBackend::StoreKvRows(const KvLayout& layout, std::byte* arena, int32_t 
                               const std::byte* k, const std::byte* v) const {
   if (slots.empty()) return;
   impl_->Enter();
-  Temp d_slots(impl_->stream, slots.size() * sizeof(int64_t));
-  cudaError_t e = d_slots.error();
-  if (e == cudaSuccess) {
-    e = impl_->H2D(d_slots.as<void>(), slots.data(), slots.size() * sizeof(int64_t));
-  }
+  auto lock = impl_->Lock();
+  std::optional<Temp> temp;
+  cudaError_t e = cudaSuccess;
+  const size_t bytes = slots.size() * sizeof(int64_t);
+  auto* d_slots = static_cast<int64_t*>(impl_->CallMemory(bytes, temp, &e));
+  if (e == cudaSuccess) e = impl_->H2D(d_slots, slots.data(), bytes);
   const std::byte* planes[2] = {k, v};
+  const auto tokens = static_cast<int64_t>(slots.size());
+  const int32_t heads = layout.num_heads(), block_len = layout.block_len();
+  const int64_t row_bytes = layout.row_bytes(layer);
   for (int32_t p = 0; p < layout.num_planes() && e == cudaSuccess; ++p) {
-    e = cuda::ScatterRows(d_slots.as<int64_t>(), static_cast<int64_t>(slots.size()), layout.num_heads(),
-                          layout.row_bytes(layer), layout.block_len(), planes[p],
-                          arena + layout.SlabOffset(layer, p, 0, 0), layout.head_stride(layer, p),
-                          layout.slab_stride(layer, p), impl_->stream);
+    const std::byte* src = planes[p];
+    std::byte* plane = arena + layout.SlabOffset(layer, p, 0, 0);
+    const int64_t head_stride = layout.head_stride(layer, p), slab_stride = layout.slab_stride(layer, p);
+    e = impl_->Enqueue({0x73746f72 /* "stor" */, StepGraphs::Key(d_slots), StepGraphs::Key(tokens), StepGraphs::Key(heads),
+                        StepGraphs::Key(row_bytes), StepGraphs::Key(block_len), StepGraphs::Key(src), StepGraphs::Key(plane),
+                        StepGraphs::Key(head_stride), StepGraphs::Key(slab_stride)},
+                       [=](cudaStream_t s) {
+                         return cuda::ScatterRows(d_slots, tokens, heads, row_bytes, block_len, src, plane, head_stride,
+                                                  slab_stride, s);
+                       });
   }
   impl_->Note(e, "storing K / V rows");
 }
@@ -100,6 +122,8 @@ void CudaBackend::StoreKvRows(const KvLayout& layout, std::byte* arena, int32_t 
 void CudaBackend::ToHost(const void* src, size_t bytes, void* dst) const {
   if (bytes == 0) return;
   impl_->Enter();
+  auto lock = impl_->Lock();
+  impl_->Flush();
   cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, impl_->stream);
   if (e == cudaSuccess) e = cudaStreamSynchronize(impl_->stream);
   impl_->Note(e, "to host");
@@ -114,6 +138,8 @@ void CudaBackend::FromHost(const void* src, size_t bytes, void* dst) const {
 Result<double> CudaBackend::DeviceReadGbps(int64_t bytes) const {
   if (bytes < (int64_t{1} << 20)) return InvalidArgumentError("read probe: give at least 1 MiB");
   impl_->Enter();
+  auto lock = impl_->Lock();
+  impl_->Flush();
   const cudaStream_t stream = impl_->stream;
   Temp buf(stream, static_cast<size_t>(bytes)), sink(stream, sizeof(float));
   PAGEKV_RETURN_IF_ERROR(impl_->Check(buf.error(), "read probe buffer"));
@@ -142,23 +168,27 @@ Result<double> CudaBackend::DeviceReadGbps(int64_t bytes) const {
 std::span<std::byte> CudaBackend::Scratch(int pool, size_t slot, size_t bytes) const {
   impl_->Enter();
   const auto key = std::make_tuple(std::this_thread::get_id(), pool, slot);
+  auto stream_lock = impl_->Lock();
   std::lock_guard lock(impl_->mu);
   auto& [p, size] = impl_->scratch[key];
   if (size < bytes) {
     // Grown by half again, so a growing step does not reallocate every time;
-    // the old buffer may still be read by work in flight.
-    cudaStreamSynchronize(impl_->stream);
-    cudaFree(p);
+    // the old buffer may still be read by work in flight (or recorded in a
+    // step, not yet enqueued: freed once that step has run).
+    if (impl_->Recording()) {
+      if (p != nullptr) impl_->graphs->Retire(p);
+    } else {
+      cudaStreamSynchronize(impl_->stream);
+      cudaFree(p);
+    }
     p = nullptr;
     size = 0;
     const size_t want = std::max(bytes, bytes + bytes / 2);
     if (cudaError_t e = cudaMalloc(&p, want); e != cudaSuccess) {
       cudaGetLastError();
       p = nullptr;
-      if (impl_->error.ok()) {
-        impl_->error = ResourceExhaustedError("CUDA backend: no device memory for " + std::to_string(want) +
-                                              " bytes of activations: " + CudaMessage(e));
-      }
+      impl_->NoteStatus(ResourceExhaustedError("CUDA backend: no device memory for " + std::to_string(want) +
+                                               " bytes of activations: " + CudaMessage(e)));
       return {};
     }
     size = want;
@@ -169,6 +199,8 @@ std::span<std::byte> CudaBackend::Scratch(int pool, size_t slot, size_t bytes) c
 Result<std::unique_ptr<KvArena>> CudaBackend::AllocateArena(const KvArenaOptions& options) const {
   if (options.size_bytes <= 0) return InvalidArgumentError("arena size must be positive");
   impl_->Enter();
+  auto lock = impl_->Lock();
+  impl_->Flush();
   void* p = nullptr;
   if (cudaError_t e = cudaMalloc(&p, static_cast<size_t>(options.size_bytes)); e != cudaSuccess) {
     cudaGetLastError();
@@ -186,6 +218,7 @@ Result<std::unique_ptr<KvArena>> CudaBackend::AllocateArena(const KvArenaOptions
 
 void CudaBackend::CopyBlocks(const KvLayout& layout, std::byte* arena, std::span<const BlockCopy> copies) const {
   impl_->Enter();
+  auto lock = impl_->Lock();
   // The copies of one launch run at once: a copy that reads or writes a
   // block an earlier copy of the same launch writes (or reads) starts the
   // next launch, so the order is the CPU backend's.
@@ -254,14 +287,20 @@ void CudaBackend::HostToBlock(const KvLayout& layout, std::byte* arena, BlockId 
 void CudaBackend::EncodeKvRows(const KvFormat& format, int32_t elems, const float* src, int64_t rows,
                                std::byte* dst) const {
   impl_->Enter();
+  auto lock = impl_->Lock();
   const int64_t row_bytes = EncodedRowBytes(format, elems);
   Result<cuda::KvType> type = format.IsKivi() ? Result<cuda::KvType>(cuda::KvType::kF16) : RowType(format, elems);
   if (type.ok()) {
-    impl_->Note(cuda::EncodeRows(*type, elems, src, rows, dst, row_bytes, impl_->stream), "encoding K / V rows");
+    const cuda::KvType t = *type;
+    impl_->Note(impl_->Enqueue({0x656e6372 /* "encr" */, StepGraphs::Key(t), StepGraphs::Key(elems), StepGraphs::Key(src),
+                                StepGraphs::Key(rows), StepGraphs::Key(dst), StepGraphs::Key(row_bytes)},
+                               [=](cudaStream_t s) { return cuda::EncodeRows(t, elems, src, rows, dst, row_bytes, s); }),
+                "encoding K / V rows");
     return;
   }
   // Formats the GPU does not encode (Hadamard-rotated rows): through the
-  // host encoder.
+  // host encoder (a recorded step runs what it has first, then call by call).
+  impl_->Flush();
   ++impl_->fallbacks;
   std::vector<float> in(static_cast<size_t>(rows * elems));
   std::vector<std::byte> out(static_cast<size_t>(rows * row_bytes));
@@ -298,40 +337,57 @@ void CudaBackend::WeightRow(const WeightMatrix& w, int64_t r, float* out) const 
 void CudaBackend::RmsNormRows(const float* x, const float* weight, int64_t rows, int32_t width, float eps,
                               float* out) const {
   impl_->Enter();
+  auto lock = impl_->Lock();
   const float* w = impl_->Resident(weight, width);
   if (w == nullptr) return;
-  impl_->Note(cuda::RmsNormRows(x, w, rows, width, eps, out, impl_->stream), "RmsNorm");
+  impl_->Note(impl_->Enqueue({0x726d736e /* "rmsn" */, StepGraphs::Key(x), StepGraphs::Key(w), StepGraphs::Key(rows),
+                              StepGraphs::Key(width), StepGraphs::Key(eps), StepGraphs::Key(out)},
+                             [=](cudaStream_t s) { return cuda::RmsNormRows(x, w, rows, width, eps, out, s); }),
+              "RmsNorm");
 }
 
 void CudaBackend::AddBiasRows(float* x, const float* bias, int64_t rows, int64_t width) const {
   impl_->Enter();
+  auto lock = impl_->Lock();
   const float* b = impl_->Resident(bias, width);
   if (b == nullptr) return;
-  impl_->Note(cuda::AddBiasRows(x, b, rows, width, impl_->stream), "bias");
+  impl_->Note(impl_->Enqueue({0x62696173 /* "bias" */, StepGraphs::Key(x), StepGraphs::Key(b), StepGraphs::Key(rows),
+                              StepGraphs::Key(width)},
+                             [=](cudaStream_t s) { return cuda::AddBiasRows(x, b, rows, width, s); }),
+              "bias");
 }
 
 void CudaBackend::AddInPlace(float* x, const float* y, int64_t n) const {
   impl_->Enter();
-  impl_->Note(cuda::AddInPlace(x, y, n, impl_->stream), "add");
+  impl_->Note(impl_->Enqueue({0x61646420 /* "add " */, StepGraphs::Key(x), StepGraphs::Key(y), StepGraphs::Key(n)},
+                             [=](cudaStream_t s) { return cuda::AddInPlace(x, y, n, s); }),
+              "add");
 }
 
 void CudaBackend::SwiGluInPlace(float* gate, const float* up, int64_t n) const {
   impl_->Enter();
-  impl_->Note(cuda::SwiGluInPlace(gate, up, n, impl_->stream), "SwiGLU");
+  impl_->Note(impl_->Enqueue({0x73776967 /* "swig" */, StepGraphs::Key(gate), StepGraphs::Key(up), StepGraphs::Key(n)},
+                             [=](cudaStream_t s) { return cuda::SwiGluInPlace(gate, up, n, s); }),
+              "SwiGLU");
 }
 
 void CudaBackend::GeluGluInPlace(float* gate, const float* up, int64_t n) const {
   impl_->Enter();
-  impl_->Note(cuda::GeluGluInPlace(gate, up, n, impl_->stream), "GeGLU");
+  impl_->Note(impl_->Enqueue({0x67656c75 /* "gelu" */, StepGraphs::Key(gate), StepGraphs::Key(up), StepGraphs::Key(n)},
+                             [=](cudaStream_t s) { return cuda::GeluGluInPlace(gate, up, n, s); }),
+              "GeGLU");
 }
 
 void CudaBackend::ScaleInPlace(float* x, float s, int64_t n) const {
   impl_->Enter();
-  impl_->Note(cuda::ScaleInPlace(x, s, n, impl_->stream), "scale");
+  impl_->Note(impl_->Enqueue({0x7363616c /* "scal" */, StepGraphs::Key(x), StepGraphs::Key(s), StepGraphs::Key(n)},
+                             [=](cudaStream_t st) { return cuda::ScaleInPlace(x, s, n, st); }),
+              "scale");
 }
 
 void CudaBackend::RopeTables(const Rope& rope, std::span<const int64_t> positions, float* cos, float* sin) const {
   impl_->Enter();
+  auto lock = impl_->Lock();
   // The angles in double on the host (Rope::Tables), then the tables up.
   const size_t n = positions.size() * static_cast<size_t>(rope.params().rope_dims);
   std::vector<float> c(n), s(n);
@@ -345,16 +401,45 @@ void CudaBackend::RopeApply(const Rope& rope, float* x, int64_t rows, int32_t wi
                             const float* sin) const {
   impl_->Enter();
   const RopeParams& p = rope.params();
-  impl_->Note(cuda::RopeApply(x, rows, width, p.head_dim, p.rope_dims, p.halves, cos, sin, impl_->stream), "rotary");
+  const int32_t head_dim = p.head_dim, rope_dims = p.rope_dims;
+  const bool halves = p.halves;
+  impl_->Note(impl_->Enqueue({0x726f7065 /* "rope" */, StepGraphs::Key(x), StepGraphs::Key(rows), StepGraphs::Key(width),
+                              StepGraphs::Key(head_dim), StepGraphs::Key(rope_dims), StepGraphs::Key(halves),
+                              StepGraphs::Key(cos), StepGraphs::Key(sin)},
+                             [=](cudaStream_t s) { return cuda::RopeApply(x, rows, width, head_dim, rope_dims, halves, cos, sin, s); }),
+              "rotary");
 }
 
 Status CudaBackend::Finish() const {
   impl_->Enter();
+  auto lock = impl_->Lock();
+  impl_->Flush();
   impl_->Note(cudaStreamSynchronize(impl_->stream), "synchronize");
-  std::lock_guard lock(impl_->mu);
+  std::lock_guard err_lock(impl_->err_mu);
   Status s = impl_->error;
   impl_->error = Status::Ok();
   return s;
+}
+
+void CudaBackend::BeginReplayableStep() const {
+  if (impl_->graphs == nullptr) return;
+  impl_->Enter();
+  auto lock = impl_->Lock();
+  impl_->Flush();
+  // The step's pinned and device memory is rewritten: nothing may still read it.
+  cudaError_t e = cudaStreamSynchronize(impl_->stream);
+  impl_->step_ints.clear();
+  if (e == cudaSuccess) e = impl_->graphs->Begin();
+  impl_->Note(e, "starting a recorded step");
+}
+
+Status CudaBackend::EndReplayableStep() const {
+  if (impl_->graphs == nullptr) return impl_->Recorded();
+  impl_->Enter();
+  auto lock = impl_->Lock();
+  impl_->Flush();
+  impl_->step_ints.clear();
+  return impl_->Recorded();
 }
 
 Result<float*> CudaBackend::AllocateFloats(int64_t n) const {
@@ -370,6 +455,8 @@ Result<float*> CudaBackend::AllocateFloats(int64_t n) const {
 
 void CudaBackend::Free(void* p) const {
   impl_->Enter();
+  auto lock = impl_->Lock();
+  impl_->Flush();
   cudaStreamSynchronize(impl_->stream);
   cudaFree(p);
 }
@@ -381,6 +468,8 @@ Status CudaBackend::ToDevice(const float* host, int64_t n, float* device) const 
 
 Status CudaBackend::ToHost(const float* device, int64_t n, float* host) const {
   impl_->Enter();
+  auto lock = impl_->Lock();
+  impl_->Flush();
   cudaError_t e = cudaMemcpyAsync(host, device, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost, impl_->stream);
   if (e == cudaSuccess) e = cudaStreamSynchronize(impl_->stream);
   return impl_->Check(e, "to host");
@@ -390,8 +479,16 @@ int64_t CudaBackend::weight_bytes() const { return impl_->weight_bytes.load(); }
 int64_t CudaBackend::host_fallbacks() const { return impl_->fallbacks.load(); }
 int64_t CudaBackend::table_uploads() const { return impl_->int_uploads.load(); }
 
+CudaBackend::GraphCounts CudaBackend::graph_counts() const {
+  auto lock = impl_->Lock();
+  if (impl_->graphs == nullptr) return {};
+  return {impl_->graphs->launches(), impl_->graphs->captures(), impl_->graphs->uncaptured()};
+}
+
 void CudaBackend::ForgetWeights() const {
   impl_->Enter();
+  auto stream_lock = impl_->Lock();
+  impl_->Flush();
   cudaStreamSynchronize(impl_->stream);
   std::lock_guard lock(impl_->mu);
   for (auto& [key, w] : impl_->weights) cudaFree(w.data);

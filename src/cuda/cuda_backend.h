@@ -66,6 +66,11 @@ struct CudaBackendOptions {
   // through the tensor-core decode kernel (TensorCoreDecodeShape), the one
   // meant for GQA. Off until it has been checked on a GPU, as above.
   bool tensor_core_decode = false;
+  // Replayable steps (BeginReplayableStep: the engine's decode steps) run
+  // as CUDA graphs: recorded, then launched as one graph kept from an
+  // earlier step that made the same launches, or captured into a new one.
+  // Off until it has been checked on a GPU (the device check runs its tests).
+  bool cuda_graphs = false;
 };
 
 // Whether a CUDA device can be used here; *why says why not.
@@ -122,6 +127,13 @@ class CudaBackend final : public Backend {
   // Waits for every call made so far; returns the first error recorded
   // since the last Finish (and clears it).
   Status Finish() const override;
+  // With CudaBackendOptions::cuda_graphs, the calls from here to
+  // EndReplayableStep are recorded and run as a CUDA graph (see
+  // step_graphs.h); a call that waits for the device (ToHost, Finish) runs
+  // what was recorded first, and the rest of the step call by call.
+  // Without the option they do nothing.
+  void BeginReplayableStep() const override;
+  Status EndReplayableStep() const override;
   // Device buffers for a caller (a model's activations, a test's inputs).
   Result<float*> AllocateFloats(int64_t n) const;
   void Free(void* p) const;
@@ -135,6 +147,12 @@ class CudaBackend final : public Backend {
   // Uploads of attention calls' block tables and lengths: once per distinct
   // set (a decode step's layers share one), not once per call.
   int64_t table_uploads() const;
+  // Recorded steps so far: launched as a graph (kept or new), graphs
+  // captured, and steps that ran call by call (their calls not capturable).
+  struct GraphCounts {
+    int64_t launches = 0, captures = 0, uncaptured = 0;
+  };
+  GraphCounts graph_counts() const;
   void ForgetWeights() const;
 
  private:

@@ -95,6 +95,32 @@ cuda::PrefillParams PrefillFor(const LayerView& view, const KvLayout& layout, in
   return p;
 }
 
+using K = StepGraphs;
+
+// The launches, through Impl::Enqueue: the key is every parameter
+// (step_graphs.h). (Impl is CudaBackend's private type, deduced here.)
+template <typename Impl>
+cudaError_t EnqueueDecode(const Impl& impl, const cuda::DecodeParams& p, int32_t splits) {
+  return impl.Enqueue(
+      {0x64656364 /* "decd" */, K::Key(p.type), K::Key(p.num_seqs), K::Key(p.q_heads), K::Key(p.kv_heads),
+       K::Key(p.head_dim), K::Key(p.block_len), K::Key(p.k_plane), K::Key(p.v_plane), K::Key(p.head_stride),
+       K::Key(p.slab_stride), K::Key(p.row_bytes), K::Key(p.block_tables), K::Key(p.max_blocks), K::Key(p.context_lens),
+       K::Key(p.q), K::Key(p.out), K::Key(p.scale), K::Key(p.blocks_per_split), K::Key(p.scratch),
+       K::Key(p.use_chunk_kernel), K::Key(p.tensor_cores), K::Key(splits)},
+      [p, splits](cudaStream_t s) { return cuda::PagedDecodeAttention(p, splits, s); });
+}
+
+template <typename Impl>
+cudaError_t EnqueuePrefill(const Impl& impl, const cuda::PrefillParams& p) {
+  return impl.Enqueue(
+      {0x70726566 /* "pref" */, K::Key(p.type), K::Key(p.num_seqs), K::Key(p.q_heads), K::Key(p.kv_heads),
+       K::Key(p.head_dim), K::Key(p.block_len), K::Key(p.k_plane), K::Key(p.v_plane), K::Key(p.head_stride),
+       K::Key(p.slab_stride), K::Key(p.row_bytes), K::Key(p.block_tables), K::Key(p.max_blocks), K::Key(p.context_lens),
+       K::Key(p.query_lens), K::Key(p.query_starts), K::Key(p.windows), K::Key(p.max_query_len), K::Key(p.q),
+       K::Key(p.out), K::Key(p.lse), K::Key(p.scale), K::Key(p.softcap), K::Key(p.tensor_cores)},
+      [p](cudaStream_t s) { return cuda::PagedPrefillAttention(p, s); });
+}
+
 }  // namespace
 
 Status CudaBackend::DecodeAttention(const PagedKv& kv, std::span<const DecodeSeq> seqs, const float* q, float* out,
@@ -136,7 +162,7 @@ Status CudaBackend::DecodeAttention(const PagedKv& kv, std::span<const DecodeSeq
       ints[3 * n + table_ints + static_cast<size_t>(i)] = static_cast<int32_t>(std::min<int64_t>(s.window, INT32_MAX));
     }
   }
-  const cudaStream_t stream = impl_->stream;
+  auto lock = impl_->Lock();
   std::unique_lock<std::mutex> hold;  // until the kernels that read d_ints are enqueued
   const int32_t* d_ints = impl_->DeviceInts(ints, &hold);
   if (d_ints == nullptr) return impl_->Recorded();
@@ -151,11 +177,12 @@ Status CudaBackend::DecodeAttention(const PagedKv& kv, std::span<const DecodeSeq
     int32_t splits = cuda::Splits(p, static_cast<int32_t>(longest), impl_->multiprocessors);
     if (splits > 1 && p.blocks_per_split == 0) p.blocks_per_split = static_cast<int32_t>((max_blocks + splits - 1) / splits);
     if (p.blocks_per_split > 0) splits = static_cast<int32_t>((max_blocks + p.blocks_per_split - 1) / p.blocks_per_split);
-    Temp scratch(stream, splits > 1 ? cuda::ScratchBytes(p, splits) : 0);
-    PAGEKV_RETURN_IF_ERROR(impl_->Check(scratch.error(), "decode scratch"));
-    p.scratch = scratch.as<void>();
+    std::optional<Temp> temp;
+    cudaError_t e = cudaSuccess;
+    p.scratch = impl_->LaneMemory(0, splits > 1 ? cuda::ScratchBytes(p, splits) : 0, temp, &e);
+    PAGEKV_RETURN_IF_ERROR(impl_->Check(e, "decode scratch"));
     if (splits <= 1) p.blocks_per_split = 0;
-    return impl_->Check(cuda::PagedDecodeAttention(p, std::max(splits, 1), stream), "decode attention");
+    return impl_->Check(EnqueueDecode(*impl_, p, std::max(splits, 1)), "decode attention");
   }
   // Windows, soft-capping, partial tables, log-sum-exps: one query each
   // through the prefill kernel.
@@ -164,7 +191,7 @@ Status CudaBackend::DecodeAttention(const PagedKv& kv, std::span<const DecodeSeq
   p.query_starts = d_ints + 2 * n + table_ints;
   p.windows = d_ints + 3 * n + table_ints;
   p.max_query_len = 1;
-  return impl_->Check(cuda::PagedPrefillAttention(p, stream), "decode attention (general kernel)");
+  return impl_->Check(EnqueuePrefill(*impl_, p), "decode attention (general kernel)");
 }
 
 Status CudaBackend::PrefillAttention(const PagedKv& kv, std::span<const PrefillSeq> seqs, const float* q, float* out,
@@ -210,7 +237,7 @@ Status CudaBackend::PrefillAttention(const PagedKv& kv, std::span<const PrefillS
     ints[3 * n + table_ints + static_cast<size_t>(i)] = static_cast<int32_t>(std::min<int64_t>(s.window, INT32_MAX));
     row += s.num_queries;
   }
-  const cudaStream_t stream = impl_->stream;
+  auto lock = impl_->Lock();
   std::unique_lock<std::mutex> hold;  // until the kernels that read d_ints are enqueued
   const int32_t* d_ints = impl_->DeviceInts(ints, &hold);
   if (d_ints == nullptr) return impl_->Recorded();
@@ -222,7 +249,7 @@ Status CudaBackend::PrefillAttention(const PagedKv& kv, std::span<const PrefillS
   // Enough rows for the tensor cores' 64-row tiles to pay.
   p.tensor_cores = impl_->tensor_core_prefill && cuda::TensorCorePrefillShape(p) &&
                    longest_query * (cc.num_q_heads / cc.num_kv_heads) >= 16;
-  return impl_->Check(cuda::PagedPrefillAttention(p, stream), "prefill attention");
+  return impl_->Check(EnqueuePrefill(*impl_, p), "prefill attention");
 }
 
 }  // namespace pagekv

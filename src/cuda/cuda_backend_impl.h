@@ -10,7 +10,9 @@
 #include <atomic>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -20,6 +22,7 @@
 #include "cuda/cuda_backend.h"
 #include "cuda/layer_ops.h"
 #include "cuda/paged_attention.h"
+#include "cuda/step_graphs.h"
 #include "kernels/ops.h"
 #include "kernels/weight_formats.h"
 
@@ -94,6 +97,7 @@ using cuda_backend_internal::RowType;
 using cuda_backend_internal::Temp;
 using cuda_backend_internal::DeviceWeights;
 using cuda_backend_internal::DeviceArena;
+using cuda_backend_internal::StepGraphs;
 
 struct CudaBackend::Impl {
   int device = 0;
@@ -108,12 +112,22 @@ struct CudaBackend::Impl {
   mutable std::mutex copy_mu;          // one transfer at a time: the pinned staging
   mutable void* pinned = nullptr;
   mutable size_t pinned_size = 0;
-  mutable std::mutex ring_mu;          // H2D's pinned ring
-  mutable void* ring = nullptr;
+  // The compute stream's order: every call that enqueues on `stream` holds
+  // it for the whole call (recursive: calls use each other), so that a
+  // call's work is contiguous on the stream, a recorded step's calls see one
+  // consistent state, and a capture sees only the step's work. It also
+  // guards the pinned ring, the cuBLAS handle and the step recorder. Lock
+  // order: stream_mu, then mu, then err_mu.
+  mutable std::recursive_mutex stream_mu;
+  mutable void* ring = nullptr;  // H2D's pinned ring
   mutable size_t ring_at = 0;
   mutable bool ring_failed = false;
   cublasHandle_t blas = nullptr;
-  mutable std::mutex mu;  // the error, the weight cache, cuBLAS
+  void* blas_workspace = nullptr;  // given to cuBLAS where steps are captured
+  // Decode steps as CUDA graphs (CudaBackendOptions::cuda_graphs): null when off.
+  std::unique_ptr<StepGraphs> graphs;
+  mutable std::mutex mu;      // the weight cache, the scratch map, the weight vectors
+  mutable std::mutex err_mu;  // the error (taken last)
   mutable Status error = Status::Ok();
   mutable std::map<std::tuple<const std::byte*, int, int64_t, int64_t, bool, int>, DeviceWeights> weights;
   mutable std::map<std::tuple<std::thread::id, int, size_t>, std::pair<void*, size_t>> scratch;
@@ -139,6 +153,8 @@ struct CudaBackend::Impl {
 
   ~Impl() {
     if (stream != nullptr) cudaStreamSynchronize(stream);
+    graphs.reset();
+    cudaFree(blas_workspace);
     for (auto& [key, w] : weights) cudaFree(w.data);
     for (auto& [key, buf] : scratch) cudaFree(buf.first);
     for (auto& [key, vec] : vectors) cudaFree(vec.first);
@@ -157,17 +173,17 @@ struct CudaBackend::Impl {
 
   void Note(cudaError_t e, const char* what) const {
     if (e == cudaSuccess) return;
-    std::lock_guard lock(mu);
+    std::lock_guard lock(err_mu);
     if (error.ok()) error = InternalError(std::string("CUDA backend: ") + what + ": " + CudaMessage(e));
   }
   void NoteStatus(const Status& s) const {
     if (s.ok()) return;
-    std::lock_guard lock(mu);
+    std::lock_guard lock(err_mu);
     if (error.ok()) error = s;
   }
   // The recorded error (kept), or ok.
   Status Recorded() const {
-    std::lock_guard lock(mu);
+    std::lock_guard lock(err_mu);
     return error;
   }
   Status Check(cudaError_t e, const char* what) const {
@@ -175,16 +191,73 @@ struct CudaBackend::Impl {
     return Recorded();
   }
 
+  // --- The compute stream, and recorded steps (step_graphs.h) ---
+  std::unique_lock<std::recursive_mutex> Lock() const { return std::unique_lock(stream_mu); }
+  // Whether a replayable step is being recorded (stream_mu held).
+  bool Recording() const { return graphs != nullptr && graphs->recording(); }
+  // Enqueues `op` on the compute stream now, or appends it to the step being
+  // recorded with `key`: every value it launches with beside memory
+  // contents (StepGraphs::Key of each pointer, size and scalar), so that a
+  // step whose keys all equal a kept graph's makes that graph's launches.
+  template <typename Op>
+  cudaError_t Enqueue(std::initializer_list<uint64_t> key, Op&& op) const {
+    std::lock_guard lock(stream_mu);
+    if (Recording()) {
+      graphs->Append(key, std::forward<Op>(op));
+      return cudaSuccess;
+    }
+    return op(stream);
+  }
+  // Runs what the step recorded so far and ends the recording, before a
+  // call that waits for the device or cannot be recorded; the rest of the
+  // step then runs call by call.
+  void Flush() const {
+    std::lock_guard lock(stream_mu);
+    if (Recording()) Note(graphs->Flush(), "running a recorded step");
+  }
+  // Device memory for one call's inputs or temporaries: stream-ordered and
+  // freed with `temp` outside a recorded step; while one is recorded, the
+  // step's own (a Temp's free would be enqueued before the recorded work
+  // that reads it). Null (the error in *e) when none can be had.
+  void* CallMemory(size_t bytes, std::optional<Temp>& temp, cudaError_t* e) const {
+    *e = cudaSuccess;
+    if (bytes == 0) return nullptr;
+    if (Recording()) {
+      void* p = graphs->Device(bytes);
+      if (p == nullptr) *e = cudaErrorMemoryAllocation;
+      return p;
+    }
+    temp.emplace(stream, bytes);
+    *e = temp->error();
+    return *e == cudaSuccess ? temp->as<void>() : nullptr;
+  }
+  // A reusable temporary (lane 0: decode's split partials, 1: activations
+  // rounded for a product): consumed by the call's own later operations.
+  void* LaneMemory(int lane, size_t bytes, std::optional<Temp>& temp, cudaError_t* e) const {
+    if (!Recording()) return CallMemory(bytes, temp, e);
+    *e = cudaSuccess;
+    if (bytes == 0) return nullptr;
+    void* p = graphs->Lane(lane, bytes);
+    if (p == nullptr) *e = cudaErrorMemoryAllocation;
+    return p;
+  }
+  // A recorded step's block tables: each distinct array once per step, at
+  // an offset of the step's memory that repeats from step to step.
+  mutable std::vector<std::pair<std::vector<int32_t>, int32_t*>> step_ints;
+
   // Host -> device on the compute stream through a pinned ring, so the copy
   // is a true asynchronous DMA (a pageable source may make the runtime wait
   // for the stream before copying it) and the caller's buffer is free at
   // return. The ring is written again only after the stream has finished
   // every copy out of it (one stream sync per wrap). Sources larger than a
   // quarter of it, or no pinned memory, go pageable.
+  // While a step is recorded, the bytes go to the step's own pinned memory
+  // and their copy is one of its operations (step_graphs.h).
   static constexpr size_t kRingBytes = size_t{8} << 20;
   cudaError_t H2D(void* dst, const void* src, size_t bytes) const {
     if (bytes == 0) return cudaSuccess;
-    std::lock_guard lock(ring_mu);
+    std::lock_guard lock(stream_mu);
+    if (Recording()) return graphs->Upload(dst, src, bytes);
     if (ring == nullptr && !ring_failed) {
       if (cudaMallocHost(&ring, kRingBytes) != cudaSuccess) {
         cudaGetLastError();
@@ -211,6 +284,21 @@ struct CudaBackend::Impl {
   // `hold` keeps the entries locked until the caller has enqueued the
   // kernels that read it, so another thread's call cannot rewrite it first.
   const int32_t* DeviceInts(const std::vector<int32_t>& host, std::unique_lock<std::mutex>* hold) const {
+    std::lock_guard stream_lock(stream_mu);
+    if (Recording()) {
+      for (const auto& [ints, device] : step_ints) {
+        if (ints == host) return device;
+      }
+      auto* device = static_cast<int32_t*>(graphs->Device(host.size() * sizeof(int32_t)));
+      cudaError_t e = device == nullptr ? cudaErrorMemoryAllocation : graphs->Upload(device, host.data(), host.size() * sizeof(int32_t));
+      if (e != cudaSuccess) {
+        Note(e, "uploading block tables");
+        return nullptr;
+      }
+      step_ints.emplace_back(host, device);
+      ++int_uploads;
+      return device;
+    }
     std::unique_lock lock(ints_mu);
     ++ints_clock;
     IntArrays* slot = &ints[0];
@@ -247,12 +335,6 @@ struct CudaBackend::Impl {
     return slot->device;
   }
 
-  template <typename T>
-  cudaError_t Upload(const Temp& dst, const std::vector<T>& host) const {
-    if (dst.error() != cudaSuccess) return dst.error();
-    return H2D(dst.as<void>(), host.data(), host.size() * sizeof(T));
-  }
-
   // A weight vector (norm weights, a bias) of n floats where the kernels
   // can read it: itself when it is device (or managed) memory, else its
   // device copy, uploaded on first use and kept (model weights do not
@@ -278,7 +360,7 @@ struct CudaBackend::Impl {
       cudaGetLastError();
       cudaFree(copy);
       copy = nullptr;
-      if (error.ok()) error = InternalError("CUDA backend: uploading a weight vector: " + CudaMessage(e));
+      NoteStatus(InternalError("CUDA backend: uploading a weight vector: " + CudaMessage(e)));
       return nullptr;
     }
     size = n;
@@ -291,6 +373,7 @@ struct CudaBackend::Impl {
     const bool exact = activations == Activations::kF32 || w.type == WeightType::kF32;
     const cudaDataType_t type = exact ? CUDA_R_32F : (w.type == WeightType::kBF16 || bf16_products) ? CUDA_R_16BF : CUDA_R_16F;
     const auto key = std::make_tuple(w.data, static_cast<int>(w.type), w.rows, w.cols, w.panels, static_cast<int>(type));
+    std::lock_guard stream_lock(stream_mu);  // the upload below enqueues (never into a recorded step)
     std::lock_guard lock(mu);
     if (auto it = weights.find(key); it != weights.end()) return it->second;
     DeviceWeights dw;
@@ -351,26 +434,33 @@ struct CudaBackend::Impl {
     // Row-major Y[tokens][rows] = X[tokens][cols] W[rows][cols]^T is, in
     // cuBLAS's column-major terms, Y^T (rows x tokens) = op(W') X' with W'
     // the cols x rows matrix W's bytes are: op = transpose.
-    Temp x16(stream, dw.type == CUDA_R_32F ? 0 : static_cast<size_t>(tokens * w.cols * 2));
-    const void* xb = x;
-    if (dw.type != CUDA_R_32F) {
-      PAGEKV_RETURN_IF_ERROR(Check(x16.error(), "activation buffer"));
-      const cudaError_t e = dw.type == CUDA_R_16F ? cuda::ToHalf(x, tokens * w.cols, x16.as<void>(), stream)
-                                                  : cuda::ToBf16(x, tokens * w.cols, x16.as<void>(), stream);
-      PAGEKV_RETURN_IF_ERROR(Check(e, "rounding the activations"));
-      xb = x16.as<void>();
-    }
-    cublasStatus_t s;
-    {
-      std::lock_guard lock(mu);
-      cublasSetStream(blas, stream);
-      s = cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, dw.data, dw.type, k, xb, dw.type, k, &beta, y,
-                       CUDA_R_32F, m, dw.type == CUDA_R_32F ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F,
-                       CUBLAS_GEMM_DEFAULT);
-    }
-    if (s != CUBLAS_STATUS_SUCCESS) {
-      return InternalError(std::string("CUDA backend: cublasGemmEx: ") + cublasGetStatusString(s));
-    }
+    std::lock_guard lock(stream_mu);
+    std::optional<Temp> temp;
+    cudaError_t e = cudaSuccess;
+    void* x16 = dw.type == CUDA_R_32F ? nullptr : LaneMemory(1, static_cast<size_t>(tokens * w.cols * 2), temp, &e);
+    PAGEKV_RETURN_IF_ERROR(Check(e, "activation buffer"));
+    const cudaDataType_t type = dw.type;
+    const void* wd = dw.data;
+    const int64_t count = tokens * w.cols;
+    e = Enqueue({0x67656d6d /* "gemm" */, StepGraphs::Key(wd), StepGraphs::Key(static_cast<int>(type)), StepGraphs::Key(m),
+                 StepGraphs::Key(n), StepGraphs::Key(k), StepGraphs::Key(x), StepGraphs::Key(x16), StepGraphs::Key(y)},
+                [=, this](cudaStream_t s) -> cudaError_t {
+                  const void* xb = x;
+                  if (x16 != nullptr) {
+                    const cudaError_t r = type == CUDA_R_16F ? cuda::ToHalf(x, count, x16, s) : cuda::ToBf16(x, count, x16, s);
+                    if (r != cudaSuccess) return r;
+                    xb = x16;
+                  }
+                  cublasSetStream(blas, s);
+                  const cublasStatus_t st =
+                      cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, wd, type, k, xb, type, k, &beta, y,
+                                   CUDA_R_32F, m, type == CUDA_R_32F ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F,
+                                   CUBLAS_GEMM_DEFAULT);
+                  if (st == CUBLAS_STATUS_SUCCESS) return cudaSuccess;
+                  NoteStatus(InternalError(std::string("CUDA backend: cublasGemmEx: ") + cublasGetStatusString(st)));
+                  return cudaErrorUnknown;
+                });
+    Note(e, "weight product");
     return Recorded();
   }
 
@@ -390,16 +480,25 @@ struct CudaBackend::Impl {
 
   cudaError_t Spans(const std::vector<cuda::SpanCopy>& spans, const void* src, void* dst, cudaStream_t on = nullptr) const {
     if (spans.empty()) return cudaSuccess;
-    if (on == nullptr) on = stream;
-    Temp d(on, spans.size() * sizeof(cuda::SpanCopy));
-    if (d.error() != cudaSuccess) return d.error();
-    // The compute stream's through the ring; the copy stream's calls wait
-    // for their stream anyway.
-    cudaError_t e = on == stream ? H2D(d.as<void>(), spans.data(), spans.size() * sizeof(cuda::SpanCopy))
-                                 : cudaMemcpyAsync(d.as<void>(), spans.data(), spans.size() * sizeof(cuda::SpanCopy),
-                                                   cudaMemcpyHostToDevice, on);
+    const size_t bytes = spans.size() * sizeof(cuda::SpanCopy);
+    const auto count = static_cast<int64_t>(spans.size());
+    if (on != nullptr && on != stream) {
+      // The copy stream's: its calls wait for their stream anyway.
+      Temp d(on, bytes);
+      if (d.error() != cudaSuccess) return d.error();
+      cudaError_t e = cudaMemcpyAsync(d.as<void>(), spans.data(), bytes, cudaMemcpyHostToDevice, on);
+      if (e != cudaSuccess) return e;
+      return cuda::CopySpans(d.as<cuda::SpanCopy>(), count, src, dst, on);
+    }
+    // The compute stream's through the ring (or a recorded step's memory).
+    std::lock_guard lock(stream_mu);
+    std::optional<Temp> temp;
+    cudaError_t e = cudaSuccess;
+    auto* d = static_cast<cuda::SpanCopy*>(CallMemory(bytes, temp, &e));
+    if (e == cudaSuccess) e = H2D(d, spans.data(), bytes);
     if (e != cudaSuccess) return e;
-    return cuda::CopySpans(d.as<cuda::SpanCopy>(), static_cast<int64_t>(spans.size()), src, dst, on);
+    return Enqueue({0x7370616e /* "span" */, StepGraphs::Key(d), StepGraphs::Key(count), StepGraphs::Key(src), StepGraphs::Key(dst)},
+                   [=](cudaStream_t s) { return cuda::CopySpans(d, count, src, dst, s); });
   }
 
   // Block transfers run on the copy stream, beside the forward pass on the
@@ -423,6 +522,7 @@ struct CudaBackend::Impl {
     return static_cast<std::byte*>(pinned);
   }
   cudaError_t AfterCompute() const {
+    std::lock_guard lock(stream_mu);  // never inside a capture
     cudaError_t e = cudaEventRecord(compute_done, stream);
     if (e == cudaSuccess) e = cudaStreamWaitEvent(copy_stream, compute_done, 0);
     return e;

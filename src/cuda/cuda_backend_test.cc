@@ -493,6 +493,104 @@ TEST_F(CudaBackendTest, TablesCrossOncePerDistinctSetAndChangesAreRead) {
   EXPECT_TRUE(gpu_->Finish().ok());
 }
 
+// Decode steps recorded and run as CUDA graphs give what the same calls give
+// one by one: per step, each sequence's new K / V rows encoded and stored by
+// slot mapping, decode attention over contexts that grow across block
+// boundaries (shuffled tables), a layer op and a weight product, the result
+// back to the host (which runs the recorded step) and once more after it
+// (call by call). The graphs are replayed on most steps: new ones only
+// where the tables grow by a block.
+TEST_F(CudaBackendTest, RecordedStepsRunAsGraphsWithTheCallByCallResults) {
+  auto made = CudaBackend::Create({.cuda_graphs = true});
+  ASSERT_TRUE(made.ok()) << made.status().message();
+  const CudaBackend& graphed = **made;
+  const int32_t q_heads = 8, kv_heads = 2, d = 64, bl = 16, steps = 40;
+  const std::vector<int64_t> start = {5, 20, 33};
+  std::vector<int64_t> lens;
+  for (int64_t n : start) lens.push_back(n + steps);
+  const KvFormat format = KvFormat::Plain(DType::kF16);
+  // The same bytes and tables on both (same seed).
+  AttentionSetup eager = MakeAttention(*gpu_, format, q_heads, kv_heads, d, bl, lens, 41);
+  AttentionSetup replay = MakeAttention(graphed, format, q_heads, kv_heads, d, bl, lens, 41);
+  ASSERT_EQ(eager.tables, replay.tables);
+  const int64_t seqs_n = static_cast<int64_t>(start.size()), out_rows = 48;
+  const std::vector<float> norm = Random(static_cast<size_t>(d), 9, 0.5f);
+  std::vector<uint16_t> w16(static_cast<size_t>(out_rows * d));
+  {
+    const std::vector<float> w = Random(w16.size(), 10, 0.1f);
+    for (size_t i = 0; i < w.size(); ++i) w16[i] = F32ToF16(w[i]);
+  }
+  const WeightMatrix w{reinterpret_cast<const std::byte*>(w16.data()), WeightType::kF16, out_rows, d};
+  const size_t kv_floats = static_cast<size_t>(seqs_n * kv_heads * d), q_floats = static_cast<size_t>(seqs_n * q_heads * d);
+  const size_t row_bytes = static_cast<size_t>(EncodedRowBytes(format, d));
+  const size_t y_floats = static_cast<size_t>(seqs_n * q_heads * out_rows);
+  struct Buffers {
+    float *k, *v, *q, *out, *normed, *y, *ek, *ev;
+  };
+  auto buffers = [&](const CudaBackend& be) {
+    auto alloc = [&](size_t n) {
+      auto p = be.AllocateFloats(static_cast<int64_t>(n));
+      EXPECT_TRUE(p.ok());
+      return *p;
+    };
+    const size_t encoded = (static_cast<size_t>(seqs_n * kv_heads) * row_bytes + 3) / 4;
+    return Buffers{alloc(kv_floats), alloc(kv_floats), alloc(q_floats), alloc(q_floats), alloc(q_floats),
+                   alloc(y_floats), alloc(encoded), alloc(encoded)};
+  };
+  const Buffers bufs[2] = {buffers(*gpu_), buffers(graphed)};
+  for (int step = 0; step < steps; ++step) {
+    const std::vector<float> k = Random(kv_floats, 100 + step), v = Random(kv_floats, 200 + step), q = Random(q_floats, 300 + step);
+    std::vector<int64_t> slots;
+    std::vector<DecodeSeq> seqs;
+    for (size_t i = 0; i < start.size(); ++i) {
+      const int64_t pos = start[i] + step;
+      slots.push_back(ToInt(eager.tables[i][static_cast<size_t>(pos / bl)]) * int64_t{bl} + pos % bl);
+      seqs.push_back({eager.tables[i], pos + 1});
+    }
+    std::vector<float> y[2], again[2];
+    for (const int which : {0, 1}) {
+      const CudaBackend& be = which == 0 ? *gpu_ : graphed;
+      AttentionSetup& a = which == 0 ? eager : replay;
+      const Buffers& b = bufs[which];
+      be.BeginReplayableStep();
+      ASSERT_TRUE(be.ToDevice(k.data(), static_cast<int64_t>(k.size()), b.k).ok());
+      ASSERT_TRUE(be.ToDevice(v.data(), static_cast<int64_t>(v.size()), b.v).ok());
+      ASSERT_TRUE(be.ToDevice(q.data(), static_cast<int64_t>(q.size()), b.q).ok());
+      be.EncodeKvRows(format, d, b.k, seqs_n * kv_heads, reinterpret_cast<std::byte*>(b.ek));
+      be.EncodeKvRows(format, d, b.v, seqs_n * kv_heads, reinterpret_cast<std::byte*>(b.ev));
+      be.StoreKvRows(a.layout, a.arenas.device->data(), 0, slots, reinterpret_cast<const std::byte*>(b.ek),
+                     reinterpret_cast<const std::byte*>(b.ev));
+      ASSERT_TRUE(be.DecodeAttention({&a.layout, a.arenas.device->data(), 0}, seqs, b.q, b.out, {}).ok());
+      be.RmsNormRows(b.out, norm.data(), seqs_n * q_heads, d, 1e-5f, b.normed);
+      ASSERT_TRUE(be.MatMul(w, b.normed, seqs_n * q_heads, b.y, 1, Activations::kFast).ok());
+      y[which] = Down(b.y, y_floats);
+      be.AddInPlace(b.y, b.y, static_cast<int64_t>(y_floats));  // after the flush: call by call
+      again[which] = Down(b.y, y_floats);
+      ASSERT_TRUE(be.EndReplayableStep().ok());
+    }
+    ASSERT_LE(WorstError(y[1], y[0]), 1e-6) << "step " << step;
+    ASSERT_LE(WorstError(again[1], again[0]), 1e-6) << "step " << step;
+  }
+  // The rows stored: the same bytes as the call-by-call backend's.
+  std::vector<std::byte> a(static_cast<size_t>(PayloadBytes(eager.layout))), b(a.size());
+  for (int64_t blk = 0; blk < eager.layout.num_blocks(); ++blk) {
+    gpu_->BlockToHost(eager.layout, eager.arenas.device->data(), BlockId{static_cast<int32_t>(blk)}, a);
+    graphed.BlockToHost(replay.layout, replay.arenas.device->data(), BlockId{static_cast<int32_t>(blk)}, b);
+    EXPECT_EQ(a, b) << "block " << blk;
+  }
+  const CudaBackend::GraphCounts c = graphed.graph_counts();
+  EXPECT_EQ(c.launches, steps);
+  EXPECT_EQ(c.uncaptured, 0);
+  // The longest context crosses 2 block boundaries: a few graphs, replayed.
+  EXPECT_LE(c.captures, 6);
+  EXPECT_EQ(gpu_->graph_counts().launches, 0);  // no graphs without the option
+  for (const Buffers& bb : bufs) {
+    const CudaBackend& be = &bb == &bufs[0] ? *gpu_ : graphed;
+    for (float* p : {bb.k, bb.v, bb.q, bb.out, bb.normed, bb.y, bb.ek, bb.ev}) be.Free(p);
+  }
+  EXPECT_TRUE(graphed.Finish().ok());
+}
+
 // Tier moves run on the copy stream while attention runs on the compute
 // stream: a thread moving blocks in and out (the tiers' mover) beside
 // another running decode attention over other blocks; both stay exact.

@@ -3,7 +3,8 @@
 // stories260K (f32, f16 and int8 KV; prompts sharing a prefix, so the prefix
 // cache and copy-on-write run on the device) and on SmolLM2-135M-Instruct;
 // with the fast f16 products, the same first tokens; gemma-3-270m (sliding
-// window layers, a hybrid cache, soft-capped logits) likewise. Without a GPU (or a
+// window layers, a hybrid cache, soft-capped logits) likewise; the decode
+// steps as CUDA graphs, the same ids again. Without a GPU (or a
 // build without the CUDA toolkit) the refusal is checked instead and the GPU
 // cases are skipped, saying why.
 #include <filesystem>
@@ -57,6 +58,15 @@ TEST(DeviceGenerateTest, TensorCoresOnTheCpuAreRefusedWithTheFix) {
   EXPECT_NE(r.status().message().find("--device cuda"), std::string::npos) << r.status().message();
 }
 
+TEST(DeviceGenerateTest, CudaGraphsOnTheCpuAreRefusedWithTheFix) {
+  GenerateOptions o = Stories("cpu");
+  o.cuda_graphs = true;
+  Result<GenerateReport> r = Generate(o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("--device cuda"), std::string::npos) << r.status().message();
+}
+
 TEST(DeviceGenerateTest, UnknownDevicesAreRefused) {
   for (const char* bad : {"gpu", "cuda:", "cuda:x", "cuda:-1", "CUDA", "cpu0"}) {
     Result<GenerateReport> r = Generate(Stories(bad));
@@ -89,6 +99,26 @@ TEST_F(GpuGenerateTest, GreedyIdsAreTheCpusWithF32Products) {
   }
 }
 
+// Decode steps as CUDA graphs: the same greedy ids as the CPU (48 steps over
+// block_len 16: the tables grow by a block every 16 steps, so graphs are
+// captured again and replayed in between), with each KV format.
+TEST_F(GpuGenerateTest, CudaGraphsGiveTheCpusGreedyIds) {
+  for (const DType kv : {DType::kF32, DType::kF16, DType::kInt8}) {
+    std::vector<std::vector<int32_t>> ids[2];
+    for (const bool gpu : {false, true}) {
+      GenerateOptions o = Stories(gpu ? "cuda" : "cpu");
+      o.kv_dtype = kv;
+      o.exact_products = true;
+      o.prefix_cache = true;
+      o.cuda_graphs = gpu;
+      Result<GenerateReport> r = Generate(o);
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      for (const auto& out : r->outputs) ids[gpu].push_back(out.generated_ids);
+    }
+    EXPECT_EQ(ids[1], ids[0]) << DTypeName(kv);
+  }
+}
+
 TEST_F(GpuGenerateTest, FastProductsKeepTheFirstTokens) {
   std::vector<std::vector<int32_t>> ids[2];
   for (const bool gpu : {false, true}) {
@@ -108,11 +138,12 @@ TEST_F(GpuGenerateTest, FastProductsKeepTheFirstTokens) {
 
 // A real model's greedy ids with f32 products and f16 KV, on the CPU and the
 // GPU (and, with `tensor_cores`, the GPU's tensor-core attention kernels too).
+// Run 3: the GPU with its decode steps as CUDA graphs.
 void ExpectTheSameGreedyIds(const std::string& path, int32_t max_new_tokens, bool tensor_cores = false) {
   if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " is not fetched: make test fetches it";
-  std::vector<int32_t> ids[3];
-  for (const int run : {0, 1, 2}) {
-    if (run == 2 && !tensor_cores) break;
+  std::vector<int32_t> ids[4];
+  for (const int run : {0, 1, 2, 3}) {
+    if (run == 2 && !tensor_cores) continue;
     GenerateOptions o;
     o.model_path = path;
     o.prompts = {"The capital of France is"};
@@ -121,11 +152,13 @@ void ExpectTheSameGreedyIds(const std::string& path, int32_t max_new_tokens, boo
     o.kv_dtype = DType::kF16;
     o.device = run > 0 ? "cuda" : "cpu";
     o.tensor_cores = run == 2;
+    o.cuda_graphs = run == 3;
     Result<GenerateReport> r = Generate(o);
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     ids[run] = r->outputs[0].generated_ids;
   }
   EXPECT_EQ(ids[1], ids[0]);
+  EXPECT_EQ(ids[3], ids[0]) << "decode steps as CUDA graphs";
   if (tensor_cores) {
     EXPECT_EQ(ids[2], ids[0]) << "the tensor-core attention kernels";
   }

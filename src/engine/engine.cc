@@ -213,7 +213,7 @@ Result<std::unique_ptr<Engine>> CreateEngineWithModel(const EngineOptions& o, Lo
   // one's (context slices are told apart by the cache itself).
   const std::string shard = ShardName(o.parallel);
   co.shard_tag = ShardTag(o.parallel);
-  PAGEKV_ASSIGN_OR_RETURN(st->device, MakeDeviceBackend(o.device, o.tensor_cores));
+  PAGEKV_ASSIGN_OR_RETURN(st->device, MakeDeviceBackend(o.device, {o.tensor_cores, o.cuda_graphs}));
   if (st->device != nullptr) {
     if (o.parallel.active()) {
       return InvalidArgumentError("--device " + o.device + " with --tp / --pp / --cp is not supported: split models run on the CPU");

@@ -136,7 +136,19 @@ Result<bool> ForwardStep(const Model& model, KvCache& cache, std::span<const For
   CacheStepKv kv(cache, items, start, fault);
   ForwardOptions run = options;
   if (run.backend == nullptr) run.backend = &cache.backend();  // the math where the pool lives
-  if (Status s = model.Forward(step, kv, run); !s.ok()) {
+  // A decode step (one token per item, no attention weights wanted) makes
+  // the same calls as the next one with new inputs: a device backend may
+  // record it and replay it as a graph (CUDA graphs).
+  const bool replayable = std::all_of(items.begin(), items.end(), [](const ForwardItem& item) {
+    return item.tokens.size() == 1 && item.scores == nullptr;
+  });
+  if (replayable) run.backend->BeginReplayableStep();
+  Status forward = model.Forward(step, kv, run);
+  if (replayable) {
+    Status ran = run.backend->EndReplayableStep();
+    if (forward.ok()) forward = std::move(ran);
+  }
+  if (Status s = std::move(forward); !s.ok()) {
     undo(items.size());  // leave nothing half-written
     if (sharded) {
       // The other ranks may be waiting in a collective this rank will not
@@ -160,10 +172,13 @@ Result<bool> ForwardSequence(const Model& model, KvCache& cache, SeqId seq, std:
   return ForwardStep(model, cache, {&item, 1}, options);
 }
 
-Result<std::unique_ptr<Backend>> MakeDeviceBackend(const std::string& device, bool tensor_cores) {
+Result<std::unique_ptr<Backend>> MakeDeviceBackend(const std::string& device, DeviceChoices choices) {
   if (device.empty() || device == "cpu") {
-    if (tensor_cores) {
+    if (choices.tensor_cores) {
       return InvalidArgumentError("--tensor-cores selects the CUDA tensor-core attention kernels: use it with --device cuda");
+    }
+    if (choices.cuda_graphs) {
+      return InvalidArgumentError("--cuda-graphs runs decode steps as CUDA graphs: use it with --device cuda");
     }
     return std::unique_ptr<Backend>();
   }
@@ -178,12 +193,13 @@ Result<std::unique_ptr<Backend>> MakeDeviceBackend(const std::string& device, bo
   }
 #ifdef PAGEKV_HAVE_CUDA
   PAGEKV_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> cuda,
-                          CudaBackend::Create({.device = ordinal, .tensor_core_prefill = tensor_cores,
-                                               .tensor_core_decode = tensor_cores}));
+                          CudaBackend::Create({.device = ordinal, .tensor_core_prefill = choices.tensor_cores,
+                                               .tensor_core_decode = choices.tensor_cores,
+                                               .cuda_graphs = choices.cuda_graphs}));
   return std::unique_ptr<Backend>(std::move(cuda));
 #else
   (void)ordinal;
-  (void)tensor_cores;
+  (void)choices;
   return UnavailableError("--device " + device +
                           ": this build of PageKV has no CUDA backend (no CUDA compiler was found when it was "
                           "configured): install the CUDA toolkit and rebuild, or use --device cpu");

@@ -63,12 +63,18 @@ Result<bool> ForwardStep(const Model& model, KvCache& cache, std::span<const For
                          const ForwardOptions& options = {}, const StepFault* fault = nullptr,
                          bool release_windows = true);
 
+// What a CUDA device runs beside the defaults (EngineOptions::tensor_cores,
+// EngineOptions::cuda_graphs).
+struct DeviceChoices {
+  bool tensor_cores = false;
+  bool cuda_graphs = false;
+};
+
 // The backend a device name asks for (EngineOptions::device): null for
-// "cpu" (or empty), a CudaBackend for "cuda" / "cuda:N", its tensor-core
-// attention kernels on with `tensor_cores` (EngineOptions::tensor_cores).
-// Errors: another name, or `tensor_cores` on the CPU (InvalidArgument); no
+// "cpu" (or empty), a CudaBackend for "cuda" / "cuda:N", with `choices`.
+// Errors: another name, or a choice on the CPU (InvalidArgument); no
 // GPU, or a build without the CUDA toolkit (Unavailable, naming the fix).
-Result<std::unique_ptr<Backend>> MakeDeviceBackend(const std::string& device, bool tensor_cores = false);
+Result<std::unique_ptr<Backend>> MakeDeviceBackend(const std::string& device, DeviceChoices choices = {});
 
 // One sequence's tokens (all their logits into logits[n][vocab]).
 Result<bool> ForwardSequence(const Model& model, KvCache& cache, SeqId seq, std::span<const int32_t> tokens,

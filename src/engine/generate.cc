@@ -145,6 +145,7 @@ Result<GenerateReport> Generate(const GenerateOptions& o) {
   eo.device = o.device;
   eo.exact_products = o.exact_products;
   eo.tensor_cores = o.tensor_cores;
+  eo.cuda_graphs = o.cuda_graphs;
   eo.tiers = o.tiers;
   eo.kv_events = o.kv_events;
   {

@@ -68,6 +68,14 @@ class Backend {
   // device backend cannot return theirs); the CPU backend's calls finish
   // before they return and record nothing.
   virtual Status Finish() const { return Status::Ok(); }
+  // Brackets a step whose calls repeat from step to step with new inputs (a
+  // decode step: one token per sequence), so that a device backend may
+  // record them and launch them as one graph (CUDA graphs); End runs what is
+  // still recorded and returns the first error recorded. Begin and End come
+  // from one thread, around the model's Forward, whatever it returned; the
+  // CPU backend does nothing.
+  virtual void BeginReplayableStep() const {}
+  virtual Status EndReplayableStep() const { return Status::Ok(); }
 
   // KV store by slot mapping: token i's rows of `layer` (k: [tokens][heads]
   // rows of layout.row_bytes(layer) bytes each, in this backend's memory; v

@@ -293,3 +293,11 @@ def test_tensor_cores_without_a_cuda_device_are_a_value_error(stories):
         pagekv.Engine(stories, tensor_cores=True)
     with pytest.raises(ValueError, match="--device cuda"):
         pagekv.generate(stories, "Once upon a time", max_tokens=4, tensor_cores=True)
+
+
+def test_cuda_graphs_without_a_cuda_device_are_a_value_error(stories):
+    """cuda_graphs runs decode steps as CUDA graphs: with device="cpu" it is refused."""
+    with pytest.raises(ValueError, match="CUDA graphs: use it with --device cuda"):
+        pagekv.Engine(stories, cuda_graphs=True)
+    with pytest.raises(ValueError, match="--device cuda"):
+        pagekv.generate(stories, "Once upon a time", max_tokens=4, cuda_graphs=True)
