@@ -145,6 +145,16 @@ Status CudaBackend::DecodeAttention(const PagedKv& kv, std::span<const DecodeSeq
     longest = std::max(longest, s.num_tokens);
   }
   if (max_blocks > INT32_MAX / std::max(num, 1) || longest > INT32_MAX) return InvalidArgumentError("attention: too long");
+  auto lock = impl_->Lock();
+  if (impl_->Recording()) {
+    // A recorded step's tables padded (-1) to whole multiples of 256
+    // tokens, so that the launches, and so the step's graph, stay the same
+    // while the longest sequence grows through them (the split count
+    // changes every 256 tokens anyway).
+    const int64_t bucket = std::max<int64_t>(1, 256 / layout.block_len());
+    const int64_t padded = (max_blocks + bucket - 1) / bucket * bucket;
+    if (padded <= INT32_MAX / std::max(num, 1)) max_blocks = padded;
+  }
   const bool fast = !windowed && options.softcap == 0 && options.lse == nullptr && !options.partial &&
                     cc.head_dim % 8 == 0 && cc.head_dim <= 256 && cc.num_q_heads / cc.num_kv_heads <= 16;
   // One array for the device: [lengths | tables], then for the prefill
@@ -162,7 +172,6 @@ Status CudaBackend::DecodeAttention(const PagedKv& kv, std::span<const DecodeSeq
       ints[3 * n + table_ints + static_cast<size_t>(i)] = static_cast<int32_t>(std::min<int64_t>(s.window, INT32_MAX));
     }
   }
-  auto lock = impl_->Lock();
   std::unique_lock<std::mutex> hold;  // until the kernels that read d_ints are enqueued
   const int32_t* d_ints = impl_->DeviceInts(ints, &hold);
   if (d_ints == nullptr) return impl_->Recorded();

@@ -151,22 +151,7 @@ struct CudaBackend::Impl {
   mutable uint64_t ints_clock = 0;
   mutable std::atomic<int64_t> int_uploads{0};
 
-  ~Impl() {
-    if (stream != nullptr) cudaStreamSynchronize(stream);
-    graphs.reset();
-    cudaFree(blas_workspace);
-    for (auto& [key, w] : weights) cudaFree(w.data);
-    for (auto& [key, buf] : scratch) cudaFree(buf.first);
-    for (auto& [key, vec] : vectors) cudaFree(vec.first);
-    for (IntArrays& a : ints) cudaFree(a.device);
-    if (copy_stream != nullptr) cudaStreamSynchronize(copy_stream);
-    cudaFreeHost(pinned);
-    cudaFreeHost(ring);
-    if (blas != nullptr) cublasDestroy(blas);
-    if (compute_done != nullptr) cudaEventDestroy(compute_done);
-    if (copy_stream != nullptr) cudaStreamDestroy(copy_stream);
-    if (stream != nullptr) cudaStreamDestroy(stream);
-  }
+  ~Impl();
 
   // Every call runs on the backend's device, whichever host thread makes it.
   void Enter() const { cudaSetDevice(device); }
@@ -211,36 +196,15 @@ struct CudaBackend::Impl {
   // Runs what the step recorded so far and ends the recording, before a
   // call that waits for the device or cannot be recorded; the rest of the
   // step then runs call by call.
-  void Flush() const {
-    std::lock_guard lock(stream_mu);
-    if (Recording()) Note(graphs->Flush(), "running a recorded step");
-  }
+  void Flush() const;
   // Device memory for one call's inputs or temporaries: stream-ordered and
   // freed with `temp` outside a recorded step; while one is recorded, the
   // step's own (a Temp's free would be enqueued before the recorded work
   // that reads it). Null (the error in *e) when none can be had.
-  void* CallMemory(size_t bytes, std::optional<Temp>& temp, cudaError_t* e) const {
-    *e = cudaSuccess;
-    if (bytes == 0) return nullptr;
-    if (Recording()) {
-      void* p = graphs->Device(bytes);
-      if (p == nullptr) *e = cudaErrorMemoryAllocation;
-      return p;
-    }
-    temp.emplace(stream, bytes);
-    *e = temp->error();
-    return *e == cudaSuccess ? temp->as<void>() : nullptr;
-  }
+  void* CallMemory(size_t bytes, std::optional<Temp>& temp, cudaError_t* e) const;
   // A reusable temporary (lane 0: decode's split partials, 1: activations
   // rounded for a product): consumed by the call's own later operations.
-  void* LaneMemory(int lane, size_t bytes, std::optional<Temp>& temp, cudaError_t* e) const {
-    if (!Recording()) return CallMemory(bytes, temp, e);
-    *e = cudaSuccess;
-    if (bytes == 0) return nullptr;
-    void* p = graphs->Lane(lane, bytes);
-    if (p == nullptr) *e = cudaErrorMemoryAllocation;
-    return p;
-  }
+  void* LaneMemory(int lane, size_t bytes, std::optional<Temp>& temp, cudaError_t* e) const;
   // A recorded step's block tables: each distinct array once per step, at
   // an offset of the step's memory that repeats from step to step.
   mutable std::vector<std::pair<std::vector<int32_t>, int32_t*>> step_ints;
@@ -254,28 +218,7 @@ struct CudaBackend::Impl {
   // While a step is recorded, the bytes go to the step's own pinned memory
   // and their copy is one of its operations (step_graphs.h).
   static constexpr size_t kRingBytes = size_t{8} << 20;
-  cudaError_t H2D(void* dst, const void* src, size_t bytes) const {
-    if (bytes == 0) return cudaSuccess;
-    std::lock_guard lock(stream_mu);
-    if (Recording()) return graphs->Upload(dst, src, bytes);
-    if (ring == nullptr && !ring_failed) {
-      if (cudaMallocHost(&ring, kRingBytes) != cudaSuccess) {
-        cudaGetLastError();
-        ring = nullptr;
-        ring_failed = true;
-      }
-    }
-    if (ring == nullptr || bytes > kRingBytes / 4) return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream);
-    size_t at = (ring_at + 255) / 256 * 256;
-    if (at + bytes > kRingBytes) {
-      if (cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess) return e;
-      at = 0;
-    }
-    std::byte* slot = static_cast<std::byte*>(ring) + at;
-    std::memcpy(slot, src, bytes);
-    ring_at = at + bytes;
-    return cudaMemcpyAsync(dst, slot, bytes, cudaMemcpyHostToDevice, stream);
-  }
+  cudaError_t H2D(void* dst, const void* src, size_t bytes) const;
 
   // The device copy of `host`: an entry that holds the same ints, or the
   // least recently used one, written again on the compute stream (after
@@ -283,223 +226,24 @@ struct CudaBackend::Impl {
   // the new ones). Null, with the error recorded, when it cannot be made.
   // `hold` keeps the entries locked until the caller has enqueued the
   // kernels that read it, so another thread's call cannot rewrite it first.
-  const int32_t* DeviceInts(const std::vector<int32_t>& host, std::unique_lock<std::mutex>* hold) const {
-    std::lock_guard stream_lock(stream_mu);
-    if (Recording()) {
-      for (const auto& [ints, device] : step_ints) {
-        if (ints == host) return device;
-      }
-      auto* device = static_cast<int32_t*>(graphs->Device(host.size() * sizeof(int32_t)));
-      cudaError_t e = device == nullptr ? cudaErrorMemoryAllocation : graphs->Upload(device, host.data(), host.size() * sizeof(int32_t));
-      if (e != cudaSuccess) {
-        Note(e, "uploading block tables");
-        return nullptr;
-      }
-      step_ints.emplace_back(host, device);
-      ++int_uploads;
-      return device;
-    }
-    std::unique_lock lock(ints_mu);
-    ++ints_clock;
-    IntArrays* slot = &ints[0];
-    for (IntArrays& a : ints) {
-      if (a.device != nullptr && a.host.size() == host.size() &&
-          std::memcmp(a.host.data(), host.data(), host.size() * sizeof(int32_t)) == 0) {
-        a.used = ints_clock;
-        *hold = std::move(lock);
-        return a.device;
-      }
-      if (a.used < slot->used) slot = &a;
-    }
-    cudaError_t e = cudaSuccess;
-    if (slot->capacity < host.size()) {
-      if (slot->device != nullptr) cudaFreeAsync(slot->device, stream);
-      slot->device = nullptr;
-      slot->capacity = 0;
-      const size_t want = std::max<size_t>(host.size(), 1024);
-      e = cudaMallocAsync(reinterpret_cast<void**>(&slot->device), want * sizeof(int32_t), stream);
-      if (e == cudaSuccess) slot->capacity = want;
-    }
-    if (e == cudaSuccess) e = H2D(slot->device, host.data(), host.size() * sizeof(int32_t));
-    if (e != cudaSuccess) {
-      cudaGetLastError();
-      slot->host.clear();
-      slot->used = 0;
-      Note(e, "uploading block tables");
-      return nullptr;
-    }
-    slot->host = host;
-    slot->used = ints_clock;
-    ++int_uploads;
-    *hold = std::move(lock);
-    return slot->device;
-  }
+  const int32_t* DeviceInts(const std::vector<int32_t>& host, std::unique_lock<std::mutex>* hold) const;
 
   // A weight vector (norm weights, a bias) of n floats where the kernels
   // can read it: itself when it is device (or managed) memory, else its
   // device copy, uploaded on first use and kept (model weights do not
   // change). Null (and the error recorded) when it cannot be.
-  const float* Resident(const float* p, int64_t n) const {
-    if (p == nullptr) return nullptr;
-    cudaPointerAttributes a{};
-    if (cudaPointerGetAttributes(&a, p) == cudaSuccess &&
-        (a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged)) {
-      return p;
-    }
-    cudaGetLastError();
-    std::lock_guard lock(mu);
-    auto& [copy, size] = vectors[p];
-    if (size >= n) return copy;
-    cudaFree(copy);
-    copy = nullptr;
-    size = 0;
-    cudaError_t e = cudaMalloc(&copy, static_cast<size_t>(n) * sizeof(float));
-    // Synchronous: the copy is made before the host vector could change.
-    if (e == cudaSuccess) e = cudaMemcpy(copy, p, static_cast<size_t>(n) * sizeof(float), cudaMemcpyHostToDevice);
-    if (e != cudaSuccess) {
-      cudaGetLastError();
-      cudaFree(copy);
-      copy = nullptr;
-      NoteStatus(InternalError("CUDA backend: uploading a weight vector: " + CudaMessage(e)));
-      return nullptr;
-    }
-    size = n;
-    weight_bytes += n * static_cast<int64_t>(sizeof(float));
-    return copy;
-  }
+  const float* Resident(const float* p, int64_t n) const;
 
   // The device copy of `w` in the type the product needs (uploaded on first use).
-  Result<DeviceWeights> Weights(const WeightMatrix& w, Activations activations) const {
-    const bool exact = activations == Activations::kF32 || w.type == WeightType::kF32;
-    const cudaDataType_t type = exact ? CUDA_R_32F : (w.type == WeightType::kBF16 || bf16_products) ? CUDA_R_16BF : CUDA_R_16F;
-    const auto key = std::make_tuple(w.data, static_cast<int>(w.type), w.rows, w.cols, w.panels, static_cast<int>(type));
-    std::lock_guard stream_lock(stream_mu);  // the upload below enqueues (never into a recorded step)
-    std::lock_guard lock(mu);
-    if (auto it = weights.find(key); it != weights.end()) return it->second;
-    DeviceWeights dw;
-    dw.type = type;
-    const int64_t elem = type == CUDA_R_32F ? 4 : 2;
-    dw.bytes = w.rows * w.cols * elem;
-    if (cudaError_t e = cudaMalloc(&dw.data, static_cast<size_t>(dw.bytes)); e != cudaSuccess) {
-      cudaGetLastError();
-      return ResourceExhaustedError("CUDA backend: no device memory for a " + std::to_string(w.rows) + " x " +
-                                    std::to_string(w.cols) + " weight matrix (" + std::to_string(dw.bytes) +
-                                    " bytes): " + CudaMessage(e));
-    }
-    // Decoded on the host in chunks of rows (WeightRow reads every format
-    // and layout), converted to 16 bits on the device.
-    const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(w.rows, (int64_t{16} << 20) / (w.cols * 4)));
-    std::vector<float> rows(static_cast<size_t>(chunk * w.cols));
-    Temp staging(stream, type == CUDA_R_32F ? 0 : rows.size() * sizeof(float));
-    cudaError_t e = staging.error();
-    for (int64_t r0 = 0; r0 < w.rows && e == cudaSuccess; r0 += chunk) {
-      const int64_t n = std::min(chunk, w.rows - r0);
-      for (int64_t r = 0; r < n; ++r) pagekv::WeightRow(w, r0 + r, rows.data() + r * w.cols);
-      const size_t floats = static_cast<size_t>(n * w.cols);
-      if (type == CUDA_R_32F) {
-        e = cudaMemcpyAsync(static_cast<float*>(dw.data) + r0 * w.cols, rows.data(), floats * 4, cudaMemcpyHostToDevice,
-                            stream);
-      } else {
-        e = cudaMemcpyAsync(staging.as<float>(), rows.data(), floats * 4, cudaMemcpyHostToDevice, stream);
-        void* dst = static_cast<std::byte*>(dw.data) + r0 * w.cols * 2;
-        if (e == cudaSuccess) {
-          e = type == CUDA_R_16F ? cuda::ToHalf(staging.as<float>(), static_cast<int64_t>(floats), dst, stream)
-                                 : cuda::ToBf16(staging.as<float>(), static_cast<int64_t>(floats), dst, stream);
-        }
-      }
-      // The host chunk is reused next: wait for the copy out of it.
-      if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
-    }
-    if (e != cudaSuccess) {
-      cudaFree(dw.data);
-      return InternalError("CUDA backend: uploading a weight matrix: " + CudaMessage(e));
-    }
-    weights.emplace(key, dw);
-    weight_bytes += dw.bytes;
-    return dw;
-  }
+  Result<DeviceWeights> Weights(const WeightMatrix& w, Activations activations) const;
 
-  Status Product(const WeightMatrix& w, const float* x, int64_t tokens, float* y, Activations activations) const {
-    if (w.data == nullptr || x == nullptr || y == nullptr) return InvalidArgumentError("MatMul: null pointer");
-    if (w.rows <= 0 || w.cols <= 0 || tokens <= 0) return InvalidArgumentError("MatMul: sizes must be positive");
-    if (w.cols % FormatOf(w.type).block_elems != 0) {
-      return InvalidArgumentError("MatMul: cols must be a multiple of the format's block");
-    }
-    if (w.rows > INT32_MAX || w.cols > INT32_MAX || tokens > INT32_MAX) {
-      return InvalidArgumentError("MatMul: a dimension past 2^31 - 1 (cuBLAS's limit)");
-    }
-    PAGEKV_ASSIGN_OR_RETURN(const DeviceWeights dw, Weights(w, activations));
-    const int m = static_cast<int>(w.rows), n = static_cast<int>(tokens), k = static_cast<int>(w.cols);
-    const float alpha = 1.0f, beta = 0.0f;
-    // Row-major Y[tokens][rows] = X[tokens][cols] W[rows][cols]^T is, in
-    // cuBLAS's column-major terms, Y^T (rows x tokens) = op(W') X' with W'
-    // the cols x rows matrix W's bytes are: op = transpose.
-    std::lock_guard lock(stream_mu);
-    std::optional<Temp> temp;
-    cudaError_t e = cudaSuccess;
-    void* x16 = dw.type == CUDA_R_32F ? nullptr : LaneMemory(1, static_cast<size_t>(tokens * w.cols * 2), temp, &e);
-    PAGEKV_RETURN_IF_ERROR(Check(e, "activation buffer"));
-    const cudaDataType_t type = dw.type;
-    const void* wd = dw.data;
-    const int64_t count = tokens * w.cols;
-    e = Enqueue({0x67656d6d /* "gemm" */, StepGraphs::Key(wd), StepGraphs::Key(static_cast<int>(type)), StepGraphs::Key(m),
-                 StepGraphs::Key(n), StepGraphs::Key(k), StepGraphs::Key(x), StepGraphs::Key(x16), StepGraphs::Key(y)},
-                [=, this](cudaStream_t s) -> cudaError_t {
-                  const void* xb = x;
-                  if (x16 != nullptr) {
-                    const cudaError_t r = type == CUDA_R_16F ? cuda::ToHalf(x, count, x16, s) : cuda::ToBf16(x, count, x16, s);
-                    if (r != cudaSuccess) return r;
-                    xb = x16;
-                  }
-                  cublasSetStream(blas, s);
-                  const cublasStatus_t st =
-                      cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, wd, type, k, xb, type, k, &beta, y,
-                                   CUDA_R_32F, m, type == CUDA_R_32F ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F,
-                                   CUBLAS_GEMM_DEFAULT);
-                  if (st == CUBLAS_STATUS_SUCCESS) return cudaSuccess;
-                  NoteStatus(InternalError(std::string("CUDA backend: cublasGemmEx: ") + cublasGetStatusString(st)));
-                  return cudaErrorUnknown;
-                });
-    Note(e, "weight product");
-    return Recorded();
-  }
+  Status Product(const WeightMatrix& w, const float* x, int64_t tokens, float* y, Activations activations) const;
 
   // Spans of each slab of `block` (payload order: layer, plane, head), the
   // arena side `from` and the payload side `to` (swapped by the caller).
-  static std::vector<cuda::SpanCopy> BlockSpans(const KvLayout& layout, int64_t block) {
-    std::vector<cuda::SpanCopy> spans;
-    int64_t at = 0;
-    for (const int32_t l : layout.block_layers()) {
-      for (int32_t p = 0; p < layout.num_planes(); ++p) {
-        const int64_t slab = layout.slab_bytes(l, p);
-        for (int32_t h = 0; h < layout.num_heads(); ++h, at += slab) spans.push_back({layout.SlabOffset(l, p, h, block), at, slab});
-      }
-    }
-    return spans;
-  }
+  static std::vector<cuda::SpanCopy> BlockSpans(const KvLayout& layout, int64_t block);
 
-  cudaError_t Spans(const std::vector<cuda::SpanCopy>& spans, const void* src, void* dst, cudaStream_t on = nullptr) const {
-    if (spans.empty()) return cudaSuccess;
-    const size_t bytes = spans.size() * sizeof(cuda::SpanCopy);
-    const auto count = static_cast<int64_t>(spans.size());
-    if (on != nullptr && on != stream) {
-      // The copy stream's: its calls wait for their stream anyway.
-      Temp d(on, bytes);
-      if (d.error() != cudaSuccess) return d.error();
-      cudaError_t e = cudaMemcpyAsync(d.as<void>(), spans.data(), bytes, cudaMemcpyHostToDevice, on);
-      if (e != cudaSuccess) return e;
-      return cuda::CopySpans(d.as<cuda::SpanCopy>(), count, src, dst, on);
-    }
-    // The compute stream's through the ring (or a recorded step's memory).
-    std::lock_guard lock(stream_mu);
-    std::optional<Temp> temp;
-    cudaError_t e = cudaSuccess;
-    auto* d = static_cast<cuda::SpanCopy*>(CallMemory(bytes, temp, &e));
-    if (e == cudaSuccess) e = H2D(d, spans.data(), bytes);
-    if (e != cudaSuccess) return e;
-    return Enqueue({0x7370616e /* "span" */, StepGraphs::Key(d), StepGraphs::Key(count), StepGraphs::Key(src), StepGraphs::Key(dst)},
-                   [=](cudaStream_t s) { return cuda::CopySpans(d, count, src, dst, s); });
-  }
+  cudaError_t Spans(const std::vector<cuda::SpanCopy>& spans, const void* src, void* dst, cudaStream_t on = nullptr) const;
 
   // Block transfers run on the copy stream, beside the forward pass on the
   // compute stream: each first waits for the compute work enqueued before
@@ -507,26 +251,8 @@ struct CudaBackend::Impl {
   // and stages through pinned host memory so its DMA is asynchronous. The
   // call returns when its bytes are in place (the callers' protocol: a
   // loaded block is used only after its load returns).
-  std::byte* Pinned(size_t bytes) const {
-    if (pinned_size < bytes) {
-      cudaFreeHost(pinned);
-      pinned = nullptr;
-      pinned_size = 0;
-      if (cudaMallocHost(&pinned, bytes) != cudaSuccess) {
-        cudaGetLastError();
-        pinned = nullptr;
-        return nullptr;
-      }
-      pinned_size = bytes;
-    }
-    return static_cast<std::byte*>(pinned);
-  }
-  cudaError_t AfterCompute() const {
-    std::lock_guard lock(stream_mu);  // never inside a capture
-    cudaError_t e = cudaEventRecord(compute_done, stream);
-    if (e == cudaSuccess) e = cudaStreamWaitEvent(copy_stream, compute_done, 0);
-    return e;
-  }
+  std::byte* Pinned(size_t bytes) const;
+  cudaError_t AfterCompute() const;
 
 };
 

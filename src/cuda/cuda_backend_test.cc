@@ -498,8 +498,8 @@ TEST_F(CudaBackendTest, TablesCrossOncePerDistinctSetAndChangesAreRead) {
 // slot mapping, decode attention over contexts that grow across block
 // boundaries (shuffled tables), a layer op and a weight product, the result
 // back to the host (which runs the recorded step) and once more after it
-// (call by call). The graphs are replayed on most steps: new ones only
-// where the tables grow by a block.
+// (call by call). One graph serves every step: a recorded step's tables are
+// padded to 256 tokens, which the 73-token contexts stay within.
 TEST_F(CudaBackendTest, RecordedStepsRunAsGraphsWithTheCallByCallResults) {
   auto made = CudaBackend::Create({.cuda_graphs = true});
   ASSERT_TRUE(made.ok()) << made.status().message();
@@ -568,8 +568,10 @@ TEST_F(CudaBackendTest, RecordedStepsRunAsGraphsWithTheCallByCallResults) {
       again[which] = Down(b.y, y_floats);
       ASSERT_TRUE(be.EndReplayableStep().ok());
     }
-    ASSERT_LE(WorstError(y[1], y[0]), 1e-6) << "step " << step;
-    ASSERT_LE(WorstError(again[1], again[0]), 1e-6) << "step " << step;
+    // The same kernels on the same inputs; cuBLAS may pick another
+    // algorithm with a workspace of its own (graphs), so f32 rounding apart.
+    ASSERT_LE(WorstError(y[1], y[0]), 2e-5) << "step " << step;
+    ASSERT_LE(WorstError(again[1], again[0]), 2e-5) << "step " << step;
   }
   // The rows stored: the same bytes as the call-by-call backend's.
   std::vector<std::byte> a(static_cast<size_t>(PayloadBytes(eager.layout))), b(a.size());
@@ -581,8 +583,9 @@ TEST_F(CudaBackendTest, RecordedStepsRunAsGraphsWithTheCallByCallResults) {
   const CudaBackend::GraphCounts c = graphed.graph_counts();
   EXPECT_EQ(c.launches, steps);
   EXPECT_EQ(c.uncaptured, 0);
-  // The longest context crosses 2 block boundaries: a few graphs, replayed.
-  EXPECT_LE(c.captures, 6);
+  // Contexts cross block boundaries within one 256-token bucket: the first
+  // step's graph (or the second's, once the step's memory has settled).
+  EXPECT_LE(c.captures, 2);
   EXPECT_EQ(gpu_->graph_counts().launches, 0);  // no graphs without the option
   for (const Buffers& bb : bufs) {
     const CudaBackend& be = &bb == &bufs[0] ? *gpu_ : graphed;
