@@ -11,17 +11,22 @@ constexpr size_t kAlign = 256;
 constexpr size_t kFirstChunk = size_t{256} << 10;
 }  // namespace
 
+cudaError_t StepGraphs::Bump::Add(size_t bytes) {
+  void* p = nullptr;
+  const cudaError_t e = pinned ? cudaMallocHost(&p, bytes) : cudaMalloc(&p, bytes);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return e;
+  }
+  chunks.emplace_back(static_cast<std::byte*>(p), bytes);
+  return cudaSuccess;
+}
+
 std::byte* StepGraphs::Bump::Take(size_t bytes) {
   size_t at_aligned = (at + kAlign - 1) / kAlign * kAlign;
   if (chunks.empty() || at_aligned + bytes > chunks.back().second) {
     const size_t want = std::max({bytes, kFirstChunk, chunks.empty() ? size_t{0} : 2 * chunks.back().second});
-    void* p = nullptr;
-    const cudaError_t e = pinned ? cudaMallocHost(&p, want) : cudaMalloc(&p, want);
-    if (e != cudaSuccess) {
-      cudaGetLastError();
-      return nullptr;
-    }
-    chunks.emplace_back(static_cast<std::byte*>(p), want);
+    if (Add(want) != cudaSuccess) return nullptr;
     at_aligned = 0;
   }
   at = at_aligned + bytes;
@@ -34,14 +39,7 @@ cudaError_t StepGraphs::Bump::Settle() {
   size_t total = 0;
   for (const auto& [p, size] : chunks) total += size;
   Free();
-  void* p = nullptr;
-  const cudaError_t e = pinned ? cudaMallocHost(&p, total) : cudaMalloc(&p, total);
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    return e;
-  }
-  chunks.emplace_back(static_cast<std::byte*>(p), total);
-  return cudaSuccess;
+  return Add(total);
 }
 
 void StepGraphs::Bump::Free() {

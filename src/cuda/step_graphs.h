@@ -98,6 +98,7 @@ class StepGraphs {
     std::vector<std::pair<std::byte*, size_t>> chunks;
     size_t at = 0;  // in the last chunk
     std::byte* Take(size_t bytes);  // null when it cannot be allocated
+    cudaError_t Add(size_t bytes);  // a chunk
     cudaError_t Settle();  // at Begin: one chunk, offsets from 0
     void Free();
   };
