@@ -1,31 +1,14 @@
 // The chat-template lexer (lexer.h).
 #include "jinja/lexer.h"
 
+#include "base/utf8.h"
+
 #include <optional>
 
 namespace pagekv::jinja {
 namespace {
 
 bool IsSpace(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
-
-// Appends the UTF-8 of code point cp.
-void PutUtf8(uint32_t cp, std::string& out) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-}
 
 class Lexer {
  public:
@@ -283,7 +266,7 @@ class Lexer {
         case 'U': {
           const auto v = hex(e == 'x' ? 2 : e == 'u' ? 4 : 8);
           if (!v || *v > 0x10FFFF) return SyntaxError(line_, std::string("a bad \\") + e + " escape in a string");
-          PutUtf8(*v, *out);
+          AppendUtf8(*v, *out);
           break;
         }
         default:
