@@ -30,5 +30,24 @@ TEST(Utf8Test, RejectsEveryMalformedKind) {
   EXPECT_FALSE(IsValidUtf8("ok then \xff"));
 }
 
+TEST(Utf8Test, AppendsEachLengthsBoundariesAsRfc3629Spells) {
+  struct Case {
+    uint32_t cp;
+    const char* bytes;
+  };
+  for (const Case c : {Case{0x41, "A"}, Case{0x7F, "\x7f"}, Case{0x80, "\xc2\x80"}, Case{0x7FF, "\xdf\xbf"},
+                       Case{0x800, "\xe0\xa0\x80"}, Case{0x20AC, "\xe2\x82\xac"}, Case{0xFFFF, "\xef\xbf\xbf"},
+                       Case{0x10000, "\xf0\x90\x80\x80"}, Case{0x1F600, "\xf0\x9f\x98\x80"},
+                       Case{0x10FFFF, "\xf4\x8f\xbf\xbf"}}) {
+    std::string out = "x";
+    AppendUtf8(c.cp, out);
+    EXPECT_EQ(out, std::string("x") + c.bytes) << std::hex << c.cp;
+    EXPECT_TRUE(IsValidUtf8(out)) << std::hex << c.cp;
+  }
+  std::string nul;
+  AppendUtf8(0, nul);
+  EXPECT_EQ(nul, std::string(1, '\0'));
+}
+
 }  // namespace
 }  // namespace pagekv
