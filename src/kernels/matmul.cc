@@ -26,6 +26,7 @@
 #include "kernels/simd-inl.h"
 #include "kernels/quant_blocks-inl.h"
 #include "kernels/int_dot-inl.h"
+#include "kernels/int_panels-inl.h"
 #include "kernels/matmul_internal.h"
 #include "kernels/panel_decode-inl.h"
 #include "layout/float16.h"
