@@ -172,8 +172,7 @@ Status CudaBackend::DecodeAttention(const PagedKv& kv, std::span<const DecodeSeq
       ints[3 * n + table_ints + static_cast<size_t>(i)] = static_cast<int32_t>(std::min<int64_t>(s.window, INT32_MAX));
     }
   }
-  std::unique_lock<std::mutex> hold;  // until the kernels that read d_ints are enqueued
-  const int32_t* d_ints = impl_->DeviceInts(ints, &hold);
+  const int32_t* d_ints = impl_->DeviceInts(ints);  // `lock` held until its readers are enqueued
   if (d_ints == nullptr) return impl_->Recorded();
   const int32_t* d_lens = d_ints;
   const int32_t* d_tables = d_ints + n;
@@ -247,8 +246,7 @@ Status CudaBackend::PrefillAttention(const PagedKv& kv, std::span<const PrefillS
     row += s.num_queries;
   }
   auto lock = impl_->Lock();
-  std::unique_lock<std::mutex> hold;  // until the kernels that read d_ints are enqueued
-  const int32_t* d_ints = impl_->DeviceInts(ints, &hold);
+  const int32_t* d_ints = impl_->DeviceInts(ints);  // `lock` held until its readers are enqueued
   if (d_ints == nullptr) return impl_->Recorded();
   cuda::PrefillParams p = PrefillFor(view, layout, num, max_blocks, d_ints + n, d_ints, q, out, options);
   p.query_lens = d_ints + n + table_ints;

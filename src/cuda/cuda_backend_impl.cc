@@ -72,7 +72,7 @@ cudaError_t CudaBackend::Impl::H2D(void* dst, const void* src, size_t bytes) con
   return cudaMemcpyAsync(dst, slot, bytes, cudaMemcpyHostToDevice, stream);
 }
 
-const int32_t* CudaBackend::Impl::DeviceInts(const std::vector<int32_t>& host, std::unique_lock<std::mutex>* hold) const {
+const int32_t* CudaBackend::Impl::DeviceInts(const std::vector<int32_t>& host) const {
   std::lock_guard stream_lock(stream_mu);
   if (Recording()) {
     for (const auto& [ints, device] : step_ints) {
@@ -88,14 +88,12 @@ const int32_t* CudaBackend::Impl::DeviceInts(const std::vector<int32_t>& host, s
     ++int_uploads;
     return device;
   }
-  std::unique_lock lock(ints_mu);
   ++ints_clock;
   IntArrays* slot = &ints[0];
   for (IntArrays& a : ints) {
     if (a.device != nullptr && a.host.size() == host.size() &&
         std::memcmp(a.host.data(), host.data(), host.size() * sizeof(int32_t)) == 0) {
       a.used = ints_clock;
-      *hold = std::move(lock);
       return a.device;
     }
     if (a.used < slot->used) slot = &a;
@@ -120,7 +118,6 @@ const int32_t* CudaBackend::Impl::DeviceInts(const std::vector<int32_t>& host, s
   slot->host = host;
   slot->used = ints_clock;
   ++int_uploads;
-  *hold = std::move(lock);
   return slot->device;
 }
 

@@ -146,8 +146,7 @@ struct CudaBackend::Impl {
     uint64_t used = 0;    // for least-recently-used replacement
   };
   static constexpr int kIntArrayEntries = 4;
-  mutable std::mutex ints_mu;
-  mutable IntArrays ints[kIntArrayEntries];
+  mutable IntArrays ints[kIntArrayEntries];  // under stream_mu
   mutable uint64_t ints_clock = 0;
   mutable std::atomic<int64_t> int_uploads{0};
 
@@ -224,9 +223,9 @@ struct CudaBackend::Impl {
   // least recently used one, written again on the compute stream (after
   // every kernel enqueued before it, so no reader of its old contents sees
   // the new ones). Null, with the error recorded, when it cannot be made.
-  // `hold` keeps the entries locked until the caller has enqueued the
-  // kernels that read it, so another thread's call cannot rewrite it first.
-  const int32_t* DeviceInts(const std::vector<int32_t>& host, std::unique_lock<std::mutex>* hold) const;
+  // The caller holds stream_mu until it has enqueued the kernels that read
+  // it, so another thread's call cannot rewrite the entry first.
+  const int32_t* DeviceInts(const std::vector<int32_t>& host) const;
 
   // A weight vector (norm weights, a bias) of n floats where the kernels
   // can read it: itself when it is device (or managed) memory, else its
