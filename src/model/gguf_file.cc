@@ -131,7 +131,12 @@ Result<int64_t> TensorBytes(const std::string& name, uint32_t type, int64_t dims
     return DataLossError("corrupt file: " + std::string(f.name) + " tensor '" + name + "' has a row of " +
                          std::to_string(dims0) + " elements, not a multiple of " + std::to_string(f.block_elems));
   }
-  return elements / f.block_elems * f.block_bytes;
+  int64_t bytes = 0;
+  if (__builtin_mul_overflow(elements / f.block_elems, static_cast<int64_t>(f.block_bytes), &bytes)) {
+    return DataLossError("corrupt file: " + std::string(f.name) + " tensor '" + name + "' has " +
+                         std::to_string(elements) + " elements, more bytes than any file can hold");
+  }
+  return bytes;
 }
 
 }  // namespace

@@ -177,6 +177,19 @@ TEST(GgufFileTest, TensorProblemsAreNamed) {
   }
 }
 
+TEST(GgufFileTest, ElementCountsWhoseBytesOverflowAreRejected) {
+  // 2^32 x 2^30 f32 elements fit an int64; their 2^64 bytes do not (found by the fuzzer).
+  std::string bad = SmallFile();
+  const size_t name = Find(bad, "token_embd.weight") + std::strlen("token_embd.weight");
+  const uint64_t d0 = uint64_t{1} << 32, d1 = uint64_t{1} << 30;
+  std::memcpy(bad.data() + name + 4, &d0, 8);
+  std::memcpy(bad.data() + name + 4 + 8, &d1, 8);
+  auto r = GgufFile::FromBytes(bad);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(r.status().message().find("more bytes than any file can hold"), std::string::npos) << r.status().message();
+}
+
 TEST(GgufFileTest, MissingFileIsNotFound) {
   auto r = GgufFile::Open("../shared/models/no-such-model.gguf");
   ASSERT_FALSE(r.ok());
