@@ -194,6 +194,19 @@ TEST(RouteTest, ConversationsFollowTheirKvAndAnswerAsOneServerWould) {
   EXPECT_EQ(Metric(router.port(), "pagekv_router_reported_decisions_total"), 6);
   EXPECT_EQ(Metric(router.port(), "pagekv_router_exact_predictions_total"), 6) << "predicted hits equal the reported ones";
 
+  // A body nested 200,000 levels deep is the router's own 400 (its parsed
+  // messages would recurse once per level), and the router lives on.
+  {
+    const std::string deep = std::string(200000, '[') + std::string(200000, ']');
+    httplib::Client cli("127.0.0.1", router.port());
+    auto r = cli.Post("/v1/chat/completions", R"({"messages":[{"role":"user","content":"hi","x":)" + deep + "}]}",
+                      "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400);
+    EXPECT_NE(r->body.find("more than 128 levels deep"), std::string::npos) << r->body;
+    EXPECT_EQ(cli.Get("/health")->status, 200);
+  }
+
   // The holder of conversation 0 dies: its next turn goes to the other
   // backend (nothing cached there), with the same answer.
   (holder[0] == 0 ? b1 : b2)->Kill();

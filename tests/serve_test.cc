@@ -521,6 +521,39 @@ TEST(ServeTest, CompressedAndChunkedBodiesAreBoundedBeforeTheyAreRead) {
   EXPECT_EQ(health->status, 200);
 }
 
+// Parsed JSON recurses once per level wherever it is copied, dumped or handed
+// to the chat template: a 400 KB body of '[' once overflowed the worker's
+// stack and took the whole server down.
+TEST(ServeTest, DeeplyNestedBodiesAre400sAndTheServerLivesOn) {
+  Server server({});
+  ASSERT_GT(server.port(), 0);
+  httplib::Client cli("127.0.0.1", server.port());
+  const size_t d = 200000;
+  const std::string deep = std::string(d, '[') + std::string(d, ']');
+  const std::vector<std::pair<std::string, std::string>> bodies = {
+      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"hi","x":)" + deep + "}]}"},
+      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"hi"}],"tools":)" + deep + "}"},
+      {"/v1/completions", R"({"prompt":"hi","stop":)" + deep + "}"},
+      {"/completion", R"({"prompt":)" + deep + "}"},
+      {"/tokenize", R"({"content":)" + deep + "}"},
+  };
+  for (const auto& [path, body] : bodies) {
+    auto r = cli.Post(path, body, "application/json");
+    ASSERT_TRUE(r) << path;
+    EXPECT_EQ(r->status, 400) << path;
+    const json e = json::parse(r->body, nullptr, false);
+    ASSERT_FALSE(e.is_discarded()) << r->body;
+    EXPECT_NE(e["error"]["message"].get<std::string>().find("more than 128 levels deep"), std::string::npos) << r->body;
+  }
+  // 128 levels are read; the template sees them as they came.
+  const std::string ok = std::string(125, '[') + std::string(125, ']');  // 3 + 125 = 128
+  auto r = cli.Post("/v1/chat/completions",
+                    R"({"messages":[{"role":"user","content":"hi","x":)" + ok + R"(}],"max_tokens":2})", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(server.Terminate(), 0);
+}
+
 TEST(ServeTest, TwoServersShareAPrefixThroughRedis) {
   pagekv::testing::RedisServer redis;
   ASSERT_TRUE(redis.Start().ok());

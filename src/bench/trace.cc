@@ -1,3 +1,4 @@
+#include "base/json_nesting.h"
 #include "bench/trace.h"
 
 #include <unistd.h>
@@ -107,6 +108,7 @@ Result<std::vector<TraceRequest>> ReadMooncake(std::istream& in, int64_t limit) 
   for (int64_t line = 1; (limit <= 0 || static_cast<int64_t>(out.size()) < limit) && ReadLine(in, text, too_long); ++line) {
     if (too_long) return LineError(line, "longer than 4 MiB (not a trace line)");
     if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
+    if (JsonNesting(text) > kMaxJsonNesting) return LineError(line, "nests more than 128 levels deep (not a trace line)");
     nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded() || !j.is_object()) return LineError(line, "not a JSON object (expected Mooncake JSON lines)");
     if (!j.contains("input_length") || !j["input_length"].is_number_integer()) {

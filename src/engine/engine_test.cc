@@ -64,6 +64,18 @@ TEST(EngineTest, WaitForLooksWaitsAndNamesUnknownRequests) {
   e->Stop();
 }
 
+TEST(EngineTest, ChatJsonNestedTooDeeplyIsAnErrorNotAStackOverflow) {
+  auto e = std::move(*Engine::Create(Options(64)));
+  const std::string deep = std::string(300000, '[') + std::string(300000, ']');
+  const std::string messages = R"([{"role":"user","content":"hi","x":)" + deep + "}]";
+  for (const Status& s : {e->EncodeChat(messages, true).status(), e->RenderChat(messages, true).status(),
+                          e->EncodeChat(R"([{"role":"user","content":"hi"}])", true, deep).status()}) {
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("more than 128 levels deep"), std::string::npos) << s.message();
+  }
+  EXPECT_TRUE(e->EncodeChat(R"([{"role":"user","content":"hi","x":[[[]]]}])", true).ok());
+}
+
 TEST(EngineTest, PreemptionUnderBlockPressureResumesWithIdenticalOutput) {
   const auto want = Alone(40);
   // 6 requests of ~50 tokens need ~40 blocks together; the pool has 20.

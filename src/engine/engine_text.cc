@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/json_nesting.h"
 #include "engine/engine_state.h"
 #include "pagekv/engine.h"
 
@@ -32,10 +33,12 @@ Result<std::vector<int32_t>> Engine::EncodeChat(const std::string& messages_json
   if (!st.chat) return st.chat_error;
   const nlohmann::ordered_json messages = nlohmann::ordered_json::parse(messages_json, nullptr, /*allow_exceptions=*/false);
   if (messages.is_discarded()) return InvalidArgumentError("chat: the messages are not valid JSON");
+  PAGEKV_RETURN_IF_ERROR(CheckJsonNesting(messages_json, "chat: the messages"));
   nlohmann::ordered_json tools;
   if (!tools_json.empty()) {
     tools = nlohmann::ordered_json::parse(tools_json, nullptr, false);
     if (tools.is_discarded()) return InvalidArgumentError("chat: the tools are not valid JSON");
+    PAGEKV_RETURN_IF_ERROR(CheckJsonNesting(tools_json, "chat: the tools"));
   }
   return st.chat->Encode(messages, add_generation_prompt, tools);
 }
@@ -45,6 +48,7 @@ Result<std::string> Engine::RenderChat(const std::string& messages_json, bool ad
   if (!st.chat) return st.chat_error;
   const nlohmann::ordered_json messages = nlohmann::ordered_json::parse(messages_json, nullptr, /*allow_exceptions=*/false);
   if (messages.is_discarded()) return InvalidArgumentError("chat: the messages are not valid JSON");
+  PAGEKV_RETURN_IF_ERROR(CheckJsonNesting(messages_json, "chat: the messages"));
   return st.chat->Render(messages, add_generation_prompt);
 }
 

@@ -1,4 +1,5 @@
 // ModelText (model_text.h).
+#include "base/json_nesting.h"
 #include "router/model_text.h"
 
 #include <fcntl.h>
@@ -68,10 +69,12 @@ Result<std::vector<int32_t>> ModelText::EncodeChat(const std::string& messages_j
   if (!chat_) return chat_error_;
   const nlohmann::ordered_json messages = nlohmann::ordered_json::parse(messages_json, nullptr, false);
   if (messages.is_discarded()) return InvalidArgumentError("chat: the messages are not valid JSON");
+  PAGEKV_RETURN_IF_ERROR(CheckJsonNesting(messages_json, "chat: the messages"));
   nlohmann::ordered_json tools;
   if (!tools_json.empty()) {
     tools = nlohmann::ordered_json::parse(tools_json, nullptr, false);
     if (tools.is_discarded()) return InvalidArgumentError("chat: the tools are not valid JSON");
+    PAGEKV_RETURN_IF_ERROR(CheckJsonNesting(tools_json, "chat: the tools"));
   }
   return chat_->Encode(messages, add_generation_prompt, tools);
 }

@@ -2,6 +2,7 @@
 // transport, a pool of forwarding workers (cpp-httplib clients, one
 // blocking exchange each), the KV-event listener feeding the index
 // (kv_events.h) and the backends' health and load, polled.
+#include "base/json_nesting.h"
 #include "pagekv/router.h"
 
 #include <httplib.h>
@@ -252,6 +253,10 @@ class Router {
     std::optional<std::string> salt;
     int64_t adapter = 0;
     if (req.method == "POST") {
+      // Refused here, as every backend would: parsed values recurse per level.
+      if (Status deep = CheckJsonNesting(req.body, "the body"); !deep.ok()) {
+        return ex->Respond({400, "application/json", {}, server::ErrorJson(400, deep.message())});
+      }
       const json body = json::parse(req.body, nullptr, false);
       if (!body.is_discarded()) {
         try {

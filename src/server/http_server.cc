@@ -1,5 +1,6 @@
 // RunServer (include/pagekv/server.h): the routes and the OpenAI answers over
 // the Beast transport (http_transport.h), in front of the engine.
+#include "base/json_nesting.h"
 #include "pagekv/server.h"
 
 #include <unistd.h>
@@ -282,6 +283,7 @@ void HandleGenerate(Shared& sh, const HttpRequest& req, const std::shared_ptr<Ex
     std::lock_guard lock(sh.mu);
     ++sh.requests_total;
   }
+  if (Status deep = CheckJsonNesting(req.body, "the body"); !deep.ok()) return AnswerError(sh, *ex, 400, deep.message());
   json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded() || !body.is_object()) {
     std::string why = "the body is not a JSON object";

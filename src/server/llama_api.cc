@@ -7,6 +7,7 @@
 
 #include <boost/asio/post.hpp>
 
+#include "base/json_nesting.h"
 #include "base/utf8.h"
 #include "pagekv/version.h"
 #include "server/request.h"
@@ -29,6 +30,10 @@ json PieceJson(const std::string& piece) { return IsValidUtf8(piece) ? json(piec
 
 // A body that must be a JSON object (any content type: curl -d sends a form).
 bool ParseObject(Shared& sh, Exchange& ex, const HttpRequest& req, json& body) {
+  if (Status deep = CheckJsonNesting(req.body, "the body"); !deep.ok()) {
+    AnswerError(sh, ex, 400, deep.message());
+    return false;
+  }
   body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded() || !body.is_object()) {
     AnswerError(sh, ex, 400, "the body must be a JSON object");
