@@ -110,7 +110,9 @@ Result<std::string> ChatTemplate::Render(const nlohmann::ordered_json& messages,
   nlohmann::ordered_json vars = {{"messages", messages}, {"bos_token", bos_}, {"eos_token", eos_},
                                  {"add_generation_prompt", add_generation_prompt}};
   if (!tools.is_null()) vars["tools"] = tools;
-  Result<std::string> out = template_->Render(jinja::Value::FromJson(vars));
+  Result<jinja::Value> context = jinja::Value::FromJson(vars);
+  if (!context.ok()) return InvalidArgumentError("chat template (" + name_ + "): " + context.status().message());
+  Result<std::string> out = template_->Render(*context);
   if (!out.ok()) return InvalidArgumentError("chat template (" + name_ + "): " + out.status().message());
   return out;
 }

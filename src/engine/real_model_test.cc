@@ -115,7 +115,7 @@ TEST_F(SmolLM2Test, ChatPromptsAreTheTemplateRenderedAsTheReferenceDid) {
     if (p["kind"] != "chat") continue;
     nlohmann::ordered_json vars = {{"messages", p["messages"]}, {"bos_token", "<|im_start|>"},
                                    {"eos_token", "<|im_end|>"}, {"add_generation_prompt", true}};
-    Result<std::string> out = tpl->Render(jinja::Value::FromJson(vars));
+    Result<std::string> out = tpl->Render(*jinja::Value::FromJson(vars));
     ASSERT_TRUE(out.ok()) << out.status().message();
     EXPECT_EQ(*out, p["prompt"].get<std::string>());
     ++n;

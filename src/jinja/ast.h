@@ -22,6 +22,7 @@ struct Expr {
   };
   K k;
   int line = 0;
+  uint32_t depth = 1;  // of the tree below (the parser's Make sets it)
   Value literal;
   std::string name;  // kName, kAttr, kFilter, kTest; kBinary: the operator
   std::vector<ExprPtr> args;  // operands / arguments / items (dict: key, value pairs)

@@ -21,6 +21,11 @@ using Kwargs = std::vector<std::pair<std::string, Value>>;
 
 // The rendered text's limit (and so the largest repetition).
 constexpr size_t kMaxOutput = size_t{64} << 20;
+// The largest value (Value::repr_bytes) and the most items a list made
+// from a string or a range may hold: a template is untrusted, and a
+// character costs 16 bytes as a view, about 100 as a list item.
+constexpr size_t kMaxValueBytes = size_t{16} << 20;
+constexpr size_t kMaxItems = size_t{1} << 20;
 
 // An InvalidArgument error naming the template line.
 Status Error(int line, const std::string& what);
@@ -28,13 +33,19 @@ Status Error(int line, const std::string& what);
 std::string Quoted(const std::string& s);
 
 // ---- strings as code points (UTF-8), Python's str semantics (python_ops.cc)
-std::vector<std::string> Chars(const std::string& s);
-bool IsPySpace(const std::string& ch);
+// Code points (a byte that starts no valid sequence counts as one), as views
+// into s.
+std::vector<std::string_view> Chars(std::string_view s);
+// The bytes of the code point that starts at s[i] (i < s.size()).
+size_t CharLen(std::string_view s, size_t i);
+size_t CountChars(std::string_view s);
+bool IsPySpace(std::string_view ch);
 std::string Strip(const std::string& s, const Value* chars, bool left, bool right);
 std::string AsciiMap(const std::string& s, int (*f)(int));
 std::string Title(const std::string& s);
 std::string Capitalize(const std::string& s);
-std::vector<std::string> Split(const std::string& s, const Value* sep, int64_t maxsplit);
+// Errors: more than kMaxItems parts.
+Result<std::vector<std::string>> Split(const std::string& s, const Value* sep, int64_t maxsplit, int line);
 
 // ---- Python operators (python_ops.cc)
 Result<Value> Arith(const std::string& op, const Value& a, const Value& b, int line);
@@ -56,7 +67,8 @@ Value Attribute(const Value& obj, const std::string& name);
 Result<Value> Item(const Value& obj, const Value& key, int line);
 // obj.name(a, kw): nullopt when obj has no such method.
 std::optional<Result<Value>> Method(const Value& obj, const std::string& name, const Args& a, const Kwargs& kw, int line);
-std::string ReplaceAll(const std::string& s, const std::string& from, const std::string& to, int64_t count);
+// Errors: a result past kMaxValueBytes.
+Result<std::string> ReplaceAll(const std::string& s, const std::string& from, const std::string& to, int64_t count, int line);
 // `v is name(a)`.
 Result<bool> Test(const std::string& name, const Value& v, const Args& a, int line);
 // `input | name(a, kw)`.

@@ -46,13 +46,16 @@ Result<Value> Item(const Value& obj, const Value& key, int line) {
       if (key.is_string()) return Attribute(obj, key.str());
       return Error(line, "indexes must be integers, not " + key.TypeName());
     }
-    std::vector<std::string> chars;
-    if (obj.is_string()) chars = Chars(obj.str());
-    const auto n = static_cast<int64_t>(obj.is_string() ? chars.size() : obj.list().size());
+    const auto n = static_cast<int64_t>(obj.is_string() ? CountChars(obj.str()) : obj.list().size());
     int64_t i = key.integer();
     if (i < 0) i += n;
     if (i < 0 || i >= n) return Value();
-    if (obj.is_string()) return Value(chars[static_cast<size_t>(i)]);
+    if (obj.is_string()) {  // the i-th code point, found without a list of them all
+      const std::string& s = obj.str();
+      size_t at = 0;
+      for (int64_t k = 0; k < i; ++k) at += CharLen(s, at);
+      return Value(s.substr(at, CharLen(s, at)));
+    }
     return obj.list()[static_cast<size_t>(i)];
   }
   return Value();
@@ -77,17 +80,20 @@ std::optional<Result<Value>> Method(const Value& obj, const std::string& name, c
         return Result<Value>(Error(line, "split() needs a non-empty string separator"));
       }
       const int64_t maxsplit = max != nullptr && max->kind() == Value::Kind::kInt ? max->integer() : -1;
-      std::vector<std::string> parts;
+      Result<std::vector<std::string>> split = Split(s, sep, -1, line);
       if (name == "rsplit" && maxsplit >= 0 && sep != nullptr && sep->is_string()) {
         // From the right: split all, then join the leading surplus back.
-        parts = Split(s, sep, -1);
-        while (static_cast<int64_t>(parts.size()) > maxsplit + 1) {
-          parts[0] += sep->str() + parts[1];
-          parts.erase(parts.begin() + 1);
+        if (split.ok() && static_cast<int64_t>(split->size()) > maxsplit + 1) {
+          std::vector<std::string>& p = *split;
+          const size_t surplus = p.size() - static_cast<size_t>(maxsplit);  // parts joined into the first
+          for (size_t i = 1; i < surplus; ++i) p[0].append(sep->str()).append(p[i]);
+          p.erase(p.begin() + 1, p.begin() + static_cast<std::ptrdiff_t>(surplus));
         }
-      } else {
-        parts = Split(s, sep, maxsplit);
+      } else if (maxsplit >= 0) {
+        split = Split(s, sep, maxsplit, line);
       }
+      if (!split.ok()) return Result<Value>(split.status());
+      std::vector<std::string>& parts = *split;
       List l;
       for (std::string& p : parts) l.emplace_back(std::move(p));
       return Result<Value>(Value(std::move(l)));
@@ -113,7 +119,9 @@ std::optional<Result<Value>> Method(const Value& obj, const std::string& name, c
       const Value* from = str_arg(0, "old");
       const Value* to = str_arg(1, "new");
       if (from == nullptr || to == nullptr) return Result<Value>(Error(line, "replace() takes two strings"));
-      return Result<Value>(Value(ReplaceAll(s, from->str(), to->str(), -1)));
+      Result<std::string> r = ReplaceAll(s, from->str(), to->str(), -1, line);
+      if (!r.ok()) return Result<Value>(r.status());
+      return Result<Value>(Value(std::move(*r)));
     }
     if (name == "find" || name == "count") {
       const Value* sub = str_arg(0, "sub");
@@ -121,10 +129,10 @@ std::optional<Result<Value>> Method(const Value& obj, const std::string& name, c
       if (name == "find") {
         const size_t at = s.find(sub->str());
         if (at == std::string::npos) return Result<Value>(Value(int64_t{-1}));
-        return Result<Value>(Value(static_cast<int64_t>(Chars(s.substr(0, at)).size())));
+        return Result<Value>(Value(static_cast<int64_t>(CountChars(std::string_view(s).substr(0, at)))));
       }
       int64_t n = 0;
-      if (sub->str().empty()) return Result<Value>(Value(static_cast<int64_t>(Chars(s).size()) + 1));
+      if (sub->str().empty()) return Result<Value>(Value(static_cast<int64_t>(CountChars(s)) + 1));
       for (size_t at = s.find(sub->str()); at != std::string::npos; at = s.find(sub->str(), at + sub->str().size())) ++n;
       return Result<Value>(Value(n));
     }
@@ -134,13 +142,20 @@ std::optional<Result<Value>> Method(const Value& obj, const std::string& name, c
       Result<List> l = Iterate(*items, line);
       if (!l.ok()) return Result<Value>(l.status());
       std::string out;
-      for (size_t i = 0; i < l->size(); ++i) out += (i == 0 ? "" : s) + (*l)[i].Str();
+      for (size_t i = 0; i < l->size(); ++i) {
+        if (i > 0) out += s;
+        out += (*l)[i].Str();
+        if (out.size() > kMaxValueBytes) return Result<Value>(Error(line, "join() makes a string larger than 16 MiB"));
+      }
       return Result<Value>(Value(std::move(out)));
     }
     if (name == "splitlines") {
       List l;
       size_t at = 0;
       while (at < s.size()) {
+        if (l.size() >= kMaxItems) {
+          return Result<Value>(Error(line, "splitlines() into more than " + std::to_string(kMaxItems) + " lines"));
+        }
         size_t e = s.find_first_of("\r\n", at);
         if (e == std::string::npos) {
           l.emplace_back(s.substr(at));
@@ -185,17 +200,21 @@ std::optional<Result<Value>> Method(const Value& obj, const std::string& name, c
   return std::nullopt;
 }
 
-std::string ReplaceAll(const std::string& s, const std::string& from, const std::string& to, int64_t count) {
+Result<std::string> ReplaceAll(const std::string& s, const std::string& from, const std::string& to, int64_t count,
+                               int line) {
   if (from.empty()) return s;
   std::string out;
   size_t at = 0;
   int64_t done = 0;
   for (size_t f = s.find(from); f != std::string::npos && (count < 0 || done < count); f = s.find(from, at)) {
-    out += s.substr(at, f - at) + to;
+    out.append(s, at, f - at).append(to);
+    if (out.size() > kMaxValueBytes) return Error(line, "replace() makes a string larger than 16 MiB");
     at = f + from.size();
     ++done;
   }
-  return out + s.substr(at);
+  out.append(s, at);
+  if (out.size() > kMaxValueBytes) return Error(line, "replace() makes a string larger than 16 MiB");
+  return out;
 }
 
 Result<bool> Test(const std::string& name, const Value& v, const Args& a, int line) {
@@ -303,7 +322,7 @@ Result<Value> Filter(const std::string& name, Value input, const Args& a, const 
   }
   if (name == "reverse") {
     if (input.is_string()) {
-      std::vector<std::string> cs = Chars(input.str());
+      std::vector<std::string_view> cs = Chars(input.str());
       std::string out;
       for (auto it = cs.rbegin(); it != cs.rend(); ++it) out += *it;
       return Value(std::move(out));
@@ -317,10 +336,13 @@ Result<Value> Filter(const std::string& name, Value input, const Args& a, const 
     const Value* sep = Arg(a, 0, kw, "d");
     const Value* attribute = Arg(a, 1, kw, "attribute");
     std::string out;
+    const std::string between = sep == nullptr ? std::string() : sep->Str();
     for (size_t i = 0; i < l.size(); ++i) {
       Value x = l[i];
       if (attribute != nullptr && attribute->is_string()) x = Attribute(x, attribute->str());
-      out += (i == 0 || sep == nullptr ? "" : sep->Str()) + (x.is_undefined() ? std::string() : x.Str());
+      if (i > 0) out += between;
+      if (!x.is_undefined()) out += x.Str();
+      if (out.size() > kMaxValueBytes) return Error(line, "join makes a string larger than 16 MiB");
     }
     return Value(std::move(out));
   }
@@ -447,7 +469,9 @@ Result<Value> Filter(const std::string& name, Value input, const Args& a, const 
     if (from == nullptr || to == nullptr || !from->is_string() || !to->is_string()) {
       return Error(line, "replace needs two strings");
     }
-    return Value(ReplaceAll(input.Str(), from->str(), to->str(), count != nullptr && count->kind() == K::kInt ? count->integer() : -1));
+    PAGEKV_ASSIGN_OR_RETURN(std::string r, ReplaceAll(input.Str(), from->str(), to->str(),
+                                                      count != nullptr && count->kind() == K::kInt ? count->integer() : -1, line));
+    return Value(std::move(r));
   }
   if (name == "int") {
     const Value* def = Arg(a, 0, kw, "default");
@@ -496,8 +520,9 @@ Result<Value> Filter(const std::string& name, Value input, const Args& a, const 
     const Value* width = Arg(a, 0, kw, "width");
     const Value* first = Arg(a, 1, kw, "first");
     const Value* blank = Arg(a, 2, kw, "blank");
-    const std::string pad = width != nullptr && width->is_string() ? width->str()
-                                : std::string(static_cast<size_t>(width != nullptr && width->kind() == K::kInt ? std::max<int64_t>(0, width->integer()) : 4), ' ');
+    const int64_t spaces = width != nullptr && width->kind() == K::kInt ? std::max<int64_t>(0, width->integer()) : 4;
+    if (spaces > static_cast<int64_t>(kMaxValueBytes)) return Error(line, "indent wider than 16 MiB");
+    const std::string pad = width != nullptr && width->is_string() ? width->str() : std::string(static_cast<size_t>(spaces), ' ');
     const std::string s = input.Str();
     std::string out;
     size_t at = 0;
@@ -506,7 +531,9 @@ Result<Value> Filter(const std::string& name, Value input, const Args& a, const 
       const size_t e = s.find('\n', at);
       const std::string line_text = s.substr(at, e == std::string::npos ? std::string::npos : e - at);
       const bool add = first_line ? (first != nullptr && first->Truthy()) : (!line_text.empty() || (blank != nullptr && blank->Truthy()));
-      out += (add ? pad : "") + line_text;
+      if (add) out += pad;
+      out += line_text;
+      if (out.size() > kMaxValueBytes) return Error(line, "indent makes a string larger than 16 MiB");
       if (e == std::string::npos) break;
       out += '\n';
       at = e + 1;
@@ -514,7 +541,10 @@ Result<Value> Filter(const std::string& name, Value input, const Args& a, const 
     }
     return Value(std::move(out));
   }
-  if (name == "wordcount") return Value(static_cast<int64_t>(Split(input.Str(), nullptr, -1).size()));
+  if (name == "wordcount") {
+    PAGEKV_ASSIGN_OR_RETURN(std::vector<std::string> words, Split(input.Str(), nullptr, -1, line));
+    return Value(static_cast<int64_t>(words.size()));
+  }
   return Error(line, "the filter '" + name + "' is not supported by PageKV's chat-template renderer");
 }
 

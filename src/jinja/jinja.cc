@@ -4,7 +4,9 @@
 #include "jinja/lexer.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <ctime>
 #include <optional>
 #include <unordered_map>
@@ -29,12 +31,39 @@ class Parser {
 
   Result<NodePtr> Run() {
     std::string end;
-    PAGEKV_ASSIGN_OR_RETURN(NodePtr body, Body({}, &end));
+    Result<NodePtr> body = Body({}, &end);
+    if (!too_deep_.ok()) return too_deep_;
+    if (!body.ok()) return body.status();
     if (!end.empty()) return SyntaxError(Cur().line, "unexpected {% " + end + " %}");
     return body;
   }
 
+  // A template is no more trusted than the model file it comes in: its
+  // trees stay shallow enough for the recursive parser, renderer and
+  // destructors. Parentheses, brackets, calls, unary operators and blocks
+  // count one level each (kMaxNesting, while parsing); an expression's tree
+  // may not grow deeper than kMaxExprDepth (a chain of 1,000 '+' is parsed
+  // by a loop, but evaluated by recursion).
+  static constexpr int kMaxNesting = 128;
+  static constexpr uint32_t kMaxExprDepth = 256;
+
  private:
+  // One level of nesting for the guarded scope; its error once past the limit.
+  class Nest {
+   public:
+    Nest(Parser& p, int line) : p_(p) {
+      if (++p_.nest_ > kMaxNesting) {
+        status_ = SyntaxError(line, "expressions and blocks nested more than " + std::to_string(kMaxNesting) + " levels deep");
+      }
+    }
+    ~Nest() { --p_.nest_; }
+    const Status& status() const { return status_; }
+
+   private:
+    Parser& p_;
+    Status status_ = Status::Ok();
+  };
+
   const Token& Cur() const { return t_[i_]; }
   const Token& Peek(size_t k = 1) const { return t_[std::min(i_ + k, t_.size() - 1)]; }
   bool IsOp(const char* op) const { return Cur().type == Tok::kOp && Cur().text == op; }
@@ -89,6 +118,8 @@ class Parser {
   }
 
   Result<NodePtr> Statement(const Token& name) {
+    Nest nest(*this, name.line);
+    PAGEKV_RETURN_IF_ERROR(nest.status());
     auto n = std::make_shared<Node>();
     n->line = name.line;
     const std::string& s = name.text;
@@ -219,9 +250,31 @@ class Parser {
     return n;
   }
 
-  static ExprPtr Make(Expr e) { return std::make_shared<const Expr>(std::move(e)); }
+  // The node, its depth set. Past kMaxExprDepth the first such error is
+  // kept (Run returns it) and a leaf stands in, so that nothing deeper is
+  // ever built; the parse goes on, in linear time, to the end.
+  ExprPtr Make(Expr e) {
+    uint32_t below = 0;
+    for (const ExprPtr& a : e.args) below = std::max(below, a ? a->depth : 0);
+    for (const auto& kv : e.kwargs) below = std::max(below, kv.second ? kv.second->depth : 0);
+    e.depth = below + 1;
+    if (e.depth > kMaxExprDepth) {
+      if (too_deep_.ok()) {
+        too_deep_ = SyntaxError(e.line > 0 ? e.line : Cur().line,
+                                "an expression nested more than " + std::to_string(kMaxExprDepth) + " levels deep");
+      }
+      Expr leaf{Expr::K::kLiteral};
+      leaf.line = e.line;
+      return std::make_shared<const Expr>(std::move(leaf));
+    }
+    return std::make_shared<const Expr>(std::move(e));
+  }
 
-  Result<ExprPtr> Expression() { return OrExpr(false); }
+  Result<ExprPtr> Expression() {
+    Nest nest(*this, Cur().line);
+    PAGEKV_RETURN_IF_ERROR(nest.status());
+    return OrExpr(false);
+  }
 
   // a if b else c (unless no_cond: a for loop's iterable and filter).
   Result<ExprPtr> OrExpr(bool no_cond) {
@@ -235,6 +288,8 @@ class Parser {
       c.line = line;
       c.args = {cond, e};
       if (IsName("else")) {
+        Nest nest(*this, Cur().line);
+        PAGEKV_RETURN_IF_ERROR(nest.status());
         ++i_;
         PAGEKV_ASSIGN_OR_RETURN(ExprPtr other, OrExpr(false));
         c.args.push_back(other);
@@ -270,6 +325,8 @@ class Parser {
 
   Result<ExprPtr> Not() {
     if (IsName("not")) {
+      Nest nest(*this, Cur().line);
+      PAGEKV_RETURN_IF_ERROR(nest.status());
       ++i_;
       PAGEKV_ASSIGN_OR_RETURN(ExprPtr e, Not());
       Expr x{Expr::K::kNot};
@@ -333,6 +390,8 @@ class Parser {
 
   Result<ExprPtr> Unary() {
     if (IsOp("-") || IsOp("+")) {
+      Nest nest(*this, Cur().line);
+      PAGEKV_RETURN_IF_ERROR(nest.status());
       const bool neg = IsOp("-");
       ++i_;
       PAGEKV_ASSIGN_OR_RETURN(ExprPtr e, Unary());
@@ -432,7 +491,10 @@ class Parser {
         } else if (Cur().type == Tok::kInt) {  // x.0 is x[0]
           a.k = Expr::K::kItem;
           Expr lit{Expr::K::kLiteral};
-          lit.literal = Value(static_cast<int64_t>(std::stoll(Cur().text)));
+          errno = 0;
+          const long long v = std::strtoll(Cur().text.c_str(), nullptr, 10);
+          if (errno != 0) return SyntaxError(Cur().line, "the index " + Cur().text + " is too large");
+          lit.literal = Value(static_cast<int64_t>(v));
           a.args = {e, Make(std::move(lit))};
           ++i_;
           e = Make(std::move(a));
@@ -580,6 +642,8 @@ class Parser {
 
   std::vector<Token> t_;
   size_t i_ = 0;
+  int nest_ = 0;
+  Status too_deep_ = Status::Ok();
 };
 
 }  // namespace

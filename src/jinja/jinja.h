@@ -68,7 +68,7 @@ class Value {
  public:
   enum class Kind : uint8_t { kUndefined, kNone, kBool, kInt, kFloat, kString, kList, kDict, kFunction };
 
-  Value() = default;  // undefined
+  Value();  // undefined
   static Value None();
   Value(bool b);
   Value(int64_t i);
@@ -80,8 +80,10 @@ class Value {
   Value(Dict d);
   static Value Func(Function f);
   static Value Namespace(Dict d);  // a dict whose attributes `set ns.x = ...` may change
-  // JSON: objects keep their key order; numbers stay int or float.
-  static Value FromJson(const nlohmann::ordered_json& j);
+  // JSON: objects keep their key order; numbers stay int or float. Errors
+  // (kInvalidArgument): nested deeper than kMaxDepth.
+  static Result<Value> FromJson(const nlohmann::ordered_json& j);
+  static constexpr uint32_t kMaxDepth = 256;
 
   Kind kind() const { return kind_; }
   bool is_undefined() const { return kind_ == Kind::kUndefined; }
@@ -110,10 +112,24 @@ class Value {
   Result<std::string> ToJson(int indent = -1) const;
   std::string TypeName() const;  // as Jinja names it in errors: "dict object", "str object", ...
 
+  // Bounds the renderer checks every value against (a template, like a
+  // model file, is not trusted): how deep lists and dicts nest (0 for a
+  // scalar), an upper bound of Repr()'s bytes before escapes (a namespace
+  // counts as a leaf: it prints as "<Namespace>"), and whether a namespace
+  // is inside (a namespace may not hold one: no cycles, no stale bounds).
+  // Computed once, when a list or dict is wrapped; its contents never change
+  // afterwards (only a namespace's do, through `set ns.x`).
+  uint32_t depth() const { return depth_; }
+  uint64_t repr_bytes() const { return repr_bytes_; }
+  bool holds_namespace() const { return holds_namespace_; }
+
  private:
   Kind kind_ = Kind::kUndefined;
   bool b_ = false;
   bool namespace_ = false;
+  bool holds_namespace_ = false;
+  uint32_t depth_ = 0;
+  uint64_t repr_bytes_ = 0;
   int64_t i_ = 0;
   double f_ = 0;
   std::shared_ptr<const std::string> s_;

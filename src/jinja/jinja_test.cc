@@ -36,7 +36,7 @@ TEST(ChatTemplateTest, RealTemplatesRenderExactlyAsJinja2) {
       vars["add_generation_prompt"] = c.value("add_generation_prompt", true);
       vars["date_string"] = "01 Dec 2026";
       if (c.contains("tools")) vars["tools"] = c["tools"];
-      Result<std::string> out = tpl->Render(Value::FromJson(vars));
+      Result<std::string> out = tpl->Render(*Value::FromJson(vars));
       const std::string what = file + " / " + c["name"].get<std::string>();
       if (c.contains("error")) {
         ASSERT_FALSE(out.ok()) << what << " rendered, but jinja2 raised: " << c["error"];
@@ -57,7 +57,9 @@ TEST(ChatTemplateTest, RealTemplatesRenderExactlyAsJinja2) {
 std::string Render(const std::string& tpl, const nlohmann::ordered_json& vars = nlohmann::ordered_json::object()) {
   Result<Template> t = Template::Parse(tpl);
   if (!t.ok()) return "PARSE: " + t.status().message();
-  Result<std::string> out = t->Render(Value::FromJson(vars));
+  Result<Value> context = Value::FromJson(vars);
+  if (!context.ok()) return "CONTEXT: " + context.status().message();
+  Result<std::string> out = t->Render(*context);
   return out.ok() ? *out : "ERROR: " + out.status().message();
 }
 
@@ -140,6 +142,107 @@ TEST(ChatTemplateTest, UnsupportedConstructsAndBadTemplatesAreNamed) {
   EXPECT_NE(Render("{{ 1 + 'a' }}").find("unsupported operand"), std::string::npos);
   EXPECT_NE(Render("{% for x in none %}{% endfor %}").find("not iterable"), std::string::npos);
   EXPECT_NE(Render("{{ x is nonesuch }}").find("the test 'nonesuch'"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace pagekv::jinja
+
+namespace pagekv::jinja {
+namespace {
+
+// Concatenation by appends (GCC 12 warns falsely, -Wrestrict, on chains of +).
+std::string Cat(std::initializer_list<std::string_view> parts) {
+  std::string out;
+  for (std::string_view p : parts) out.append(p);
+  return out;
+}
+
+// A chat template comes in the model file: as untrusted as a request. Each
+// of these once overflowed the stack, ran for hours or asked for terabytes;
+// each must now end at once with an error naming what it did.
+TEST(ChatTemplateTest, HostileTemplatesEndWithANamedErrorNeverACrash) {
+  auto repeat = [](std::string_view s, int n) {
+    std::string out;
+    for (int i = 0; i < n; ++i) out.append(s);
+    return out;
+  };
+  const std::string chain = [&] {
+    std::string s = "{{ 1";
+    for (int i = 0; i < 100000; ++i) s.append(" + 1");
+    s.append(" }}");
+    return s;
+  }();
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {Cat({"{{ ", repeat("(", 100000), "1", repeat(")", 100000), " }}"}), "nested more than 128 levels deep"},
+      {Cat({"{{ ", repeat("-", 100000), "1 }}"}), "nested more than 128 levels deep"},
+      {Cat({"{{ ", repeat("not ", 100000), "1 }}"}), "nested more than 128 levels deep"},
+      {Cat({"{{ ", repeat("1 if x else ", 100000), "1 }}"}), "nested more than 128 levels deep"},
+      {Cat({repeat("{% if 1 %}", 50000), "x", repeat("{% endif %}", 50000)}), "nested more than 128 levels deep"},
+      {chain, "an expression nested more than 256 levels deep"},
+      {Cat({"{{ a", repeat(".b", 100000), " }}"}), "an expression nested more than 256 levels deep"},
+      {"{% for a in range(1000000) %}{% for b in range(1000000) %}{% endfor %}{% endfor %}", "steps (a loop that does not end?"},
+      {"{% macro m(n) %}{% for i in range(3) %}{{ m(n) }}{% endfor %}{% endmacro %}{{ m(1) }}", "nested"},
+      {"{% set ns = namespace(x=1) %}{% set ns.x = ns %}{{ ns }}", "a namespace may not hold another (nor itself)"},
+      {"{% set ns = namespace(x=1) %}{% set ns.x = [[ns]] %}", "a namespace may not hold another"},
+      {"{% set a = namespace() %}{% set b = namespace(x=a) %}", "a namespace may not hold another"},
+      {"{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+       "larger than 16 MiB"},
+      {"{% set l = [0] * 1048576 %}{{ (l + [1])|length }}", "a list of more than 1048576 items"},
+      {"{% set l = [0] * 1048577 %}", "a repetition too large"},
+      {"{% set ns = namespace(x=[]) %}{% for i in range(1000) %}{% set ns.x = [ns.x] %}{% endfor %}",
+       "a value nested more than 256 levels deep"},
+      {"{% set s = 'a' * 1000000 %}{{ s.replace('a', s) }}", "larger than 16 MiB"},
+      {"{% set s = 'ab' * 4000000 %}{{ (s|list)|length }}", "more than 1048576 characters"},
+      {"{% set s = ',' * 4000000 %}{{ s.split(',')|length }}", "more than 1048576 parts"},
+      {"{% set l = ['x' * 1000000] * 16 %}{{ l|join('-' * 1000000) }}", "larger than 16 MiB"},
+      {"{{ 'a\nb'|indent(100000000000) }}", "indent wider than 16 MiB"},
+      {"{{ [[1]]|tojson(indent=1000000000) }}", "too wide"},
+      {"{{ x.99999999999999999999999 }}", "the index 99999999999999999999999 is too large"},
+      {"{% set s = 'x' * 10000000 %}{% for i in range(100000) %}{{ s[9999999] }}{% endfor %}", "steps"},
+  };
+  for (const auto& [tpl, want] : cases) {
+    const std::string got = Render(tpl);
+    EXPECT_NE(got.find(want), std::string::npos) << tpl.substr(0, 120) << " gave: " << got.substr(0, 300);
+    EXPECT_TRUE(got.rfind("ERROR: ", 0) == 0 || got.rfind("PARSE: ", 0) == 0) << got.substr(0, 300);
+  }
+  // Namespaces print as a leaf and compare by identity (as Python's do), and
+  // are no JSON.
+  EXPECT_EQ(Render("{% set ns = namespace(a=1) %}{{ ns }} {{ [ns] }} {{ ns == ns }} {{ ns == namespace(a=1) }}"),
+            "<Namespace> [<Namespace>] True False");
+  EXPECT_NE(Render("{% set ns = namespace(a=1) %}{{ ns|tojson }}").find("not JSON serializable"), std::string::npos);
+}
+
+// What the limits leave: a long conversation with tools through a real
+// template, and the deepest values and expressions allowed.
+TEST(ChatTemplateTest, TheLimitsLeaveLongConversationsAndDeepValuesAlone) {
+  Result<Template> tpl = Template::Parse(ReadFile("tests/data/chat_templates/qwen2.5.jinja"));
+  ASSERT_TRUE(tpl.ok()) << tpl.status().message();
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  messages.push_back({{"role", "system"}, {"content", "You are terse."}});
+  for (int i = 0; i < 4000; ++i) {
+    messages.push_back({{"role", i % 2 == 0 ? "user" : "assistant"}, {"content", std::string(500, 'a' + i % 26)}});
+  }
+  nlohmann::ordered_json tools = nlohmann::ordered_json::array();
+  for (int i = 0; i < 64; ++i) {
+    tools.push_back({{"type", "function"},
+                     {"function", {{"name", Cat({"f", std::to_string(i)})}, {"parameters", {{"type", "object"}}}}}});
+  }
+  nlohmann::ordered_json vars = {{"messages", messages}, {"tools", tools}, {"add_generation_prompt", true}};
+  Result<Value> context = Value::FromJson(vars);
+  ASSERT_TRUE(context.ok());
+  Result<std::string> out = tpl->Render(*context);
+  ASSERT_TRUE(out.ok()) << out.status().message();
+  EXPECT_GT(out->size(), 4000u * 500u);
+
+  const std::string deep = std::string(250, '[') + std::string(250, ']');
+  EXPECT_EQ(Render("{{ x|length }}", {{"x", nlohmann::ordered_json::parse(deep)}}), "1");
+  const std::string too_deep = std::string(300, '[') + std::string(300, ']');
+  EXPECT_NE(Render("{{ x }}", {{"x", nlohmann::ordered_json::parse(too_deep)}}).find("CONTEXT: "), std::string::npos);
+  std::string sum = "{{ 0";
+  for (int i = 0; i < 200; ++i) sum.append(" + 1");
+  sum.append(" }}");
+  EXPECT_EQ(Render(sum), "200");
+  EXPECT_EQ(Render(Cat({"{{ ", std::string(100, '('), "7", std::string(100, ')'), " }}"})), "7");
 }
 
 }  // namespace

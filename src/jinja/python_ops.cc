@@ -25,19 +25,29 @@ std::string Quoted(const std::string& s) {
 
 // ---- strings as code points
 
-std::vector<std::string> Chars(const std::string& s) {
-  std::vector<std::string> out;
+size_t CharLen(std::string_view s, size_t i) {
+  const auto c = static_cast<unsigned char>(s[i]);
+  const size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1;
+  return i + n > s.size() ? 1 : n;
+}
+
+std::vector<std::string_view> Chars(std::string_view s) {
+  std::vector<std::string_view> out;
   for (size_t i = 0; i < s.size();) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1;
-    if (i + n > s.size()) n = 1;
+    const size_t n = CharLen(s, i);
     out.push_back(s.substr(i, n));
     i += n;
   }
   return out;
 }
 
-bool IsPySpace(const std::string& ch) {
+size_t CountChars(std::string_view s) {
+  size_t count = 0;
+  for (size_t i = 0; i < s.size(); i += CharLen(s, i)) ++count;
+  return count;
+}
+
+bool IsPySpace(std::string_view ch) {
   static const char* kUnicode[] = {"\xc2\x85", "\xc2\xa0", "\xe1\x9a\x80", "\xe2\x80\xa8", "\xe2\x80\xa9", "\xe2\x80\xaf",
                                    "\xe2\x81\x9f", "\xe3\x80\x80"};
   if (ch.size() == 1) {
@@ -56,11 +66,14 @@ bool IsPySpace(const std::string& ch) {
 
 // Python's str.strip / lstrip / rstrip (chars: null = whitespace).
 std::string Strip(const std::string& s, const Value* chars, bool left, bool right) {
-  const std::vector<std::string> cs = Chars(s);
-  std::vector<std::string> set;
-  if (chars != nullptr && chars->is_string()) set = Chars(chars->str());
-  auto strip = [&](const std::string& c) {
-    return chars != nullptr && chars->is_string() ? std::find(set.begin(), set.end(), c) != set.end() : IsPySpace(c);
+  const std::vector<std::string_view> cs = Chars(s);
+  std::vector<std::string_view> set;
+  if (chars != nullptr && chars->is_string()) {
+    set = Chars(chars->str());
+    std::sort(set.begin(), set.end());
+  }
+  auto strip = [&](std::string_view c) {
+    return chars != nullptr && chars->is_string() ? std::binary_search(set.begin(), set.end(), c) : IsPySpace(c);
   };
   size_t b = 0, e = cs.size();
   if (left) {
@@ -100,10 +113,11 @@ std::string Capitalize(const std::string& s) {
   return out;
 }
 
-std::vector<std::string> Split(const std::string& s, const Value* sep, int64_t maxsplit) {
+Result<std::vector<std::string>> Split(const std::string& s, const Value* sep, int64_t maxsplit, int line) {
   std::vector<std::string> out;
+  auto too_many = [&] { return Error(line, "split() into more than " + std::to_string(kMaxItems) + " parts"); };
   if (sep == nullptr || sep->is_none()) {  // runs of whitespace; no empty strings
-    const std::vector<std::string> cs = Chars(s);
+    const std::vector<std::string_view> cs = Chars(s);
     size_t i = 0;
     while (i < cs.size()) {
       while (i < cs.size() && IsPySpace(cs[i])) ++i;
@@ -116,6 +130,7 @@ std::vector<std::string> Split(const std::string& s, const Value* sep, int64_t m
       }
       std::string word;
       while (i < cs.size() && !IsPySpace(cs[i])) word += cs[i++];
+      if (out.size() >= kMaxItems) return too_many();
       out.push_back(word);
     }
     return out;
@@ -124,6 +139,7 @@ std::vector<std::string> Split(const std::string& s, const Value* sep, int64_t m
   size_t at = 0;
   while (true) {
     const size_t f = (maxsplit >= 0 && static_cast<int64_t>(out.size()) == maxsplit) ? std::string::npos : s.find(d, at);
+    if (out.size() >= kMaxItems) return too_many();
     if (f == std::string::npos) {
       out.push_back(s.substr(at));
       return out;
@@ -144,8 +160,14 @@ Result<Value> Arith(const std::string& op, const Value& a, const Value& b, int l
     return Error(line, "unsupported operand types for " + op + ": '" + a.TypeName() + "' and '" + b.TypeName() + "'");
   };
   if (op == "+") {
-    if (a.is_string() && b.is_string()) return Value(a.str() + b.str());
+    if (a.is_string() && b.is_string()) {
+      if (a.str().size() + b.str().size() > kMaxValueBytes) return Error(line, "a string larger than 16 MiB");
+      return Value(a.str() + b.str());
+    }
     if (a.is_list() && b.is_list()) {
+      if (a.list().size() + b.list().size() > kMaxItems) {
+        return Error(line, "a list of more than " + std::to_string(kMaxItems) + " items");
+      }
       List l = a.list();
       l.insert(l.end(), b.list().begin(), b.list().end());
       return Value(std::move(l));
@@ -157,7 +179,8 @@ Result<Value> Arith(const std::string& op, const Value& a, const Value& b, int l
     if (seq != nullptr && (n->kind() == Value::Kind::kInt || n->kind() == Value::Kind::kBool)) {
       const int64_t times = std::max<int64_t>(0, as_int(*n));
       const size_t unit = seq->is_string() ? seq->str().size() : seq->list().size();
-      if (unit > 0 && static_cast<uint64_t>(times) > kMaxOutput / unit) return Error(line, "a repetition too large");
+      const size_t limit = seq->is_string() ? kMaxValueBytes : kMaxItems;
+      if (unit > 0 && static_cast<uint64_t>(times) > limit / unit) return Error(line, "a repetition too large");
       if (seq->is_string()) {
         std::string out;
         for (int64_t i = 0; i < times; ++i) out += seq->str();
@@ -254,8 +277,11 @@ Result<List> Iterate(const Value& v, int line) {
       return keys;
     }
     case Value::Kind::kString: {
+      if (CountChars(v.str()) > kMaxItems) {
+        return Error(line, "iterating over a string of more than " + std::to_string(kMaxItems) + " characters");
+      }
       List out;
-      for (std::string& c : Chars(v.str())) out.emplace_back(std::move(c));
+      for (std::string_view c : Chars(v.str())) out.emplace_back(std::string(c));
       return out;
     }
     case Value::Kind::kUndefined: return List{};
@@ -265,7 +291,7 @@ Result<List> Iterate(const Value& v, int line) {
 
 Result<Value> Length(const Value& v, int line) {
   switch (v.kind()) {
-    case Value::Kind::kString: return Value(static_cast<int64_t>(Chars(v.str()).size()));
+    case Value::Kind::kString: return Value(static_cast<int64_t>(CountChars(v.str())));
     case Value::Kind::kList: return Value(static_cast<int64_t>(v.list().size()));
     case Value::Kind::kDict: return Value(static_cast<int64_t>(v.dict().items.size()));
     case Value::Kind::kUndefined: return Value(int64_t{0});
@@ -288,7 +314,7 @@ const Value* Arg(const Args& a, size_t i, const Kwargs& kw, std::string_view nam
 
 Result<Value> Slice(const Value& obj, const Value* start, const Value* stop, const Value* step, int line) {
   int64_t n;
-  std::vector<std::string> chars;
+  std::vector<std::string_view> chars;
   if (obj.is_string()) {
     chars = Chars(obj.str());
     n = static_cast<int64_t>(chars.size());

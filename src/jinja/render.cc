@@ -16,7 +16,9 @@ namespace {
 using Node = Template::Node;
 using builtins::Args;
 using builtins::Kwargs;
+using builtins::kMaxItems;
 using builtins::kMaxOutput;
+using builtins::kMaxValueBytes;
 using builtins::Error;
 using builtins::Chars;
 using builtins::Strip;
@@ -37,10 +39,25 @@ using builtins::Test;
 using builtins::Filter;
 
 constexpr int kMaxDepth = 200;
+// A template is as untrusted as the model file it comes in: rendering one
+// is bounded in stack, time and memory, whatever it does. Evaluations,
+// statements and loop iterations count one step each; a new value (from an
+// operator, a filter, a call or a list / dict literal) and the output
+// count one step per 16 bytes (Value::repr_bytes). No value may be larger
+// than the output may be, or nest deeper than Value::kMaxDepth.
+constexpr int kMaxNesting = 512;
+constexpr uint64_t kBytesPerStep = 16;
+// 4M steps (about 0.3 s in a release build), and 4 more per 16 bytes of the
+// variables: a template may read its conversation a few times over.
+constexpr uint64_t kBaseSteps = uint64_t{1} << 22;
+constexpr uint64_t kStepsPerContextStep = 4;
 
 class Renderer {
  public:
-  explicit Renderer(const Value& context) : context_(context) { frames_.emplace_back(); }
+  explicit Renderer(const Value& context)
+      : context_(context), max_steps_(kBaseSteps + kStepsPerContextStep * (context.repr_bytes() / kBytesPerStep)) {
+    frames_.emplace_back();
+  }
 
   Status Run(const Node& root, std::string& out) {
     Flow flow = Flow::kNormal;
@@ -72,6 +89,11 @@ class Renderer {
         Dict d;
         if (!a.empty() && a[0].is_dict()) d = a[0].dict();
         for (auto& [k, v] : kw) d.Set(k, v);
+        for (const auto& [k, v] : d.items) {
+          if (v.is_namespace() || v.holds_namespace()) {
+            return InvalidArgumentError("chat template: namespace(): '" + k + "' holds a namespace; a namespace may not hold another");
+          }
+        }
         return Value::Namespace(std::move(d));
       });
     }
@@ -94,7 +116,7 @@ class Renderer {
         if (step == 0) return InvalidArgumentError("chat template: range() step must not be zero");
         List l;
         for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
-          if (l.size() >= (1u << 20)) return InvalidArgumentError("chat template: range() of more than 1048576 items");
+          if (l.size() >= kMaxItems) return InvalidArgumentError("chat template: range() of more than 1048576 items");
           l.emplace_back(i);
         }
         return Value(std::move(l));
@@ -117,11 +139,76 @@ class Renderer {
 
   Status Append(std::string& out, const std::string& s, int line) {
     if (out.size() + s.size() > kMaxOutput) return Error(line, "the rendered text exceeds 64 MiB");
+    PAGEKV_RETURN_IF_ERROR(Step(line, s.size() / kBytesPerStep));
     out += s;
     return Status::Ok();
   }
 
+  Status Step(int line, uint64_t n) {
+    steps_ += n;
+    if (steps_ > max_steps_) {
+      return Error(line, "the template ran more than " + std::to_string(max_steps_) +
+                             " steps (a loop that does not end? the limit grows with the variables' size)");
+    }
+    return Status::Ok();
+  }
+
+  Status Enter(int line) {
+    if (nesting_ >= kMaxNesting) {
+      return Error(line, "expressions, blocks and macro calls nested more than " + std::to_string(kMaxNesting) +
+                             " levels deep while rendering");
+    }
+    ++nesting_;
+    return Step(line, 1);
+  }
+
+  // What an operator, method or filter pays for reading `v`: the bytes of a
+  // string (scanned, split, searched), one step per item of a list or dict.
+  static uint64_t InputSteps(const Value& v) {
+    if (v.is_string()) return v.str().size() / kBytesPerStep;
+    if (v.is_list()) return v.list().size();
+    if (v.is_dict()) return v.dict().items.size();
+    return 0;
+  }
+  Status Read(int line, const Value& v) { return Step(line, InputSteps(v)); }
+  Status Read(int line, const Args& a) {
+    for (const Value& v : a) PAGEKV_RETURN_IF_ERROR(Read(line, v));
+    return Status::Ok();
+  }
+  Status Read(int line, const Kwargs& kw) {
+    for (const auto& kv : kw) PAGEKV_RETURN_IF_ERROR(Read(line, kv.second));
+    return Status::Ok();
+  }
+
+  // What every value an expression gives must hold, and what a new one costs.
+  Status Admit(const Value& v, const Expr& e) {
+    if (v.depth() > Value::kMaxDepth) {
+      return Error(e.line, "a value nested more than " + std::to_string(Value::kMaxDepth) + " levels deep");
+    }
+    if (v.repr_bytes() > kMaxValueBytes) return Error(e.line, "a value larger than 16 MiB");
+    if (v.is_list() && v.list().size() > kMaxItems) {
+      return Error(e.line, "a list of more than " + std::to_string(kMaxItems) + " items");
+    }
+    switch (e.k) {
+      case Expr::K::kBinary:
+      case Expr::K::kFilter:
+      case Expr::K::kCall:
+      case Expr::K::kSlice:
+      case Expr::K::kList:
+      case Expr::K::kTuple:
+      case Expr::K::kDict: return Step(e.line, v.repr_bytes() / kBytesPerStep);
+      default: return Status::Ok();
+    }
+  }
+
   Status Exec(const Node& n, std::string& out, Flow& flow) {
+    PAGEKV_RETURN_IF_ERROR(Enter(n.line));
+    Status s = ExecNode(n, out, flow);
+    --nesting_;
+    return s;
+  }
+
+  Status ExecNode(const Node& n, std::string& out, Flow& flow) {
     switch (n.k) {
       case Node::K::kBody:
         for (const auto& c : n.children) {
@@ -156,6 +243,10 @@ class Renderer {
           return Error(n.line, "cannot set '" + n.text + "' on '" + n.expr2->name + "': only a namespace() takes attributes");
         }
         PAGEKV_ASSIGN_OR_RETURN(Value v, Eval(*n.expr));
+        if (v.is_namespace() || v.holds_namespace()) {
+          return Error(n.line, "cannot set '" + n.text + "' on '" + n.expr2->name + "' to a value holding a namespace: " +
+                                   "a namespace may not hold another (nor itself)");
+        }
         obj.mutable_dict().Set(n.text, std::move(v));
         return Status::Ok();
       }
@@ -198,6 +289,7 @@ class Renderer {
   Status For(const Node& n, std::string& out, Flow& flow) {
     PAGEKV_ASSIGN_OR_RETURN(Value iterable, Eval(*n.expr));
     if (iterable.is_none()) return Error(n.line, "'NoneType' object is not iterable");
+    PAGEKV_RETURN_IF_ERROR(Read(n.line, iterable));
     PAGEKV_ASSIGN_OR_RETURN(List items, Iterate(iterable, n.line));
     if (n.expr2) {  // `for x in xs if cond`: filtered before the loop counts
       List kept;
@@ -218,6 +310,10 @@ class Renderer {
     ++loops_;
     const auto len = static_cast<int64_t>(items.size());
     for (int64_t i = 0; i < len; ++i) {
+      if (Status s = Step(n.line, 8); !s.ok()) {  // the loop variable's dict, a frame
+        --loops_;
+        return s;
+      }
       frames_.emplace_back();
       Dict loop;
       loop.Set("index", Value(i + 1));
@@ -302,6 +398,14 @@ class Renderer {
   }
 
   Result<Value> Eval(const Expr& e) {
+    PAGEKV_RETURN_IF_ERROR(Enter(e.line));
+    Result<Value> v = EvalNode(e);
+    --nesting_;
+    if (v.ok()) PAGEKV_RETURN_IF_ERROR(Admit(*v, e));
+    return v;
+  }
+
+  Result<Value> EvalNode(const Expr& e) {
     switch (e.k) {
       case Expr::K::kLiteral: return e.literal;
       case Expr::K::kName: return Lookup(e.name);
@@ -314,6 +418,7 @@ class Renderer {
         PAGEKV_ASSIGN_OR_RETURN(Value obj, Eval(*e.args[0]));
         PAGEKV_ASSIGN_OR_RETURN(Value key, Eval(*e.args[1]));
         if (obj.is_undefined()) return Error(e.line, "'" + Describe(*e.args[0]) + "' is undefined (indexing it)");
+        if (obj.is_string()) PAGEKV_RETURN_IF_ERROR(Read(e.line, obj));  // by code points
         return Item(obj, key, e.line);
       }
       case Expr::K::kSlice: {
@@ -324,6 +429,7 @@ class Renderer {
             PAGEKV_ASSIGN_OR_RETURN(parts[p], Eval(*e.args[static_cast<size_t>(p) + 1]));
           }
         }
+        if (obj.is_string()) PAGEKV_RETURN_IF_ERROR(Read(e.line, obj));
         return Slice(obj, e.has_slice[0] ? &parts[0] : nullptr, e.has_slice[1] ? &parts[1] : nullptr,
                      e.has_slice[2] ? &parts[2] : nullptr, e.line);
       }
@@ -343,6 +449,11 @@ class Renderer {
           PAGEKV_ASSIGN_OR_RETURN(Value obj, Eval(*callee.args[0]));
           if (obj.is_undefined()) return Error(e.line, "'" + Describe(*callee.args[0]) + "' is undefined (calling ." + callee.name + "())");
           if (!obj.is_namespace() && (obj.is_string() || obj.is_list() || obj.is_dict())) {
+            if (IsMethod(obj, callee.name)) {
+              PAGEKV_RETURN_IF_ERROR(Read(e.line, obj));
+              PAGEKV_RETURN_IF_ERROR(Read(e.line, a));
+              PAGEKV_RETURN_IF_ERROR(Read(e.line, kw));
+            }
             if (std::optional<Result<Value>> r = Method(obj, callee.name, a, kw, e.line)) return std::move(*r);
           }
         }
@@ -367,6 +478,8 @@ class Renderer {
           PAGEKV_ASSIGN_OR_RETURN(Value x, Eval(*e.args[i]));
           a.push_back(std::move(x));
         }
+        PAGEKV_RETURN_IF_ERROR(Read(e.line, v));
+        PAGEKV_RETURN_IF_ERROR(Read(e.line, a));
         PAGEKV_ASSIGN_OR_RETURN(bool r, Test(e.name, v, a, e.line));
         return Value(r != e.negated);
       }
@@ -391,6 +504,8 @@ class Renderer {
       case Expr::K::kBinary: {
         PAGEKV_ASSIGN_OR_RETURN(Value a, Eval(*e.args[0]));
         PAGEKV_ASSIGN_OR_RETURN(Value b, Eval(*e.args[1]));
+        PAGEKV_RETURN_IF_ERROR(Read(e.line, a));
+        PAGEKV_RETURN_IF_ERROR(Read(e.line, b));
         if (e.name == "~") return Value((a.is_undefined() ? std::string() : a.Str()) + (b.is_undefined() ? std::string() : b.Str()));
         if (e.name == "%" && a.is_string()) return Error(e.line, "'%' string formatting is not supported (use ~ or format)");
         return Arith(e.name, a, b, e.line);
@@ -399,6 +514,8 @@ class Renderer {
         PAGEKV_ASSIGN_OR_RETURN(Value left, Eval(*e.args[0]));
         for (size_t i = 0; i < e.ops.size(); ++i) {
           PAGEKV_ASSIGN_OR_RETURN(Value right, Eval(*e.args[i + 1]));
+          PAGEKV_RETURN_IF_ERROR(Read(e.line, left));
+          PAGEKV_RETURN_IF_ERROR(Read(e.line, right));
           const std::string& op = e.ops[i];
           bool r;
           if (op == "==") {
@@ -458,6 +575,9 @@ class Renderer {
       PAGEKV_ASSIGN_OR_RETURN(Value v, Eval(*x));
       kw.emplace_back(k, std::move(v));
     }
+    PAGEKV_RETURN_IF_ERROR(Read(f.line, input));
+    PAGEKV_RETURN_IF_ERROR(Read(f.line, a));
+    PAGEKV_RETURN_IF_ERROR(Read(f.line, kw));
     return Filter(f.name, std::move(input), a, kw, f.line);
   }
 
@@ -465,7 +585,10 @@ class Renderer {
   const Value& context_;
   std::vector<Frame> frames_;
   int loops_ = 0;
-  int depth_ = 0;
+  int depth_ = 0;  // macro calls
+  int nesting_ = 0;  // Exec and Eval on the stack
+  const uint64_t max_steps_;
+  uint64_t steps_ = 0;
 };
 
 }  // namespace

@@ -31,45 +31,112 @@ Value Value::None() {
   v.kind_ = Kind::kNone;
   return v;
 }
-Value::Value(bool b) : kind_(Kind::kBool), b_(b) {}
-Value::Value(int64_t i) : kind_(Kind::kInt), i_(i) {}
-Value::Value(double f) : kind_(Kind::kFloat), f_(f) {}
-Value::Value(std::string s) : kind_(Kind::kString), s_(std::make_shared<const std::string>(std::move(s))) {}
-Value::Value(List l) : kind_(Kind::kList), l_(std::make_shared<List>(std::move(l))) {}
-Value::Value(Dict d) : kind_(Kind::kDict), d_(std::make_shared<Dict>(std::move(d))) {}
+namespace {
+
+constexpr uint64_t kBytesCap = uint64_t{1} << 62;
+uint64_t AddBytes(uint64_t a, uint64_t b) { return std::min(kBytesCap, a + std::min(kBytesCap, b)); }
+
+}  // namespace
+
+Value::Value() : repr_bytes_(4) {}
+Value::Value(bool b) : kind_(Kind::kBool), b_(b) { repr_bytes_ = 5; }
+Value::Value(int64_t i) : kind_(Kind::kInt), i_(i) {
+  char buf[24];
+  repr_bytes_ = static_cast<uint64_t>(std::to_chars(buf, buf + sizeof buf, i).ptr - buf);
+}
+Value::Value(double f) : kind_(Kind::kFloat), f_(f) { repr_bytes_ = 24; }
+Value::Value(std::string s) : kind_(Kind::kString), s_(std::make_shared<const std::string>(std::move(s))) {
+  repr_bytes_ = AddBytes(2, s_->size());
+}
+Value::Value(List l) : kind_(Kind::kList), l_(std::make_shared<List>(std::move(l))) {
+  uint64_t bytes = 2;
+  for (const Value& x : *l_) {
+    depth_ = std::max(depth_, x.depth_);
+    bytes = AddBytes(bytes, AddBytes(2, x.repr_bytes_));
+    holds_namespace_ = holds_namespace_ || x.namespace_ || x.holds_namespace_;
+  }
+  ++depth_;
+  repr_bytes_ = bytes;
+}
+Value::Value(Dict d) : kind_(Kind::kDict), d_(std::make_shared<Dict>(std::move(d))) {
+  uint64_t bytes = 2;
+  for (const auto& [k, x] : d_->items) {
+    depth_ = std::max(depth_, x.depth_);
+    bytes = AddBytes(bytes, AddBytes(k.size() + 6, x.repr_bytes_));
+    holds_namespace_ = holds_namespace_ || x.namespace_ || x.holds_namespace_;
+  }
+  ++depth_;
+  repr_bytes_ = bytes;
+}
 
 Value Value::Func(Function f) {
   Value v;
   v.kind_ = Kind::kFunction;
   v.fn_ = std::make_shared<Function>(std::move(f));
+  v.repr_bytes_ = 10;
   return v;
 }
 
 Value Value::Namespace(Dict d) {
   Value v(std::move(d));
   v.namespace_ = true;
+  v.depth_ = 1;  // a leaf to everything that recurses (Repr, ToJson, Equal)
+  v.repr_bytes_ = 11;
   return v;
 }
 
-Value Value::FromJson(const nlohmann::ordered_json& j) {
-  switch (j.type()) {
-    case nlohmann::ordered_json::value_t::null: return None();
-    case nlohmann::ordered_json::value_t::boolean: return Value(j.get<bool>());
-    case nlohmann::ordered_json::value_t::number_integer: return Value(j.get<int64_t>());
-    case nlohmann::ordered_json::value_t::number_unsigned: return Value(static_cast<int64_t>(j.get<uint64_t>()));
-    case nlohmann::ordered_json::value_t::number_float: return Value(j.get<double>());
-    case nlohmann::ordered_json::value_t::string: return Value(j.get<std::string>());
-    case nlohmann::ordered_json::value_t::array: {
-      List l;
-      for (const auto& e : j) l.push_back(FromJson(e));
-      return Value(std::move(l));
+Result<Value> Value::FromJson(const nlohmann::ordered_json& j) {
+  // Depth first with an explicit stack: `j` may nest as deep as its parser
+  // allowed; what passes kMaxDepth is refused before any recursion.
+  struct Level {
+    const nlohmann::ordered_json* j;
+    nlohmann::ordered_json::const_iterator it;
+    List list;
+    Dict dict;
+  };
+  auto scalar = [](const nlohmann::ordered_json& x) -> Value {
+    switch (x.type()) {
+      case nlohmann::ordered_json::value_t::boolean: return Value(x.get<bool>());
+      case nlohmann::ordered_json::value_t::number_integer: return Value(x.get<int64_t>());
+      case nlohmann::ordered_json::value_t::number_unsigned: return Value(static_cast<int64_t>(x.get<uint64_t>()));
+      case nlohmann::ordered_json::value_t::number_float: return Value(x.get<double>());
+      case nlohmann::ordered_json::value_t::string: return Value(x.get<std::string>());
+      default: return None();
     }
-    case nlohmann::ordered_json::value_t::object: {
-      Dict d;
-      for (auto it = j.begin(); it != j.end(); ++it) d.items.emplace_back(it.key(), FromJson(it.value()));
-      return Value(std::move(d));
+  };
+  if (!j.is_structured()) return scalar(j);
+  std::vector<Level> stack;
+  stack.push_back({&j, j.begin(), {}, {}});
+  while (true) {
+    Level& top = stack.back();
+    if (top.it == top.j->end()) {
+      Value done = top.j->is_array() ? Value(std::move(top.list)) : Value(std::move(top.dict));
+      stack.pop_back();
+      if (stack.empty()) return done;
+      Level& up = stack.back();
+      if (up.j->is_array()) {
+        up.list.push_back(std::move(done));
+      } else {
+        up.dict.items.emplace_back(up.it.key(), std::move(done));
+      }
+      ++up.it;
+      continue;
     }
-    default: return None();
+    const nlohmann::ordered_json& x = *top.it;
+    if (x.is_structured()) {
+      if (stack.size() >= kMaxDepth) {
+        return InvalidArgumentError("chat template: a value nests lists and dicts more than " + std::to_string(kMaxDepth) +
+                                    " levels deep");
+      }
+      stack.push_back({&x, x.begin(), {}, {}});
+      continue;
+    }
+    if (top.j->is_array()) {
+      top.list.push_back(scalar(x));
+    } else {
+      top.dict.items.emplace_back(top.it.key(), scalar(x));
+    }
+    ++top.it;
   }
 }
 
@@ -182,10 +249,17 @@ void JsonString(const std::string& s, std::string& out) {
   out += '"';
 }
 
+// json.dumps's text may not pass the largest value a template may make.
+constexpr size_t kMaxJsonBytes = size_t{16} << 20;
+
 Status Json(const Value& v, int indent, int depth, std::string& out) {
   if (depth > 512) return InvalidArgumentError("template: tojson: a value nested deeper than 512 levels");
+  if (out.size() > kMaxJsonBytes) return InvalidArgumentError("template: tojson: the JSON text exceeds 16 MiB");
   std::string nl, close;
   if (indent >= 0) {
+    if (static_cast<uint64_t>(indent) * static_cast<uint64_t>(depth + 1) > kMaxJsonBytes) {
+      return InvalidArgumentError("template: tojson: an indent of " + std::to_string(indent) + " is too wide");
+    }
     nl.assign(1, '\n').append(static_cast<size_t>(indent) * static_cast<size_t>(depth + 1), ' ');
     close.assign(1, '\n').append(static_cast<size_t>(indent) * static_cast<size_t>(depth), ' ');
   }
@@ -217,6 +291,7 @@ Status Json(const Value& v, int indent, int depth, std::string& out) {
       return Status::Ok();
     }
     case Value::Kind::kDict: {
+      if (v.is_namespace()) return InvalidArgumentError("template: tojson: a namespace is not JSON serializable");
       if (v.dict().items.empty()) {
         out += "{}";
         return Status::Ok();
@@ -256,13 +331,14 @@ std::string Value::Repr() const {
       return out + "]";
     }
     case Kind::kDict: {
-      std::string out = namespace_ ? "<Namespace {" : "{";
+      if (namespace_) return "<Namespace>";
+      std::string out = "{";
       bool first = true;
       for (const auto& [k, v] : d_->items) {
         out += (first ? "" : ", ") + StrRepr(k) + ": " + v.Repr();
         first = false;
       }
-      return out + (namespace_ ? "}>" : "}");
+      return out + "}";
     }
     case Kind::kFunction: return "<function>";
   }
@@ -274,6 +350,7 @@ std::string Value::Str() const { return kind_ == Kind::kString ? *s_ : Repr(); }
 Result<std::string> Value::ToJson(int indent) const {
   std::string out;
   PAGEKV_RETURN_IF_ERROR(Json(*this, indent, 0, out));
+  if (out.size() > kMaxJsonBytes) return InvalidArgumentError("template: tojson: the JSON text exceeds 16 MiB");
   return out;
 }
 
@@ -318,6 +395,7 @@ bool Equal(const Value& a, const Value& b) {
     }
     case K::kDict: {
       if (&a.dict() == &b.dict()) return true;
+      if (a.is_namespace() || b.is_namespace()) return false;  // compared by identity, as Python does
       if (a.dict().items.size() != b.dict().items.size()) return false;
       for (const auto& [k, v] : a.dict().items) {
         const Value* o = b.dict().Find(k);
