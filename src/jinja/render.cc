@@ -158,8 +158,9 @@ class Renderer {
       return Error(line, "expressions, blocks and macro calls nested more than " + std::to_string(kMaxNesting) +
                              " levels deep while rendering");
     }
-    ++nesting_;
-    return Step(line, 1);
+    PAGEKV_RETURN_IF_ERROR(Step(line, 1));
+    ++nesting_;  // the caller's to undo, once Enter succeeded
+    return Status::Ok();
   }
 
   // What an operator, method or filter pays for reading `v`: the bytes of a
