@@ -89,7 +89,8 @@ test-asan: deps models
 # requests (the transport's parser and checks, then the same body parser);
 # the KV event one (a router's decoder and index) from nothing; the chat
 # template one (parse, then render over a conversation with tools) with the
-# real templates under tests/data/chat_templates.
+# real templates under tests/data/chat_templates; the tier payload one (a
+# block sealed by the real encoder, then edited: never loaded after an edit).
 # Any crash,
 # sanitizer report or allocation over 1 GiB fails the run and leaves the
 # input in build/fuzz/ (crash-*, oom-*, leak-*).
@@ -99,10 +100,10 @@ FUZZ_FLAGS = -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -malloc_limit_mb
 fuzz: build
 	@cmake --preset asan >/dev/null
 	cmake --build build/asan --target pagekv_gguf_fuzzer pagekv_trace_fuzzer pagekv_request_fuzzer \
-	  pagekv_http_fuzzer pagekv_kv_event_fuzzer pagekv_jinja_fuzzer -j $(JOBS)
+	  pagekv_http_fuzzer pagekv_kv_event_fuzzer pagekv_jinja_fuzzer pagekv_payload_fuzzer -j $(JOBS)
 	@mkdir -p build/fuzz/seeds build/fuzz/corpus build/fuzz/trace-seeds build/fuzz/trace-corpus \
 	  build/fuzz/request-seeds build/fuzz/request-corpus build/fuzz/http-seeds build/fuzz/http-corpus \
-	  build/fuzz/kv-event-corpus build/fuzz/jinja-corpus build/fuzz/jinja-seeds
+	  build/fuzz/kv-event-corpus build/fuzz/jinja-corpus build/fuzz/jinja-seeds build/fuzz/payload-corpus
 	@cp tests/data/chat_templates/*.jinja build/fuzz/jinja-seeds/
 	@$(PAGEKV) synth-model --preset tiny --weight-type q8_0 --out build/fuzz/seeds/tiny-q8_0.gguf >/dev/null
 	@$(PAGEKV) synth-model --preset tiny --weight-type f16 --out build/fuzz/seeds/tiny-f16.gguf >/dev/null
@@ -136,6 +137,8 @@ fuzz: build
 	build/asan/src/router/pagekv_kv_event_fuzzer $(FUZZ_FLAGS) build/fuzz/kv-event-corpus \
 	  2>&1 | grep -v "^#[0-9]" | tail -25; test $${PIPESTATUS[0]} -eq 0
 	build/asan/src/jinja/pagekv_jinja_fuzzer $(FUZZ_FLAGS) -timeout=30 build/fuzz/jinja-corpus build/fuzz/jinja-seeds \
+	  2>&1 | grep -v "^#[0-9]" | tail -25; test $${PIPESTATUS[0]} -eq 0
+	build/asan/src/tiers/pagekv_payload_fuzzer $(FUZZ_FLAGS) build/fuzz/payload-corpus \
 	  2>&1 | grep -v "^#[0-9]" | tail -25; test $${PIPESTATUS[0]} -eq 0
 
 # libgomp is not instrumented: TSan must ignore it (see CMakePresets.json).

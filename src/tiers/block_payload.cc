@@ -79,8 +79,8 @@ void EncodePayloadInto(const BlockMeta& meta, std::span<const std::byte> kv, con
   Put<uint32_t>(p + 80, static_cast<uint32_t>(meta.tokens.size()));
   Put<uint64_t>(p + 88, kv.size());
   std::memcpy(p + 104, meta.digest.bytes.data(), 32);
-  std::memcpy(p + kHeaderBytes, meta.tokens.data(), 4 * meta.tokens.size());
-  std::memcpy(p + kHeaderBytes + 4 * meta.tokens.size(), kv.data(), kv.size());
+  if (!meta.tokens.empty()) std::memcpy(p + kHeaderBytes, meta.tokens.data(), 4 * meta.tokens.size());
+  if (!kv.empty()) std::memcpy(p + kHeaderBytes + 4 * meta.tokens.size(), kv.data(), kv.size());
   const size_t n = PayloadBytes(meta.tokens.size(), kv.size());
   std::span<std::byte, kTagBytes> tag = out.subspan(n - kTagBytes).first<kTagBytes>();
   std::memset(tag.data(), 0, kTagBytes);
@@ -158,7 +158,7 @@ Status DecodePayload(std::span<const std::byte> payload, const BlockMeta& meta, 
   if (std::memcmp(p + kHeaderBytes, meta.tokens.data(), 4 * n) != 0) {
     return DataLossError("tier payload: other token ids under the same key (a hash collision)");
   }
-  std::memcpy(kv.data(), p + kHeaderBytes + 4 * n, kv.size());
+  if (!kv.empty()) std::memcpy(kv.data(), p + kHeaderBytes + 4 * n, kv.size());
   return Status::Ok();
 }
 
