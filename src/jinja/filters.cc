@@ -80,8 +80,9 @@ std::optional<Result<Value>> Method(const Value& obj, const std::string& name, c
         return Result<Value>(Error(line, "split() needs a non-empty string separator"));
       }
       const int64_t maxsplit = max != nullptr && max->kind() == Value::Kind::kInt ? max->integer() : -1;
-      Result<std::vector<std::string>> split = Split(s, sep, -1, line);
-      if (name == "rsplit" && maxsplit >= 0 && sep != nullptr && sep->is_string()) {
+      const bool from_right = name == "rsplit" && maxsplit >= 0 && sep != nullptr && sep->is_string();
+      Result<std::vector<std::string>> split = Split(s, sep, from_right ? -1 : maxsplit, line);
+      if (from_right) {
         // From the right: split all, then join the leading surplus back.
         if (split.ok() && static_cast<int64_t>(split->size()) > maxsplit + 1) {
           std::vector<std::string>& p = *split;
@@ -89,8 +90,6 @@ std::optional<Result<Value>> Method(const Value& obj, const std::string& name, c
           for (size_t i = 1; i < surplus; ++i) p[0].append(sep->str()).append(p[i]);
           p.erase(p.begin() + 1, p.begin() + static_cast<std::ptrdiff_t>(surplus));
         }
-      } else if (maxsplit >= 0) {
-        split = Split(s, sep, maxsplit, line);
       }
       if (!split.ok()) return Result<Value>(split.status());
       std::vector<std::string>& parts = *split;
